@@ -1,0 +1,1 @@
+//! The C ABI. Placeholder until the FFI layer lands.
