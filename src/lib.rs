@@ -12,7 +12,12 @@
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
 
 pub mod bootstrap;
+pub mod comm;
+pub mod connection;
 pub mod error;
 pub mod ffi;
+pub mod gpu;
 pub mod logging;
+pub mod proxy;
+pub mod transport;
 pub mod types;

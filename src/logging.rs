@@ -41,7 +41,9 @@ pub fn set_thread_rank(rank: usize) {
 
 static HANDLER: RwLock<mscclppLogHandler_t> = RwLock::new(None);
 static DEBUG_FILE: Lazy<Option<Mutex<File>>> = Lazy::new(|| {
-    let pattern = std::env::var("MSCCLPP_DEBUG_FILE").ok().filter(|p| !p.is_empty())?;
+    let pattern = std::env::var("MSCCLPP_DEBUG_FILE")
+        .ok()
+        .filter(|p| !p.is_empty())?;
     let path = debug_file_path(&pattern, &hostname(), std::process::id());
     match File::create(&path) {
         Ok(f) => Some(Mutex::new(f)),
@@ -83,14 +85,24 @@ pub fn parse_level(value: Option<&str>) -> LevelFilter {
 fn subsystem(target: &str) -> String {
     let mut parts = target.split("::");
     let first = parts.next().unwrap_or("");
-    let name = if first == "mscclpp" { parts.next().unwrap_or("CORE") } else { first };
+    let name = if first == "mscclpp" {
+        parts.next().unwrap_or("CORE")
+    } else {
+        first
+    };
     name.to_ascii_uppercase()
 }
 
 /// Formats one line as every handler receives it.
 pub fn format_line(level: Level, rank: Option<usize>, target: &str, message: &str) -> String {
     let rank = rank.map_or_else(|| "-".to_string(), |r| r.to_string());
-    format!("MSCCLPP {} rank {} {}: {}\n", level, rank, subsystem(target), message)
+    format!(
+        "MSCCLPP {} rank {} {}: {}\n",
+        level,
+        rank,
+        subsystem(target),
+        message
+    )
 }
 
 struct Logger;
@@ -105,7 +117,12 @@ impl Log for Logger {
             return;
         }
         let rank = CURRENT_RANK.with(|r| r.get());
-        let line = format_line(record.level(), rank, record.target(), &record.args().to_string());
+        let line = format_line(
+            record.level(),
+            rank,
+            record.target(),
+            &record.args().to_string(),
+        );
         emit(&line);
     }
 
@@ -113,7 +130,9 @@ impl Log for Logger {
 }
 
 fn emit(line: &str) {
-    let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else { return };
+    let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else {
+        return;
+    };
     let handler = *HANDLER.read();
     match handler {
         // SAFETY: the handler was given to us by the application as a valid function taking a C string;
@@ -201,6 +220,9 @@ mod tests {
 
     #[test]
     fn debug_file_pattern_expands_host_and_pid() {
-        assert_eq!(debug_file_path("/tmp/log.%h.%p", "node1", 42), "/tmp/log.node1.42");
+        assert_eq!(
+            debug_file_path("/tmp/log.%h.%p", "node1", 42),
+            "/tmp/log.node1.42"
+        );
     }
 }

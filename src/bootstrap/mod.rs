@@ -46,6 +46,19 @@ impl UniqueId {
     }
 }
 
+/// The magic of jobs that meet by `ip:port` (unique-id jobs carry a random one in the id).
+pub const PROTOCOL_MAGIC: u64 = 0x4d53_4343_4c50_5030;
+
+/// The rendezvous point: a background thread that collects every rank's address and sends out the
+/// table. Rank 0 of an `ip:port` job runs one; `UniqueId::create` runs one for unique-id jobs.
+pub struct Root;
+
+impl Root {
+    pub fn listen(_addr: std::net::SocketAddr, _magic: u64, _timeout: Duration) -> Result<Root> {
+        todo!()
+    }
+}
+
 /// One rank's endpoint of the bootstrap network.
 pub struct Bootstrap {
     rank: usize,
@@ -53,7 +66,13 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
-    pub fn connect(_root: std::net::SocketAddr, _magic: u64, rank: usize, nranks: usize, _timeout: Duration) -> Result<Bootstrap> {
+    pub fn connect(
+        _root: std::net::SocketAddr,
+        _magic: u64,
+        rank: usize,
+        nranks: usize,
+        _timeout: Duration,
+    ) -> Result<Bootstrap> {
         Ok(Bootstrap { rank, nranks })
     }
     pub fn rank(&self) -> usize {
