@@ -111,7 +111,8 @@ impl Communicator {
         rank: usize,
         timeout: Duration,
     ) -> Result<Communicator> {
-        let root_addr = RootAddress::parse(address)?;
+        let root_addr = RootAddress::parse(address)
+            .map_err(|e| Error::new(e.kind, format!("ipPortPair \"{address}\": {}", e.message)))?;
         let root = if rank == 0 {
             Some(Root::listen(root_addr.addr, PROTOCOL_MAGIC, timeout)?)
         } else {
