@@ -1,1 +1,3 @@
 //! The C ABI. Placeholder until the FFI layer lands.
+
+pub mod api;
