@@ -25,18 +25,34 @@ const HEADERS: [(&str, &str); 2] = [
 const INCLUDE_OUT: &str = "build/include";
 
 fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    for input in ["build.rs", "cbindgen.toml", "include", "kernels", "src/types.rs", "src/ffi"] {
+    let root =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    for input in [
+        "build.rs",
+        "cbindgen.toml",
+        "include",
+        "kernels",
+        "src/types.rs",
+        "src/ffi",
+    ] {
         println!("cargo:rerun-if-changed={input}");
     }
     let cxx_dir = root.join("src/cxx");
     // Until src/cxx exists, watch all of src so that its creation is noticed.
-    println!("cargo:rerun-if-changed={}", if cxx_dir.is_dir() { "src/cxx" } else { "src" });
+    println!(
+        "cargo:rerun-if-changed={}",
+        if cxx_dir.is_dir() { "src/cxx" } else { "src" }
+    );
 
     let out_dir = root.join(INCLUDE_OUT);
-    fs::create_dir_all(&out_dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
+    fs::create_dir_all(&out_dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
     let structs = cbindgen_section(&root, Style::Tag, vec![ItemType::Structs]);
-    let api = cbindgen_section(&root, Style::Type, vec![ItemType::Enums, ItemType::Typedefs, ItemType::Functions]);
+    let api = cbindgen_section(
+        &root,
+        Style::Type,
+        vec![ItemType::Enums, ItemType::Typedefs, ItemType::Functions],
+    );
     for (template, header) in HEADERS {
         let text = render(&root, template, &structs, &api);
         let path = out_dir.join(header);
@@ -59,11 +75,15 @@ fn cbindgen_section(root: &Path, style: Style, items: Vec<ItemType>) -> String {
     config.style = style;
     config.export.item_types = items;
 
-    let mut builder = cbindgen::Builder::new().with_config(config).with_src(root.join("src/types.rs"));
+    let mut builder = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root.join("src/types.rs"));
     for source in rust_files(&root.join("src/ffi")) {
         builder = builder.with_src(source);
     }
-    let bindings = builder.generate().unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
+    let bindings = builder
+        .generate()
+        .unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
     let mut out = Vec::new();
     bindings.write(&mut out);
     let text = String::from_utf8(out).expect("cbindgen writes UTF-8");
@@ -109,18 +129,22 @@ fn drop_safety_sections(text: &str) -> String {
 
 /// Fills in one template's directives.
 fn render(root: &Path, template: &str, structs: &str, api: &str) -> String {
-    let source =
-        fs::read_to_string(root.join(template)).unwrap_or_else(|e| panic!("cannot read {template}: {e}"));
+    let source = fs::read_to_string(root.join(template))
+        .unwrap_or_else(|e| panic!("cannot read {template}: {e}"));
     let mut out = String::with_capacity(source.len() + structs.len() + api.len());
     for (number, line) in source.lines().enumerate() {
         let trimmed = line.trim();
-        if let Some(directive) = trimmed.strip_prefix('@').and_then(|rest| rest.strip_suffix('@')) {
+        if let Some(directive) = trimmed
+            .strip_prefix('@')
+            .and_then(|rest| rest.strip_suffix('@'))
+        {
             match directive.split_once(' ') {
                 Some(("CBINDGEN", "structs")) => out.push_str(structs),
                 Some(("CBINDGEN", "api")) => out.push_str(api),
                 Some(("SPLICE", path)) => {
-                    let spliced = fs::read_to_string(root.join(path))
-                        .unwrap_or_else(|e| panic!("{template}:{}: cannot read {path}: {e}", number + 1));
+                    let spliced = fs::read_to_string(root.join(path)).unwrap_or_else(|e| {
+                        panic!("{template}:{}: cannot read {path}: {e}", number + 1)
+                    });
                     out.push_str(without_file_note(&spliced).trim_end_matches('\n'));
                 }
                 _ => panic!("{template}:{}: unknown directive {trimmed}", number + 1),

@@ -181,6 +181,7 @@ SAME(decltype(&mscclppConcurrentFifo::push),
 // ---- run time ----
 static int passed = 0;
 static int failed = 0;
+static int skipped = 0;
 
 #define CHECK(cond)                                                                                          \
   do {                                                                                                       \
@@ -275,6 +276,7 @@ static void checkDeviceCode()
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("SKIPPED device-code check: no usable GPU here\n");
+    ++skipped;
     return;
   }
   mscclppTrigger* fifo = nullptr;
@@ -328,6 +330,6 @@ int main()
 #else
   const char* build = "g++";
 #endif
-  std::printf("layout_test (%s): %d passed, %d failed\n", build, passed, failed);
+  std::printf("layout_test (%s): %d passed, %d failed, %d skipped\n", build, passed, failed, skipped);
   return failed == 0 ? 0 : 1;
 }
