@@ -53,6 +53,7 @@ fn main() {
         Style::Type,
         vec![ItemType::Enums, ItemType::Typedefs, ItemType::Functions],
     );
+    check_functions(&api);
     for (template, header) in HEADERS {
         let text = render(&root, template, &structs, &api);
         let path = out_dir.join(header);
@@ -66,6 +67,56 @@ fn main() {
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as
     // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmscclpp.so.0");
+}
+
+/// The legacy header's functions that cbindgen declares (the other two are declared by hand).
+const LEGACY_FUNCTIONS: [&str; 18] = [
+    "mscclppGetUniqueId",
+    "mscclppCommInitRank",
+    "mscclppCommInitRankFromId",
+    "mscclppBootstrapAllGather",
+    "mscclppBootstrapBarrier",
+    "mscclppCommDestroy",
+    "mscclppConnectionSetup",
+    "mscclppGetAllDeviceConnections",
+    "mscclppGetDeviceConnection",
+    "mscclppProxyLaunch",
+    "mscclppProxyStop",
+    "mscclppCommRank",
+    "mscclppCommSize",
+    "mscclppSetBootstrapConnTimeout",
+    "mscclppDefaultLogHandler",
+    "mscclppSetLogHandler",
+    "mscclppRegisterBuffer",
+    "mscclppRegisteredBufferWrite",
+];
+
+/// Warns when the generated declarations are not exactly the legacy set: every exported `extern "C"` function
+/// in `src/ffi/` lands in the public header, so a helper exported by mistake (or a missing one) shows here.
+fn check_functions(api: &str) {
+    let declared: Vec<&str> = api
+        .lines()
+        .filter(|line| {
+            !line.starts_with(' ') && !line.starts_with("//") && !line.starts_with("typedef")
+        })
+        .filter_map(|line| line.split_once('(').map(|(head, _)| head))
+        .filter_map(|head| head.rsplit([' ', '*']).next())
+        .filter(|name| !name.is_empty())
+        .collect();
+    for name in &declared {
+        if !LEGACY_FUNCTIONS.contains(name) {
+            println!(
+                "cargo:warning=mscclpp.h declares {name}, which the legacy header does not have"
+            );
+        }
+    }
+    for name in LEGACY_FUNCTIONS {
+        if !declared.contains(&name) {
+            println!(
+                "cargo:warning=mscclpp.h lacks {name}: no exported function of that name in src/ffi/"
+            );
+        }
+    }
 }
 
 /// Runs cbindgen over the ABI sources for one kind of item, in one declaration style.
