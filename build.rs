@@ -25,8 +25,7 @@ const HEADERS: [(&str, &str); 2] = [
 const INCLUDE_OUT: &str = "build/include";
 
 fn main() {
-    let root =
-        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     for input in [
         "build.rs",
         "cbindgen.toml",
@@ -45,8 +44,7 @@ fn main() {
     );
 
     let out_dir = root.join(INCLUDE_OUT);
-    fs::create_dir_all(&out_dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
+    fs::create_dir_all(&out_dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
     let structs = cbindgen_section(&root, Style::Tag, vec![ItemType::Structs]);
     let api = cbindgen_section(
         &root,
@@ -96,25 +94,19 @@ const LEGACY_FUNCTIONS: [&str; 18] = [
 fn check_functions(api: &str) {
     let declared: Vec<&str> = api
         .lines()
-        .filter(|line| {
-            !line.starts_with(' ') && !line.starts_with("//") && !line.starts_with("typedef")
-        })
+        .filter(|line| !line.starts_with(' ') && !line.starts_with("//") && !line.starts_with("typedef"))
         .filter_map(|line| line.split_once('(').map(|(head, _)| head))
         .filter_map(|head| head.rsplit([' ', '*']).next())
         .filter(|name| !name.is_empty())
         .collect();
     for name in &declared {
         if !LEGACY_FUNCTIONS.contains(name) {
-            println!(
-                "cargo:warning=mscclpp.h declares {name}, which the legacy header does not have"
-            );
+            println!("cargo:warning=mscclpp.h declares {name}, which the legacy header does not have");
         }
     }
     for name in LEGACY_FUNCTIONS {
         if !declared.contains(&name) {
-            println!(
-                "cargo:warning=mscclpp.h lacks {name}: no exported function of that name in src/ffi/"
-            );
+            println!("cargo:warning=mscclpp.h lacks {name}: no exported function of that name in src/ffi/");
         }
     }
 }
@@ -132,9 +124,7 @@ fn cbindgen_section(root: &Path, style: Style, items: Vec<ItemType>) -> String {
     for source in rust_files(&root.join("src/ffi")) {
         builder = builder.with_src(source);
     }
-    let bindings = builder
-        .generate()
-        .unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
+    let bindings = builder.generate().unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
     let mut out = Vec::new();
     bindings.write(&mut out);
     let text = String::from_utf8(out).expect("cbindgen writes UTF-8");
@@ -180,22 +170,17 @@ fn drop_safety_sections(text: &str) -> String {
 
 /// Fills in one template's directives.
 fn render(root: &Path, template: &str, structs: &str, api: &str) -> String {
-    let source = fs::read_to_string(root.join(template))
-        .unwrap_or_else(|e| panic!("cannot read {template}: {e}"));
+    let source = fs::read_to_string(root.join(template)).unwrap_or_else(|e| panic!("cannot read {template}: {e}"));
     let mut out = String::with_capacity(source.len() + structs.len() + api.len());
     for (number, line) in source.lines().enumerate() {
         let trimmed = line.trim();
-        if let Some(directive) = trimmed
-            .strip_prefix('@')
-            .and_then(|rest| rest.strip_suffix('@'))
-        {
+        if let Some(directive) = trimmed.strip_prefix('@').and_then(|rest| rest.strip_suffix('@')) {
             match directive.split_once(' ') {
                 Some(("CBINDGEN", "structs")) => out.push_str(structs),
                 Some(("CBINDGEN", "api")) => out.push_str(api),
                 Some(("SPLICE", path)) => {
-                    let spliced = fs::read_to_string(root.join(path)).unwrap_or_else(|e| {
-                        panic!("{template}:{}: cannot read {path}: {e}", number + 1)
-                    });
+                    let spliced = fs::read_to_string(root.join(path))
+                        .unwrap_or_else(|e| panic!("{template}:{}: cannot read {path}: {e}", number + 1));
                     out.push_str(without_file_note(&spliced).trim_end_matches('\n'));
                 }
                 _ => panic!("{template}:{}: unknown directive {trimmed}", number + 1),

@@ -3,9 +3,7 @@
 use crate::bootstrap::{Bootstrap, PROTOCOL_MAGIC, Root, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{
-    DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info,
-};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info};
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
@@ -105,12 +103,7 @@ pub struct Communicator {
 
 impl Communicator {
     /// `mscclppCommInitRank`: rank 0 listens at `address`, everyone meets there.
-    pub fn init_by_address(
-        nranks: usize,
-        address: &str,
-        rank: usize,
-        timeout: Duration,
-    ) -> Result<Communicator> {
+    pub fn init_by_address(nranks: usize, address: &str, rank: usize, timeout: Duration) -> Result<Communicator> {
         let root_addr = RootAddress::parse(address)
             .map_err(|e| Error::new(e.kind, format!("ipPortPair \"{address}\": {}", e.message)))?;
         let root = if rank == 0 {
@@ -123,12 +116,7 @@ impl Communicator {
     }
 
     /// `mscclppCommInitRankFromId`: everyone meets at the root named in the id.
-    pub fn init_by_id(
-        nranks: usize,
-        id: &UniqueId,
-        rank: usize,
-        timeout: Duration,
-    ) -> Result<Communicator> {
+    pub fn init_by_id(nranks: usize, id: &UniqueId, rank: usize, timeout: Duration) -> Result<Communicator> {
         let bootstrap = Bootstrap::connect(id.root, id.magic, rank, nranks, timeout)?;
         Ok(Self::with_bootstrap(bootstrap, None))
     }
@@ -136,9 +124,7 @@ impl Communicator {
     fn with_bootstrap(bootstrap: Bootstrap, root: Option<Root>) -> Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
-        let gpu = crate::gpu::ensure_driver()
-            .ok()
-            .and_then(|_| current_context_if_any());
+        let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
         let state = CommState {
             gpu,
             ..Default::default()
@@ -170,10 +156,7 @@ impl Communicator {
     /// The proxy's first failure, if any; later calls report it instead of going on.
     fn check_proxy(st: &CommState) -> Result<()> {
         match st.proxy_shared.as_ref().and_then(|s| s.failure()) {
-            Some(e) => Err(Error::new(
-                e.kind,
-                format!("the proxy failed earlier: {}", e.message),
-            )),
+            Some(e) => Err(Error::new(e.kind, format!("the proxy failed earlier: {}", e.message))),
             None => Ok(()),
         }
     }
@@ -222,9 +205,7 @@ impl Communicator {
             )));
         }
         if size > u32::MAX as u64 {
-            log::warn!(
-                "buffSize {size} is larger than triggers can address (32-bit offsets and sizes)"
-            );
+            log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
         }
         let epochs = Epochs::new(&gpu)?;
         st.connections.push(Connection {
@@ -267,26 +248,17 @@ impl Communicator {
                     process: me,
                     device: gpu.device,
                     buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
-                    epochs: IpcExport::new(
-                        c.epochs.signal(),
-                        Epochs::BYTES as u64,
-                        "epoch counters",
-                    )?,
+                    epochs: IpcExport::new(c.epochs.signal(), Epochs::BYTES as u64, "epoch counters")?,
                 };
-                self.bootstrap.send(
-                    c.remote_rank,
-                    message_tag(TAG_CONNECTION, c.tag),
-                    &info.to_bytes(),
-                )?;
+                self.bootstrap
+                    .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
             }
             for i in pending.clone() {
                 let (peer, tag, kind) = {
                     let c = &st.connections[i];
                     (c.remote_rank, c.tag, c.transport.clone())
                 };
-                let bytes = self
-                    .bootstrap
-                    .recv(peer, message_tag(TAG_CONNECTION, tag))?;
+                let bytes = self.bootstrap.recv(peer, message_tag(TAG_CONNECTION, tag))?;
                 let info = SetupInfo::from_bytes(&bytes)?;
                 if info.rank as usize != peer || info.tag != tag {
                     return Err(Error::remote(format!(
@@ -324,13 +296,7 @@ impl Communicator {
     }
 
     /// Maps a peer's buffer and epoch counters into our context (directly, if the peer shares our process).
-    fn map_remote(
-        &self,
-        st: &mut CommState,
-        gpu: &GpuContext,
-        info: &SetupInfo,
-        me: ProcessId,
-    ) -> Result<RemoteSide> {
+    fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
         if info.process == me {
             enable_peer_access(gpu, info.buffer.address);
             return Ok(RemoteSide {
@@ -350,12 +316,7 @@ impl Communicator {
         })
     }
 
-    fn open_ipc(
-        st: &mut CommState,
-        gpu: &GpuContext,
-        peer: ProcessId,
-        e: &IpcExport,
-    ) -> Result<Arc<IpcMapping>> {
+    fn open_ipc(st: &mut CommState, gpu: &GpuContext, peer: ProcessId, e: &IpcExport) -> Result<Arc<IpcMapping>> {
         let key = (peer, e.address - e.offset);
         if let Some(m) = st.ipc.get(&key) {
             return Ok(m.clone());
@@ -389,9 +350,7 @@ impl Communicator {
             .iter()
             .position(|c| c.base.remoteRank == remote_rank && c.base.tag == tag)
             .ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "no connection to remoteRank {remote_rank} with tag {tag}"
-                ))
+                Error::invalid_argument(format!("no connection to remoteRank {remote_rank} with tag {tag}"))
             })?;
         // SAFETY: `i < n`, the length of the array `ptr` points at.
         Ok(unsafe { ptr.add(i) })
@@ -479,11 +438,7 @@ impl Communicator {
 
     /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection; returns
     /// one entry per connection, in connect order.
-    pub fn register_buffer(
-        &self,
-        ptr: DevicePtr,
-        size: u64,
-    ) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
+    pub fn register_buffer(&self, ptr: DevicePtr, size: u64) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         if st.connections.is_empty() || st.set_up < st.connections.len() {
@@ -499,20 +454,13 @@ impl Communicator {
             buffer: export,
         }
         .to_bytes();
-        let peers: Vec<(usize, i32)> = st
-            .connections
-            .iter()
-            .map(|c| (c.remote_rank, c.tag))
-            .collect();
+        let peers: Vec<(usize, i32)> = st.connections.iter().map(|c| (c.remote_rank, c.tag)).collect();
         for &(peer, tag) in &peers {
-            self.bootstrap
-                .send(peer, message_tag(TAG_REGISTER, tag), &msg)?;
+            self.bootstrap.send(peer, message_tag(TAG_REGISTER, tag), &msg)?;
         }
         let mut entries = Vec::with_capacity(peers.len());
         for &(peer, tag) in &peers {
-            let info = RegisterInfo::from_bytes(
-                &self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?,
-            )?;
+            let info = RegisterInfo::from_bytes(&self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?)?;
             let remote = if info.process == me {
                 enable_peer_access(&gpu, info.buffer.address);
                 info.buffer.address
@@ -565,12 +513,7 @@ impl Communicator {
             // SAFETY: both ranges were checked above; the stream is the application's.
             crate::gpu::check(
                 unsafe {
-                    cudarc::driver::sys::cuMemcpyAsync(
-                        dst + dst_offset,
-                        src + src_offset,
-                        size as usize,
-                        stream,
-                    )
+                    cudarc::driver::sys::cuMemcpyAsync(dst + dst_offset, src + src_offset, size as usize, stream)
                 },
                 || format!("copy to peer buffer {i}"),
             )?;
@@ -660,9 +603,7 @@ fn enable_peer_access(gpu: &GpuContext, peer_ptr: DevicePtr) {
     let _ = gpu.make_current();
     // SAFETY: both contexts are alive; enabling twice returns an error we ignore.
     let rc = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
-    if rc != sys::CUresult::CUDA_SUCCESS
-        && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-    {
+    if rc != sys::CUresult::CUDA_SUCCESS && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
         // Same device (no peer access needed) or no peer path: copies still work through the driver.
         log::info!(
             "peer access from GPU {} not enabled: {}",
@@ -679,10 +620,7 @@ mod tests {
     #[test]
     fn message_tags_separate_kinds_and_keep_negative_tags_distinct() {
         assert_ne!(message_tag(TAG_CONNECTION, 5), message_tag(TAG_REGISTER, 5));
-        assert_ne!(
-            message_tag(TAG_CONNECTION, -1),
-            message_tag(TAG_CONNECTION, 1)
-        );
+        assert_ne!(message_tag(TAG_CONNECTION, -1), message_tag(TAG_CONNECTION, 1));
         assert_eq!(message_tag(TAG_CONNECTION, -1) >> 32, 1);
     }
 

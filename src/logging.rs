@@ -41,9 +41,7 @@ pub fn set_thread_rank(rank: usize) {
 
 static HANDLER: RwLock<mscclppLogHandler_t> = RwLock::new(None);
 static DEBUG_FILE: Lazy<Option<Mutex<File>>> = Lazy::new(|| {
-    let pattern = std::env::var("MSCCLPP_DEBUG_FILE")
-        .ok()
-        .filter(|p| !p.is_empty())?;
+    let pattern = std::env::var("MSCCLPP_DEBUG_FILE").ok().filter(|p| !p.is_empty())?;
     let path = debug_file_path(&pattern, &hostname(), std::process::id());
     match File::create(&path) {
         Ok(f) => Some(Mutex::new(f)),
@@ -96,13 +94,7 @@ fn subsystem(target: &str) -> String {
 /// Formats one line as every handler receives it.
 pub fn format_line(level: Level, rank: Option<usize>, target: &str, message: &str) -> String {
     let rank = rank.map_or_else(|| "-".to_string(), |r| r.to_string());
-    format!(
-        "MSCCLPP {} rank {} {}: {}\n",
-        level,
-        rank,
-        subsystem(target),
-        message
-    )
+    format!("MSCCLPP {} rank {} {}: {}\n", level, rank, subsystem(target), message)
 }
 
 struct Logger;
@@ -117,12 +109,7 @@ impl Log for Logger {
             return;
         }
         let rank = CURRENT_RANK.with(|r| r.get());
-        let line = format_line(
-            record.level(),
-            rank,
-            record.target(),
-            &record.args().to_string(),
-        );
+        let line = format_line(record.level(), rank, record.target(), &record.args().to_string());
         emit(&line);
     }
 
@@ -220,9 +207,6 @@ mod tests {
 
     #[test]
     fn debug_file_pattern_expands_host_and_pid() {
-        assert_eq!(
-            debug_file_path("/tmp/log.%h.%p", "node1", 42),
-            "/tmp/log.node1.42"
-        );
+        assert_eq!(debug_file_path("/tmp/log.%h.%p", "node1", 42), "/tmp/log.node1.42");
     }
 }

@@ -154,47 +154,26 @@ mod tests {
             (16, 16)
         );
         assert_eq!(offset_of!(mscclppDevConnSignalEpochId, proxy), 8);
-        assert_eq!(
-            (size_of::<mscclppBaseConn>(), align_of::<mscclppBaseConn>()),
-            (48, 8)
-        );
+        assert_eq!((size_of::<mscclppBaseConn>(), align_of::<mscclppBaseConn>()), (48, 8));
         assert_eq!(offset_of!(mscclppBaseConn, tag), 4);
         assert_eq!(offset_of!(mscclppBaseConn, localBuff), 8);
         assert_eq!(offset_of!(mscclppBaseConn, localSignalEpochId), 16);
         assert_eq!(offset_of!(mscclppBaseConn, remoteSignalEpochId), 24);
         assert_eq!(offset_of!(mscclppBaseConn, waitEpochId), 32);
         assert_eq!(offset_of!(mscclppBaseConn, remoteBuff), 40);
-        assert_eq!(
-            (size_of::<mscclppDevConn>(), align_of::<mscclppDevConn>()),
-            (80, 8)
-        );
+        assert_eq!((size_of::<mscclppDevConn>(), align_of::<mscclppDevConn>()), (80, 8));
         assert_eq!(offset_of!(mscclppDevConn, fifo), 48);
         assert_eq!(
-            (
-                size_of::<mscclppConcurrentFifo>(),
-                align_of::<mscclppConcurrentFifo>()
-            ),
+            (size_of::<mscclppConcurrentFifo>(), align_of::<mscclppConcurrentFifo>()),
             (32, 8)
         );
         assert_eq!(offset_of!(mscclppConcurrentFifo, triggerFifoTail), 8);
         assert_eq!(offset_of!(mscclppConcurrentFifo, triggerFifoHead), 16);
         assert_eq!(offset_of!(mscclppConcurrentFifo, connId), 24);
-        assert_eq!(
-            (size_of::<mscclppTrigger>(), align_of::<mscclppTrigger>()),
-            (16, 16)
-        );
-        assert_eq!(
-            (size_of::<mscclppUniqueId>(), align_of::<mscclppUniqueId>()),
-            (128, 1)
-        );
-        assert_eq!(
-            (size_of::<mscclppIbMrInfo>(), align_of::<mscclppIbMrInfo>()),
-            (16, 8)
-        );
-        assert_eq!(
-            (size_of::<mscclppIbMr>(), align_of::<mscclppIbMr>()),
-            (32, 8)
-        );
+        assert_eq!((size_of::<mscclppTrigger>(), align_of::<mscclppTrigger>()), (16, 16));
+        assert_eq!((size_of::<mscclppUniqueId>(), align_of::<mscclppUniqueId>()), (128, 1));
+        assert_eq!((size_of::<mscclppIbMrInfo>(), align_of::<mscclppIbMrInfo>()), (16, 8));
+        assert_eq!((size_of::<mscclppIbMr>(), align_of::<mscclppIbMr>()), (32, 8));
         assert_eq!(offset_of!(mscclppIbMr, info), 16);
         assert_eq!(
             (

@@ -16,19 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Bootstrap connection timeout in milliseconds (`mscclppSetBootstrapConnTimeout`).
-static BOOTSTRAP_TIMEOUT_MS: AtomicU64 =
-    AtomicU64::new(crate::bootstrap::DEFAULT_TIMEOUT.as_millis() as u64);
+static BOOTSTRAP_TIMEOUT_MS: AtomicU64 = AtomicU64::new(crate::bootstrap::DEFAULT_TIMEOUT.as_millis() as u64);
 
 fn bootstrap_timeout() -> Duration {
     Duration::from_millis(BOOTSTRAP_TIMEOUT_MS.load(Ordering::Relaxed))
 }
 
 /// Runs `body` with the communicator behind `comm`, logging as its rank.
-fn with_comm(
-    name: &str,
-    comm: mscclppComm_t,
-    body: impl FnOnce(&Communicator) -> Result<()>,
-) -> mscclppResult_t {
+fn with_comm(name: &str, comm: mscclppComm_t, body: impl FnOnce(&Communicator) -> Result<()>) -> mscclppResult_t {
     guard(name, || {
         let c = handles::lookup(comm)?;
         let _rank = RankScope::enter(c.rank());
@@ -78,12 +73,7 @@ pub unsafe extern "C" fn mscclppCommInitRank(
             .to_str()
             .map_err(|_| Error::invalid_argument("ipPortPair is not valid UTF-8"))?;
         let _rank = RankScope::enter(rank as usize);
-        let c = Communicator::init_by_address(
-            nranks as usize,
-            addr,
-            rank as usize,
-            bootstrap_timeout(),
-        )?;
+        let c = Communicator::init_by_address(nranks as usize, addr, rank as usize, bootstrap_timeout())?;
         // SAFETY: checked non-null.
         unsafe { *comm = handles::register(c) };
         Ok(())
@@ -102,8 +92,7 @@ pub unsafe extern "C" fn mscclppCommInitRankFromId(
         non_null(comm, "comm")?;
         check_rank_args(nranks, rank)?;
         let bytes: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
-        let id = UniqueId::from_bytes(&bytes)
-            .map_err(|e| Error::new(e.kind, format!("id: {}", e.message)))?;
+        let id = UniqueId::from_bytes(&bytes).map_err(|e| Error::new(e.kind, format!("id: {}", e.message)))?;
         let _rank = RankScope::enter(rank as usize);
         let c = Communicator::init_by_id(nranks as usize, &id, rank as usize, bootstrap_timeout())?;
         // SAFETY: checked non-null.
@@ -205,9 +194,7 @@ pub unsafe extern "C" fn mscclppConnect(
             2 => {
                 non_null(ibDev, "ibDev (required for mscclppTransportIB)")?;
                 // SAFETY: checked non-null; the caller passes a NUL-terminated string.
-                let dev = unsafe { CStr::from_ptr(ibDev) }
-                    .to_string_lossy()
-                    .into_owned();
+                let dev = unsafe { CStr::from_ptr(ibDev) }.to_string_lossy().into_owned();
                 ensure_arg!(!dev.is_empty(), "ibDev is an empty string");
                 TransportKind::Ib { device: dev }
             }
@@ -217,13 +204,7 @@ pub unsafe extern "C" fn mscclppConnect(
                 )));
             }
         };
-        c.connect(
-            remoteRank as usize,
-            tag,
-            localBuff as u64,
-            buffSize,
-            transport,
-        )
+        c.connect(remoteRank as usize, tag, localBuff as u64, buffSize, transport)
     })
 }
 
@@ -311,10 +292,7 @@ pub unsafe extern "C" fn mscclppCommSize(comm: mscclppComm_t, size: *mut c_int) 
 #[unsafe(no_mangle)]
 pub extern "C" fn mscclppSetBootstrapConnTimeout(timeout: c_int) -> mscclppResult_t {
     guard("mscclppSetBootstrapConnTimeout", || {
-        ensure_arg!(
-            timeout > 0,
-            "timeout is {timeout} seconds; it must be positive"
-        );
+        ensure_arg!(timeout > 0, "timeout is {timeout} seconds; it must be positive");
         BOOTSTRAP_TIMEOUT_MS.store(timeout as u64 * 1000, Ordering::Relaxed);
         Ok(())
     })
@@ -337,15 +315,9 @@ pub unsafe extern "C" fn mscclppSetLogHandler(handler: mscclppLogHandler_t) -> m
 }
 
 unsafe extern "C" {
-    fn mscclpp_regmem_append(
-        mem: *mut mscclppRegisteredMemory,
-        remote: *mut c_void,
-        ib_mr: *mut mscclppIbMr,
-    ) -> c_int;
+    fn mscclpp_regmem_append(mem: *mut mscclppRegisteredMemory, remote: *mut c_void, ib_mr: *mut mscclppIbMr) -> c_int;
     fn mscclpp_regmem_len(mem: *const mscclppRegisteredMemory) -> usize;
-    fn mscclpp_regmem_data(
-        mem: *const mscclppRegisteredMemory,
-    ) -> *const mscclppRegisteredMemoryP2P;
+    fn mscclpp_regmem_data(mem: *const mscclppRegisteredMemory) -> *const mscclppRegisteredMemoryP2P;
 }
 
 /// Exchanges `local_memory` with the peer of every connection; appends one entry per connection.

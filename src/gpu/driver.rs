@@ -34,9 +34,7 @@ pub fn error_name(rc: CUresult) -> String {
         return format!("CUDA error {}", rc as i32);
     }
     // SAFETY: the driver returned a static NUL-terminated string.
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
 /// Turns a driver result into our error, saying what we were doing.
@@ -64,21 +62,16 @@ impl GpuContext {
         ensure_driver()?;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer to a local.
-        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, || {
-            "cuCtxGetCurrent".into()
-        })?;
+        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, || "cuCtxGetCurrent".into())?;
         let mut retained = false;
         if ctx.is_null() {
             let mut dev: CUdevice = 0;
             // SAFETY: out-pointers to locals.
-            check(unsafe { sys::cuDeviceGet(&mut dev, 0) }, || {
-                "cuDeviceGet(0)".into()
-            })?;
+            check(unsafe { sys::cuDeviceGet(&mut dev, 0) }, || "cuDeviceGet(0)".into())?;
             // SAFETY: as above; the retained context is released in `release`.
-            check(
-                unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) },
-                || "cuDevicePrimaryCtxRetain".into(),
-            )?;
+            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, || {
+                "cuDevicePrimaryCtxRetain".into()
+            })?;
             retained = true;
         }
         let g = GpuContext {
@@ -89,9 +82,7 @@ impl GpuContext {
         g.make_current()?;
         let mut dev: CUdevice = 0;
         // SAFETY: out-pointer to a local; a context is current.
-        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, || {
-            "cuCtxGetDevice".into()
-        })?;
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, || "cuCtxGetDevice".into())?;
         Ok(GpuContext { device: dev, ..g })
     }
 
@@ -99,10 +90,9 @@ impl GpuContext {
     /// threads other than the creator's).
     pub fn make_current(&self) -> Result<()> {
         // SAFETY: the context stays alive while the communicator that holds this value lives.
-        check(
-            unsafe { sys::cuCtxSetCurrent(self.ctx as CUcontext) },
-            || "cuCtxSetCurrent".into(),
-        )
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx as CUcontext) }, || {
+            "cuCtxSetCurrent".into()
+        })
     }
 
     /// Releases the primary context if we retained it; called once, when the communicator goes.
@@ -117,10 +107,9 @@ impl GpuContext {
     pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
         // SAFETY: out-pointer to a local.
-        check(
-            unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.device) },
-            || format!("cuDeviceGetAttribute({attr:?})"),
-        )?;
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.device) }, || {
+            format!("cuDeviceGetAttribute({attr:?})")
+        })?;
         Ok(v)
     }
 }

@@ -87,10 +87,9 @@ impl IpcMapping {
         let mut base: DevicePtr = 0;
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         // SAFETY: out-pointer to a local; the handle came from a peer's cuIpcGetMemHandle.
-        check(
-            unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) },
-            || "cuIpcOpenMemHandle".into(),
-        )?;
+        check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) }, || {
+            "cuIpcOpenMemHandle".into()
+        })?;
         Ok(IpcMapping { base, ctx: *ctx })
     }
     pub fn base(&self) -> DevicePtr {

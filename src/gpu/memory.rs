@@ -19,15 +19,9 @@ impl DeviceAllocation {
         check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, || {
             format!("cuMemAlloc({size} bytes)")
         })?;
-        let alloc = DeviceAllocation {
-            ptr,
-            size,
-            ctx: *ctx,
-        };
+        let alloc = DeviceAllocation { ptr, size, ctx: *ctx };
         // SAFETY: the range was just allocated.
-        check(unsafe { sys::cuMemsetD8_v2(ptr, 0, size) }, || {
-            "cuMemsetD8".into()
-        })?;
+        check(unsafe { sys::cuMemsetD8_v2(ptr, 0, size) }, || "cuMemsetD8".into())?;
         Ok(alloc)
     }
     pub fn ptr(&self) -> DevicePtr {
@@ -69,10 +63,9 @@ impl PinnedHostBuffer {
         let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: out-pointer to a local; a context is current.
-        check(
-            unsafe { sys::cuMemHostAlloc(&mut host, size, flags) },
-            || format!("cuMemHostAlloc({size} bytes)"),
-        )?;
+        check(unsafe { sys::cuMemHostAlloc(&mut host, size, flags) }, || {
+            format!("cuMemHostAlloc({size} bytes)")
+        })?;
         let mut buf = PinnedHostBuffer {
             host: host.cast(),
             device: 0,
@@ -134,9 +127,7 @@ pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo
             ptr,
         )
     };
-    if rc != sys::CUresult::CUDA_SUCCESS
-        || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
-    {
+    if rc != sys::CUresult::CUDA_SUCCESS || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
         return Err(Error::invalid_argument(format!(
             "{what} {ptr:#x} is not device memory allocated with cudaMalloc"
         )));

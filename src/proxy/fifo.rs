@@ -51,10 +51,7 @@ fn load16(p: *const [u64; 2]) -> [u64; 2] {
     // the compiler from caching it across polls.
     unsafe {
         std::arch::asm!("movdqa {v}, [{p}]", p = in(reg) p, v = out(xmm_reg) v, options(nostack, readonly, preserves_flags));
-        [
-            _mm_extract_epi64(v, 0) as u64,
-            _mm_extract_epi64(v, 1) as u64,
-        ]
+        [_mm_extract_epi64(v, 0) as u64, _mm_extract_epi64(v, 1) as u64]
     }
 }
 

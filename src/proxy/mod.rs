@@ -165,8 +165,7 @@ impl ProxyThread {
     pub fn stop(mut self) -> Result<u64> {
         self.shared.stop.store(true, Ordering::Relaxed);
         let join = self.join.take().expect("joined once");
-        join.join()
-            .map_err(|_| Error::internal("the proxy thread panicked"))
+        join.join().map_err(|_| Error::internal("the proxy thread panicked"))
     }
 }
 
@@ -239,11 +238,7 @@ mod tests {
         }
         // SAFETY: `slots` outlives the ring.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
-        let (mut h, mut p, shared) = (
-            Recorder::default(),
-            Tails::default(),
-            ProxyShared::default(),
-        );
+        let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
         let mut tail = 0;
         while let Some(t) = serve_one(&ring, tail, &mut h, &mut p, &shared) {
             tail = t;
@@ -256,10 +251,7 @@ mod tests {
             vec![2, 4],
             "after the Sync at position 1, then at the flush counter"
         );
-        assert!(
-            slots.0.iter().all(|s| s[0] == 0),
-            "every served slot is released"
-        );
+        assert!(slots.0.iter().all(|s| s[0] == 0), "every served slot is released");
     }
 
     #[test]
@@ -322,10 +314,7 @@ mod tests {
         .unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while p.shared().processed() < 3 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "proxy did not serve the triggers"
-            );
+            assert!(std::time::Instant::now() < deadline, "proxy did not serve the triggers");
             std::thread::yield_now();
         }
         assert_eq!(p.stop().unwrap(), 3);

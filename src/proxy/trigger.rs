@@ -113,9 +113,6 @@ mod tests {
             conn_id: 2,
             kind: 6,
         };
-        assert_eq!(
-            format!("{t:?}"),
-            "trigger{conn 2, Flag|Sync, size 1, src +0, dst +0}"
-        );
+        assert_eq!(format!("{t:?}"), "trigger{conn 2, Flag|Sync, size 1, src +0, dst +0}");
     }
 }

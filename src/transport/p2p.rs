@@ -45,15 +45,12 @@ pub fn check_ranges(t: &Trigger, route: &P2pRoute) -> Result<()> {
 
 /// Looks up the route of a trigger's connection.
 pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P2pRoute> {
-    routes
-        .get(t.conn_id as usize)
-        .and_then(|r| r.as_ref())
-        .ok_or_else(|| {
-            Error::invalid_usage(format!(
-                "connection id {} is not a P2P connection of this communicator",
-                t.conn_id
-            ))
-        })
+    routes.get(t.conn_id as usize).and_then(|r| r.as_ref()).ok_or_else(|| {
+        Error::invalid_usage(format!(
+            "connection id {} is not a P2P connection of this communicator",
+            t.conn_id
+        ))
+    })
 }
 
 pub struct P2pHandler {
@@ -75,16 +72,14 @@ impl TriggerHandler for P2pHandler {
                     // Drop the data but still raise the flag: the device counted this signal, and a
                     // missing flag would leave the peer waiting forever.
                     log::error!("dropped the data of {t:?}: {e}");
-                    self.stream
-                        .copy(route.remote_epochs + 8, route.local_epochs, 8)?;
+                    self.stream.copy(route.remote_epochs + 8, route.local_epochs, 8)?;
                     return Err(e);
                 }
                 Err(e) => return Err(e),
             }
         }
         if t.has_flag() {
-            self.stream
-                .copy(route.remote_epochs + 8, route.local_epochs, 8)?;
+            self.stream.copy(route.remote_epochs + 8, route.local_epochs, 8)?;
         }
         Ok(())
     }
@@ -118,9 +113,8 @@ impl TailPublisher for P2pTailPublisher {
 
 impl P2pTailPublisher {
     pub fn new(ctx: &GpuContext, device_tail: DevicePtr) -> Result<P2pTailPublisher> {
-        let mem_ops = ctx.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
-        )?;
+        let mem_ops =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)?;
         let staging = if mem_ops == 0 {
             Some(PinnedHostBuffer::zeroed(ctx, 64)?)
         } else {
@@ -154,10 +148,7 @@ pub fn bind_to_gpu_numa_node(ctx: &GpuContext) {
                 );
             }
         }
-        Ok(None) => log::info!(
-            "GPU {} reports no NUMA node; the proxy thread is not bound",
-            ctx.device
-        ),
+        Ok(None) => log::info!("GPU {} reports no NUMA node; the proxy thread is not bound", ctx.device),
         Err(e) => log::info!("NUMA binding skipped: {e}"),
     }
 }
@@ -166,9 +157,7 @@ fn numa_cpus(ctx: &GpuContext) -> Result<Option<Vec<usize>>> {
     let mut bus = [0 as std::ffi::c_char; 32];
     // SAFETY: the buffer is valid for its length.
     crate::gpu::check(
-        unsafe {
-            cudarc::driver::sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ctx.device)
-        },
+        unsafe { cudarc::driver::sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ctx.device) },
         || "cuDeviceGetPCIBusId".into(),
     )?;
     // SAFETY: the driver wrote a NUL-terminated string.
