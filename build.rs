@@ -121,25 +121,13 @@ fn cbindgen_section(root: &Path, style: Style, items: Vec<ItemType>) -> String {
     let mut builder = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src/types.rs"));
-    for source in rust_files(&root.join("src/ffi")) {
-        builder = builder.with_src(source);
-    }
+    // cbindgen follows `mod` items, so the FFI module's root brings in all of its files once.
+    builder = builder.with_src(root.join("src/ffi/mod.rs"));
     let bindings = builder.generate().unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
     let mut out = Vec::new();
     bindings.write(&mut out);
     let text = String::from_utf8(out).expect("cbindgen writes UTF-8");
     drop_safety_sections(&text).trim_matches('\n').to_string()
-}
-
-/// The `.rs` files of a directory, sorted so that the output does not depend on the file system's order.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
-        .map(|entry| entry.expect("readable directory entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
-        .collect();
-    files.sort();
-    files
 }
 
 /// Rust doc comments carry a `# Safety` section for Rust callers; C readers need only what comes before it.

@@ -19,5 +19,6 @@ pub mod ffi;
 pub mod gpu;
 pub mod logging;
 pub mod proxy;
+pub mod registered_memory;
 pub mod transport;
 pub mod types;

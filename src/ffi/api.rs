@@ -10,6 +10,7 @@ use crate::connection::TransportKind;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::logging::RankScope;
+use crate::registered_memory;
 use crate::types::*;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -314,12 +315,6 @@ pub unsafe extern "C" fn mscclppSetLogHandler(handler: mscclppLogHandler_t) -> m
     })
 }
 
-unsafe extern "C" {
-    fn mscclpp_regmem_append(mem: *mut mscclppRegisteredMemory, remote: *mut c_void, ib_mr: *mut mscclppIbMr) -> c_int;
-    fn mscclpp_regmem_len(mem: *const mscclppRegisteredMemory) -> usize;
-    fn mscclpp_regmem_data(mem: *const mscclppRegisteredMemory) -> *const mscclppRegisteredMemoryP2P;
-}
-
 /// Exchanges `local_memory` with the peer of every connection; appends one entry per connection.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppRegisterBuffer(
@@ -334,9 +329,7 @@ pub unsafe extern "C" fn mscclppRegisterBuffer(
         ensure_arg!(size > 0, "size is 0");
         for e in c.register_buffer(local_memory as u64, size as u64)? {
             // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
-            if unsafe { mscclpp_regmem_append(regMem, e.remoteBuff, e.IbMr) } != 0 {
-                return Err(Error::system("out of memory appending to regMem->p2p"));
-            }
+            unsafe { registered_memory::append(regMem, e)? };
         }
         Ok(())
     })
