@@ -354,15 +354,7 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
         }
         // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null); the entries are
         // copied out before anything else can change the vector.
-        let entries = unsafe {
-            let n = mscclpp_regmem_len(regMem);
-            let p = mscclpp_regmem_data(regMem);
-            if n == 0 {
-                Vec::new()
-            } else {
-                std::slice::from_raw_parts(p, n).to_vec()
-            }
-        };
+        let entries = unsafe { registered_memory::entries(regMem) };
         ensure_arg!(
             !entries.is_empty(),
             "regMem has no entries: call mscclppRegisterBuffer first"
