@@ -21,7 +21,7 @@ run() {
   local label="$name${*:+ $*}"
   local start end rc
   start=$(date +%s.%N)
-  timeout -k 10 "$limit" "$bin_dir/$name" "$@" >"$out" 2>&1
+  timeout -k 10 "$limit" "$bin_dir/$name" "$@" </dev/null >"$out" 2>&1
   rc=$?
   end=$(date +%s.%N)
   local took
