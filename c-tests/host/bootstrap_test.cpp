@@ -1,0 +1,305 @@
+// Multi-process tests of the bootstrap through the C API: every rank is a forked process. Host-only: the
+// bootstrap needs no GPU.
+//
+//   bootstrap_test N addr     N ranks meet at 127.0.0.1:PORT (mscclppCommInitRank)
+//   bootstrap_test N id       N ranks meet through a unique id made by the parent
+//   bootstrap_test timeout    ranks whose root or peers never come fail within the timeout
+//   bootstrap_test stranger   strangers and a rank of another job at the root do not break a 4-rank job
+//   bootstrap_test            all of the above, with 2, 4, 8 and 16 ranks
+//
+// Exits non-zero on any failure.
+#include <mscclpp.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+// A child that hangs is killed after this many seconds and counts as failed.
+static const unsigned CHILD_LIMIT_S = 90;
+
+static int g_rank = -1;
+
+static void fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "bootstrap_test: rank %d: FAILED: ", g_rank);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+}
+
+#define CHECK(cond, ...)  \
+  do {                    \
+    if (!(cond)) {        \
+      fail(__VA_ARGS__);  \
+      return 1;           \
+    }                     \
+  } while (0)
+
+static double now_s() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// A port nobody listens on right now: bind port 0, read it back, close.
+static int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, (sockaddr*)&a, sizeof(a)) == 0 && getsockname(fd, (sockaddr*)&a, &len) == 0) port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+// Runs `body` in a child process; returns its pid.
+template <typename F>
+static pid_t spawn(F body) {
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    alarm(CHILD_LIMIT_S);
+    _exit(body());
+  }
+  return pid;
+}
+
+// Waits for every child; true if all exited with status 0.
+static bool wait_all(const std::vector<pid_t>& pids) {
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
+      fprintf(stderr, "bootstrap_test: could not start or wait for a child\n");
+      ok = false;
+    } else if (WIFSIGNALED(status)) {
+      fprintf(stderr, "bootstrap_test: child %d killed by signal %d%s\n", pid, WTERMSIG(status),
+              WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+      ok = false;
+    } else if (WEXITSTATUS(status) != 0) {
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+static unsigned char pattern(int rank, size_t i) { return (unsigned char)(rank * 131 ^ i * 7 ^ (i >> 9)); }
+
+// What every rank of a working job does: check rank and size, all-gather several sizes, barriers, destroy.
+static int run_rank(int rank, int nranks, const char* addr, const mscclppUniqueId* id) {
+  g_rank = rank;
+  mscclppComm_t comm = nullptr;
+  mscclppResult_t r = id ? mscclppCommInitRankFromId(&comm, nranks, *id, rank)
+                         : mscclppCommInitRank(&comm, nranks, addr, rank);
+  CHECK(r == mscclppSuccess, "init: %s", mscclppGetErrorString(r));
+  int got = -1;
+  CHECK(mscclppCommRank(comm, &got) == mscclppSuccess && got == rank, "mscclppCommRank gave %d", got);
+  CHECK(mscclppCommSize(comm, &got) == mscclppSuccess && got == nranks, "mscclppCommSize gave %d", got);
+  const int sizes[] = {1, 3, 8, 1000, 4101, 1 << 20};
+  for (int size : sizes) {
+    std::vector<unsigned char> buf((size_t)size * nranks, 0xEE);
+    for (int i = 0; i < size; ++i) buf[(size_t)rank * size + i] = pattern(rank, i);
+    r = mscclppBootstrapAllGather(comm, buf.data(), size);
+    CHECK(r == mscclppSuccess, "all-gather of %d bytes: %s", size, mscclppGetErrorString(r));
+    for (int p = 0; p < nranks; ++p)
+      for (int i = 0; i < size; ++i)
+        CHECK(buf[(size_t)p * size + i] == pattern(p, i), "all-gather of %d bytes: byte %d of rank %d's block is wrong",
+              size, i, p);
+    r = mscclppBootstrapBarrier(comm);
+    CHECK(r == mscclppSuccess, "barrier: %s", mscclppGetErrorString(r));
+  }
+  r = mscclppCommDestroy(comm);
+  CHECK(r == mscclppSuccess, "destroy: %s", mscclppGetErrorString(r));
+  return 0;
+}
+
+static bool job_by_address(int nranks) {
+  int port = free_port();
+  if (port < 0) return false;
+  char addr[64];
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return run_rank(r, nranks, addr, nullptr); }));
+  return wait_all(pids);
+}
+
+static bool job_by_id(int nranks) {
+  mscclppUniqueId id;
+  mscclppResult_t r = mscclppGetUniqueId(&id);
+  if (r != mscclppSuccess) {
+    fprintf(stderr, "bootstrap_test: mscclppGetUniqueId: %s\n", mscclppGetErrorString(r));
+    return false;
+  }
+  // The root runs in this process; the ranks are children that received the id.
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < nranks; ++rank) pids.push_back(spawn([=] { return run_rank(rank, nranks, nullptr, &id); }));
+  return wait_all(pids);
+}
+
+// Init with a 2 s timeout must fail with a remote error after about 2 s, not hang.
+static int expect_timeout(int rank, int nranks, const char* addr) {
+  g_rank = rank;
+  mscclppComm_t comm = nullptr;
+  CHECK(mscclppSetBootstrapConnTimeout(2) == mscclppSuccess, "mscclppSetBootstrapConnTimeout(2)");
+  double start = now_s();
+  mscclppResult_t r = mscclppCommInitRank(&comm, nranks, addr, rank);
+  double took = now_s() - start;
+  CHECK(r == mscclppRemoteError, "init returned %d (%s), want a remote error", r, mscclppGetErrorString(r));
+  CHECK(took >= 1.5 && took <= 4.5, "init failed after %.2f s, want about 2 s", took);
+  return 0;
+}
+
+static bool timeouts() {
+  // A rank whose root never comes.
+  int port = free_port();
+  char addr[64];
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  bool ok = wait_all({spawn([=] { return expect_timeout(1, 2, addr); })});
+  // Ranks 0 and 1 of 3, whose rank 2 never comes.
+  port = free_port();
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) pids.push_back(spawn([=] { return expect_timeout(r, 3, addr); }));
+  return wait_all(pids) && ok;
+}
+
+static int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (fd >= 0 && connect(fd, (sockaddr*)&a, sizeof(a)) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+static std::mutex g_log_mutex;
+static std::string g_log;
+
+static void capture_log(const char* msg) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log += msg ? msg : "";
+}
+
+// Rank 0 of the stranger case: a working rank that also checks that the root warned about the stranger.
+static int rank0_watching_strangers(const char* addr) {
+  mscclppSetLogHandler(capture_log);
+  if (run_rank(0, 4, addr, nullptr) != 0) return 1;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  CHECK(g_log.find("WARN") != std::string::npos && g_log.find("turned away") != std::string::npos,
+        "no WARN line about the stranger; the log was:\n%s", g_log.c_str());
+  return 0;
+}
+
+static bool strangers() {
+  int port = free_port();
+  char addr[64];
+  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  int ready[2], done[2];
+  if (pipe(ready) != 0 || pipe(done) != 0) return false;
+  double start = now_s();
+  std::vector<pid_t> pids;
+  pids.push_back(spawn([=] { return rank0_watching_strangers(addr); }));
+  // The stranger: as soon as the root is up, one connection sends garbage and one stays silent; both stay
+  // open until the job is over.
+  pid_t stranger = spawn([=] {
+    g_rank = -2;
+    int noisy = -1;
+    for (int i = 0; i < 2000 && noisy < 0; ++i) {
+      noisy = connect_to(port);
+      if (noisy < 0) usleep(5000);
+    }
+    CHECK(noisy >= 0, "the stranger never reached the root");
+    int silent = connect_to(port);
+    CHECK(silent >= 0, "the silent stranger could not connect");
+    const char garbage[] = "GET / HTTP/1.1\r\nHost: example\r\n\r\nthis is not a bootstrap greeting at all....";
+    CHECK(write(noisy, garbage, sizeof(garbage)) == (ssize_t)sizeof(garbage), "the stranger could not write");
+    CHECK(write(ready[1], "x", 1) == 1, "signal");
+    char c;
+    (void)!read(done[0], &c, 1);
+    close(noisy);
+    close(silent);
+    return 0;
+  });
+  char c;
+  if (read(ready[0], &c, 1) != 1) return false;
+  // Give rank 0 time to say hello, so the root knows the job has 4 ranks; then a rank of another job,
+  // which thinks it has 5, must be turned away at once while the real job waits.
+  usleep(300 * 1000);
+  bool imposter_ok = wait_all({spawn([=] {
+    g_rank = 1;
+    mscclppComm_t comm = nullptr;
+    double t = now_s();
+    mscclppResult_t r = mscclppCommInitRank(&comm, 5, addr, 1);
+    CHECK(r == mscclppInvalidUsage, "the 5-rank imposter got %d (%s), want invalid usage", r, mscclppGetErrorString(r));
+    CHECK(now_s() - t < 10, "the imposter was turned away only after %.1f s", now_s() - t);
+    return 0;
+  })});
+  for (int r = 1; r < 4; ++r) pids.push_back(spawn([=] { return run_rank(r, 4, addr, nullptr); }));
+  bool ok = wait_all(pids);
+  double took = now_s() - start;
+  (void)!write(done[1], "x", 1);
+  ok = wait_all({stranger}) && ok && imposter_ok;
+  // The silent stranger may hold its slot for up to 10 s; the ranks must not wait for it.
+  if (took > 8) {
+    fprintf(stderr, "bootstrap_test: the job with strangers took %.1f s\n", took);
+    ok = false;
+  }
+  close(ready[0]);
+  close(ready[1]);
+  close(done[0]);
+  close(done[1]);
+  return ok;
+}
+
+static bool run_case(const std::string& name, bool ok) {
+  printf("bootstrap_test %s: %s\n", name.c_str(), ok ? "PASS" : "FAIL");
+  fflush(stdout);
+  return ok;
+}
+
+int main(int argc, char** argv) {
+  // A failed write to a closed test socket must be an error, not a signal.
+  signal(SIGPIPE, SIG_IGN);
+  bool ok = true;
+  if (argc == 3 && atoi(argv[1]) > 0 && (!strcmp(argv[2], "addr") || !strcmp(argv[2], "id"))) {
+    int n = atoi(argv[1]);
+    bool by_id = !strcmp(argv[2], "id");
+    ok = run_case(std::string(argv[1]) + " " + argv[2], by_id ? job_by_id(n) : job_by_address(n));
+  } else if (argc == 2 && !strcmp(argv[1], "timeout")) {
+    ok = run_case("timeout", timeouts());
+  } else if (argc == 2 && !strcmp(argv[1], "stranger")) {
+    ok = run_case("stranger", strangers());
+  } else if (argc == 1) {
+    for (int n : {2, 4, 8, 16}) {
+      ok = run_case(std::to_string(n) + " addr", job_by_address(n)) && ok;
+      ok = run_case(std::to_string(n) + " id", job_by_id(n)) && ok;
+    }
+    ok = run_case("timeout", timeouts()) && ok;
+    ok = run_case("stranger", strangers()) && ok;
+  } else {
+    fprintf(stderr, "usage: %s [N addr | N id | timeout | stranger]\n", argv[0]);
+    return 2;
+  }
+  return ok ? 0 : 1;
+}

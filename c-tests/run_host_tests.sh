@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs every built host test in build/tests/host/. A test with a file c-tests/host/<name>.cases runs once
+# per line of that file (the line holds its arguments; '#' starts a comment); any other test runs once
+# without arguments. Each run has a time limit (HOST_TEST_TIMEOUT seconds, default 300).
+# Ends with the line "host tests: N passed, N failed" and exits non-zero if any run failed or none ran.
+set -u
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+bin_dir="${HOST_TEST_DIR:-$repo/build/tests/host}"
+limit="${HOST_TEST_TIMEOUT:-300}"
+passed=0
+failed=0
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+
+# run NAME [ARGS...]: runs one test and prints its verdict; the output is shown when it fails.
+run() {
+  local name="$1"
+  shift
+  local label="$name${*:+ $*}"
+  local start end rc
+  start=$(date +%s.%N)
+  timeout -k 10 "$limit" "$bin_dir/$name" "$@" </dev/null >"$out" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  local took
+  took=$(awk -v s="$start" -v e="$end" 'BEGIN { printf "%.1f", e - s }')
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+    echo "PASS $label (${took}s)"
+  else
+    failed=$((failed + 1))
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "FAIL $label: no result within ${limit}s"
+    else
+      echo "FAIL $label: exit status $rc after ${took}s"
+    fi
+    sed 's/^/    /' "$out" | tail -n 60
+  fi
+}
+
+shopt -s nullglob
+tests=("$bin_dir"/*)
+ran=0
+for path in "${tests[@]}"; do
+  [ -f "$path" ] && [ -x "$path" ] || continue
+  name="$(basename "$path")"
+  cases="$here/host/$name.cases"
+  if [ -f "$cases" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+      line="${line%%#*}"
+      # Split the line into arguments on white space.
+      read -r -a args <<<"$line"
+      [ "${#args[@]}" -eq 0 ] && continue
+      run "$name" "${args[@]}"
+      ran=$((ran + 1))
+    done <"$cases"
+  else
+    run "$name"
+    ran=$((ran + 1))
+  fi
+done
+
+if [ "$ran" -eq 0 ]; then
+  echo "no host tests found in $bin_dir (build them with make first)"
+fi
+echo "host tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$ran" -gt 0 ]

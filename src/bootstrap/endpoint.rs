@@ -1,0 +1,411 @@
+//! One rank's endpoint: the rendezvous at the root, the connections to every peer, and point-to-point
+//! messages. The collectives built on it are in `collectives.rs`.
+//!
+//! Set-up: the rank connects to the root, listens on the address of the interface that routes there,
+//! sends the root a hello with that address, and receives the table of every rank's address. Then it
+//! connects to every lower rank and waits until every higher rank has connected to it: one TCP
+//! connection per pair of ranks, used both ways.
+
+use super::address::RootAddress;
+use super::receiver::{Receiver, Shared};
+use super::root::Root;
+use super::unique_id::UniqueId;
+use super::wire::{self, ADDR_LEN, Greeting, Key, Kind, MAX_RANKS, Refusal};
+use super::{PROTOCOL_MAGIC, handshake_timeout};
+use crate::ensure_arg;
+use crate::error::{Error, Result};
+use log::{debug, info, trace};
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Messages up to this size go out in one write together with their header.
+const COALESCE_LIMIT: usize = 64 << 10;
+
+/// One rank's endpoint of the bootstrap network.
+pub struct Bootstrap {
+    rank: usize,
+    nranks: usize,
+    receiver: Receiver,
+    /// Every rank's listen address, as the root sent it.
+    peers: Vec<SocketAddr>,
+    /// The root this rank started (rank 0 of an `ip:port` job); it finishes on its own.
+    _root: Option<Root>,
+}
+
+impl Bootstrap {
+    /// Joins the job whose root is at `root`. `timeout` bounds the wait for the root and for the other
+    /// ranks; it does not limit later waits for messages.
+    pub fn connect(
+        root: SocketAddr,
+        magic: u64,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        Self::connect_from(root, None, magic, rank, nranks, timeout)
+    }
+
+    /// Joins an `ip:port` job: rank 0 first starts the root at that address.
+    pub fn connect_to_address(
+        root: &RootAddress,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        ensure_arg!(
+            rank < nranks,
+            "rank {rank} out of range for nranks {nranks}"
+        );
+        let local_ip = root.local_ip()?;
+        let started = if rank == 0 {
+            Some(Root::listen(root.addr, PROTOCOL_MAGIC, timeout)?)
+        } else {
+            None
+        };
+        let mut bootstrap =
+            Self::connect_from(root.addr, local_ip, PROTOCOL_MAGIC, rank, nranks, timeout)?;
+        bootstrap._root = started;
+        Ok(bootstrap)
+    }
+
+    /// Joins the job of a unique id.
+    pub fn connect_to_id(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        Self::connect_from(id.root, None, id.magic, rank, nranks, timeout)
+    }
+
+    /// Like `connect`, listening on `local_ip` instead of the address of the interface that routes to
+    /// the root.
+    pub fn connect_from(
+        root: SocketAddr,
+        local_ip: Option<IpAddr>,
+        magic: u64,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        ensure_arg!(
+            (1..=MAX_RANKS).contains(&nranks),
+            "nranks {nranks} out of range 1-{MAX_RANKS}"
+        );
+        ensure_arg!(
+            rank < nranks,
+            "rank {rank} out of range for nranks {nranks}"
+        );
+        // Log lines of the set-up carry the rank even when the caller did not set it.
+        let _scope = crate::logging::RankScope::enter(rank);
+        let start = Instant::now();
+        let deadline = start + timeout;
+
+        let mut to_root = wire::connect_by(root, deadline).map_err(|e| {
+            Error::remote(format!(
+                "rank {rank}: cannot reach the bootstrap root at {root} within {timeout:?}: {e}"
+            ))
+        })?;
+        let via = to_root
+            .local_addr()
+            .map_err(|e| Error::io(format!("rank {rank}: reading the local address"), e))?;
+        let bind_addr = match local_ip {
+            Some(ip) => with_scope_of(SocketAddr::new(ip, 0), via),
+            None => with_scope_of(SocketAddr::new(via.ip(), 0), via),
+        };
+        let listener = TcpListener::bind(bind_addr).map_err(|e| {
+            Error::io(
+                format!("rank {rank}: listening for peers at {bind_addr}"),
+                e,
+            )
+        })?;
+        let listen_addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(format!("rank {rank}: reading the listen address"), e))?;
+        let receiver = Receiver::start(listener, rank, nranks, magic, handshake_timeout(timeout))?;
+
+        let mut hello = Greeting::new(Kind::RootHello, magic, rank, nranks);
+        hello.addr = Some(listen_addr);
+        to_root.write_all(&hello.encode()).map_err(|e| {
+            Error::remote(format!(
+                "rank {rank}: sending the hello to the root at {root}: {e}"
+            ))
+        })?;
+        debug!("joined the root at {root}; listening at {listen_addr}");
+        let (reply, table) =
+            wire::read_reply(&mut to_root, deadline, nranks * ADDR_LEN).map_err(|r| {
+                refusal_error(
+                    r,
+                    &format!("rank {rank}: waiting at the root {root} for all {nranks} ranks"),
+                    timeout,
+                )
+            })?;
+        drop(to_root);
+        let peers = decode_table(&reply, &table, nranks, via).map_err(|why| {
+            Error::remote(format!(
+                "rank {rank}: the root at {root} sent a bad peer table: {why}"
+            ))
+        })?;
+        if peers[rank].ip() != listen_addr.ip() || peers[rank].port() != listen_addr.port() {
+            return Err(Error::remote(format!(
+                "rank {rank}: the root at {root} lists this rank at {}, not {listen_addr}",
+                peers[rank]
+            )));
+        }
+        info!(
+            "all {nranks} ranks arrived at the root {root} after {:?}",
+            start.elapsed()
+        );
+
+        // Fresh deadline: arriving may legitimately have taken most of the first one.
+        let deadline = Instant::now() + timeout;
+        let bootstrap = Bootstrap {
+            rank,
+            nranks,
+            receiver,
+            peers,
+            _root: None,
+        };
+        for peer in 0..rank {
+            let stream = bootstrap.connect_peer(peer, deadline)?;
+            let writer = stream.try_clone().map_err(|e| {
+                Error::io(
+                    format!("rank {rank}: duplicating the socket to peer {peer}"),
+                    e,
+                )
+            })?;
+            *bootstrap.shared().writers[peer].lock() = Some(writer);
+            bootstrap.receiver.add_outgoing(peer, stream);
+        }
+        bootstrap
+            .shared()
+            .mailbox
+            .wait_all_connected(deadline)
+            .map_err(|missing| {
+                Error::remote(format!(
+                    "rank {rank}: timed out after {timeout:?} waiting for ranks {} to connect",
+                    list_ranks(&missing)
+                ))
+            })?;
+        info!(
+            "bootstrap ready with {nranks} ranks after {:?}",
+            start.elapsed()
+        );
+        Ok(bootstrap)
+    }
+
+    /// Opens the connection to a lower rank and completes its handshake.
+    fn connect_peer(&self, peer: usize, deadline: Instant) -> Result<TcpStream> {
+        let (rank, addr, magic) = (self.rank, self.peers[peer], self.shared().magic);
+        let what = format!("rank {rank}: connecting to peer {peer} at {addr}");
+        let mut stream =
+            wire::connect_by(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
+        let mut hello = Greeting::new(Kind::PeerHello, magic, rank, self.nranks);
+        hello.aux = peer as u32;
+        stream
+            .write_all(&hello.encode())
+            .map_err(|e| Error::remote(format!("{what}: {e}")))?;
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let (reply, _) = wire::read_reply(&mut stream, deadline, 0)
+            .map_err(|r| refusal_error(r, &what, timeout))?;
+        if reply.rank as usize != peer || reply.magic != magic {
+            return Err(Error::remote(format!(
+                "{what}: the answer came from rank {} of another job",
+                reply.rank
+            )));
+        }
+        Ok(stream)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// The address each rank listened on during set-up.
+    pub fn peer_addr(&self, peer: usize) -> Option<SocketAddr> {
+        self.peers.get(peer).copied()
+    }
+
+    /// Sends `data` to `peer` under `tag`. Returns once the bytes are handed to the socket; it does not
+    /// wait for the peer to call `recv`, so both sides may send first.
+    pub fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        self.send_frame(peer, Key::user(tag), data)
+    }
+
+    /// Receives the oldest message from `peer` under `tag`, waiting as long as the peer is connected.
+    pub fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        self.recv_frame(peer, Key::user(tag))
+    }
+
+    pub(super) fn shared(&self) -> &Shared {
+        self.receiver.shared()
+    }
+
+    pub(super) fn send_frame(&self, peer: usize, key: Key, data: &[u8]) -> Result<()> {
+        let rank = self.rank;
+        if peer == rank {
+            self.shared().mailbox.deliver(rank, key, data.to_vec());
+            return Ok(());
+        }
+        let mut writer = self.shared().writers[peer].lock();
+        let Some(stream) = writer.as_mut() else {
+            return Err(Error::remote(format!(
+                "rank {rank}: the connection to peer {peer} is closed"
+            )));
+        };
+        let header = wire::encode_frame_header(key, data.len() as u64);
+        // Never `write_vectored`: std's plain `write` passes MSG_NOSIGNAL, so a closed peer is an error and
+        // not a SIGPIPE that kills the application.
+        let sent = if data.len() <= COALESCE_LIMIT {
+            let mut frame = Vec::with_capacity(header.len() + data.len());
+            frame.extend_from_slice(&header);
+            frame.extend_from_slice(data);
+            stream.write_all(&frame)
+        } else {
+            stream
+                .write_all(&header)
+                .and_then(|()| stream.write_all(data))
+        };
+        if let Err(e) = sent {
+            // A partly written frame leaves the stream unusable: later sends must fail, not garble.
+            *writer = None;
+            return Err(Error::remote(format!(
+                "rank {rank}: sending {} bytes ({:?} tag {}) to peer {peer} at {} failed: {e}",
+                data.len(),
+                key.space,
+                key.tag,
+                self.peers[peer]
+            )));
+        }
+        trace!(
+            "sent {} bytes ({:?} tag {}) to peer {peer}",
+            data.len(),
+            key.space,
+            key.tag
+        );
+        Ok(())
+    }
+
+    pub(super) fn recv_frame(&self, peer: usize, key: Key) -> Result<Vec<u8>> {
+        self.shared()
+            .mailbox
+            .take(peer, key)
+            .map_err(|e| Error::remote(format!("rank {}: {}", self.rank, e.message)))
+    }
+}
+
+/// An error for a greeting that was not accepted. `what` says what we were doing.
+fn refusal_error(refusal: Refusal, what: &str, timeout: Duration) -> Error {
+    match refusal {
+        Refusal::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            Error::remote(format!("{what}: timed out after {timeout:?}"))
+        }
+        Refusal::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            Error::remote(format!("{what}: the other side closed the connection"))
+        }
+        Refusal::Io(e) => Error::remote(format!("{what}: {e}")),
+        Refusal::Garbage(why) => Error::remote(format!("{what}: not a bootstrap answer: {why}")),
+        Refusal::Rejected {
+            status: wire::STATUS_REJECTED,
+            reason,
+        } => Error::invalid_usage(format!("{what}: turned away: {reason}")),
+        Refusal::Rejected { reason, .. } => Error::remote(format!("{what}: gave up: {reason}")),
+    }
+}
+
+/// Decodes the root's table of listen addresses. Link-local IPv6 addresses get the scope of our own
+/// route to the root, since the sender's interface index means nothing on this machine.
+fn decode_table(
+    reply: &Greeting,
+    table: &[u8],
+    nranks: usize,
+    via: SocketAddr,
+) -> std::result::Result<Vec<SocketAddr>, String> {
+    if reply.nranks as usize != nranks || table.len() != nranks * ADDR_LEN {
+        return Err(format!(
+            "{} entries in {} bytes for {nranks} ranks",
+            reply.nranks,
+            table.len()
+        ));
+    }
+    table
+        .chunks_exact(ADDR_LEN)
+        .enumerate()
+        .map(
+            |(r, chunk)| match wire::decode_addr(chunk.try_into().expect("chunk of ADDR_LEN")) {
+                Ok(Some(addr)) => Ok(with_scope_of(addr, via)),
+                Ok(None) => Err(format!("no address for rank {r}")),
+                Err(why) => Err(format!("rank {r}: {why}")),
+            },
+        )
+        .collect()
+}
+
+/// `addr`, with the scope of `via` if `addr` is a link-local IPv6 address.
+fn with_scope_of(addr: SocketAddr, via: SocketAddr) -> SocketAddr {
+    match (addr, via) {
+        (SocketAddr::V6(mut a), SocketAddr::V6(v)) if a.ip().segments()[0] & 0xffc0 == 0xfe80 => {
+            a.set_scope_id(v.scope_id());
+            SocketAddr::V6(a)
+        }
+        _ => addr,
+    }
+}
+
+/// "1, 2, 5" for a short list; the first few and a count for a long one.
+pub(super) fn list_ranks(ranks: &[usize]) -> String {
+    const SHOWN: usize = 16;
+    let mut s: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
+    if ranks.len() > SHOWN {
+        s.push(format!("and {} more", ranks.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_lists_stay_short() {
+        assert_eq!(list_ranks(&[1, 2, 5]), "1, 2, 5");
+        let many: Vec<usize> = (0..40).collect();
+        assert!(list_ranks(&many).ends_with("15, and 24 more"));
+    }
+
+    #[test]
+    fn link_local_addresses_take_the_local_scope() {
+        let via = SocketAddr::V6(std::net::SocketAddrV6::new(
+            "fe80::9".parse().unwrap(),
+            1,
+            0,
+            3,
+        ));
+        let far = SocketAddr::V6(std::net::SocketAddrV6::new(
+            "fe80::5".parse().unwrap(),
+            2,
+            0,
+            44,
+        ));
+        assert!(matches!(with_scope_of(far, via), SocketAddr::V6(a) if a.scope_id() == 3));
+        let global: SocketAddr = "[fd00::5]:2".parse().unwrap();
+        assert_eq!(with_scope_of(global, via), global);
+        let v4: SocketAddr = "1.2.3.4:5".parse().unwrap();
+        assert_eq!(with_scope_of(v4, via), v4);
+    }
+}

@@ -1,0 +1,173 @@
+//! Messages that arrived from peers, waiting for `recv`: one FIFO per (peer, key), and what we know about
+//! each peer's connection.
+
+use super::wire::Key;
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+/// The state of the connection from one peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Link {
+    /// Not connected yet (during set-up).
+    Waiting,
+    Connected,
+    /// Closed; the reason says how.
+    Closed(String),
+}
+
+struct State {
+    queues: HashMap<(usize, Key), VecDeque<Vec<u8>>>,
+    links: Vec<Link>,
+}
+
+/// Shared by the receive thread, which delivers, and the rank's threads, which wait.
+pub struct Mailbox {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Mailbox {
+    /// A mailbox for `nranks` peers; `me` (messages to self) counts as connected.
+    pub fn new(me: usize, nranks: usize) -> Mailbox {
+        let mut links = vec![Link::Waiting; nranks];
+        links[me] = Link::Connected;
+        Mailbox {
+            state: Mutex::new(State {
+                queues: HashMap::new(),
+                links,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    pub fn deliver(&self, peer: usize, key: Key, message: Vec<u8>) {
+        self.state
+            .lock()
+            .queues
+            .entry((peer, key))
+            .or_default()
+            .push_back(message);
+        self.changed.notify_all();
+    }
+
+    /// Records a connection from `peer`; false if it already had one.
+    pub fn connect(&self, peer: usize) -> bool {
+        let mut state = self.state.lock();
+        if state.links[peer] != Link::Waiting {
+            return false;
+        }
+        state.links[peer] = Link::Connected;
+        drop(state);
+        self.changed.notify_all();
+        true
+    }
+
+    pub fn is_waiting_for(&self, peer: usize) -> bool {
+        self.state.lock().links[peer] == Link::Waiting
+    }
+
+    /// Records that `peer`'s connection is gone; waiters for its messages then fail.
+    pub fn close(&self, peer: usize, reason: String) {
+        self.state.lock().links[peer] = Link::Closed(reason);
+        self.changed.notify_all();
+    }
+
+    /// Waits until every peer has connected, or returns the ranks still missing at `deadline`.
+    pub fn wait_all_connected(&self, deadline: Instant) -> std::result::Result<(), Vec<usize>> {
+        let mut state = self.state.lock();
+        loop {
+            let missing: Vec<usize> = (0..state.links.len())
+                .filter(|&p| state.links[p] != Link::Connected)
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if self.changed.wait_until(&mut state, deadline).timed_out() {
+                let missing = (0..state.links.len())
+                    .filter(|&p| state.links[p] != Link::Connected)
+                    .collect();
+                return Err(missing);
+            }
+        }
+    }
+
+    /// Takes the oldest message from `peer` under `key`, waiting for one as long as the peer's connection
+    /// is open. Messages that arrived before a connection closed are still delivered.
+    pub fn take(&self, peer: usize, key: Key) -> Result<Vec<u8>> {
+        let mut state = self.state.lock();
+        loop {
+            if let Some(queue) = state.queues.get_mut(&(peer, key))
+                && let Some(message) = queue.pop_front()
+            {
+                if queue.is_empty() {
+                    state.queues.remove(&(peer, key));
+                }
+                return Ok(message);
+            }
+            if let Link::Closed(reason) = &state.links[peer] {
+                return Err(Error::remote(format!(
+                    "waiting for a message from peer {peer} ({:?} tag {}): {reason}",
+                    key.space, key.tag
+                )));
+            }
+            self.changed.wait(&mut state);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[test]
+    fn fifo_per_key_and_keys_are_independent() {
+        let m = Mailbox::new(0, 2);
+        m.deliver(1, Key::user(7), b"a".to_vec());
+        m.deliver(1, Key::user(8), b"x".to_vec());
+        m.deliver(1, Key::user(7), b"b".to_vec());
+        assert_eq!(m.take(1, Key::user(8)).unwrap(), b"x");
+        assert_eq!(m.take(1, Key::user(7)).unwrap(), b"a");
+        assert_eq!(m.take(1, Key::user(7)).unwrap(), b"b");
+    }
+
+    #[test]
+    fn take_waits_for_delivery_and_fails_once_closed() {
+        let m = Arc::new(Mailbox::new(0, 3));
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            m2.deliver(1, Key::user(1), b"late".to_vec());
+            m2.deliver(2, Key::user(1), b"before close".to_vec());
+            m2.close(2, "peer closed its connection".into());
+        });
+        assert_eq!(m.take(1, Key::user(1)).unwrap(), b"late");
+        t.join().unwrap();
+        assert_eq!(m.take(2, Key::user(1)).unwrap(), b"before close");
+        let e = m.take(2, Key::user(1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(
+            e.message.contains("peer 2") && e.message.contains("closed"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn connection_tracking() {
+        let m = Mailbox::new(1, 3);
+        assert_eq!(
+            m.wait_all_connected(Instant::now() + Duration::from_millis(10)),
+            Err(vec![0, 2])
+        );
+        assert!(m.connect(0));
+        assert!(!m.connect(0));
+        assert!(m.is_waiting_for(2));
+        assert!(m.connect(2));
+        assert_eq!(m.wait_all_connected(Instant::now()), Ok(()));
+    }
+}

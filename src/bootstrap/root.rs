@@ -1,0 +1,402 @@
+//! The root: a thread that listens where every rank can find it, collects each rank's hello (rank,
+//! nranks, magic and listen address), sends every rank the full address table, and exits.
+//!
+//! It learns nranks from the first hello and turns away any hello that disagrees (another job, a wrong
+//! rank, a duplicate) with a reason, and strangers that send garbage or nothing, with a warning. Handshakes
+//! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If no
+//! new rank arrives for `timeout`, the root tells the waiting ranks and exits.
+
+use super::endpoint::list_ranks;
+use super::handshake_timeout;
+use super::sys::{self, PollEntry};
+use super::wire::{self, Greeting, GreetingReader, Kind, MAX_RANKS, PROTOCOL_VERSION};
+use crate::error::{Error, Result};
+use log::{debug, info, warn};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Connections still in their handshake beyond this many are closed at once.
+const MAX_PENDING: usize = 256;
+
+/// A running root. Dropping it lets the thread finish on its own: once every rank has the table, or
+/// after `timeout` without a new rank.
+pub struct Root {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    waker: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Root {
+    /// Binds `addr` (port 0 picks a free port) and starts the root thread for a job with `magic`.
+    pub fn listen(addr: SocketAddr, magic: u64, timeout: Duration) -> Result<Root> {
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| Error::io(format!("bootstrap root: cannot listen at {addr}"), e))?;
+        let context = |what: &str| format!("bootstrap root at {addr}: {what}");
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io(context("setting up the listener"), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(context("reading the listen address"), e))?;
+        let (waker, wake) =
+            UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
+        wake.set_nonblocking(true)
+            .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let state = RootLoop {
+            addr,
+            listener,
+            wake,
+            stop: stop.clone(),
+            magic,
+            timeout,
+            handshake_timeout: handshake_timeout(timeout),
+            nranks: None,
+            ranks: Vec::new(),
+            joined: 0,
+            pending: Vec::new(),
+            idle_deadline: Instant::now() + timeout,
+        };
+        let thread = std::thread::Builder::new()
+            .name("mscclpp-bootstrap-root".into())
+            .spawn(move || state.run())
+            .map_err(|e| Error::io(context("spawning the root thread"), e))?;
+        info!("bootstrap root listening at {addr}");
+        Ok(Root {
+            addr,
+            stop,
+            waker,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where the root listens (with the real port when bound with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// True once the root thread has exited.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits for the root to finish on its own.
+    pub fn join(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Stops the root now; ranks still waiting for the table are told so.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.waker).write(&[1]);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A rank that has said hello and waits for the table.
+struct Joined {
+    stream: TcpStream,
+    from: SocketAddr,
+    listen: SocketAddr,
+}
+
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    greeting: GreetingReader,
+    deadline: Instant,
+}
+
+struct RootLoop {
+    addr: SocketAddr,
+    listener: TcpListener,
+    wake: UnixStream,
+    stop: Arc<AtomicBool>,
+    magic: u64,
+    timeout: Duration,
+    handshake_timeout: Duration,
+    /// Set by the first valid hello; forgotten when every rank has left again.
+    nranks: Option<usize>,
+    ranks: Vec<Option<Joined>>,
+    joined: usize,
+    pending: Vec<Pending>,
+    /// When the root gives up unless another rank arrives.
+    idle_deadline: Instant,
+}
+
+impl RootLoop {
+    fn run(mut self) {
+        loop {
+            if self.stop.load(Ordering::SeqCst) {
+                self.abort("the root was stopped".into());
+                return;
+            }
+            if self.nranks == Some(self.joined) {
+                self.send_table();
+                return;
+            }
+            let now = Instant::now();
+            if now >= self.idle_deadline {
+                let reason = match self.nranks {
+                    None => format!("no rank arrived within {:?}", self.timeout),
+                    Some(_) => {
+                        let missing: Vec<usize> = (0..self.ranks.len())
+                            .filter(|&r| self.ranks[r].is_none())
+                            .collect();
+                        format!(
+                            "ranks {} did not arrive within {:?}",
+                            list_ranks(&missing),
+                            self.timeout
+                        )
+                    }
+                };
+                self.abort(reason);
+                return;
+            }
+
+            let mut entries = vec![
+                PollEntry::readable(&self.wake),
+                PollEntry::readable(&self.listener),
+            ];
+            entries.extend(self.pending.iter().map(|p| PollEntry::readable(&p.stream)));
+            let first_joined = entries.len();
+            let joined: Vec<usize> = (0..self.ranks.len())
+                .filter(|&r| self.ranks[r].is_some())
+                .collect();
+            entries.extend(
+                joined
+                    .iter()
+                    .map(|&r| PollEntry::readable(&self.ranks[r].as_ref().expect("joined").stream)),
+            );
+            let wait = self
+                .pending
+                .iter()
+                .map(|p| p.deadline)
+                .chain([self.idle_deadline])
+                .min()
+                .expect("not empty");
+            if let Err(e) = sys::poll(&mut entries, Some(wait.saturating_duration_since(now))) {
+                warn!("bootstrap root at {}: poll failed: {e}", self.addr);
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+
+            if entries[0].ready {
+                let mut sink = [0u8; 64];
+                while matches!((&self.wake).read(&mut sink), Ok(n) if n > 0) {}
+            }
+            for (i, &r) in joined.iter().enumerate() {
+                if entries[first_joined + i].ready {
+                    self.check_joined(r);
+                }
+            }
+            let now = Instant::now();
+            for i in (0..self.pending.len()).rev() {
+                let ready = entries[2 + i].ready;
+                self.advance_pending(i, ready, now);
+            }
+            if entries[1].ready {
+                self.accept_all();
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, from)) => {
+                    if self.pending.len() >= MAX_PENDING {
+                        warn!(
+                            "bootstrap root at {}: turned away {from}: too many unfinished handshakes",
+                            self.addr
+                        );
+                        continue;
+                    }
+                    if let Err(e) = stream.set_nonblocking(false) {
+                        warn!("bootstrap root at {}: dropped {from}: {e}", self.addr);
+                        continue;
+                    }
+                    let deadline = Instant::now() + self.handshake_timeout;
+                    self.pending.push(Pending {
+                        stream,
+                        from,
+                        greeting: GreetingReader::default(),
+                        deadline,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    warn!("bootstrap root at {}: accept failed: {e}", self.addr);
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn advance_pending(&mut self, i: usize, ready: bool, now: Instant) {
+        let p = &mut self.pending[i];
+        if ready {
+            match p.greeting.advance(&p.stream) {
+                Ok(Some(bytes)) => {
+                    let p = self.pending.swap_remove(i);
+                    self.admit(p, &bytes);
+                    return;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    let p = self.pending.swap_remove(i);
+                    warn!(
+                        "bootstrap root at {}: turned away {}: {e}",
+                        self.addr, p.from
+                    );
+                    return;
+                }
+            }
+        }
+        if now >= p.deadline {
+            let p = self.pending.swap_remove(i);
+            warn!(
+                "bootstrap root at {}: turned away {}: no hello within {:?}",
+                self.addr, p.from, self.handshake_timeout
+            );
+        }
+    }
+
+    /// Checks a hello and records the rank, or turns the connection away.
+    fn admit(&mut self, mut p: Pending, bytes: &[u8; wire::GREETING_LEN]) {
+        let g = match Greeting::decode(bytes) {
+            Ok(g) => g,
+            Err(why) => {
+                warn!(
+                    "bootstrap root at {}: turned away {}: {why}",
+                    self.addr, p.from
+                );
+                return;
+            }
+        };
+        let (rank, nranks) = (g.rank as usize, g.nranks as usize);
+        let refusal = if g.kind != Kind::RootHello {
+            Some(format!(
+                "a {:?} greeting is not a hello to the root",
+                g.kind
+            ))
+        } else if g.version != PROTOCOL_VERSION {
+            Some(format!(
+                "protocol version {} (the root speaks {PROTOCOL_VERSION})",
+                g.version
+            ))
+        } else if g.magic != self.magic {
+            Some(format!(
+                "wrong magic {:#x}: a rank of another job?",
+                g.magic
+            ))
+        } else if nranks == 0 || nranks > MAX_RANKS {
+            Some(format!("nranks {nranks} out of range 1-{MAX_RANKS}"))
+        } else if self.nranks.is_some_and(|n| n != nranks) {
+            Some(format!(
+                "nranks {nranks} but this job has {}",
+                self.nranks.unwrap_or(0)
+            ))
+        } else if rank >= nranks {
+            Some(format!("rank {rank} out of range for nranks {nranks}"))
+        } else if g.addr.is_none() {
+            Some("the hello has no listen address".into())
+        } else {
+            self.ranks
+                .get(rank)
+                .and_then(Option::as_ref)
+                .map(|j| format!("rank {rank} already joined from {}", j.from))
+        };
+        if let Some(reason) = refusal {
+            warn!(
+                "bootstrap root at {}: turned away {} (rank {rank}): {reason}",
+                self.addr, p.from
+            );
+            let _ =
+                wire::write_rejection(&mut p.stream, self.magic, wire::STATUS_REJECTED, &reason);
+            return;
+        }
+        if self.nranks.is_none() {
+            self.nranks = Some(nranks);
+            self.ranks = (0..nranks).map(|_| None).collect();
+        }
+        let listen = g.addr.expect("checked above");
+        self.ranks[rank] = Some(Joined {
+            stream: p.stream,
+            from: p.from,
+            listen,
+        });
+        self.joined += 1;
+        self.idle_deadline = Instant::now() + self.timeout;
+        info!(
+            "bootstrap root at {}: rank {rank} joined from {} ({} of {nranks})",
+            self.addr, p.from, self.joined
+        );
+    }
+
+    /// A joined rank's socket became readable: it left (or broke protocol) before the table was sent.
+    fn check_joined(&mut self, rank: usize) {
+        let Some(j) = &self.ranks[rank] else { return };
+        let mut byte = [0u8; 1];
+        let why = match sys::recv_now(&j.stream, &mut byte) {
+            Ok(0) => "closed its connection".to_string(),
+            Ok(_) => "sent unexpected bytes".to_string(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => e.to_string(),
+        };
+        warn!(
+            "bootstrap root at {}: rank {rank} from {} left before the table was sent: {why}",
+            self.addr, j.from
+        );
+        self.ranks[rank] = None;
+        self.joined -= 1;
+        if self.joined == 0 {
+            self.nranks = None;
+            self.ranks.clear();
+        }
+    }
+
+    fn send_table(&mut self) {
+        let n = self.ranks.len();
+        let mut table = Vec::with_capacity(n * wire::ADDR_LEN);
+        for j in self.ranks.iter().flatten() {
+            table.extend_from_slice(&wire::encode_addr(Some(j.listen)));
+        }
+        for (rank, j) in self.ranks.iter_mut().enumerate() {
+            let j = j.as_mut().expect("every rank joined");
+            if let Err(e) =
+                wire::write_reply(&mut j.stream, self.magic, rank, n, wire::STATUS_OK, &table)
+            {
+                warn!(
+                    "bootstrap root at {}: sending the table to rank {rank} at {} failed: {e}",
+                    self.addr, j.from
+                );
+            }
+        }
+        info!(
+            "bootstrap root at {}: all {n} ranks arrived; sent the table and exiting",
+            self.addr
+        );
+    }
+
+    /// Tells every waiting rank why the root gives up.
+    fn abort(&mut self, reason: String) {
+        warn!("bootstrap root at {}: giving up: {reason}", self.addr);
+        for j in self.ranks.iter_mut().flatten() {
+            let _ = wire::write_rejection(&mut j.stream, self.magic, wire::STATUS_ABORTED, &reason);
+        }
+        debug!("bootstrap root at {}: exiting", self.addr);
+    }
+}

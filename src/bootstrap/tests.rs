@@ -1,0 +1,615 @@
+//! Multi-rank tests: every rank is a thread of this process, on 127.0.0.1 with ports the system picks.
+
+use super::wire::{self, Greeting, Kind, Refusal};
+use super::*;
+use crate::error::{ErrorKind, Result};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Long enough never to fire in a passing test on a loaded machine.
+const T: Duration = Duration::from_secs(30);
+
+fn local_root(magic: u64, timeout: Duration) -> Root {
+    crate::logging::init();
+    Root::listen("127.0.0.1:0".parse().unwrap(), magic, timeout).unwrap()
+}
+
+/// Runs `f(rank)` on `n` threads and returns the results in rank order.
+fn on_ranks<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                s.spawn({
+                    let f = &f;
+                    move || f(r)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread panicked"))
+            .collect()
+    })
+}
+
+/// A byte that depends on the rank and the offset, so misplaced blocks show.
+fn pattern(rank: usize, i: usize) -> u8 {
+    (rank.wrapping_mul(131) ^ i.wrapping_mul(7) ^ (i >> 9)) as u8
+}
+
+fn check_all_gather(b: &Bootstrap, block: usize) -> Result<()> {
+    let (rank, n) = (b.rank(), b.nranks());
+    let mut data = vec![0xEEu8; n * block];
+    for i in 0..block {
+        data[rank * block + i] = pattern(rank, i);
+    }
+    b.all_gather(&mut data, block)?;
+    for r in 0..n {
+        let got = &data[r * block..(r + 1) * block];
+        assert!(
+            got.iter().enumerate().all(|(i, &x)| x == pattern(r, i)),
+            "rank {rank}: block {r} of {block} bytes is wrong"
+        );
+    }
+    Ok(())
+}
+
+/// What every job in these tests does once set up.
+fn exercise(b: &Bootstrap, rank: usize, n: usize) -> Result<()> {
+    assert_eq!((b.rank(), b.nranks()), (rank, n));
+    for block in [1, 3, 1000, 4097] {
+        check_all_gather(b, block)?;
+        b.barrier()?;
+    }
+    // A ring of user messages, so that every rank both sends and receives.
+    b.send((rank + 1) % n, 42, format!("from {rank}").as_bytes())?;
+    let got = b.recv((rank + n - 1) % n, 42)?;
+    assert_eq!(got, format!("from {}", (rank + n - 1) % n).as_bytes());
+    b.barrier()
+}
+
+fn job_by_address(n: usize) {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(n, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T)?;
+        exercise(&b, r, n)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    root.join();
+}
+
+fn job_by_unique_id(n: usize) {
+    let id = UniqueId::create(T).unwrap();
+    let bytes = id.to_bytes();
+    let results = on_ranks(n, |r| {
+        let id = UniqueId::from_bytes(&bytes)?;
+        let b = Bootstrap::connect_to_id(&id, r, n, T)?;
+        exercise(&b, r, n)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+}
+
+#[test]
+fn by_address_2_ranks() {
+    job_by_address(2);
+}
+
+#[test]
+fn by_address_4_ranks() {
+    job_by_address(4);
+}
+
+#[test]
+fn by_address_8_ranks() {
+    job_by_address(8);
+}
+
+#[test]
+fn by_address_16_ranks() {
+    job_by_address(16);
+}
+
+#[test]
+fn by_unique_id_2_ranks() {
+    job_by_unique_id(2);
+}
+
+#[test]
+fn by_unique_id_4_ranks() {
+    job_by_unique_id(4);
+}
+
+#[test]
+fn by_unique_id_8_ranks() {
+    job_by_unique_id(8);
+}
+
+#[test]
+fn by_unique_id_16_ranks() {
+    job_by_unique_id(16);
+}
+
+#[test]
+fn a_single_rank_job_works() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let b = Bootstrap::connect(root.local_addr(), PROTOCOL_MAGIC, 0, 1, T).unwrap();
+    let mut data = [7u8; 5];
+    b.all_gather(&mut data, 5).unwrap();
+    assert_eq!(data, [7; 5]);
+    b.barrier().unwrap();
+    b.send(0, 1, b"me").unwrap();
+    assert_eq!(b.recv(0, 1).unwrap(), b"me");
+}
+
+#[test]
+fn rank_0_starts_the_root_of_an_address_job() {
+    // A free port: bind, note it, close. Rank 0 binds it again through the address.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = RootAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
+    let results = on_ranks(3, |r| {
+        if r > 0 {
+            // Ranks other than 0 may start first; they retry until the root is up.
+            thread::sleep(Duration::from_millis(20));
+        }
+        let b = Bootstrap::connect_to_address(&addr, r, 3, T)?;
+        exercise(&b, r, 3)
+    });
+    for res in results {
+        res.unwrap();
+    }
+}
+
+#[test]
+fn ipv6_loopback_works_where_available() {
+    let Ok(root) = Root::listen("[::1]:0".parse().unwrap(), PROTOCOL_MAGIC, T) else {
+        eprintln!("skipped: this machine cannot listen on [::1]");
+        return;
+    };
+    let addr = root.local_addr();
+    let results = on_ranks(3, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 3, T)?;
+        assert!(b.peer_addr(r).unwrap().is_ipv6());
+        exercise(&b, r, 3)
+    });
+    for res in results {
+        res.unwrap();
+    }
+}
+
+#[test]
+fn all_gather_of_8_mib_blocks() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(4, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 4, T)?;
+        check_all_gather(&b, 8 << 20)?;
+        check_all_gather(&b, (8 << 20) + 3)
+    });
+    for res in results {
+        res.unwrap();
+    }
+}
+
+#[test]
+fn huge_messages_both_ways_at_once_do_not_deadlock() {
+    const LEN: usize = 64 << 20;
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(2, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T)?;
+        let mine: Vec<u8> = (0..LEN).map(|i| pattern(r, i)).collect();
+        // Both ranks send first: a send must not wait for the peer's recv.
+        b.send(1 - r, 9, &mine)?;
+        let theirs = b.recv(1 - r, 9)?;
+        assert_eq!(theirs.len(), LEN);
+        assert!(
+            theirs
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x == pattern(1 - r, i))
+        );
+        b.barrier()
+    });
+    for res in results {
+        res.unwrap();
+    }
+}
+
+#[test]
+fn tags_are_matched_out_of_order_and_fifo_per_tag() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(3, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 3, T)?;
+        if r == 0 {
+            for (tag, msg) in [
+                (3u64, "three"),
+                (1, "one"),
+                (2, "two-a"),
+                (2, "two-b"),
+                (u64::MAX, "max"),
+            ] {
+                b.send(1, tag, msg.as_bytes())?;
+            }
+            b.send(2, 1, b"")?;
+            b.send(0, 5, b"self")?;
+            assert_eq!(b.recv(0, 5)?, b"self");
+        } else if r == 1 {
+            assert_eq!(b.recv(0, 2)?, b"two-a");
+            assert_eq!(b.recv(0, u64::MAX)?, b"max");
+            assert_eq!(b.recv(0, 3)?, b"three");
+            assert_eq!(b.recv(0, 2)?, b"two-b");
+            assert_eq!(b.recv(0, 1)?, b"one");
+        } else {
+            assert_eq!(b.recv(0, 1)?, b"");
+        }
+        // User tags never collide with the collectives' messages.
+        check_all_gather(&b, 16)?;
+        b.barrier()
+    });
+    for res in results {
+        res.unwrap();
+    }
+}
+
+#[test]
+fn bad_arguments_are_invalid_argument_errors() {
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let e = Bootstrap::connect(addr, 1, 2, 2, T).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("rank 2"), "{}", e.message);
+    let e = Bootstrap::connect(addr, 1, 0, 0, T).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("nranks 0"), "{}", e.message);
+    let e = Bootstrap::connect(addr, 1, 0, MAX_RANKS + 1, T)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let b = Bootstrap::connect(root.local_addr(), PROTOCOL_MAGIC, 0, 1, T).unwrap();
+    let mut data = [0u8; 10];
+    let e = b.all_gather(&mut data, 3).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("10 bytes"), "{}", e.message);
+    assert_eq!(
+        b.all_gather(&mut data, usize::MAX).unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        b.send(1, 0, b"x").unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(b.recv(7, 0).unwrap_err().kind, ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn all_gather_with_mismatched_sizes_fails_instead_of_corrupting() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(2, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T)?;
+        let block = 4 + 4 * r;
+        let mut data = vec![0u8; 2 * block];
+        b.all_gather(&mut data, block)
+    });
+    for res in results {
+        assert_eq!(res.unwrap_err().kind, ErrorKind::InvalidUsage);
+    }
+}
+
+#[test]
+fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
+    let timeout = Duration::from_secs(1);
+    let root = local_root(PROTOCOL_MAGIC, timeout);
+    let addr = root.local_addr();
+    let start = Instant::now();
+    // Rank 3 of 4 never starts.
+    let results = on_ranks(3, |r| {
+        Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 4, timeout).map(|_| ())
+    });
+    let took = start.elapsed();
+    for res in results {
+        let e = res.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+        assert!(
+            e.message.contains("timed out") || e.message.contains("did not arrive"),
+            "{e}"
+        );
+    }
+    assert!(
+        took >= Duration::from_millis(900) && took < timeout + Duration::from_secs(2),
+        "{took:?}"
+    );
+    root.join();
+}
+
+#[test]
+fn a_root_that_never_comes_fails_within_the_timeout() {
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let timeout = Duration::from_millis(700);
+    let start = Instant::now();
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 2, timeout)
+        .err()
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(e.kind, ErrorKind::Remote);
+    assert!(e.message.contains("cannot reach the bootstrap root"), "{e}");
+    assert!(
+        took >= Duration::from_millis(600) && took < timeout + Duration::from_secs(2),
+        "{took:?}"
+    );
+}
+
+#[test]
+fn stopping_the_root_tells_waiting_ranks() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let waiting =
+        thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T).map(|_| ()));
+    thread::sleep(Duration::from_millis(200));
+    let start = Instant::now();
+    root.stop();
+    let e = waiting.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote);
+    assert!(e.message.contains("stopped"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+/// Connects to `addr` and sends `bytes`, returning the stream so it stays open.
+fn stranger(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    // The other side may hang up on garbage before we finish writing it.
+    let _ = s.write_all(bytes);
+    s
+}
+
+fn greeting(
+    kind: Kind,
+    magic: u64,
+    rank: usize,
+    nranks: usize,
+    aux: u32,
+    addr: Option<SocketAddr>,
+) -> Vec<u8> {
+    let mut g = Greeting::new(kind, magic, rank, nranks);
+    g.aux = aux;
+    g.addr = addr;
+    g.encode().to_vec()
+}
+
+fn expect_rejection(s: &mut TcpStream) -> String {
+    match wire::read_reply(s, Instant::now() + Duration::from_secs(10), 1 << 20) {
+        Err(Refusal::Rejected { status, reason }) => {
+            assert_eq!(status, wire::STATUS_REJECTED);
+            reason
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn strangers_at_the_root_do_not_disturb_the_job() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let fake_addr = Some("127.0.0.1:9".parse().unwrap());
+    // Garbage, silence, a half greeting, a greeting that closes at once, and a flood of bytes.
+    let mut held = vec![
+        stranger(addr, b"GET / HTTP/1.0\r\n\r\n"),
+        stranger(addr, b""),
+        stranger(
+            addr,
+            &greeting(Kind::RootHello, PROTOCOL_MAGIC, 0, 4, 0, fake_addr)[..30],
+        ),
+        stranger(addr, &[0xFF; 100_000]),
+    ];
+    drop(stranger(addr, b"MSCLBOOT"));
+    // Well-formed hellos that disagree with the job are answered with a reason.
+    let mut wrong_magic = stranger(addr, &greeting(Kind::RootHello, 0xBAD, 1, 4, 0, fake_addr));
+    assert!(expect_rejection(&mut wrong_magic).contains("wrong magic"));
+    let mut peer_hello = stranger(
+        addr,
+        &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 1, 4, 0, fake_addr),
+    );
+    assert!(expect_rejection(&mut peer_hello).contains("not a hello"));
+
+    let start = Instant::now();
+    let results = on_ranks(4, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 4, T)?;
+        exercise(&b, r, 4)
+    });
+    for res in results {
+        res.unwrap();
+    }
+    // The silent stranger's 10 s handshake allowance did not hold up the ranks.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    held.clear();
+}
+
+#[test]
+fn ranks_of_another_job_are_turned_away() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    thread::scope(|s| {
+        let real: Vec<_> = (0..3)
+            .map(|r| {
+                s.spawn(move || {
+                    let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 4, T)?;
+                    exercise(&b, r, 4)
+                })
+            })
+            .collect();
+        // While ranks 0-2 wait for rank 3: a rank of another job with a different magic, and one that
+        // thinks the job has 5 ranks.
+        thread::sleep(Duration::from_millis(300));
+        let start = Instant::now();
+        let e = Bootstrap::connect(addr, 0x0123_4567, 3, 4, T)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert!(e.message.contains("wrong magic"), "{e}");
+        let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 3, 5, T)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert!(e.message.contains("nranks 5"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, 3, 4, T).unwrap();
+        exercise(&b, 3, 4).unwrap();
+        for h in real {
+            h.join().unwrap().unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_duplicate_rank_is_turned_away() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let first = thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T));
+    thread::sleep(Duration::from_millis(200));
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T)
+        .err()
+        .unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidUsage);
+    assert!(e.message.contains("already joined"), "{e}");
+    let b1 = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 2, T).unwrap();
+    let b0 = first.join().unwrap().unwrap();
+    thread::scope(|s| {
+        s.spawn(|| b0.barrier().unwrap());
+        b1.barrier().unwrap();
+    });
+}
+
+#[test]
+fn strangers_at_rank_listeners_do_not_disturb_the_job() {
+    const N: usize = 3;
+    // The test plays the root, so it learns the ranks' listen addresses before they meet.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root_addr = listener.local_addr().unwrap();
+    thread::scope(|s| {
+        let ranks: Vec<_> = (0..N)
+            .map(|r| {
+                s.spawn(move || {
+                    let b = Bootstrap::connect(root_addr, PROTOCOL_MAGIC, r, N, T)?;
+                    exercise(&b, r, N)
+                })
+            })
+            .collect();
+        let mut joined: Vec<Option<(TcpStream, SocketAddr)>> = (0..N).map(|_| None).collect();
+        for _ in 0..N {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut bytes = [0u8; wire::GREETING_LEN];
+            wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
+            let g = Greeting::decode(&bytes).unwrap();
+            joined[g.rank as usize] = Some((stream, g.addr.unwrap()));
+        }
+        let mut held = Vec::new();
+        for (r, j) in joined.iter().enumerate() {
+            let at = j.as_ref().unwrap().1;
+            held.push(stranger(
+                at,
+                b"\x00\x01garbage that is not a greeting at all, longer than 72 bytes...........",
+            ));
+            held.push(stranger(at, b""));
+            drop(stranger(at, b"MSCL"));
+            let fake = Some("127.0.0.1:9".parse().unwrap());
+            let mut wrong_magic = stranger(
+                at,
+                &greeting(Kind::PeerHello, 0xBAD, N - 1, N, r as u32, fake),
+            );
+            assert!(expect_rejection(&mut wrong_magic).contains("wrong magic"));
+            let mut lower = stranger(
+                at,
+                &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 0, N, r as u32, fake),
+            );
+            assert!(expect_rejection(&mut lower).contains("only higher ranks"));
+            let mut wrong_target = stranger(
+                at,
+                &greeting(Kind::PeerHello, PROTOCOL_MAGIC, N - 1, N, 77, fake),
+            );
+            assert!(expect_rejection(&mut wrong_target).contains("wants rank 77"));
+            let mut wrong_n = stranger(
+                at,
+                &greeting(
+                    Kind::PeerHello,
+                    PROTOCOL_MAGIC,
+                    N - 1,
+                    N + 1,
+                    r as u32,
+                    fake,
+                ),
+            );
+            assert!(expect_rejection(&mut wrong_n).contains("nranks"));
+        }
+        let mut table = Vec::new();
+        for j in &joined {
+            table.extend_from_slice(&wire::encode_addr(Some(j.as_ref().unwrap().1)));
+        }
+        let start = Instant::now();
+        for (r, j) in joined.iter_mut().enumerate() {
+            let stream = &mut j.as_mut().unwrap().0;
+            wire::write_reply(stream, PROTOCOL_MAGIC, r, N, wire::STATUS_OK, &table).unwrap();
+        }
+        for h in ranks {
+            h.join().unwrap().unwrap();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        drop(held);
+    });
+}
+
+#[test]
+fn a_closed_peer_fails_recv_and_drop_is_prompt() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let mut bs = on_ranks(2, |r| {
+        Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T).unwrap()
+    });
+    let b1 = bs.pop().unwrap();
+    let b0 = bs.pop().unwrap();
+    b1.send(0, 1, b"last words").unwrap();
+    let start = Instant::now();
+    drop(b1);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "drop took {:?}",
+        start.elapsed()
+    );
+    // What arrived before the close is still delivered; after it, waits fail instead of hanging.
+    assert_eq!(b0.recv(1, 1).unwrap(), b"last words");
+    let e = b0.recv(1, 1).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote);
+    assert!(e.message.contains("peer 1"), "{e}");
+    assert_eq!(b0.barrier().unwrap_err().kind, ErrorKind::Remote);
+    assert!(start.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn many_jobs_in_parallel_do_not_leak_threads_or_hang() {
+    for _ in 0..5 {
+        job_by_address(3);
+    }
+}
