@@ -1,0 +1,157 @@
+//! The IB proxy's trigger handler: Data is an RDMA write of the buffer range, Flag a write of our
+//! `device` epoch word into the peer's `proxy` word on the same queue pair (so it lands after the data
+//! of this and earlier triggers), Sync waits for every write issued so far by this proxy.
+
+use super::queue::IbQueue;
+use crate::error::{Error, Result};
+use crate::proxy::{Trigger, TriggerHandler};
+use std::sync::Arc;
+
+/// A local or remote memory range and the key that reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyedRange {
+    pub addr: u64,
+    pub size: u64,
+    pub key: u32,
+}
+
+/// What the proxy needs of one IB connection.
+#[derive(Clone)]
+pub struct IbRoute {
+    pub queue: Arc<IbQueue>,
+    /// Our buffer (lkey).
+    pub local_buff: KeyedRange,
+    /// The peer's buffer (rkey).
+    pub remote_buff: KeyedRange,
+    /// Our `mscclppDevConnSignalEpochId` (lkey); its `device` word is at +0.
+    pub local_epochs: KeyedRange,
+    /// The peer's `mscclppDevConnSignalEpochId` (rkey); its `proxy` word is at +8.
+    pub remote_epochs: KeyedRange,
+}
+
+/// Offset of `mscclppDevConnSignalEpochId::proxy`.
+const PROXY_WORD: u64 = 8;
+
+pub struct IbHandler {
+    /// Indexed by connection id; `None` for connections this proxy does not serve.
+    pub routes: Vec<Option<IbRoute>>,
+    /// Every queue of this proxy, once each (for Sync).
+    pub queues: Vec<Arc<IbQueue>>,
+    /// The last write posted on each queue since the last Sync, by index into `queues`.
+    pending: Vec<Option<u64>>,
+}
+
+impl IbHandler {
+    pub fn new(routes: Vec<Option<IbRoute>>) -> IbHandler {
+        let mut queues: Vec<Arc<IbQueue>> = Vec::new();
+        for r in routes.iter().flatten() {
+            if !queues.iter().any(|q| Arc::ptr_eq(q, &r.queue)) {
+                queues.push(r.queue.clone());
+            }
+        }
+        let pending = vec![None; queues.len()];
+        IbHandler {
+            routes,
+            queues,
+            pending,
+        }
+    }
+
+    fn note(&mut self, queue: &Arc<IbQueue>, seq: u64) {
+        if let Some(i) = self.queues.iter().position(|q| Arc::ptr_eq(q, queue)) {
+            self.pending[i] = Some(seq);
+        }
+    }
+
+    fn raise_flag(&mut self, route: &IbRoute) -> Result<()> {
+        let seq = route.queue.write(
+            route.local_epochs.addr,
+            route.local_epochs.key,
+            8,
+            route.remote_epochs.addr + PROXY_WORD,
+            route.remote_epochs.key,
+        )?;
+        self.note(&route.queue, seq);
+        Ok(())
+    }
+}
+
+/// Checks a trigger's ranges against its connection's buffers.
+pub fn check_ranges(t: &Trigger, route: &IbRoute) -> Result<()> {
+    let size = t.data_size as u64;
+    if t.src_offset as u64 + size > route.local_buff.size {
+        return Err(Error::invalid_usage(format!(
+            "source range +{}..+{} is past the end of the local buffer ({} bytes)",
+            t.src_offset,
+            t.src_offset as u64 + size,
+            route.local_buff.size
+        )));
+    }
+    if t.dst_offset as u64 + size > route.remote_buff.size {
+        return Err(Error::invalid_usage(format!(
+            "destination range +{}..+{} is past the end of the peer's buffer ({} bytes)",
+            t.dst_offset,
+            t.dst_offset as u64 + size,
+            route.remote_buff.size
+        )));
+    }
+    Ok(())
+}
+
+impl TriggerHandler for IbHandler {
+    fn handle(&mut self, t: &Trigger) -> Result<()> {
+        let route = self
+            .routes
+            .get(t.conn_id as usize)
+            .and_then(|r| r.clone())
+            .ok_or_else(|| {
+                Error::invalid_usage(format!(
+                    "connection id {} is not an IB connection served by this proxy",
+                    t.conn_id
+                ))
+            })?;
+        if t.has_data() && t.data_size > 0 {
+            match check_ranges(t, &route) {
+                Ok(()) => {
+                    let seq = route.queue.write(
+                        route.local_buff.addr + t.src_offset as u64,
+                        route.local_buff.key,
+                        t.data_size as u64,
+                        route.remote_buff.addr + t.dst_offset as u64,
+                        route.remote_buff.key,
+                    )?;
+                    self.note(&route.queue, seq);
+                }
+                Err(e) if t.has_flag() => {
+                    // Drop the data but still raise the flag: the device counted this signal, and a
+                    // missing flag would leave the peer waiting forever.
+                    log::error!("dropped the data of {t:?}: {e}");
+                    self.raise_flag(&route)?;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if t.has_flag() {
+            self.raise_flag(&route)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        let mut first_err = None;
+        for (i, q) in self.queues.iter().enumerate() {
+            let r = match self.pending[i] {
+                Some(seq) => q.wait_for(seq),
+                None => q.failure().map_or(Ok(()), Err),
+            };
+            match r {
+                Ok(()) => self.pending[i] = None,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

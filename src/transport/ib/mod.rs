@@ -1,0 +1,755 @@
+//! The InfiniBand transport: triggers carried out as RDMA writes from GPU memory (GPUDirect RDMA), by
+//! one proxy thread and FIFO per IB device, over one reliable-connected queue pair per connection.
+//!
+//! - `verbs`: the narrow interface to a verbs provider (library, device, memory region, queue pair).
+//! - `real` and `sys`: that interface over the system's libibverbs, loaded with `dlopen` at run time.
+//!   We write our own minimal bindings instead of using the `ibverbs` crate because that crate builds
+//!   rdma-core with cmake and links libibverbs at build time: the library must load, and serve P2P, on
+//!   machines without InfiniBand drivers, and `MSCCLPP_IBV_SO` must be able to pick another libibverbs.
+//! - `sim` (tests): a simulated fabric in host memory that executes writes and injected failures.
+//! - `queue`: a queue pair with the accounting that never overruns its send or completion queue.
+//! - `handler`: the proxy's `TriggerHandler` (Data, Flag, Sync).
+//! - this file: settings from the environment, the set-up messages, and `IbState`, the IB part of a
+//!   communicator (devices, connections, FIFOs, proxies, registered buffers).
+
+pub mod handler;
+pub mod queue;
+pub mod real;
+#[cfg(test)]
+pub mod sim;
+pub mod sys;
+#[cfg(test)]
+mod tests;
+pub mod verbs;
+
+use crate::error::{Error, Result};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer};
+use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
+use crate::proxy::{ProxyShared, ProxyThread};
+use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
+use handler::{IbHandler, IbRoute, KeyedRange};
+use queue::{IbQueue, QueueLabel};
+use std::sync::Arc;
+use std::time::Duration;
+use verbs::{LinkLayer, MemoryRegion, PortInfo, QpEndpoint, VerbsDevice, VerbsLibrary};
+
+/// Settings read from the environment when the first IB connection is made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbConfig {
+    /// `MSCCLPP_IB_PORT`: the device port (1-based).
+    pub port: u8,
+    /// `MSCCLPP_IB_GID_INDEX`: `-1` addresses peers by LID (InfiniBand); `>= 0` by that GID (RoCE).
+    pub gid_index: i32,
+    /// `MSCCLPP_IB_CQ_SIZE`: entries of each connection's completion queue.
+    pub cq_size: u32,
+    /// `MSCCLPP_IB_CQ_POLL_BATCH`: completions taken per poll.
+    pub poll_batch: u32,
+    /// `MSCCLPP_IB_QP_DEPTH`: send work requests each queue pair holds.
+    pub qp_depth: u32,
+    /// `MSCCLPP_IBV_SO`: the libibverbs to load.
+    pub ibv_so: String,
+}
+
+impl Default for IbConfig {
+    fn default() -> Self {
+        IbConfig {
+            port: 1,
+            gid_index: -1,
+            cq_size: 1024,
+            poll_batch: 16,
+            qp_depth: 256,
+            ibv_so: "libibverbs.so.1".into(),
+        }
+    }
+}
+
+impl IbConfig {
+    pub fn from_env() -> Result<IbConfig> {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the settings through `get`; a value that does not parse or is out of range is an error naming
+    /// the variable.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<IbConfig> {
+        fn num<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
+            get: &impl Fn(&str) -> Option<String>,
+            var: &str,
+            default: T,
+            min: T,
+            max: T,
+        ) -> Result<T> {
+            match get(var) {
+                None => Ok(default),
+                Some(s) if s.trim().is_empty() => Ok(default),
+                Some(s) => match s.trim().parse::<T>() {
+                    Ok(v) if v >= min && v <= max => Ok(v),
+                    _ => Err(Error::invalid_argument(format!(
+                        "{var}=\"{s}\" is not a number in [{min}, {max}]"
+                    ))),
+                },
+            }
+        }
+        let d = IbConfig::default();
+        Ok(IbConfig {
+            port: num(&get, "MSCCLPP_IB_PORT", d.port, 1, 255)?,
+            gid_index: num(&get, "MSCCLPP_IB_GID_INDEX", d.gid_index, -1, 255)?,
+            cq_size: num(&get, "MSCCLPP_IB_CQ_SIZE", d.cq_size, 1, 1 << 22)?,
+            poll_batch: num(&get, "MSCCLPP_IB_CQ_POLL_BATCH", d.poll_batch, 1, 4096)?,
+            qp_depth: num(&get, "MSCCLPP_IB_QP_DEPTH", d.qp_depth, 1, 1 << 16)?,
+            ibv_so: get("MSCCLPP_IBV_SO").filter(|s| !s.trim().is_empty()).unwrap_or(d.ibv_so),
+        })
+    }
+}
+
+/// What one side of an IB connection sends its peer during `mscclppConnectionSetup`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbConnInfo {
+    pub rank: u32,
+    pub tag: i32,
+    pub endpoint: QpEndpoint,
+    pub buff: KeyedRange,
+    pub epochs: KeyedRange,
+}
+
+const CONN_MAGIC: u32 = 0x4d53_4942; // "MSIB"
+const REGISTER_MAGIC: u32 = 0x4d53_4952; // "MSIR"
+
+struct Writer(Vec<u8>);
+impl Writer {
+    fn put(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
+        if self.0.len() < N {
+            return Err(Error::remote("IB set-up message is truncated"));
+        }
+        let (a, b) = self.0.split_at(N);
+        self.0 = b;
+        Ok(a.try_into().expect("length checked"))
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    fn range(&mut self) -> Result<KeyedRange> {
+        Ok(KeyedRange {
+            addr: self.u64()?,
+            size: self.u64()?,
+            key: self.u32()?,
+        })
+    }
+    fn end(&self) -> Result<()> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::remote("IB set-up message has trailing bytes"))
+        }
+    }
+}
+
+fn put_range(w: &mut Writer, r: &KeyedRange) {
+    w.put(&r.addr.to_le_bytes()).put(&r.size.to_le_bytes()).put(&r.key.to_le_bytes());
+}
+
+impl IbConnInfo {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let e = &self.endpoint;
+        let mut w = Writer(Vec::with_capacity(96));
+        w.put(&CONN_MAGIC.to_le_bytes())
+            .put(&self.rank.to_le_bytes())
+            .put(&self.tag.to_le_bytes())
+            .put(&[e.port])
+            .put(&e.lid.to_le_bytes())
+            .put(&e.gid)
+            .put(&e.gid_index.to_le_bytes())
+            .put(&e.qpn.to_le_bytes())
+            .put(&e.psn.to_le_bytes())
+            .put(&[e.mtu]);
+        put_range(&mut w, &self.buff);
+        put_range(&mut w, &self.epochs);
+        w.0
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<IbConnInfo> {
+        let mut r = Reader(b);
+        if r.u32()? != CONN_MAGIC {
+            return Err(Error::remote("IB connection set-up message has a wrong magic"));
+        }
+        let rank = r.u32()?;
+        let tag = r.u32()? as i32;
+        let endpoint = QpEndpoint {
+            port: r.u8()?,
+            lid: r.u16()?,
+            gid: r.take()?,
+            gid_index: r.u32()? as i32,
+            qpn: r.u32()?,
+            psn: r.u32()?,
+            mtu: r.u8()?,
+        };
+        let info = IbConnInfo {
+            rank,
+            tag,
+            endpoint,
+            buff: r.range()?,
+            epochs: r.range()?,
+        };
+        r.end()?;
+        Ok(info)
+    }
+}
+
+fn register_to_bytes(r: &KeyedRange) -> Vec<u8> {
+    let mut w = Writer(Vec::with_capacity(24));
+    w.put(&REGISTER_MAGIC.to_le_bytes());
+    put_range(&mut w, r);
+    w.0
+}
+
+fn register_from_bytes(b: &[u8]) -> Result<KeyedRange> {
+    let mut r = Reader(b);
+    if r.u32()? != REGISTER_MAGIC {
+        return Err(Error::remote("IB registered-buffer message has a wrong magic"));
+    }
+    let range = r.range()?;
+    r.end()?;
+    Ok(range)
+}
+
+/// The FIFO of one IB device's proxy: trigger slots in pinned host memory, head and tail on the device.
+struct IbFifo {
+    slots: PinnedHostBuffer,
+    head: DeviceAllocation,
+    tail: DeviceAllocation,
+}
+
+impl IbFifo {
+    fn new(ctx: &GpuContext) -> Result<IbFifo> {
+        Ok(IbFifo {
+            slots: PinnedHostBuffer::zeroed(ctx, FIFO_SIZE as usize * 16)?,
+            head: DeviceAllocation::zeroed(ctx, 8)?,
+            tail: DeviceAllocation::zeroed(ctx, 8)?,
+        })
+    }
+}
+
+/// One opened IB device and its proxy.
+struct IbDevice {
+    device: Arc<dyn VerbsDevice>,
+    port: PortInfo,
+    fifo: Option<IbFifo>,
+    proxy: Option<ProxyThread>,
+    /// Where the last proxy stopped; the next resumes there.
+    tail: u64,
+    /// The last proxy's shared state, kept after it stops so its failure is still reported.
+    shared: Option<Arc<ProxyShared>>,
+    /// Registered buffers and write sources (besides the connections' own buffers).
+    regions: Vec<Box<dyn MemoryRegion>>,
+}
+
+/// The IB side of one connection.
+struct Endpoint {
+    device: usize,
+    peer: usize,
+    tag: i32,
+    queue: Arc<IbQueue>,
+    local: QpEndpoint,
+    buff: Box<dyn MemoryRegion>,
+    epochs: Box<dyn MemoryRegion>,
+    /// The peer's buffer and epoch counters, once set up.
+    remote: Option<(KeyedRange, KeyedRange)>,
+}
+
+/// A buffer registered with `mscclppRegisterBuffer`, as one IB connection's entry in `regMem->p2p`.
+struct RegisteredIb {
+    conn: usize,
+    /// Handed to the application as `mscclppRegisteredMemoryP2P::IbMr`; boxed so the address is stable.
+    record: Box<mscclppIbMr>,
+    remote: KeyedRange,
+}
+
+// SAFETY: the raw pointers in `mscclppIbMr` are addresses we hand to the application and only compare;
+// we never dereference them.
+unsafe impl Send for RegisteredIb {}
+
+/// A region as we reach it (lkey) or as the peer does (rkey).
+fn keyed(mr: &dyn MemoryRegion, remote: bool) -> KeyedRange {
+    KeyedRange {
+        addr: mr.addr(),
+        size: mr.len(),
+        key: if remote { mr.rkey() } else { mr.lkey() },
+    }
+}
+
+fn initial_psn(qpn: u32) -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ qpn.wrapping_mul(0x9e37_79b9) ^ std::process::id()) & 0x00ff_ffff
+}
+
+/// The IB part of a communicator.
+pub struct IbState {
+    library: Option<Arc<dyn VerbsLibrary>>,
+    config: Option<IbConfig>,
+    rank: usize,
+    devices: Vec<IbDevice>,
+    /// By connection index; `None` for connections of other transports.
+    endpoints: Vec<Option<Endpoint>>,
+    registered: Vec<RegisteredIb>,
+    /// How long a wait for completions may see none before the peer is declared gone.
+    stall_timeout: Duration,
+}
+
+impl Default for IbState {
+    fn default() -> Self {
+        IbState {
+            library: None,
+            config: None,
+            rank: 0,
+            devices: Vec::new(),
+            endpoints: Vec::new(),
+            registered: Vec::new(),
+            stall_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl IbState {
+    /// An IB state over a given verbs provider and settings (tests use the simulated fabric).
+    pub fn with_library(library: Arc<dyn VerbsLibrary>, config: IbConfig, stall_timeout: Duration) -> IbState {
+        IbState {
+            library: Some(library),
+            config: Some(config),
+            stall_timeout,
+            ..Default::default()
+        }
+    }
+
+    fn config(&mut self) -> Result<IbConfig> {
+        if self.config.is_none() {
+            self.config = Some(IbConfig::from_env()?);
+        }
+        Ok(self.config.clone().expect("set above"))
+    }
+
+    fn library(&mut self) -> Result<Arc<dyn VerbsLibrary>> {
+        if let Some(l) = &self.library {
+            return Ok(l.clone());
+        }
+        let so = self.config()?.ibv_so;
+        let lib: Arc<dyn VerbsLibrary> = Arc::new(real::RealLibrary::load(&so)?);
+        self.library = Some(lib.clone());
+        Ok(lib)
+    }
+
+    /// Opens `name` (once per communicator) and checks its port; returns its index.
+    pub fn open_device(&mut self, name: &str) -> Result<usize> {
+        if let Some(i) = self.devices.iter().position(|d| d.device.name() == name) {
+            return Ok(i);
+        }
+        let cfg = self.config()?;
+        let lib = self.library()?;
+        let device = lib.open(name)?;
+        let port = device.port(cfg.port, cfg.gid_index)?;
+        if !port.active {
+            return Err(Error::system(format!(
+                "port {} of InfiniBand device \"{name}\" is not active (MSCCLPP_IB_PORT selects the port)",
+                cfg.port
+            )));
+        }
+        if port.link_layer == LinkLayer::Ethernet && cfg.gid_index < 0 {
+            return Err(Error::invalid_usage(format!(
+                "port {} of \"{name}\" is Ethernet (RoCE): set MSCCLPP_IB_GID_INDEX to the GID index to use",
+                cfg.port
+            )));
+        }
+        log::info!(
+            "opened InfiniBand device \"{name}\" port {} (LID {}, MTU {} bytes, {})",
+            cfg.port,
+            port.lid,
+            verbs::mtu_bytes(port.mtu),
+            if cfg.gid_index >= 0 {
+                format!("RoCE GID index {}", cfg.gid_index)
+            } else {
+                "LID addressing".into()
+            }
+        );
+        self.devices.push(IbDevice {
+            device,
+            port,
+            fifo: None,
+            proxy: None,
+            tail: 0,
+            shared: None,
+            regions: Vec::new(),
+        });
+        Ok(self.devices.len() - 1)
+    }
+
+    /// `mscclppConnect` over IB: registers the buffer and the epoch counters and creates the queue pair.
+    #[allow(clippy::too_many_arguments)]
+    pub fn connect(
+        &mut self,
+        rank: usize,
+        conn: usize,
+        device: &str,
+        peer: usize,
+        tag: i32,
+        buff: DevicePtr,
+        size: u64,
+        epochs: DevicePtr,
+    ) -> Result<()> {
+        self.rank = rank;
+        let cfg = self.config()?;
+        let d = self.open_device(device)?;
+        let dev = &self.devices[d];
+        let buff_mr = dev.device.register(buff, size)?;
+        let epoch_mr = dev.device.register(epochs, 16)?;
+        let qp = dev.device.create_qp(cfg.port, cfg.qp_depth, cfg.cq_size)?;
+        let local = QpEndpoint {
+            port: cfg.port,
+            lid: dev.port.lid,
+            gid: dev.port.gid,
+            gid_index: cfg.gid_index,
+            qpn: qp.qp_num(),
+            psn: initial_psn(qp.qp_num()),
+            mtu: dev.port.mtu,
+        };
+        let label = QueueLabel {
+            rank,
+            peer,
+            tag,
+            device: format!("device {device}"),
+        };
+        let queue = Arc::new(IbQueue::new(qp, label, cfg.poll_batch as usize, self.stall_timeout));
+        if self.endpoints.len() <= conn {
+            self.endpoints.resize_with(conn + 1, || None);
+        }
+        self.endpoints[conn] = Some(Endpoint {
+            device: d,
+            peer,
+            tag,
+            queue,
+            local,
+            buff: buff_mr,
+            epochs: epoch_mr,
+            remote: None,
+        });
+        Ok(())
+    }
+
+    fn endpoint(&self, conn: usize) -> Result<&Endpoint> {
+        self.endpoints
+            .get(conn)
+            .and_then(|e| e.as_ref())
+            .ok_or_else(|| Error::internal(format!("connection {conn} is not an IB connection")))
+    }
+
+    /// The message that tells the peer of connection `conn` how to reach it.
+    pub fn setup_message(&self, conn: usize) -> Result<Vec<u8>> {
+        let e = self.endpoint(conn)?;
+        Ok(IbConnInfo {
+            rank: self.rank as u32,
+            tag: e.tag,
+            endpoint: e.local,
+            buff: keyed(e.buff.as_ref(), true),
+            epochs: keyed(e.epochs.as_ref(), true),
+        }
+        .to_bytes())
+    }
+
+    /// Completes connection `conn` with the peer's set-up message: checks it, and moves the queue pair
+    /// through RTR to RTS. Returns the peer's buffer address and size and its epoch counters' address.
+    pub fn complete_setup(&mut self, conn: usize, bytes: &[u8]) -> Result<(u64, u64, u64)> {
+        let info = IbConnInfo::from_bytes(bytes)?;
+        let e = self.endpoint(conn)?;
+        if info.rank as usize != e.peer || info.tag != e.tag {
+            return Err(Error::remote(format!(
+                "rank {} answered the IB set-up of tag {} with rank {} tag {}",
+                e.peer, e.tag, info.rank, info.tag
+            )));
+        }
+        if (info.endpoint.gid_index >= 0) != (e.local.gid_index >= 0) {
+            return Err(Error::invalid_usage(format!(
+                "connection to rank {} tag {}: one side addresses by GID (RoCE) and the other by LID; set \
+                 MSCCLPP_IB_GID_INDEX the same way on every rank",
+                e.peer, e.tag
+            )));
+        }
+        if info.epochs.size < 16 {
+            return Err(Error::remote("the peer's epoch counters are smaller than 16 bytes"));
+        }
+        let local = e.local;
+        e.queue.with_qp(|qp| qp.connect(&local, &info.endpoint)).map_err(|err| {
+            Error::new(
+                err.kind,
+                format!(
+                    "connecting to rank {} (tag {}, queue pair {}, LID {}): {}",
+                    info.rank, info.tag, info.endpoint.qpn, info.endpoint.lid, err.message
+                ),
+            )
+        })?;
+        let e = self.endpoints[conn].as_mut().expect("checked above");
+        e.remote = Some((info.buff, info.epochs));
+        log::info!(
+            "IB connection {conn} to rank {} tag {} ready (queue pair {} -> {})",
+            e.peer,
+            e.tag,
+            e.local.qpn,
+            info.endpoint.qpn
+        );
+        Ok((info.buff.addr, info.buff.size, info.epochs.addr))
+    }
+
+    /// The device's view of the FIFO that serves connection `conn` (allocated on first use).
+    pub fn fifo_view(&mut self, gpu: &GpuContext, conn: usize) -> Result<mscclppConcurrentFifo> {
+        let d = self.endpoint(conn)?.device;
+        let dev = &mut self.devices[d];
+        if dev.fifo.is_none() {
+            dev.fifo = Some(IbFifo::new(gpu)?);
+        }
+        let fifo = dev.fifo.as_ref().expect("allocated above");
+        Ok(mscclppConcurrentFifo {
+            triggerFifo: fifo.slots.device_ptr() as *mut _,
+            triggerFifoTail: fifo.tail.ptr() as *mut _,
+            triggerFifoHead: fifo.head.ptr() as *mut _,
+            connId: conn as i32,
+        })
+    }
+
+    /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id.
+    pub fn handler(&self, d: usize) -> IbHandler {
+        let routes = self
+            .endpoints
+            .iter()
+            .map(|e| match e {
+                Some(e) if e.device == d => e.remote.map(|(buff, epochs)| IbRoute {
+                    queue: e.queue.clone(),
+                    local_buff: keyed(e.buff.as_ref(), false),
+                    remote_buff: buff,
+                    local_epochs: keyed(e.epochs.as_ref(), false),
+                    remote_epochs: epochs,
+                }),
+                _ => None,
+            })
+            .collect();
+        IbHandler::new(routes)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.devices.iter().any(|d| d.proxy.is_some())
+    }
+
+    /// The first failure of any IB proxy or queue pair.
+    pub fn failure(&self) -> Option<Error> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.shared.as_ref().and_then(|s| s.failure()))
+            .next()
+    }
+
+    /// `mscclppProxyLaunch`: one proxy thread per IB device that has connections.
+    pub fn launch(&mut self, gpu: &GpuContext) -> Result<()> {
+        for d in 0..self.devices.len() {
+            if self.devices[d].proxy.is_some() || !self.endpoints.iter().flatten().any(|e| e.device == d) {
+                continue;
+            }
+            let handler = self.handler(d);
+            let rank = self.rank;
+            let dev = &mut self.devices[d];
+            let fifo = dev
+                .fifo
+                .as_ref()
+                .ok_or_else(|| Error::invalid_usage("call mscclppConnectionSetup before mscclppProxyLaunch"))?;
+            let publisher = crate::transport::p2p::P2pTailPublisher::new(gpu, fifo.tail.ptr())?;
+            // SAFETY: the slots live in `dev.fifo`, which is dropped only after the proxy is stopped.
+            let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };
+            let g = *gpu;
+            let thread = ProxyThread::spawn(
+                format!("mscclpp-ib-{rank}-{}", dev.device.name()),
+                rank,
+                ring,
+                dev.tail,
+                Box::new(handler),
+                Box::new(publisher),
+                Box::new(move || {
+                    g.make_current()?;
+                    crate::transport::p2p::bind_to_gpu_numa_node(&g);
+                    Ok(())
+                }),
+            )?;
+            dev.shared = Some(thread.shared().clone());
+            dev.proxy = Some(thread);
+            log::info!("IB proxy for \"{}\" launched", dev.device.name());
+        }
+        Ok(())
+    }
+
+    /// Stops every IB proxy; returns the first failure any of them had.
+    pub fn stop(&mut self) -> Result<()> {
+        let mut first = None;
+        for dev in &mut self.devices {
+            if let Some(thread) = dev.proxy.take() {
+                match thread.stop() {
+                    Ok(tail) => dev.tail = tail,
+                    Err(e) => {
+                        first.get_or_insert(e);
+                    }
+                }
+                if let Some(s) = &dev.shared
+                    && s.dropped() > 0
+                {
+                    log::warn!(
+                        "the IB proxy of \"{}\" dropped {} malformed trigger(s); see the errors logged",
+                        dev.device.name(),
+                        s.dropped()
+                    );
+                }
+            }
+        }
+        match first.or_else(|| self.failure()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Registers `[ptr, +size)` on the device of connection `conn` (once per device) and returns the
+    /// message that tells the peer where it is.
+    pub fn register_message(&mut self, conn: usize, ptr: DevicePtr, size: u64) -> Result<Vec<u8>> {
+        let d = self.endpoint(conn)?.device;
+        let (_, rkey, _) = self.region_for(d, ptr, size, (ptr, size))?;
+        Ok(register_to_bytes(&KeyedRange { addr: ptr, size, key: rkey }))
+    }
+
+    /// A region of device `d` that covers `[addr, +len)`, registering `register` if none does. Returns
+    /// its lkey, rkey and provider handle.
+    fn region_for(&mut self, d: usize, addr: u64, len: u64, register: (u64, u64)) -> Result<(u32, u32, usize)> {
+        let ids = |mr: &dyn MemoryRegion| (mr.lkey(), mr.rkey(), mr.raw());
+        let conn_buff = self
+            .endpoints
+            .iter()
+            .flatten()
+            .find(|e| e.device == d && e.buff.contains(addr, len));
+        if let Some(e) = conn_buff {
+            return Ok(ids(e.buff.as_ref()));
+        }
+        let dev = &mut self.devices[d];
+        if let Some(r) = dev.regions.iter().find(|r| r.contains(addr, len)) {
+            return Ok(ids(r.as_ref()));
+        }
+        let mr = dev.device.register(register.0, register.1)?;
+        let r = ids(mr.as_ref());
+        dev.regions.push(mr);
+        Ok(r)
+    }
+
+    /// Completes the registration of `[ptr, +size)` with connection `conn`'s peer: the entry for
+    /// `regMem->p2p`. Its `IbMr` (owned by us until `clear`) holds our region and buffer, and in `info` the
+    /// peer's buffer address and rkey; `remoteBuff` is NULL, as the peer's memory is not mapped here.
+    pub fn register_remote(
+        &mut self,
+        conn: usize,
+        ptr: DevicePtr,
+        size: u64,
+        bytes: &[u8],
+    ) -> Result<mscclppRegisteredMemoryP2P> {
+        let remote = register_from_bytes(bytes)?;
+        let d = self.endpoint(conn)?.device;
+        let (_, _, raw) = self.region_for(d, ptr, size, (ptr, size))?;
+        let mut record = Box::new(mscclppIbMr {
+            mr: raw as *mut _,
+            buff: ptr as *mut _,
+            info: mscclppIbMrInfo {
+                addr: remote.addr,
+                rkey: remote.key,
+            },
+        });
+        let entry = mscclppRegisteredMemoryP2P {
+            remoteBuff: std::ptr::null_mut(),
+            IbMr: &mut *record,
+        };
+        self.registered.push(RegisteredIb { conn, record, remote });
+        Ok(entry)
+    }
+
+    /// Whether `ib_mr` is an entry this communicator made.
+    pub fn owns(&self, ib_mr: *const mscclppIbMr) -> bool {
+        self.registered.iter().any(|r| std::ptr::eq(&*r.record, ib_mr))
+    }
+
+    /// `mscclppRegisteredBufferWrite` to one IB entry: waits for the application's `stream` (so the source
+    /// is ready), then writes `[src + src_offset, +size)` to the peer's registered buffer at `dst_offset`
+    /// and waits until the write has completed.
+    pub fn registered_write(
+        &mut self,
+        ib_mr: *const mscclppIbMr,
+        src: DevicePtr,
+        size: u64,
+        src_offset: u64,
+        dst_offset: u64,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        let info = crate::gpu::pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
+        // SAFETY: a stream handle of the application (0 for the default stream) in our current context.
+        crate::gpu::check(unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) }, || {
+            "waiting for the stream of mscclppRegisteredBufferWrite".into()
+        })?;
+        self.write_registered(ib_mr, src + src_offset, size, dst_offset, (info.base, info.alloc_size as u64))
+    }
+
+    /// The transport part of `registered_write`: `source` is the range to register if no region covers
+    /// `[src, +size)` yet (the source's whole allocation, so later writes from it reuse the region).
+    pub fn write_registered(
+        &mut self,
+        ib_mr: *const mscclppIbMr,
+        src: u64,
+        size: u64,
+        dst_offset: u64,
+        source: (u64, u64),
+    ) -> Result<()> {
+        let r = self
+            .registered
+            .iter()
+            .find(|r| std::ptr::eq(&*r.record, ib_mr))
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "regMem entry with IbMr {ib_mr:p} was not made by mscclppRegisterBuffer on this communicator"
+                ))
+            })?;
+        let (conn, remote) = (r.conn, r.remote);
+        if dst_offset.checked_add(size).is_none_or(|end| end > remote.size) {
+            return Err(Error::invalid_argument(format!(
+                "dstOffset {dst_offset} + size {size} is past the end of the peer's registered buffer ({} bytes)",
+                remote.size
+            )));
+        }
+        let d = self.endpoint(conn)?.device;
+        let (lkey, _, _) = self.region_for(d, src, size, source)?;
+        let queue = self.endpoint(conn)?.queue.clone();
+        let seq = queue.write(src, lkey, size, remote.addr + dst_offset, remote.key)?;
+        queue.wait_for(seq)
+    }
+
+    /// Releases everything: stops the proxies, then destroys queue pairs and deregisters memory (before
+    /// the memory itself is freed).
+    pub fn clear(&mut self) -> Result<()> {
+        let r = self.stop();
+        self.registered.clear();
+        self.endpoints.clear();
+        self.devices.clear();
+        r
+    }
+}
