@@ -7,11 +7,12 @@ use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping,
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
-use crate::transport::p2p::{self, P2pHandler, P2pRoute, P2pTailPublisher};
+use crate::transport::p2p::{self, P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
 use crate::types::{mscclppConcurrentFifo, mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
@@ -91,6 +92,8 @@ struct CommState {
     registered: Vec<RegisteredRemote>,
     /// Mappings of registered buffers, kept until destroy.
     registered_maps: Vec<Arc<IpcMapping>>,
+    /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
+    flags_sent: Arc<Vec<AtomicU64>>,
 }
 
 pub struct Communicator {
@@ -277,6 +280,16 @@ impl Communicator {
                 st.connections[i].remote = Some(remote);
             }
             st.set_up = st.connections.len();
+            let counts = (0..st.set_up)
+                .map(|i| {
+                    AtomicU64::new(
+                        st.flags_sent
+                            .get(i)
+                            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
+                    )
+                })
+                .collect();
+            st.flags_sent = Arc::new(counts);
             let fifo = st.p2p_fifo.as_ref().expect("allocated above");
             let dev_conns = st
                 .connections
@@ -389,10 +402,9 @@ impl Communicator {
         }
         let gpu = Self::gpu(&mut st)?;
         let fifo = st.p2p_fifo.as_ref().expect("set-up allocates the FIFO");
-        let handler = P2pHandler {
-            routes,
-            stream: crate::gpu::Stream::new(&gpu)?,
-        };
+        let options = P2pOptions::from_env();
+        log::info!("P2P proxy options: {options:?}");
+        let handler = P2pHandler::new(&gpu, routes, options, st.flags_sent.clone())?;
         let publisher = P2pTailPublisher::new(&gpu, fifo.tail.ptr())?;
         // SAFETY: the slots live in `st.p2p_fifo`, which is dropped only after the proxy is stopped.
         let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };
