@@ -154,7 +154,7 @@ impl RootLoop {
                             .filter(|&r| self.ranks[r].is_none())
                             .collect();
                         format!(
-                            "ranks {} did not arrive within {:?}",
+                            "{} did not arrive within {:?}",
                             list_ranks(&missing),
                             self.timeout
                         )
