@@ -26,7 +26,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error {
+            kind,
+            message: message.into(),
+        }
     }
     pub fn invalid_argument(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -98,7 +101,10 @@ mod tests {
 
     #[test]
     fn io_errors_keep_their_context() {
-        let e = Error::io("connecting to root 1.2.3.4:5", std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let e = Error::io(
+            "connecting to root 1.2.3.4:5",
+            std::io::Error::from(std::io::ErrorKind::TimedOut),
+        );
         assert_eq!(e.kind, ErrorKind::System);
         assert!(e.message.starts_with("connecting to root 1.2.3.4:5: "));
     }

@@ -12,7 +12,13 @@
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
 
 pub mod bootstrap;
+pub mod comm;
+pub mod connection;
 pub mod error;
 pub mod ffi;
+pub mod gpu;
 pub mod logging;
+pub mod proxy;
+pub mod registered_memory;
+pub mod transport;
 pub mod types;

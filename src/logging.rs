@@ -83,7 +83,11 @@ pub fn parse_level(value: Option<&str>) -> LevelFilter {
 fn subsystem(target: &str) -> String {
     let mut parts = target.split("::");
     let first = parts.next().unwrap_or("");
-    let name = if first == "mscclpp" { parts.next().unwrap_or("CORE") } else { first };
+    let name = if first == "mscclpp" {
+        parts.next().unwrap_or("CORE")
+    } else {
+        first
+    };
     name.to_ascii_uppercase()
 }
 
@@ -113,7 +117,9 @@ impl Log for Logger {
 }
 
 fn emit(line: &str) {
-    let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else { return };
+    let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else {
+        return;
+    };
     let handler = *HANDLER.read();
     match handler {
         // SAFETY: the handler was given to us by the application as a valid function taking a C string;

@@ -146,7 +146,13 @@ mod tests {
 
     #[test]
     fn layout_matches_the_legacy_header() {
-        assert_eq!((size_of::<mscclppDevConnSignalEpochId>(), align_of::<mscclppDevConnSignalEpochId>()), (16, 16));
+        assert_eq!(
+            (
+                size_of::<mscclppDevConnSignalEpochId>(),
+                align_of::<mscclppDevConnSignalEpochId>()
+            ),
+            (16, 16)
+        );
         assert_eq!(offset_of!(mscclppDevConnSignalEpochId, proxy), 8);
         assert_eq!((size_of::<mscclppBaseConn>(), align_of::<mscclppBaseConn>()), (48, 8));
         assert_eq!(offset_of!(mscclppBaseConn, tag), 4);
@@ -157,7 +163,10 @@ mod tests {
         assert_eq!(offset_of!(mscclppBaseConn, remoteBuff), 40);
         assert_eq!((size_of::<mscclppDevConn>(), align_of::<mscclppDevConn>()), (80, 8));
         assert_eq!(offset_of!(mscclppDevConn, fifo), 48);
-        assert_eq!((size_of::<mscclppConcurrentFifo>(), align_of::<mscclppConcurrentFifo>()), (32, 8));
+        assert_eq!(
+            (size_of::<mscclppConcurrentFifo>(), align_of::<mscclppConcurrentFifo>()),
+            (32, 8)
+        );
         assert_eq!(offset_of!(mscclppConcurrentFifo, triggerFifoTail), 8);
         assert_eq!(offset_of!(mscclppConcurrentFifo, triggerFifoHead), 16);
         assert_eq!(offset_of!(mscclppConcurrentFifo, connId), 24);
@@ -166,7 +175,13 @@ mod tests {
         assert_eq!((size_of::<mscclppIbMrInfo>(), align_of::<mscclppIbMrInfo>()), (16, 8));
         assert_eq!((size_of::<mscclppIbMr>(), align_of::<mscclppIbMr>()), (32, 8));
         assert_eq!(offset_of!(mscclppIbMr, info), 16);
-        assert_eq!((size_of::<mscclppRegisteredMemoryP2P>(), align_of::<mscclppRegisteredMemoryP2P>()), (16, 8));
+        assert_eq!(
+            (
+                size_of::<mscclppRegisteredMemoryP2P>(),
+                align_of::<mscclppRegisteredMemoryP2P>()
+            ),
+            (16, 8)
+        );
         assert_eq!(size_of::<mscclppResult_t>(), 4);
         assert_eq!(size_of::<mscclppTransport_t>(), 4);
     }

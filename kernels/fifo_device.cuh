@@ -1,0 +1,27 @@
+// Device code of struct mscclppConcurrentFifo, spliced into its body in mscclppfifo.h by build.rs
+// (so this is a fragment of a struct body, not a header of its own).
+
+  // Claims the next slot, waits until the proxy has freed it, then writes the trigger in one 16-byte store
+  // so that the proxy never sees half a trigger. Returns the claimed position, for flush().
+  __forceinline__ __device__ uint64_t push(uint64_t type, uint64_t dstDataOffset, uint64_t srcDataOffset,
+                                           uint64_t dataSize)
+  {
+    const uint64_t pos = atomicAdd(reinterpret_cast<unsigned long long*>(triggerFifoHead), 1ULL);
+    // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's (published) tail.
+    while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
+    }
+    mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
+    // The published tail may lag: also wait for the proxy to zero the slot's first word.
+    while (*reinterpret_cast<volatile uint64_t*>(&slot->value[0]) != 0) {
+    }
+    // Each field is cut to its width so that an out-of-range argument can never spill into connId or type.
+    const uint64_t word0 = (dataSize & ((1ULL << MSCCLPP_BITS_SIZE) - 1)) |
+                           ((srcDataOffset & ((1ULL << MSCCLPP_BITS_OFFSET) - 1)) << MSCCLPP_BITS_SIZE);
+    const uint64_t word1 =
+      (dstDataOffset & ((1ULL << MSCCLPP_BITS_OFFSET) - 1)) |
+      ((static_cast<uint64_t>(connId) & ((1ULL << MSCCLPP_BITS_CONNID) - 1)) << MSCCLPP_BITS_OFFSET) |
+      ((type & ((1ULL << MSCCLPP_BITS_TYPE) - 1)) << (MSCCLPP_BITS_OFFSET + MSCCLPP_BITS_CONNID));
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot->value), "l"(word0), "l"(word1)
+                 : "memory");
+    return pos;
+  }

@@ -1,0 +1,642 @@
+//! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
+
+use crate::bootstrap::{Bootstrap, PROTOCOL_MAGIC, Root, RootAddress, UniqueId};
+use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
+use crate::error::{Error, Result};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info};
+use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
+use crate::proxy::trigger::MAX_CONNECTIONS;
+use crate::proxy::{ProxyShared, ProxyThread};
+use crate::transport::p2p::{self, P2pHandler, P2pRoute, P2pTailPublisher};
+use crate::types::{mscclppConcurrentFifo, mscclppDevConn, mscclppRegisteredMemoryP2P};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
+const TAG_CONNECTION: u64 = 1 << 32;
+const TAG_REGISTER: u64 = 2 << 32;
+
+fn message_tag(kind: u64, tag: i32) -> u64 {
+    kind | tag as u32 as u64
+}
+
+/// The FIFO of the P2P proxy: trigger slots in pinned host memory, head and tail in device memory.
+struct P2pFifo {
+    slots: PinnedHostBuffer,
+    head: DeviceAllocation,
+    tail: DeviceAllocation,
+}
+
+impl P2pFifo {
+    fn new(ctx: &GpuContext) -> Result<P2pFifo> {
+        Ok(P2pFifo {
+            slots: PinnedHostBuffer::zeroed(ctx, FIFO_SIZE as usize * 16)?,
+            head: DeviceAllocation::zeroed(ctx, 8)?,
+            tail: DeviceAllocation::zeroed(ctx, 8)?,
+        })
+    }
+    fn device_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
+        mscclppConcurrentFifo {
+            triggerFifo: self.slots.device_ptr() as *mut _,
+            triggerFifoTail: self.tail.ptr() as *mut _,
+            triggerFifoHead: self.head.ptr() as *mut _,
+            connId: conn_id as i32,
+        }
+    }
+}
+
+/// A peer's buffer registered with `mscclppRegisterBuffer`, as we see it.
+struct RegisteredRemote {
+    ptr: DevicePtr,
+    size: u64,
+}
+
+/// The device views handed to the application. They hold device addresses only, which this process
+/// never dereferences, so moving them between threads is safe.
+#[derive(Default)]
+struct DevConnTable(Vec<mscclppDevConn>);
+
+// SAFETY: see above: the raw pointers inside are device addresses, plain data to the host.
+unsafe impl Send for DevConnTable {}
+
+impl std::ops::Deref for DevConnTable {
+    type Target = Vec<mscclppDevConn>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+impl std::ops::DerefMut for DevConnTable {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+#[derive(Default)]
+struct CommState {
+    gpu: Option<GpuContext>,
+    connections: Vec<Connection>,
+    /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
+    set_up: usize,
+    dev_conns: DevConnTable,
+    p2p_fifo: Option<P2pFifo>,
+    proxy: Option<ProxyThread>,
+    /// Where the last proxy stopped; the next resumes there, since the device head lives on.
+    proxy_tail: u64,
+    /// The last proxy's shared state, kept after it stops so its failure is still reported.
+    proxy_shared: Option<Arc<ProxyShared>>,
+    /// Peers' allocations mapped into our context, by (peer process, allocation base).
+    ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
+    registered: Vec<RegisteredRemote>,
+    /// Mappings of registered buffers, kept until destroy.
+    registered_maps: Vec<Arc<IpcMapping>>,
+}
+
+pub struct Communicator {
+    rank: usize,
+    nranks: usize,
+    bootstrap: Bootstrap,
+    _root: Option<Root>,
+    state: Mutex<CommState>,
+}
+
+impl Communicator {
+    /// `mscclppCommInitRank`: rank 0 listens at `address`, everyone meets there.
+    pub fn init_by_address(nranks: usize, address: &str, rank: usize, timeout: Duration) -> Result<Communicator> {
+        let root_addr = RootAddress::parse(address)
+            .map_err(|e| Error::new(e.kind, format!("ipPortPair \"{address}\": {}", e.message)))?;
+        let root = if rank == 0 {
+            Some(Root::listen(root_addr.addr, PROTOCOL_MAGIC, timeout)?)
+        } else {
+            None
+        };
+        let bootstrap = Bootstrap::connect(root_addr.addr, PROTOCOL_MAGIC, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap, root))
+    }
+
+    /// `mscclppCommInitRankFromId`: everyone meets at the root named in the id.
+    pub fn init_by_id(nranks: usize, id: &UniqueId, rank: usize, timeout: Duration) -> Result<Communicator> {
+        let bootstrap = Bootstrap::connect(id.root, id.magic, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap, None))
+    }
+
+    fn with_bootstrap(bootstrap: Bootstrap, root: Option<Root>) -> Communicator {
+        // The communicator's GPU is the one current on the creating thread, if that thread has one;
+        // otherwise it is decided by the first call that needs a GPU.
+        let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
+        let state = CommState {
+            gpu,
+            ..Default::default()
+        };
+        log::info!(
+            "communicator ready: rank {} of {}",
+            bootstrap.rank(),
+            bootstrap.nranks()
+        );
+        Communicator {
+            rank: bootstrap.rank(),
+            nranks: bootstrap.nranks(),
+            bootstrap,
+            _root: root,
+            state: Mutex::new(state),
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+    pub fn bootstrap(&self) -> &Bootstrap {
+        &self.bootstrap
+    }
+
+    /// The proxy's first failure, if any; later calls report it instead of going on.
+    fn check_proxy(st: &CommState) -> Result<()> {
+        match st.proxy_shared.as_ref().and_then(|s| s.failure()) {
+            Some(e) => Err(Error::new(e.kind, format!("the proxy failed earlier: {}", e.message))),
+            None => Ok(()),
+        }
+    }
+
+    fn gpu(st: &mut CommState) -> Result<GpuContext> {
+        if let Some(g) = st.gpu {
+            g.make_current()?;
+            return Ok(g);
+        }
+        let g = GpuContext::current()?;
+        st.gpu = Some(g);
+        Ok(g)
+    }
+
+    /// `mscclppConnect`: records a connection and allocates its epoch counters.
+    pub fn connect(
+        &self,
+        remote_rank: usize,
+        tag: i32,
+        buff: DevicePtr,
+        size: u64,
+        transport: TransportKind,
+    ) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.proxy.is_some() {
+            return Err(Error::invalid_usage(
+                "mscclppConnect called while the proxy runs; call mscclppProxyStop first",
+            ));
+        }
+        if st.connections.len() >= MAX_CONNECTIONS {
+            return Err(Error::invalid_usage(format!(
+                "a communicator holds at most {MAX_CONNECTIONS} connections (the trigger's connId has 10 bits)"
+            )));
+        }
+        if let TransportKind::Ib { device } = &transport {
+            return Err(Error::invalid_usage(format!(
+                "InfiniBand (device \"{device}\") is not available in this build of the library; use mscclppTransportP2P"
+            )));
+        }
+        let gpu = Self::gpu(&mut st)?;
+        let info = pointer_info(buff, size, "localBuff")?;
+        if info.device != gpu.device {
+            return Err(Error::invalid_argument(format!(
+                "localBuff is on GPU {} but the communicator's GPU is {} (the device current when it was created)",
+                info.device, gpu.device
+            )));
+        }
+        if size > u32::MAX as u64 {
+            log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
+        }
+        let epochs = Epochs::new(&gpu)?;
+        st.connections.push(Connection {
+            remote_rank,
+            tag,
+            transport,
+            local_buff: buff,
+            local_size: size,
+            epochs,
+            remote: None,
+        });
+        log::info!(
+            "connection {} recorded: peer {remote_rank}, tag {tag}, {size} bytes",
+            st.connections.len() - 1
+        );
+        Ok(())
+    }
+
+    /// `mscclppConnectionSetup`: exchanges what each pair needs, maps peers' memory, ends with a barrier.
+    pub fn setup(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        Self::check_proxy(&st)?;
+        if st.proxy.is_some() {
+            return Err(Error::invalid_usage(
+                "mscclppConnectionSetup called while the proxy runs",
+            ));
+        }
+        let pending = st.set_up..st.connections.len();
+        if !pending.is_empty() {
+            let gpu = Self::gpu(&mut st)?;
+            if st.p2p_fifo.is_none() {
+                st.p2p_fifo = Some(P2pFifo::new(&gpu)?);
+            }
+            let me = ProcessId::this();
+            for c in &st.connections[pending.clone()] {
+                let info = SetupInfo {
+                    rank: self.rank as u32,
+                    tag: c.tag,
+                    transport: c.transport.code(),
+                    process: me,
+                    device: gpu.device,
+                    buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
+                    epochs: IpcExport::new(c.epochs.signal(), Epochs::BYTES as u64, "epoch counters")?,
+                };
+                self.bootstrap
+                    .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
+            }
+            for i in pending.clone() {
+                let (peer, tag, kind) = {
+                    let c = &st.connections[i];
+                    (c.remote_rank, c.tag, c.transport.clone())
+                };
+                let bytes = self.bootstrap.recv(peer, message_tag(TAG_CONNECTION, tag))?;
+                let info = SetupInfo::from_bytes(&bytes)?;
+                if info.rank as usize != peer || info.tag != tag {
+                    return Err(Error::remote(format!(
+                        "rank {peer} answered set-up of tag {tag} with rank {} tag {}",
+                        info.rank, info.tag
+                    )));
+                }
+                if info.transport != kind.code() {
+                    return Err(Error::invalid_usage(format!(
+                        "connection to rank {peer} tag {tag}: this side uses transport {} but the peer uses {}",
+                        kind.code(),
+                        info.transport
+                    )));
+                }
+                let remote = self.map_remote(&mut st, &gpu, &info, me)?;
+                st.connections[i].remote = Some(remote);
+            }
+            st.set_up = st.connections.len();
+            let fifo = st.p2p_fifo.as_ref().expect("allocated above");
+            let dev_conns = st
+                .connections
+                .iter()
+                .enumerate()
+                .map(|(i, c)| mscclppDevConn {
+                    base: c.base_conn(),
+                    fifo: fifo.device_view(i),
+                })
+                .collect();
+            st.dev_conns = DevConnTable(dev_conns);
+        }
+        drop(st);
+        self.bootstrap.barrier()?;
+        log::info!("connection set-up done");
+        Ok(())
+    }
+
+    /// Maps a peer's buffer and epoch counters into our context (directly, if the peer shares our process).
+    fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
+        if info.process == me {
+            enable_peer_access(gpu, info.buffer.address);
+            return Ok(RemoteSide {
+                buff: info.buffer.address,
+                size: info.buffer.size,
+                epochs: info.epochs.address,
+                mappings: Vec::new(),
+            });
+        }
+        let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
+        let epoch_map = Self::open_ipc(st, gpu, info.process, &info.epochs)?;
+        Ok(RemoteSide {
+            buff: buf_map.base() + info.buffer.offset,
+            size: info.buffer.size,
+            epochs: epoch_map.base() + info.epochs.offset,
+            mappings: vec![buf_map, epoch_map],
+        })
+    }
+
+    fn open_ipc(st: &mut CommState, gpu: &GpuContext, peer: ProcessId, e: &IpcExport) -> Result<Arc<IpcMapping>> {
+        let key = (peer, e.address - e.offset);
+        if let Some(m) = st.ipc.get(&key) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(IpcMapping::open(gpu, &e.handle)?);
+        st.ipc.insert(key, m.clone());
+        Ok(m)
+    }
+
+    /// `mscclppGetAllDeviceConnections`: the device view of every connection, in connect order.
+    pub fn device_connections(&self) -> Result<(*mut mscclppDevConn, usize)> {
+        let mut st = self.state.lock();
+        if st.connections.is_empty() {
+            return Err(Error::invalid_usage(
+                "no connections: call mscclppConnect and mscclppConnectionSetup first",
+            ));
+        }
+        if st.set_up < st.connections.len() {
+            return Err(Error::invalid_usage(
+                "connections are not set up: call mscclppConnectionSetup first",
+            ));
+        }
+        Ok((st.dev_conns.as_mut_ptr(), st.dev_conns.len()))
+    }
+
+    /// `mscclppGetDeviceConnection`: the first connection to `remote_rank` with `tag`.
+    pub fn device_connection(&self, remote_rank: i32, tag: i32) -> Result<*mut mscclppDevConn> {
+        let (ptr, n) = self.device_connections()?;
+        let st = self.state.lock();
+        let i = st.dev_conns[..n]
+            .iter()
+            .position(|c| c.base.remoteRank == remote_rank && c.base.tag == tag)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!("no connection to remoteRank {remote_rank} with tag {tag}"))
+            })?;
+        // SAFETY: `i < n`, the length of the array `ptr` points at.
+        Ok(unsafe { ptr.add(i) })
+    }
+
+    /// `mscclppProxyLaunch`: starts the proxy thread that serves the P2P connections.
+    pub fn proxy_launch(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        Self::check_proxy(&st)?;
+        if st.proxy.is_some() {
+            return Err(Error::invalid_usage("the proxy is already running"));
+        }
+        if st.set_up < st.connections.len() {
+            return Err(Error::invalid_usage(
+                "call mscclppConnectionSetup before mscclppProxyLaunch",
+            ));
+        }
+        let routes: Vec<Option<P2pRoute>> = st
+            .connections
+            .iter()
+            .map(|c| match (&c.transport, &c.remote) {
+                (TransportKind::P2p, Some(r)) => Some(P2pRoute {
+                    local_buff: c.local_buff,
+                    local_size: c.local_size,
+                    remote_buff: r.buff,
+                    remote_size: r.size,
+                    local_epochs: c.epochs.signal(),
+                    remote_epochs: r.epochs,
+                }),
+                _ => None,
+            })
+            .collect();
+        if routes.iter().all(|r| r.is_none()) {
+            log::info!("no P2P connections; no proxy to launch");
+            return Ok(());
+        }
+        let gpu = Self::gpu(&mut st)?;
+        let fifo = st.p2p_fifo.as_ref().expect("set-up allocates the FIFO");
+        let handler = P2pHandler {
+            routes,
+            stream: crate::gpu::Stream::new(&gpu)?,
+        };
+        let publisher = P2pTailPublisher::new(&gpu, fifo.tail.ptr())?;
+        // SAFETY: the slots live in `st.p2p_fifo`, which is dropped only after the proxy is stopped.
+        let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };
+        let thread = ProxyThread::spawn(
+            format!("mscclpp-proxy-{}", self.rank),
+            self.rank,
+            ring,
+            st.proxy_tail,
+            Box::new(handler),
+            Box::new(publisher),
+            Box::new(move || {
+                gpu.make_current()?;
+                p2p::bind_to_gpu_numa_node(&gpu);
+                Ok(())
+            }),
+        )?;
+        st.proxy_shared = Some(thread.shared().clone());
+        st.proxy = Some(thread);
+        log::info!("P2P proxy launched");
+        Ok(())
+    }
+
+    /// Stops the proxy, if it runs. Returns the proxy's failure, if it had one.
+    fn stop_proxy(st: &mut CommState) -> Result<()> {
+        if let Some(thread) = st.proxy.take() {
+            let shared = thread.shared().clone();
+            st.proxy_tail = thread.stop()?;
+            if shared.dropped() > 0 {
+                log::warn!(
+                    "the proxy dropped {} malformed trigger(s); see the errors logged",
+                    shared.dropped()
+                );
+            }
+        }
+        Self::check_proxy(st)
+    }
+
+    /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop.
+    pub fn proxy_stop(&self) -> Result<()> {
+        self.bootstrap.barrier()?;
+        Self::stop_proxy(&mut self.state.lock())
+    }
+
+    /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection; returns
+    /// one entry per connection, in connect order.
+    pub fn register_buffer(&self, ptr: DevicePtr, size: u64) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
+        let mut st = self.state.lock();
+        Self::check_proxy(&st)?;
+        if st.connections.is_empty() || st.set_up < st.connections.len() {
+            return Err(Error::invalid_usage(
+                "mscclppRegisterBuffer needs set-up connections: call mscclppConnectionSetup first",
+            ));
+        }
+        let gpu = Self::gpu(&mut st)?;
+        let export = IpcExport::new(ptr, size, "local_memory")?;
+        let me = ProcessId::this();
+        let msg = RegisterInfo {
+            process: me,
+            buffer: export,
+        }
+        .to_bytes();
+        let peers: Vec<(usize, i32)> = st.connections.iter().map(|c| (c.remote_rank, c.tag)).collect();
+        for &(peer, tag) in &peers {
+            self.bootstrap.send(peer, message_tag(TAG_REGISTER, tag), &msg)?;
+        }
+        let mut entries = Vec::with_capacity(peers.len());
+        for &(peer, tag) in &peers {
+            let info = RegisterInfo::from_bytes(&self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?)?;
+            let remote = if info.process == me {
+                enable_peer_access(&gpu, info.buffer.address);
+                info.buffer.address
+            } else {
+                let m = Self::open_ipc(&mut st, &gpu, info.process, &info.buffer)?;
+                st.registered_maps.push(m.clone());
+                m.base() + info.buffer.offset
+            };
+            st.registered.push(RegisteredRemote {
+                ptr: remote,
+                size: info.buffer.size,
+            });
+            entries.push(mscclppRegisteredMemoryP2P {
+                remoteBuff: remote as *mut _,
+                IbMr: std::ptr::null_mut(),
+            });
+        }
+        Ok(entries)
+    }
+
+    /// `mscclppRegisteredBufferWrite`: copies `[src+src_offset, +size)` to every peer's registered
+    /// buffer at `dst_offset`, on the application's stream (a `cudaStream_t`, 0 for the default).
+    pub fn registered_write(
+        &self,
+        entries: &[mscclppRegisteredMemoryP2P],
+        src: DevicePtr,
+        size: u64,
+        src_offset: u64,
+        dst_offset: u64,
+        stream: u64,
+    ) -> Result<()> {
+        let stream = stream as usize as cudarc::driver::sys::CUstream;
+        let mut st = self.state.lock();
+        Self::check_proxy(&st)?;
+        Self::gpu(&mut st)?;
+        pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
+        for (i, e) in entries.iter().enumerate() {
+            let dst = e.remoteBuff as DevicePtr;
+            let reg = st.registered.iter().find(|r| r.ptr == dst).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "regMem->p2p[{i}] was not made by mscclppRegisterBuffer on this communicator"
+                ))
+            })?;
+            if dst_offset + size > reg.size {
+                return Err(Error::invalid_argument(format!(
+                    "dstOffset {dst_offset} + size {size} is past the end of peer buffer {i} ({} bytes)",
+                    reg.size
+                )));
+            }
+            // SAFETY: both ranges were checked above; the stream is the application's.
+            crate::gpu::check(
+                unsafe {
+                    cudarc::driver::sys::cuMemcpyAsync(dst + dst_offset, src + src_offset, size as usize, stream)
+                },
+                || format!("copy to peer buffer {i}"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Releases everything: stops the proxy (no barrier: peers may be gone), waits for pending copies,
+    /// unmaps peers' memory, frees ours. Safe to call after `proxy_stop`.
+    pub fn destroy(&self) -> Result<()> {
+        let mut st = self.state.lock();
+        let stop = Self::stop_proxy(&mut st);
+        if let Some(g) = st.gpu {
+            let _ = g.make_current();
+        }
+        st.dev_conns.clear();
+        st.connections.clear();
+        st.registered.clear();
+        st.registered_maps.clear();
+        st.ipc.clear();
+        st.p2p_fifo = None;
+        if let Some(g) = st.gpu.take() {
+            g.release();
+        }
+        stop
+    }
+}
+
+/// One registered buffer, as sent to a peer.
+struct RegisterInfo {
+    process: ProcessId,
+    buffer: IpcExport,
+}
+
+impl RegisterInfo {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(12 + IpcExport::BYTES);
+        v.extend_from_slice(&self.process.host.to_le_bytes());
+        v.extend_from_slice(&self.process.pid.to_le_bytes());
+        v.extend_from_slice(&self.buffer.to_bytes());
+        v
+    }
+    fn from_bytes(b: &[u8]) -> Result<RegisterInfo> {
+        if b.len() != 12 + IpcExport::BYTES {
+            return Err(Error::remote(format!(
+                "registered-buffer message of {} bytes is malformed",
+                b.len()
+            )));
+        }
+        Ok(RegisterInfo {
+            process: ProcessId {
+                host: u64::from_le_bytes(b[..8].try_into().unwrap()),
+                pid: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            },
+            buffer: IpcExport::from_bytes(&b[12..])?,
+        })
+    }
+}
+
+/// The context current on this thread, without creating one.
+fn current_context_if_any() -> Option<GpuContext> {
+    let mut ctx: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local; the driver is initialized.
+    let rc = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) };
+    if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
+        return None;
+    }
+    GpuContext::current().ok()
+}
+
+/// Lets our context reach a peer GPU's memory in this process directly; best effort, since the copy
+/// engine also reaches it without.
+fn enable_peer_access(gpu: &GpuContext, peer_ptr: DevicePtr) {
+    use cudarc::driver::sys;
+    let mut peer_ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: the attribute is a context handle written to a local.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut peer_ctx as *mut sys::CUcontext).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+            peer_ptr,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS || peer_ctx.is_null() {
+        return;
+    }
+    let _ = gpu.make_current();
+    // SAFETY: both contexts are alive; enabling twice returns an error we ignore.
+    let rc = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+    if rc != sys::CUresult::CUDA_SUCCESS && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        // Same device (no peer access needed) or no peer path: copies still work through the driver.
+        log::info!(
+            "peer access from GPU {} not enabled: {}",
+            gpu.device,
+            crate::gpu::check(rc, String::new).unwrap_err()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_tags_separate_kinds_and_keep_negative_tags_distinct() {
+        assert_ne!(message_tag(TAG_CONNECTION, 5), message_tag(TAG_REGISTER, 5));
+        assert_ne!(message_tag(TAG_CONNECTION, -1), message_tag(TAG_CONNECTION, 1));
+        assert_eq!(message_tag(TAG_CONNECTION, -1) >> 32, 1);
+    }
+
+    #[test]
+    fn register_info_round_trips_and_rejects_garbage() {
+        let r = RegisterInfo {
+            process: ProcessId { host: 9, pid: 7 },
+            buffer: IpcExport {
+                handle: [4; 64],
+                offset: 1,
+                size: 2,
+                address: 3,
+            },
+        };
+        let back = RegisterInfo::from_bytes(&r.to_bytes()).unwrap();
+        assert_eq!((back.process, back.buffer), (r.process, r.buffer));
+        assert!(RegisterInfo::from_bytes(&[1, 2, 3]).is_err());
+    }
+}

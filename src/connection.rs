@@ -1,0 +1,212 @@
+//! A connection: one side of a (rank, peer, tag) pairing, as `mscclppConnect` records it and
+//! `mscclppConnectionSetup` completes it.
+
+use crate::error::{Error, Result};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping};
+use crate::types::{mscclppBaseConn, mscclppDevConnSignalEpochId};
+use std::sync::Arc;
+
+/// How a connection moves data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Copy engine over NVLink/PCIe, peers' memory mapped with CUDA IPC.
+    P2p,
+    /// RDMA writes through the named InfiniBand device.
+    Ib { device: String },
+}
+
+impl TransportKind {
+    pub fn code(&self) -> u16 {
+        match self {
+            TransportKind::P2p => 0,
+            TransportKind::Ib { .. } => 2,
+        }
+    }
+}
+
+/// The device memory of one side's epoch counters: `mscclppDevConnSignalEpochId` then `waitEpochId`.
+pub struct Epochs {
+    alloc: DeviceAllocation,
+}
+
+impl Epochs {
+    pub const BYTES: usize = 32;
+    pub fn new(ctx: &GpuContext) -> Result<Epochs> {
+        Ok(Epochs {
+            alloc: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
+        })
+    }
+    /// Address of `mscclppDevConnSignalEpochId`.
+    pub fn signal(&self) -> DevicePtr {
+        self.alloc.ptr()
+    }
+    /// Address of `waitEpochId`.
+    pub fn wait(&self) -> DevicePtr {
+        self.alloc.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
+    }
+}
+
+/// Where the peer's side of a connection is, once set up.
+pub struct RemoteSide {
+    pub buff: DevicePtr,
+    pub size: u64,
+    /// The peer's `mscclppDevConnSignalEpochId`.
+    pub epochs: DevicePtr,
+    /// IPC mappings that keep `buff` and `epochs` valid; empty when the peer is in this process.
+    pub mappings: Vec<Arc<IpcMapping>>,
+}
+
+pub struct Connection {
+    pub remote_rank: usize,
+    pub tag: i32,
+    pub transport: TransportKind,
+    pub local_buff: DevicePtr,
+    pub local_size: u64,
+    pub epochs: Epochs,
+    pub remote: Option<RemoteSide>,
+}
+
+impl Connection {
+    pub fn base_conn(&self) -> mscclppBaseConn {
+        let p2p_remote = match (&self.transport, &self.remote) {
+            (TransportKind::P2p, Some(r)) => Some(r),
+            _ => None,
+        };
+        mscclppBaseConn {
+            remoteRank: self.remote_rank as i32,
+            tag: self.tag,
+            localBuff: self.local_buff as *mut _,
+            localSignalEpochId: self.epochs.signal() as *mut _,
+            remoteSignalEpochId: p2p_remote.map_or(std::ptr::null_mut(), |r| r.epochs as *mut _),
+            waitEpochId: self.epochs.wait() as *mut _,
+            remoteBuff: p2p_remote.map_or(std::ptr::null_mut(), |r| r.buff as *mut _),
+        }
+    }
+}
+
+/// Identifies this process, so that a peer in the same process is reached without CUDA IPC (which
+/// cannot open a process's own allocations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    pub host: u64,
+    pub pid: u32,
+}
+
+impl ProcessId {
+    pub fn this() -> ProcessId {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let mut host: u64 = 0xcbf29ce484222325;
+        for b in boot.trim().bytes().chain(hostname_bytes()) {
+            host = (host ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        ProcessId {
+            host,
+            pid: std::process::id(),
+        }
+    }
+}
+
+fn hostname_bytes() -> impl Iterator<Item = u8> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = if ok {
+        buf.iter().position(|&b| b == 0).unwrap_or(buf.len())
+    } else {
+        0
+    };
+    buf.into_iter().take(end)
+}
+
+/// What one side sends its peer during set-up, per connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetupInfo {
+    pub rank: u32,
+    pub tag: i32,
+    pub transport: u16,
+    pub process: ProcessId,
+    pub device: i32,
+    pub buffer: IpcExport,
+    pub epochs: IpcExport,
+}
+
+const SETUP_MAGIC: u32 = 0x4d53_4331; // "MSC1"
+
+impl SetupInfo {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&SETUP_MAGIC.to_le_bytes());
+        v.extend_from_slice(&self.rank.to_le_bytes());
+        v.extend_from_slice(&self.tag.to_le_bytes());
+        v.extend_from_slice(&self.transport.to_le_bytes());
+        v.extend_from_slice(&self.process.host.to_le_bytes());
+        v.extend_from_slice(&self.process.pid.to_le_bytes());
+        v.extend_from_slice(&self.device.to_le_bytes());
+        v.extend_from_slice(&self.buffer.to_bytes());
+        v.extend_from_slice(&self.epochs.to_bytes());
+        v
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<SetupInfo> {
+        const HEAD: usize = 4 + 4 + 4 + 2 + 8 + 4 + 4;
+        if b.len() != HEAD + 2 * IpcExport::BYTES {
+            return Err(Error::remote(format!(
+                "connection set-up message of {} bytes is malformed",
+                b.len()
+            )));
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        if u32_at(0) != SETUP_MAGIC {
+            return Err(Error::remote("connection set-up message has a wrong magic"));
+        }
+        Ok(SetupInfo {
+            rank: u32_at(4),
+            tag: u32_at(8) as i32,
+            transport: u16::from_le_bytes(b[12..14].try_into().unwrap()),
+            process: ProcessId {
+                host: u64::from_le_bytes(b[14..22].try_into().unwrap()),
+                pid: u32_at(22),
+            },
+            device: u32_at(26) as i32,
+            buffer: IpcExport::from_bytes(&b[HEAD..HEAD + IpcExport::BYTES])?,
+            epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..])?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn export(x: u8) -> IpcExport {
+        IpcExport {
+            handle: [x; 64],
+            offset: x as u64,
+            size: 1000 + x as u64,
+            address: 0x1000 * x as u64,
+        }
+    }
+
+    #[test]
+    fn setup_info_round_trips() {
+        let s = SetupInfo {
+            rank: 3,
+            tag: -7,
+            transport: 0,
+            process: ProcessId::this(),
+            device: 1,
+            buffer: export(1),
+            epochs: export(2),
+        };
+        assert_eq!(SetupInfo::from_bytes(&s.to_bytes()).unwrap(), s);
+        let mut bad = s.to_bytes();
+        bad[0] ^= 1;
+        assert!(SetupInfo::from_bytes(&bad).is_err());
+        assert!(SetupInfo::from_bytes(&bad[..20]).is_err());
+    }
+
+    #[test]
+    fn process_id_is_stable_within_a_process() {
+        assert_eq!(ProcessId::this(), ProcessId::this());
+    }
+}

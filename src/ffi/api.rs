@@ -1,0 +1,371 @@
+//! The exported functions of `mscclpp.h`. Each checks its arguments (naming the bad one), enters the
+//! panic boundary, and calls the core. cbindgen generates their declarations from this file.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // the contract of each function is the header's
+
+use super::{guard, handles, non_null};
+use crate::bootstrap::UniqueId;
+use crate::comm::Communicator;
+use crate::connection::TransportKind;
+use crate::ensure_arg;
+use crate::error::{Error, Result};
+use crate::logging::RankScope;
+use crate::registered_memory;
+use crate::types::*;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Bootstrap connection timeout in milliseconds (`mscclppSetBootstrapConnTimeout`).
+static BOOTSTRAP_TIMEOUT_MS: AtomicU64 = AtomicU64::new(crate::bootstrap::DEFAULT_TIMEOUT.as_millis() as u64);
+
+fn bootstrap_timeout() -> Duration {
+    Duration::from_millis(BOOTSTRAP_TIMEOUT_MS.load(Ordering::Relaxed))
+}
+
+/// Runs `body` with the communicator behind `comm`, logging as its rank.
+fn with_comm(name: &str, comm: mscclppComm_t, body: impl FnOnce(&Communicator) -> Result<()>) -> mscclppResult_t {
+    guard(name, || {
+        let c = handles::lookup(comm)?;
+        let _rank = RankScope::enter(c.rank());
+        body(&c)
+    })
+}
+
+fn check_rank_args(nranks: c_int, rank: c_int) -> Result<()> {
+    ensure_arg!(nranks > 0, "nranks is {nranks}; it must be at least 1");
+    ensure_arg!(
+        rank >= 0 && rank < nranks,
+        "rank is {rank}; it must be in [0, nranks = {nranks})"
+    );
+    Ok(())
+}
+
+/// Creates a unique id: starts a bootstrap root in this process and describes how to reach it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppGetUniqueId(uniqueId: *mut mscclppUniqueId) -> mscclppResult_t {
+    guard("mscclppGetUniqueId", || {
+        non_null(uniqueId, "uniqueId")?;
+        let id = UniqueId::create(bootstrap_timeout())?;
+        let bytes = id.to_bytes();
+        // SAFETY: checked non-null; the caller provides a writable mscclppUniqueId.
+        let out = unsafe { &mut *uniqueId };
+        for (o, b) in out.internal.iter_mut().zip(bytes.iter()) {
+            *o = *b as c_char;
+        }
+        Ok(())
+    })
+}
+
+/// Joins `nranks` ranks that meet at rank 0's `ipPortPair`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommInitRank(
+    comm: *mut mscclppComm_t,
+    nranks: c_int,
+    ipPortPair: *const c_char,
+    rank: c_int,
+) -> mscclppResult_t {
+    guard("mscclppCommInitRank", || {
+        non_null(comm, "comm")?;
+        non_null(ipPortPair, "ipPortPair")?;
+        check_rank_args(nranks, rank)?;
+        // SAFETY: checked non-null; the caller passes a NUL-terminated string.
+        let addr = unsafe { CStr::from_ptr(ipPortPair) }
+            .to_str()
+            .map_err(|_| Error::invalid_argument("ipPortPair is not valid UTF-8"))?;
+        let _rank = RankScope::enter(rank as usize);
+        let c = Communicator::init_by_address(nranks as usize, addr, rank as usize, bootstrap_timeout())?;
+        // SAFETY: checked non-null.
+        unsafe { *comm = handles::register(c) };
+        Ok(())
+    })
+}
+
+/// Joins `nranks` ranks that meet at the root named by `id`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommInitRankFromId(
+    comm: *mut mscclppComm_t,
+    nranks: c_int,
+    id: mscclppUniqueId,
+    rank: c_int,
+) -> mscclppResult_t {
+    guard("mscclppCommInitRankFromId", || {
+        non_null(comm, "comm")?;
+        check_rank_args(nranks, rank)?;
+        let bytes: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
+        let id = UniqueId::from_bytes(&bytes).map_err(|e| Error::new(e.kind, format!("id: {}", e.message)))?;
+        let _rank = RankScope::enter(rank as usize);
+        let c = Communicator::init_by_id(nranks as usize, &id, rank as usize, bootstrap_timeout())?;
+        // SAFETY: checked non-null.
+        unsafe { *comm = handles::register(c) };
+        Ok(())
+    })
+}
+
+/// All-gathers `size` bytes per rank through the bootstrap network.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppBootstrapAllGather(
+    comm: mscclppComm_t,
+    data: *mut c_void,
+    size: c_int,
+) -> mscclppResult_t {
+    with_comm("mscclppBootstrapAllGather", comm, |c| {
+        ensure_arg!(size >= 0, "size is {size}; it must not be negative");
+        let total = (size as usize)
+            .checked_mul(c.nranks())
+            .ok_or_else(|| Error::invalid_argument(format!("size {size} x nranks overflows")))?;
+        if total == 0 {
+            return c.bootstrap().barrier();
+        }
+        non_null(data, "data")?;
+        // SAFETY: the caller provides `nranks * size` bytes at `data`, as the header documents.
+        let buf = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), total) };
+        c.bootstrap().all_gather(buf, size as usize)
+    })
+}
+
+/// Waits until every rank has called it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppBootstrapBarrier(comm: mscclppComm_t) -> mscclppResult_t {
+    with_comm("mscclppBootstrapBarrier", comm, |c| c.bootstrap().barrier())
+}
+
+/// Stops the proxy if it runs and releases everything the communicator holds.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommDestroy(comm: mscclppComm_t) -> mscclppResult_t {
+    guard("mscclppCommDestroy", || {
+        let c = handles::unregister(comm)?;
+        let _rank = RankScope::enter(c.rank());
+        c.destroy()
+    })
+}
+
+/// A static description of a result code.
+#[unsafe(no_mangle)]
+pub extern "C" fn mscclppGetErrorString(result: c_int) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"no error",
+        1 => c"unhandled cuda error",
+        2 => c"unhandled system error",
+        3 => c"internal error",
+        4 => c"invalid argument",
+        5 => c"invalid usage",
+        6 => c"remote process exited or there was a network error",
+        7 => c"operation in progress",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+/// Records a connection to `remoteRank` with `tag` over `localBuff`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppConnect(
+    comm: mscclppComm_t,
+    remoteRank: c_int,
+    tag: c_int,
+    localBuff: *mut c_void,
+    buffSize: u64,
+    transportType: c_int,
+    ibDev: *const c_char,
+) -> mscclppResult_t {
+    with_comm("mscclppConnect", comm, |c| {
+        let n = c.nranks() as c_int;
+        ensure_arg!(
+            remoteRank >= 0 && remoteRank < n,
+            "remoteRank is {remoteRank}; it must be in [0, nranks = {n})"
+        );
+        ensure_arg!(
+            remoteRank as usize != c.rank(),
+            "remoteRank is {remoteRank}, this rank itself"
+        );
+        non_null(localBuff, "localBuff")?;
+        ensure_arg!(buffSize > 0, "buffSize is 0");
+        let transport = match transportType {
+            0 => {
+                if !ibDev.is_null() {
+                    log::warn!("mscclppConnect: ibDev is ignored for mscclppTransportP2P");
+                }
+                TransportKind::P2p
+            }
+            1 => {
+                return Err(Error::invalid_argument(
+                    "transportType mscclppTransportSHM is not implemented",
+                ));
+            }
+            2 => {
+                non_null(ibDev, "ibDev (required for mscclppTransportIB)")?;
+                // SAFETY: checked non-null; the caller passes a NUL-terminated string.
+                let dev = unsafe { CStr::from_ptr(ibDev) }.to_string_lossy().into_owned();
+                ensure_arg!(!dev.is_empty(), "ibDev is an empty string");
+                TransportKind::Ib { device: dev }
+            }
+            other => {
+                return Err(Error::invalid_argument(format!(
+                    "transportType {other} is not a mscclppTransport_t"
+                )));
+            }
+        };
+        c.connect(remoteRank as usize, tag, localBuff as u64, buffSize, transport)
+    })
+}
+
+/// Sets up every connection recorded so far; ends with a barrier.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppConnectionSetup(comm: mscclppComm_t) -> mscclppResult_t {
+    with_comm("mscclppConnectionSetup", comm, |c| c.setup())
+}
+
+/// The host array of every connection's device view, in connect order.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppGetAllDeviceConnections(
+    comm: mscclppComm_t,
+    devConns: *mut *mut mscclppDevConn_t,
+    nConns: *mut c_int,
+) -> mscclppResult_t {
+    with_comm("mscclppGetAllDeviceConnections", comm, |c| {
+        non_null(devConns, "devConns")?;
+        non_null(nConns, "nConns")?;
+        let (ptr, n) = c.device_connections()?;
+        // SAFETY: both checked non-null.
+        unsafe {
+            *devConns = ptr;
+            *nConns = n as c_int;
+        }
+        Ok(())
+    })
+}
+
+/// The device view of the connection to `remoteRank` with `tag`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppGetDeviceConnection(
+    comm: mscclppComm_t,
+    remoteRank: c_int,
+    tag: c_int,
+    devConn: *mut *mut mscclppDevConn_t,
+) -> mscclppResult_t {
+    with_comm("mscclppGetDeviceConnection", comm, |c| {
+        non_null(devConn, "devConn")?;
+        let n = c.nranks() as c_int;
+        ensure_arg!(
+            remoteRank >= 0 && remoteRank < n,
+            "remoteRank is {remoteRank}; it must be in [0, nranks = {n})"
+        );
+        let p = c.device_connection(remoteRank, tag)?;
+        // SAFETY: checked non-null.
+        unsafe { *devConn = p };
+        Ok(())
+    })
+}
+
+/// Starts the proxy thread(s) serving the connections.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppProxyLaunch(comm: mscclppComm_t) -> mscclppResult_t {
+    with_comm("mscclppProxyLaunch", comm, |c| c.proxy_launch())
+}
+
+/// A barrier, then stops the proxy thread(s). Safe to call twice.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppProxyStop(comm: mscclppComm_t) -> mscclppResult_t {
+    with_comm("mscclppProxyStop", comm, |c| c.proxy_stop())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommRank(comm: mscclppComm_t, rank: *mut c_int) -> mscclppResult_t {
+    with_comm("mscclppCommRank", comm, |c| {
+        non_null(rank, "rank")?;
+        // SAFETY: checked non-null.
+        unsafe { *rank = c.rank() as c_int };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommSize(comm: mscclppComm_t, size: *mut c_int) -> mscclppResult_t {
+    with_comm("mscclppCommSize", comm, |c| {
+        non_null(size, "size")?;
+        // SAFETY: checked non-null.
+        unsafe { *size = c.nranks() as c_int };
+        Ok(())
+    })
+}
+
+/// Sets how long (seconds) bootstrap set-up waits for the root and peers.
+#[unsafe(no_mangle)]
+pub extern "C" fn mscclppSetBootstrapConnTimeout(timeout: c_int) -> mscclppResult_t {
+    guard("mscclppSetBootstrapConnTimeout", || {
+        ensure_arg!(timeout > 0, "timeout is {timeout} seconds; it must be positive");
+        BOOTSTRAP_TIMEOUT_MS.store(timeout as u64 * 1000, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// Writes a log line to `MSCCLPP_DEBUG_FILE`, or to standard error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppDefaultLogHandler(msg: *const c_char) {
+    // SAFETY: the caller passes NULL or a NUL-terminated string.
+    let _ = std::panic::catch_unwind(|| unsafe { crate::logging::default_handler_c(msg) });
+}
+
+/// Sends every log line to `handler` (NULL restores the default).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppSetLogHandler(handler: mscclppLogHandler_t) -> mscclppResult_t {
+    guard("mscclppSetLogHandler", || {
+        crate::logging::set_handler(handler);
+        Ok(())
+    })
+}
+
+/// Exchanges `local_memory` with the peer of every connection; appends one entry per connection.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppRegisterBuffer(
+    comm: mscclppComm_t,
+    local_memory: *mut c_void,
+    size: usize,
+    regMem: *mut mscclppRegisteredMemory,
+) -> mscclppResult_t {
+    with_comm("mscclppRegisterBuffer", comm, |c| {
+        non_null(local_memory, "local_memory")?;
+        non_null(regMem, "regMem")?;
+        ensure_arg!(size > 0, "size is 0");
+        for e in c.register_buffer(local_memory as u64, size as u64)? {
+            // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
+            unsafe { registered_memory::append(regMem, e)? };
+        }
+        Ok(())
+    })
+}
+
+/// Copies `size` bytes from `srcBuff + srcOffset` into every peer's registered buffer at `dstOffset`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
+    comm: mscclppComm_t,
+    regMem: *mut mscclppRegisteredMemory,
+    srcBuff: *mut c_void,
+    size: usize,
+    srcOffset: u32,
+    dstOffset: u32,
+    stream: i64,
+) -> mscclppResult_t {
+    with_comm("mscclppRegisteredBufferWrite", comm, |c| {
+        non_null(regMem, "regMem")?;
+        non_null(srcBuff, "srcBuff")?;
+        if size == 0 {
+            return Ok(());
+        }
+        // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null); the entries are
+        // copied out before anything else can change the vector.
+        let entries = unsafe { registered_memory::entries(regMem) };
+        ensure_arg!(
+            !entries.is_empty(),
+            "regMem has no entries: call mscclppRegisterBuffer first"
+        );
+        c.registered_write(
+            &entries,
+            srcBuff as u64,
+            size as u64,
+            srcOffset as u64,
+            dstOffset as u64,
+            stream as u64,
+        )
+    })
+}

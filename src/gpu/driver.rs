@@ -1,0 +1,115 @@
+//! Loading the driver, checking its results, and the context a communicator works in.
+
+use crate::error::{Error, Result};
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
+use once_cell::sync::OnceCell;
+use std::ffi::CStr;
+
+/// Loads libcuda and initializes it, once per process. The error is kept and returned to every caller.
+pub fn ensure_driver() -> Result<()> {
+    static LOADED: OnceCell<std::result::Result<(), String>> = OnceCell::new();
+    LOADED
+        .get_or_init(|| {
+            // SAFETY: probing for the library has no preconditions.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("the CUDA driver (libcuda.so) is not installed on this machine".into());
+            }
+            // SAFETY: cuInit may be called any number of times, from any thread.
+            let rc = unsafe { sys::cuInit(0) };
+            if rc != CUresult::CUDA_SUCCESS {
+                return Err(format!("cuInit failed: {}", error_name(rc)));
+            }
+            Ok(())
+        })
+        .clone()
+        .map_err(Error::cuda)
+}
+
+/// The driver's name for a result code.
+pub fn error_name(rc: CUresult) -> String {
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it null.
+    unsafe { sys::cuGetErrorName(rc, &mut name) };
+    if name.is_null() {
+        return format!("CUDA error {}", rc as i32);
+    }
+    // SAFETY: the driver returned a static NUL-terminated string.
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+}
+
+/// Turns a driver result into our error, saying what we were doing.
+pub fn check(rc: CUresult, what: impl FnOnce() -> String) -> Result<()> {
+    if rc == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::cuda(format!("{}: {}", what(), error_name(rc))))
+    }
+}
+
+/// The CUDA context a communicator works in: the one current on the thread that created it (the
+/// runtime's primary context of the device chosen by `cudaSetDevice`), or device 0's primary context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuContext {
+    pub device: CUdevice,
+    ctx: usize,
+    /// Whether we retained device 0's primary context ourselves and must release it.
+    retained: bool,
+}
+
+impl GpuContext {
+    /// Captures the calling thread's current context.
+    pub fn current() -> Result<GpuContext> {
+        ensure_driver()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, || "cuCtxGetCurrent".into())?;
+        let mut retained = false;
+        if ctx.is_null() {
+            let mut dev: CUdevice = 0;
+            // SAFETY: out-pointers to locals.
+            check(unsafe { sys::cuDeviceGet(&mut dev, 0) }, || "cuDeviceGet(0)".into())?;
+            // SAFETY: as above; the retained context is released in `release`.
+            check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, || {
+                "cuDevicePrimaryCtxRetain".into()
+            })?;
+            retained = true;
+        }
+        let g = GpuContext {
+            device: 0,
+            ctx: ctx as usize,
+            retained,
+        };
+        g.make_current()?;
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, || "cuCtxGetDevice".into())?;
+        Ok(GpuContext { device: dev, ..g })
+    }
+
+    /// Makes this context current on the calling thread (proxy threads, and API calls made from
+    /// threads other than the creator's).
+    pub fn make_current(&self) -> Result<()> {
+        // SAFETY: the context stays alive while the communicator that holds this value lives.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx as CUcontext) }, || {
+            "cuCtxSetCurrent".into()
+        })
+    }
+
+    /// Releases the primary context if we retained it; called once, when the communicator goes.
+    pub fn release(&self) {
+        if self.retained {
+            // SAFETY: balanced with the retain in `current`.
+            unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
+        }
+    }
+
+    /// Device attribute query.
+    pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.device) }, || {
+            format!("cuDeviceGetAttribute({attr:?})")
+        })?;
+        Ok(v)
+    }
+}

@@ -1,0 +1,128 @@
+//! CUDA IPC: exporting a buffer to another process, and mapping a peer's buffer.
+//!
+//! A handle names a whole allocation, so an export carries the buffer's offset inside its allocation;
+//! the importer adds it back (the legacy library did not, and its peers saw the allocation's base).
+
+use super::{DevicePtr, GpuContext, check, pointer_info};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+/// What a peer needs to map one of our buffers. Serialized into set-up messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcExport {
+    pub handle: [u8; 64],
+    /// Offset of the buffer from the start of its allocation.
+    pub offset: u64,
+    /// Size of the buffer.
+    pub size: u64,
+    /// The buffer's own address, used directly by a peer in the same process.
+    pub address: DevicePtr,
+}
+
+impl IpcExport {
+    pub const BYTES: usize = 64 + 8 * 3;
+
+    /// Exports `[ptr, ptr+size)`, which must be device memory inside one allocation.
+    pub fn new(ptr: DevicePtr, size: u64, what: &str) -> Result<IpcExport> {
+        let info = pointer_info(ptr, size, what)?;
+        let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: out-pointer to a local; `ptr` is a device allocation (checked above).
+        check(unsafe { sys::cuIpcGetMemHandle(&mut handle, ptr) }, || {
+            format!("cuIpcGetMemHandle({what})")
+        })?;
+        let mut bytes = [0u8; 64];
+        for (b, r) in bytes.iter_mut().zip(handle.reserved.iter()) {
+            *b = *r as u8;
+        }
+        Ok(IpcExport {
+            handle: bytes,
+            offset: ptr - info.base,
+            size,
+            address: ptr,
+        })
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::BYTES);
+        v.extend_from_slice(&self.handle);
+        v.extend_from_slice(&self.offset.to_le_bytes());
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.address.to_le_bytes());
+        v
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<IpcExport> {
+        if b.len() != Self::BYTES {
+            return Err(Error::remote(format!(
+                "IPC export of {} bytes, expected {}",
+                b.len(),
+                Self::BYTES
+            )));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[64 + 8 * i..72 + 8 * i].try_into().unwrap());
+        let mut handle = [0u8; 64];
+        handle.copy_from_slice(&b[..64]);
+        Ok(IpcExport {
+            handle,
+            offset: word(0),
+            size: word(1),
+            address: word(2),
+        })
+    }
+}
+
+/// A peer's allocation mapped into our context; unmapped when dropped.
+pub struct IpcMapping {
+    base: DevicePtr,
+    ctx: GpuContext,
+}
+
+impl IpcMapping {
+    pub fn open(ctx: &GpuContext, handle: &[u8; 64]) -> Result<IpcMapping> {
+        ctx.make_current()?;
+        let mut raw = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        for (r, b) in raw.reserved.iter_mut().zip(handle.iter()) {
+            *r = *b as _;
+        }
+        let mut base: DevicePtr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: out-pointer to a local; the handle came from a peer's cuIpcGetMemHandle.
+        check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut base, raw, flags) }, || {
+            "cuIpcOpenMemHandle".into()
+        })?;
+        Ok(IpcMapping { base, ctx: *ctx })
+    }
+    pub fn base(&self) -> DevicePtr {
+        self.base
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: opened by cuIpcOpenMemHandle and closed once.
+        let rc = unsafe { sys::cuIpcCloseMemHandle(self.base) };
+        if let Err(e) = check(rc, || "cuIpcCloseMemHandle".into()) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_round_trips_and_rejects_bad_lengths() {
+        let mut handle = [0u8; 64];
+        handle[3] = 0xab;
+        let e = IpcExport {
+            handle,
+            offset: 4096,
+            size: 1 << 20,
+            address: 0x7f00_0000_1000,
+        };
+        assert_eq!(IpcExport::from_bytes(&e.to_bytes()).unwrap(), e);
+        assert!(IpcExport::from_bytes(&[0u8; 10]).is_err());
+    }
+}

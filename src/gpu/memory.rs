@@ -1,0 +1,165 @@
+//! Device allocations and pinned host memory, freed when dropped.
+
+use super::{DevicePtr, GpuContext, check};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+/// A `cuMemAlloc` allocation, zeroed at creation.
+pub struct DeviceAllocation {
+    ptr: DevicePtr,
+    size: usize,
+    ctx: GpuContext,
+}
+
+impl DeviceAllocation {
+    pub fn zeroed(ctx: &GpuContext, size: usize) -> Result<DeviceAllocation> {
+        ctx.make_current()?;
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, || {
+            format!("cuMemAlloc({size} bytes)")
+        })?;
+        let alloc = DeviceAllocation { ptr, size, ctx: *ctx };
+        // SAFETY: the range was just allocated.
+        check(unsafe { sys::cuMemsetD8_v2(ptr, 0, size) }, || "cuMemsetD8".into())?;
+        Ok(alloc)
+    }
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for DeviceAllocation {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: allocated by cuMemAlloc in this context and freed once.
+        let rc = unsafe { sys::cuMemFree_v2(self.ptr) };
+        if let Err(e) = check(rc, || "cuMemFree".into()) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+/// Page-locked host memory mapped into the device's address space (the FIFO lives here).
+pub struct PinnedHostBuffer {
+    host: *mut u8,
+    device: DevicePtr,
+    size: usize,
+    ctx: GpuContext,
+}
+
+// SAFETY: the buffer is plain memory shared with the device; access is coordinated by the FIFO
+// protocol (the device writes slots, the proxy reads and clears them).
+unsafe impl Send for PinnedHostBuffer {}
+// SAFETY: as above; `&self` methods only hand out raw pointers.
+unsafe impl Sync for PinnedHostBuffer {}
+
+impl PinnedHostBuffer {
+    pub fn zeroed(ctx: &GpuContext, size: usize) -> Result<PinnedHostBuffer> {
+        ctx.make_current()?;
+        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: out-pointer to a local; a context is current.
+        check(unsafe { sys::cuMemHostAlloc(&mut host, size, flags) }, || {
+            format!("cuMemHostAlloc({size} bytes)")
+        })?;
+        let mut buf = PinnedHostBuffer {
+            host: host.cast(),
+            device: 0,
+            size,
+            ctx: *ctx,
+        };
+        // SAFETY: `host` points at `size` writable bytes we own.
+        unsafe { std::ptr::write_bytes(buf.host, 0, size) };
+        let mut device: DevicePtr = 0;
+        // SAFETY: `host` was allocated with DEVICEMAP.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) },
+            || "cuMemHostGetDevicePointer".into(),
+        )?;
+        buf.device = device;
+        Ok(buf)
+    }
+    pub fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.device
+    }
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: allocated by cuMemHostAlloc and freed once.
+        let rc = unsafe { sys::cuMemFreeHost(self.host.cast()) };
+        if let Err(e) = check(rc, || "cuMemFreeHost".into()) {
+            log::warn!("{e}");
+        }
+    }
+}
+
+/// What the driver knows of a pointer the application handed us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// Start of the allocation that holds the pointer.
+    pub base: DevicePtr,
+    /// Size of that allocation.
+    pub alloc_size: usize,
+    /// The device ordinal the memory lives on.
+    pub device: i32,
+}
+
+/// Checks that `[ptr, ptr+size)` is device memory inside one allocation and says where that starts.
+pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo> {
+    let mut mem_type: u32 = 0;
+    // SAFETY: the attribute is a 32-bit value written to a local.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut mem_type as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+        return Err(Error::invalid_argument(format!(
+            "{what} {ptr:#x} is not device memory allocated with cudaMalloc"
+        )));
+    }
+    let mut device: i32 = -1;
+    // SAFETY: as above, a 32-bit attribute into a local.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut device as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    check(rc, || format!("querying the device of {what}"))?;
+    let (mut base, mut alloc_size): (DevicePtr, usize) = (0, 0);
+    // SAFETY: out-pointers to locals.
+    check(
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut alloc_size, ptr) },
+        || format!("cuMemGetAddressRange({what})"),
+    )?;
+    let end = ptr
+        .checked_add(size)
+        .ok_or_else(|| Error::invalid_argument(format!("{what}: size {size} overflows")))?;
+    if end > base + alloc_size as u64 {
+        return Err(Error::invalid_argument(format!(
+            "{what} {ptr:#x} + size {size} runs past the end of its allocation ({} bytes left in it)",
+            base + alloc_size as u64 - ptr
+        )));
+    }
+    Ok(PointerInfo {
+        base,
+        alloc_size,
+        device,
+    })
+}

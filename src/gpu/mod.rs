@@ -1,0 +1,20 @@
+//! The CUDA driver, loaded at run time through cudarc, so that the library loads, and its host-only
+//! parts work, on machines without a GPU or a driver.
+//!
+//! Everything the library does on a GPU goes through the RAII types here: a `GpuContext` that the
+//! application's thread had current when it made the communicator, device and pinned host buffers,
+//! streams, and CUDA IPC handles.
+
+mod driver;
+mod ipc;
+mod memory;
+mod stream;
+
+pub use driver::{GpuContext, check, ensure_driver};
+pub use ipc::{IpcExport, IpcMapping};
+pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
+pub use stream::Stream;
+
+/// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
+/// elsewhere.
+pub type DevicePtr = u64;

@@ -1,0 +1,322 @@
+//! The proxy: a host thread that serves one FIFO of triggers pushed by kernels.
+//!
+//! The loop is the same for every transport: take the trigger at the tail, let the transport carry out
+//! its Data and Flag parts, complete everything issued so far on a Sync, release the slot, and publish
+//! the tail to the device at least every `FLUSH_COUNTER` triggers, after every Sync, and on stop.
+//! Transports plug in through `TriggerHandler`; the device copy of the tail through `TailPublisher`.
+
+pub mod fifo;
+pub mod trigger;
+
+use crate::error::{Error, Result};
+use fifo::{FLUSH_COUNTER, TriggerRing};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+pub use trigger::Trigger;
+
+/// What a transport does with triggers.
+pub trait TriggerHandler: Send {
+    /// Issues the Data and Flag parts of a trigger. An `Err` drops the trigger (after logging).
+    fn handle(&mut self, trigger: &Trigger) -> Result<()>;
+    /// Completes everything issued so far.
+    fn sync(&mut self) -> Result<()>;
+}
+
+/// Writes the proxy's tail where the device reads it.
+pub trait TailPublisher: Send {
+    fn publish(&mut self, tail: u64) -> Result<()>;
+}
+
+/// State shared between a proxy thread and the communicator.
+#[derive(Default)]
+pub struct ProxyShared {
+    stop: AtomicBool,
+    /// The first error that makes the proxy's work unreliable (a CUDA failure); reported by later calls.
+    failure: Mutex<Option<Error>>,
+    /// Triggers dropped because they were malformed (bad connection id, out-of-bounds range).
+    dropped: AtomicU64,
+    /// Triggers carried out, for tests and statistics.
+    processed: AtomicU64,
+}
+
+impl ProxyShared {
+    pub fn failure(&self) -> Option<Error> {
+        self.failure.lock().clone()
+    }
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+    pub fn processed(&self) -> u64 {
+        self.processed.load(Ordering::Relaxed)
+    }
+    fn fail(&self, e: Error) {
+        let mut f = self.failure.lock();
+        if f.is_none() {
+            *f = Some(e);
+        }
+    }
+}
+
+/// Whether an error means the trigger was malformed (dropped, the proxy goes on) rather than a failure
+/// of the machinery (recorded and reported by later calls).
+fn is_bad_trigger(e: &Error) -> bool {
+    e.kind == crate::error::ErrorKind::InvalidUsage
+}
+
+/// One step of the loop: serves the trigger at `tail` if there is one. Returns the new tail.
+pub fn serve_one(
+    ring: &TriggerRing,
+    tail: u64,
+    handler: &mut dyn TriggerHandler,
+    publisher: &mut dyn TailPublisher,
+    shared: &ProxyShared,
+) -> Option<u64> {
+    let words = ring.poll(tail)?;
+    let trigger = Trigger::decode(words);
+    if let Err(e) = handler.handle(&trigger) {
+        if is_bad_trigger(&e) {
+            shared.dropped.fetch_add(1, Ordering::Relaxed);
+            log::error!("dropped {trigger:?} at FIFO position {tail}: {e}");
+        } else {
+            log::error!("{trigger:?} at FIFO position {tail} failed: {e}");
+            shared.fail(e);
+        }
+    }
+    if trigger.has_sync()
+        && let Err(e) = handler.sync()
+    {
+        log::error!("sync for {trigger:?} at FIFO position {tail} failed: {e}");
+        shared.fail(e);
+    }
+    ring.release(tail);
+    let tail = tail + 1;
+    shared.processed.fetch_add(1, Ordering::Relaxed);
+    if (trigger.has_sync() || tail.is_multiple_of(FLUSH_COUNTER))
+        && let Err(e) = publisher.publish(tail)
+    {
+        log::error!("publishing the FIFO tail {tail} failed: {e}");
+        shared.fail(e);
+    }
+    Some(tail)
+}
+
+/// A running proxy thread.
+pub struct ProxyThread {
+    shared: Arc<ProxyShared>,
+    join: Option<JoinHandle<u64>>,
+}
+
+impl ProxyThread {
+    /// Starts serving `ring` from `tail`. `setup` runs first on the new thread (binding it to the GPU's
+    /// context and NUMA node).
+    pub fn spawn(
+        name: String,
+        rank: usize,
+        ring: TriggerRing,
+        mut tail: u64,
+        mut handler: Box<dyn TriggerHandler>,
+        mut publisher: Box<dyn TailPublisher>,
+        setup: Box<dyn FnOnce() -> Result<()> + Send>,
+    ) -> Result<ProxyThread> {
+        let shared = Arc::new(ProxyShared::default());
+        let s = shared.clone();
+        let join = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                crate::logging::set_thread_rank(rank);
+                if let Err(e) = setup() {
+                    log::error!("proxy set-up failed: {e}");
+                    s.fail(e);
+                }
+                let mut idle: u32 = 0;
+                while !s.stop.load(Ordering::Relaxed) {
+                    match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &s) {
+                        Some(t) => {
+                            tail = t;
+                            idle = 0;
+                        }
+                        None => {
+                            idle = idle.wrapping_add(1);
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+                if let Err(e) = handler.sync().and_then(|_| publisher.publish(tail)) {
+                    log::error!("final flush at FIFO position {tail} failed: {e}");
+                    s.fail(e);
+                }
+                log::info!("proxy stopped at FIFO position {tail}");
+                tail
+            })
+            .map_err(|e| Error::io("starting the proxy thread", e))?;
+        Ok(ProxyThread {
+            shared,
+            join: Some(join),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<ProxyShared> {
+        &self.shared
+    }
+
+    /// Stops the thread and returns the tail it reached (the next launch resumes there).
+    pub fn stop(mut self) -> Result<u64> {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        let join = self.join.take().expect("joined once");
+        join.join().map_err(|_| Error::internal("the proxy thread panicked"))
+    }
+}
+
+impl Drop for ProxyThread {
+    fn drop(&mut self) {
+        if let Some(join) = self.join.take() {
+            self.shared.stop.store(true, Ordering::Relaxed);
+            let _ = join.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fifo::FIFO_SIZE;
+
+    #[repr(align(16))]
+    struct Slots([[u64; 2]; FIFO_SIZE as usize]);
+
+    #[derive(Default)]
+    struct Recorder {
+        handled: Vec<Trigger>,
+        syncs: usize,
+        fail_conn: Option<u16>,
+    }
+    impl TriggerHandler for Recorder {
+        fn handle(&mut self, t: &Trigger) -> Result<()> {
+            if Some(t.conn_id) == self.fail_conn {
+                return Err(Error::invalid_usage("no such connection"));
+            }
+            self.handled.push(*t);
+            Ok(())
+        }
+        fn sync(&mut self) -> Result<()> {
+            self.syncs += 1;
+            Ok(())
+        }
+    }
+    #[derive(Default)]
+    struct Tails(Vec<u64>);
+    impl TailPublisher for Tails {
+        fn publish(&mut self, tail: u64) -> Result<()> {
+            self.0.push(tail);
+            Ok(())
+        }
+    }
+
+    fn push(slots: &mut Slots, pos: u64, t: Trigger) {
+        slots.0[(pos % FIFO_SIZE) as usize] = t.encode();
+    }
+
+    #[test]
+    fn tail_is_published_every_flush_counter_and_after_sync() {
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let data = Trigger {
+            data_size: 8,
+            src_offset: 0,
+            dst_offset: 0,
+            conn_id: 0,
+            kind: trigger::TYPE_DATA,
+        };
+        let sync = Trigger {
+            data_size: 1,
+            kind: trigger::TYPE_SYNC,
+            ..data
+        };
+        for pos in 0..6 {
+            push(&mut slots, pos, if pos == 1 { sync } else { data });
+        }
+        // SAFETY: `slots` outlives the ring.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
+        let mut tail = 0;
+        while let Some(t) = serve_one(&ring, tail, &mut h, &mut p, &shared) {
+            tail = t;
+        }
+        assert_eq!(tail, 6);
+        assert_eq!(h.handled.len(), 6);
+        assert_eq!(h.syncs, 1);
+        assert_eq!(
+            p.0,
+            vec![2, 4],
+            "after the Sync at position 1, then at the flush counter"
+        );
+        assert!(slots.0.iter().all(|s| s[0] == 0), "every served slot is released");
+    }
+
+    #[test]
+    fn bad_triggers_are_dropped_and_released() {
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let bad = Trigger {
+            data_size: 8,
+            src_offset: 0,
+            dst_offset: 0,
+            conn_id: 9,
+            kind: 3,
+        };
+        push(&mut slots, 0, bad);
+        push(&mut slots, 1, Trigger { conn_id: 0, ..bad });
+        // SAFETY: `slots` outlives the ring.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let mut h = Recorder {
+            fail_conn: Some(9),
+            ..Default::default()
+        };
+        let (mut p, shared) = (Tails::default(), ProxyShared::default());
+        let t = serve_one(&ring, 0, &mut h, &mut p, &shared).unwrap();
+        let t = serve_one(&ring, t, &mut h, &mut p, &shared).unwrap();
+        assert_eq!(t, 2);
+        assert_eq!(shared.dropped(), 1);
+        assert!(
+            shared.failure().is_none(),
+            "a malformed trigger is not a failure of the proxy"
+        );
+        assert_eq!(h.handled.len(), 1);
+    }
+
+    #[test]
+    fn thread_serves_until_stopped_and_returns_its_tail() {
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        for pos in 0..3 {
+            push(
+                &mut slots,
+                pos,
+                Trigger {
+                    data_size: 1,
+                    src_offset: 0,
+                    dst_offset: 0,
+                    conn_id: 0,
+                    kind: 2,
+                },
+            );
+        }
+        // SAFETY: `slots` outlives the thread, which is stopped below.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let p = ProxyThread::spawn(
+            "test-proxy".into(),
+            0,
+            ring,
+            0,
+            Box::new(Recorder::default()),
+            Box::new(Tails::default()),
+            Box::new(|| Ok(())),
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while p.shared().processed() < 3 {
+            assert!(std::time::Instant::now() < deadline, "proxy did not serve the triggers");
+            std::thread::yield_now();
+        }
+        assert_eq!(p.stop().unwrap(), 3);
+    }
+}
