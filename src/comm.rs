@@ -1,6 +1,6 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
-use crate::bootstrap::{Bootstrap, PROTOCOL_MAGIC, Root, RootAddress, UniqueId};
+use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info};
@@ -100,31 +100,24 @@ pub struct Communicator {
     rank: usize,
     nranks: usize,
     bootstrap: Bootstrap,
-    _root: Option<Root>,
     state: Mutex<CommState>,
 }
 
 impl Communicator {
     /// `mscclppCommInitRank`: rank 0 listens at `address`, everyone meets there.
     pub fn init_by_address(nranks: usize, address: &str, rank: usize, timeout: Duration) -> Result<Communicator> {
-        let root_addr = RootAddress::parse(address)
-            .map_err(|e| Error::new(e.kind, format!("ipPortPair \"{address}\": {}", e.message)))?;
-        let root = if rank == 0 {
-            Some(Root::listen(root_addr.addr, PROTOCOL_MAGIC, timeout)?)
-        } else {
-            None
-        };
-        let bootstrap = Bootstrap::connect(root_addr.addr, PROTOCOL_MAGIC, rank, nranks, timeout)?;
-        Ok(Self::with_bootstrap(bootstrap, root))
+        let root_addr = RootAddress::parse(address)?;
+        let bootstrap = Bootstrap::connect_to_address(&root_addr, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap))
     }
 
     /// `mscclppCommInitRankFromId`: everyone meets at the root named in the id.
     pub fn init_by_id(nranks: usize, id: &UniqueId, rank: usize, timeout: Duration) -> Result<Communicator> {
-        let bootstrap = Bootstrap::connect(id.root, id.magic, rank, nranks, timeout)?;
-        Ok(Self::with_bootstrap(bootstrap, None))
+        let bootstrap = Bootstrap::connect_to_id(id, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap))
     }
 
-    fn with_bootstrap(bootstrap: Bootstrap, root: Option<Root>) -> Communicator {
+    fn with_bootstrap(bootstrap: Bootstrap) -> Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
         let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
@@ -141,7 +134,6 @@ impl Communicator {
             rank: bootstrap.rank(),
             nranks: bootstrap.nranks(),
             bootstrap,
-            _root: root,
             state: Mutex::new(state),
         }
     }

@@ -148,7 +148,7 @@ impl Bootstrap {
             .wait_all_connected(deadline)
             .map_err(|missing| {
                 Error::remote(format!(
-                    "rank {rank}: timed out after {timeout:?} waiting for ranks {} to connect",
+                    "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
                     list_ranks(&missing)
                 ))
             })?;
@@ -324,14 +324,15 @@ fn with_scope_of(addr: SocketAddr, via: SocketAddr) -> SocketAddr {
     }
 }
 
-/// "1, 2, 5" for a short list; the first few and a count for a long one.
+/// "rank 2", "ranks 1, 2, 5", or the first few and a count for a long list.
 pub(super) fn list_ranks(ranks: &[usize]) -> String {
     const SHOWN: usize = 16;
     let mut s: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
     if ranks.len() > SHOWN {
         s.push(format!("and {} more", ranks.len() - SHOWN));
     }
-    s.join(", ")
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{noun} {}", s.join(", "))
 }
 
 #[cfg(test)]
@@ -340,7 +341,8 @@ mod tests {
 
     #[test]
     fn rank_lists_stay_short() {
-        assert_eq!(list_ranks(&[1, 2, 5]), "1, 2, 5");
+        assert_eq!(list_ranks(&[2]), "rank 2");
+        assert_eq!(list_ranks(&[1, 2, 5]), "ranks 1, 2, 5");
         let many: Vec<usize> = (0..40).collect();
         assert!(list_ranks(&many).ends_with("15, and 24 more"));
     }

@@ -150,11 +150,7 @@ impl RootLoop {
                     None => format!("no rank arrived within {:?}", self.timeout),
                     Some(_) => {
                         let missing: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_none()).collect();
-                        format!(
-                            "ranks {} did not arrive within {:?}",
-                            list_ranks(&missing),
-                            self.timeout
-                        )
+                        format!("{} did not arrive within {:?}", list_ranks(&missing), self.timeout)
                     }
                 };
                 self.abort(reason);

@@ -551,3 +551,10 @@ fn many_jobs_in_parallel_do_not_leak_threads_or_hang() {
         job_by_address(3);
     }
 }
+
+#[test]
+fn endpoints_and_roots_can_be_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Bootstrap>();
+    shareable::<Root>();
+}
