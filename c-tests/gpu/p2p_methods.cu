@@ -684,7 +684,12 @@ std::string caseRemoteBuffDirect(Rank& R)
 {
   ++g.salt;
   std::vector<Conn*> cs = connsOf({kTagMain, kTagOffset});
-  for (Conn* c : cs) TC_EXPECT(c->dev.remoteBuff != nullptr, "%s: remoteBuff is NULL", connName(*c).c_str());
+  for (Conn* c : cs) {
+    if (c->dev.remoteBuff == nullptr) {
+      R.fatal = true; // leaving before the barriers would desynchronize the ranks
+      return fmt("%s: remoteBuff is NULL", connName(*c).c_str());
+    }
+  }
   TC_TRY(fillAll(R, cs));
   std::vector<uint32_t> seeds;
   for (Conn* c : cs) seeds.push_back(makeSeed(kRoleDirect, R.rank, c->peer, tagSalt(g.salt, c->tagIdx)));
@@ -717,6 +722,8 @@ std::string caseTeardown(Rank& R)
   TC_TRY(callBounded(R, "mscclppProxyStop", R.hostTimeoutS, [comm]() { return mscclppProxyStop(comm); }));
   TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
   R.comm = nullptr;
+  // Every rank has closed its mappings of the peers' buffers before any buffer is freed.
+  TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
   for (Conn& c : g.conns) TC_CUDA(cudaFree(c.alloc));
   g.conns.clear();
   TC_CUDA(cudaFree(g.dOps));

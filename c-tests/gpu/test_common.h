@@ -272,9 +272,8 @@ struct SharedState
   int nCases[kMaxRanks];
   char current[kMaxRanks][kNameLen];
   CaseSlot cases[kMaxCases];
-  // A small mailbox for ranks to hand each other data without the library.
-  volatile int mailboxReady;
-  char mailbox[256];
+  // Barriers that do not need the library (e.g. after mscclppCommDestroy), one counter per use.
+  int oobBarrier[64];
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -295,6 +294,7 @@ struct Rank
   DevStatus* dStatus = nullptr; // device view
   unsigned long long* dVerify = nullptr;
   SharedState* shared = nullptr;
+  int oobSeq = 0;      // next SharedState::oobBarrier slot
   bool fatal = false; // set when the rank's state cannot be trusted any more; the rank stops after the case
   std::string info;   // note for the current case's PASS line
   double hostTimeoutS = 30;
@@ -420,6 +420,23 @@ inline std::string barrier(Rank& R, const char* where = "barrier")
   mscclppComm_t comm = R.comm;
   return callBounded(R, fmt("mscclppBootstrapBarrier (%s)", where).c_str(), R.hostTimeoutS,
                      [comm]() { return mscclppBootstrapBarrier(comm); });
+}
+
+// A barrier through the shared result area, for when the communicator is gone.
+inline std::string oobBarrier(Rank& R, const char* where)
+{
+  if (R.oobSeq >= 64) return "internal: too many out-of-band barriers";
+  int* counter = &R.shared->oobBarrier[R.oobSeq++];
+  __atomic_add_fetch(counter, 1, __ATOMIC_SEQ_CST);
+  double t0 = nowSec();
+  while (__atomic_load_n(counter, __ATOMIC_SEQ_CST) < R.nranks) {
+    if (nowSec() - t0 > R.hostTimeoutS) {
+      R.fatal = true;
+      return fmt("out-of-band barrier (%s): TIMED OUT after %.0f s", where, R.hostTimeoutS);
+    }
+    usleep(200);
+  }
+  return "";
 }
 
 inline unsigned gridFor(uint64_t n) { return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>((n + 255) / 256, 8192)); }

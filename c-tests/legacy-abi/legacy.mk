@@ -1,0 +1,37 @@
+# Legacy-ABI test: a program compiled against the 0.1.0 header and linked with our library.
+# Included from the top-level Makefile (paths are relative to the repository root).
+#
+# The 0.1.0 header is not part of this repository: it is copied at build time from LEGACY_HEADER into
+# build/legacy-include/mscclpp.h. Without it the target is skipped with a message. The header includes
+# <mscclppfifo.h>, which comes from c-tests/legacy-abi/include (written from the documented wire format).
+#
+#   make legacy-abi   ->  build/tests/gpu/legacy_allgather   (run: build/tests/gpu/legacy_allgather 2)
+
+LEGACY_HEADER ?= ../shared/reference/mscclpp-0.1.0.h
+LEGACY_INCLUDE_DIR := build/legacy-include
+LEGACY_ABI_BIN := build/tests/gpu/legacy_allgather
+LEGACY_ABI_SRC := c-tests/legacy-abi/legacy_allgather.cu
+LEGACY_ABI_DEPS := $(LEGACY_ABI_SRC) c-tests/legacy-abi/include/mscclppfifo.h c-tests/gpu/test_common.h \
+                   c-tests/gpu/allgather_kernels.cuh
+# The library the program links with; built by the top-level Makefile.
+LEGACY_ABI_LIB ?= build/lib/libmscclpp.so
+NVCC ?= nvcc
+LEGACY_NVCCFLAGS ?= -arch=sm_90 -std=c++17 -cudart shared -O2
+
+.PHONY: legacy-abi
+
+ifeq ($(wildcard $(LEGACY_HEADER)),)
+legacy-abi:
+	@echo "legacy-abi: skipped (legacy header $(LEGACY_HEADER) not found)"
+else
+legacy-abi: $(LEGACY_ABI_BIN)
+
+$(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
+	@mkdir -p $(@D)
+	install -m 0644 $< $@
+
+$(LEGACY_ABI_BIN): $(LEGACY_ABI_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h | $(LEGACY_ABI_LIB)
+	@mkdir -p $(@D)
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $(LEGACY_ABI_SRC) -o $@ \
+	  -L build/lib -lmscclpp -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
+endif
