@@ -100,7 +100,7 @@ inline std::string allgatherSetup(Rank& R, AllGather& A, uint64_t capacity)
   }
   TC_TRY(loadConns(R, all, n));
   A.nConns = n;
-  TC_TRY(callBounded(R, "mscclppProxyLaunch", R.hostTimeoutS, [comm]() { return mscclppProxyLaunch(comm); }));
+  TC_MSCCLPP(mscclppProxyLaunch(comm));
   return "";
 }
 

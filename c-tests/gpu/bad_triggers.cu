@@ -137,7 +137,7 @@ std::string caseValidSetup(Rank& R)
   }
   g.conn = all[0];
   TC_TRY(loadConns(R, all, 1));
-  TC_TRY(callBounded(R, "mscclppProxyLaunch", R.hostTimeoutS, [comm]() { return mscclppProxyLaunch(comm); }));
+  TC_MSCCLPP(mscclppProxyLaunch(comm));
   R.info = "(exactly the one valid connection exists)";
   return "";
 }
@@ -357,12 +357,8 @@ std::string caseDestroy(Rank& R)
 std::string caseDestroyWithoutStop(Rank& R)
 {
   const std::string addr = fmt("127.0.0.1:%d", R.port + 1);
-  const int nranks = R.nranks, rank = R.rank;
-  auto holder = std::make_shared<mscclppComm_t>(nullptr);
-  TC_TRY(callBounded(R, "second mscclppCommInitRank", R.hostTimeoutS, [holder, nranks, addr, rank]() {
-    return mscclppCommInitRank(holder.get(), nranks, addr.c_str(), rank);
-  }));
-  mscclppComm_t comm = *holder;
+  mscclppComm_t comm = nullptr;
+  TC_MSCCLPP(mscclppCommInitRank(&comm, R.nranks, addr.c_str(), R.rank));
   TC_EXPECT(comm != nullptr, "mscclppCommInitRank returned a NULL communicator");
   R.comm = comm;
   // A buffer of its own: the first communicator's mappings are gone, but do not depend on it.
@@ -376,7 +372,7 @@ std::string caseDestroyWithoutStop(Rank& R)
     return fmt("second communicator has %d connections", n);
   }
   TC_TRY(loadConns(R, all, 1));
-  TC_TRY(callBounded(R, "mscclppProxyLaunch", R.hostTimeoutS, [comm]() { return mscclppProxyLaunch(comm); }));
+  TC_MSCCLPP(mscclppProxyLaunch(comm));
   // Use it once, so that the proxy has done real work.
   const uint32_t src = makeSeed(kRoleSrc, R.rank, g.peer, 500);
   TC_TRY(fillWords(R, g.buf2, g.sendHalf, kHalf, src, 0));

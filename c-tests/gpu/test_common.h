@@ -512,14 +512,15 @@ inline std::string initRank(Rank& R)
   memset((void*)R.status, 0, sizeof(DevStatus));
   TC_CUDA(cudaHostGetDevicePointer((void**)&R.dStatus, (void*)R.status, 0));
   TC_CUDA(cudaMalloc((void**)&R.dVerify, 2 * sizeof(unsigned long long)));
-  auto holder = std::make_shared<mscclppComm_t>(nullptr);
-  const int nranks = R.nranks, rank = R.rank;
-  const std::string addr = R.addr;
-  TC_TRY(callBounded(R, fmt("mscclppCommInitRank(nranks %d, %s, rank %d)", nranks, addr.c_str(), rank).c_str(),
-                     R.hostTimeoutS, [holder, nranks, addr, rank]() {
-                       return mscclppCommInitRank(holder.get(), nranks, addr.c_str(), rank);
-                     }));
-  mscclppComm_t comm = *holder;
+  // Called on this thread (its current device is the communicator's device); the parent's deadline
+  // covers a rendezvous that never completes.
+  mscclppComm_t comm = nullptr;
+  mscclppResult_t r = mscclppCommInitRank(&comm, R.nranks, R.addr.c_str(), R.rank);
+  if (r != mscclppSuccess) {
+    R.fatal = true;
+    return fmt("mscclppCommInitRank(nranks %d, %s, rank %d) returned %d (%s)", R.nranks, R.addr.c_str(), R.rank, (int)r,
+               errStr(r));
+  }
   TC_EXPECT(comm != nullptr, "mscclppCommInitRank succeeded but returned a NULL communicator");
   R.comm = comm;
   int rk = -1, sz = -1;

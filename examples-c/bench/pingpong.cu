@@ -49,7 +49,7 @@ std::string setup(Rank& R)
   }
   gConn = all[0];
   TC_TRY(loadConns(R, all, 1));
-  TC_TRY(callBounded(R, "mscclppProxyLaunch", R.hostTimeoutS, [comm]() { return mscclppProxyLaunch(comm); }));
+  TC_MSCCLPP(mscclppProxyLaunch(comm));
   return "";
 }
 
