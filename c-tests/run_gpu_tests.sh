@@ -79,17 +79,17 @@ fi
 if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
   label=sanitizer_leak_check
   log="$log_dir/$label.log"
-  echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 200s, log $log)"
+  echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 150s, log $log)"
   t0=$(date +%s)
-  MSCCLPP_TEST_TIMEOUT_SCALE=2 timeout -k 10 200 "$sanitizer" --tool memcheck --leak-check full \
+  MSCCLPP_TEST_TIMEOUT_SCALE=1.5 timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full \
     --target-processes all --report-api-errors no --error-exitcode 17 \
     "$bin_dir/p2p_methods" 2 --quick >"$log" 2>&1
   rc=$?
   summaries=$(grep -c 'ERROR SUMMARY:' "$log")
   bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY' "$log" | head -n 5 | tr '\n' ' ')
+  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
   case_failures=$(grep -c '^FAIL ' "$log")
-  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 2 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
+  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
     echo "PASS $label: p2p_methods 2 --quick under memcheck: $summaries process reports, no errors, no leaks"
     passed=$((passed + 1))
   else

@@ -111,7 +111,10 @@ __global__ void opsKernel(const Op* ops, int nOps, const Job* jobs, DevStatus* s
       devProgress(st, i + 1, 0);
     }
     __syncthreads();
-    if (stop) return;
+    // Read by all before thread 0 can touch it again in the next step.
+    const int stopNow = stop;
+    __syncthreads();
+    if (stopNow) return;
   }
 }
 
