@@ -20,8 +20,8 @@ if [ "$n_gpus" -lt 2 ]; then
 fi
 
 mkdir -p "$log_dir"
-# The CUDA runtime the programs link with (libcudart.so.13) lives here on the GPU machines.
-if [ -d /usr/local/cuda/lib64 ]; then
+# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, use the system's.
+if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 

@@ -18,10 +18,12 @@ constexpr uint64_t kGuardBytes = 64 * 1024;
 constexpr uint64_t kBufBytes = 1024 * 1024; // two halves, as in p2p_methods
 constexpr uint64_t kHalf = kBufBytes / 2;
 
-std::mutex gLogMutex;
-std::vector<std::string> gLog;
+// Never destroyed: the library may log from its own threads until the process is gone.
+std::mutex& gLogMutex = *new std::mutex;
+std::vector<std::string>& gLog = *new std::vector<std::string>;
 int gLogRank = -1;
 
+// Log handler: keeps every line (cases report what the library said) and echoes it to stderr.
 void captureLog(const char* msg)
 {
   std::lock_guard<std::mutex> lock(gLogMutex);
@@ -448,6 +450,7 @@ int rankMain(Rank& R)
   runCase(R, "proxy_stop_twice", [&] { return caseProxyStopTwice(R); });
   runCase(R, "comm_destroy", [&] { return caseDestroy(R); });
   bool ok = runCase(R, "comm_destroy_without_proxy_stop", [&] { return caseDestroyWithoutStop(R); });
+  mscclppSetLogHandler(mscclppDefaultLogHandler);
   cudaFree(g.alloc);
   cudaFree(g.buf2);
   cudaFree(g.reg);
