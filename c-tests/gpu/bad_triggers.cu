@@ -229,7 +229,7 @@ std::string caseBadTriggersFlush(Rank& R)
   gBadCount = (int)t.size();
   BadTrigger* d = nullptr;
   TC_CUDA(cudaMalloc((void**)&d, t.size() * sizeof(BadTrigger)));
-  TC_CUDA(cudaMemcpy(d, t.data(), t.size() * sizeof(BadTrigger), cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpyAsync(d, t.data(), t.size() * sizeof(BadTrigger), cudaMemcpyHostToDevice, R.stream));
   TC_TRY(barrier(R, "before bad triggers"));
   gBadLogStart = logCount();
   resetStatus(R);

@@ -356,7 +356,7 @@ std::string checkEpochs(Rank& R)
 std::string uploadJobs(Rank& R, const std::vector<Job>& jobs)
 {
   TC_EXPECT(!jobs.empty() && jobs.size() <= (size_t)kMaxJobs, "internal: %zu jobs", jobs.size());
-  TC_CUDA(cudaMemcpy(g.dJobs, jobs.data(), jobs.size() * sizeof(Job), cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpyAsync(g.dJobs, jobs.data(), jobs.size() * sizeof(Job), cudaMemcpyHostToDevice, R.stream));
   return "";
 }
 
@@ -383,7 +383,7 @@ std::string runOps(Rank& R, std::initializer_list<int> tags, const std::vector<O
     for (Conn* c : cs) TC_EXPECT(op.dst + op.size <= c->half && op.src + op.size <= c->half, "internal: op beyond a half");
   }
   TC_TRY(fillAll(R, cs));
-  TC_CUDA(cudaMemcpy(g.dOps, ops.data(), ops.size() * sizeof(Op), cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpyAsync(g.dOps, ops.data(), ops.size() * sizeof(Op), cudaMemcpyHostToDevice, R.stream));
   TC_TRY(uploadJobs(R, jobsFor(cs)));
   TC_TRY(barrier(R, "before kernel"));
   resetStatus(R);
@@ -696,7 +696,7 @@ std::string caseRemoteBuffDirect(Rank& R)
   TC_TRY(fillAll(R, cs));
   std::vector<uint32_t> seeds;
   for (Conn* c : cs) seeds.push_back(makeSeed(kRoleDirect, R.rank, c->peer, tagSalt(g.salt, c->tagIdx)));
-  TC_CUDA(cudaMemcpy(g.dSeeds, seeds.data(), seeds.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+  TC_CUDA(cudaMemcpyAsync(g.dSeeds, seeds.data(), seeds.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, R.stream));
   TC_TRY(uploadJobs(R, jobsFor(cs)));
   const uint64_t bytes = 256 * KiB;
   TC_TRY(barrier(R, "before kernel"));

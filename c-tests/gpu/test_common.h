@@ -479,7 +479,10 @@ inline std::string verifyWords(Rank& R, const void* base, uint64_t byteOff, uint
 inline std::string loadConns(Rank& R, const mscclppDevConn_t* conns, int n)
 {
   TC_EXPECT(n >= 0 && n <= kMaxConns, "too many connections for the test (%d > %d)", n, kMaxConns);
-  if (n > 0) TC_CUDA(cudaMemcpyToSymbol(gConns, conns, sizeof(mscclppDevConn_t) * n));
+  // Host-to-device copies are ordered on the rank's stream: a plain cudaMemcpy from pageable memory may
+  // return before its data has landed, and kernels run on a non-blocking stream.
+  if (n > 0) TC_CUDA(cudaMemcpyToSymbolAsync(gConns, conns, sizeof(mscclppDevConn_t) * n, 0, cudaMemcpyHostToDevice, R.stream));
+  TC_TRY(syncBounded(R, "copy of the connections"));
   return "";
 }
 
