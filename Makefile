@@ -67,7 +67,7 @@ all: lib tests bench examples
 
 lib: $(LIBRARY)
 
-tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(GPU_TESTS)
+tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(GPU_TESTS) legacy-abi
 
 bench: $(BENCHES)
 
@@ -170,6 +170,8 @@ build/tests/layout/layout_test_cuda: c-tests/layout/layout_test.cpp $(LINK_DEPS)
 	  -MMD -MP -x cu $< -o $@ $(LINK_LIB) -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 -include $(wildcard build/tests/*/*.d build/bench/*.d build/examples/*/*.d)
+
+include c-tests/legacy-abi/legacy.mk
 
 # ---- running ----
 # A machine without cargo (a GPU machine handed a build/ made elsewhere) runs what build/ holds.
