@@ -82,3 +82,106 @@
   {
     *reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->device) += 1;
   }
+
+  // ---- Proxy-free methods: an extension of this library, not in MSCCL++ 0.1.0 ----------------------
+  // Between GPUs of one machine (P2P connections, where remoteBuff and remoteSignalEpochId are set), a
+  // kernel may write into the peer's buffer and signal it directly through the mapped pointers, with no
+  // proxy and no FIFO. The direct signal has its own counters (in the same device allocation as the
+  // epoch struct), so direct and proxy methods may be used on one connection; they order each other's
+  // data only as follows: data put() through the proxy is covered by a directSignal() only after a
+  // flush() has returned, and data written by directPut() is covered by a later signal() only if the
+  // writing threads executed __threadfence_system() (and, across threads, a barrier) before it.
+  // Like signal()/wait(), directSignal()/directWait() are called by one thread per connection at a time.
+
+  // The counters after the epoch struct: [4] direct signals sent, [5] direct signals received (written
+  // by the peer), [6] direct signals waited for.
+  __forceinline__ __device__ uint64_t* directCounters(mscclppDevConnSignalEpochId* epochs)
+  {
+    return reinterpret_cast<uint64_t*>(epochs);
+  }
+
+  // Copies dataSize bytes from localBuff + srcDataOffset to the peer's buffer at dstDataOffset, shared
+  // by numThreads threads of which this is threadId (0 <= threadId < numThreads). 16-byte accesses when
+  // both addresses and the size allow it.
+  __forceinline__ __device__ void directPut(uint64_t dstDataOffset, uint64_t srcDataOffset, uint64_t dataSize,
+                                            uint32_t threadId, uint32_t numThreads)
+  {
+    char* dst = static_cast<char*>(remoteBuff) + dstDataOffset;
+    const char* src = static_cast<const char*>(localBuff) + srcDataOffset;
+    uint64_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+      const uint64_t n16 = dataSize / 16;
+      uint4* d = reinterpret_cast<uint4*>(dst);
+      const uint4* s = reinterpret_cast<const uint4*>(src);
+      uint64_t i = threadId;
+      // Four independent 16-byte loads in flight per thread.
+      for (; i + 3 * (uint64_t)numThreads < n16; i += 4 * (uint64_t)numThreads) {
+        uint4 a = s[i], b = s[i + numThreads], c = s[i + 2 * (uint64_t)numThreads], e = s[i + 3 * (uint64_t)numThreads];
+        d[i] = a;
+        d[i + numThreads] = b;
+        d[i + 2 * (uint64_t)numThreads] = c;
+        d[i + 3 * (uint64_t)numThreads] = e;
+      }
+      for (; i < n16; i += numThreads) d[i] = s[i];
+      done = n16 * 16;
+    }
+    for (uint64_t i = done + threadId; i < dataSize; i += numThreads) dst[i] = src[i];
+  }
+
+  // directPut() by the 32 threads of the calling warp.
+  __forceinline__ __device__ void directPutWarp(uint64_t dstDataOffset, uint64_t srcDataOffset, uint64_t dataSize)
+  {
+    directPut(dstDataOffset, srcDataOffset, dataSize, threadIdx.x % 32, 32);
+  }
+
+  // directPut() by all threads of the calling block (every thread must call it).
+  __forceinline__ __device__ void directPutBlock(uint64_t dstDataOffset, uint64_t srcDataOffset, uint64_t dataSize)
+  {
+    const uint32_t tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    directPut(dstDataOffset, srcDataOffset, dataSize, tid, blockDim.x * blockDim.y * blockDim.z);
+  }
+
+  // Signals the peer with release ordering: writes this thread made (and, through a preceding barrier,
+  // its block's) are visible to the peer once its directWait() returns.
+  __forceinline__ __device__ void directSignal()
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    const uint64_t sent = mine[4] + 1;
+    mine[4] = sent;
+    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+  }
+
+  // Waits for the peer's next directSignal(), with acquire ordering.
+  __forceinline__ __device__ void directWait()
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    const uint64_t want = mine[6] + 1;
+    mine[6] = want;
+    uint64_t seen;
+    do {
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+    } while (seen < want);
+  }
+
+  // directSignal() without ordering any memory: only says the signal was raised.
+  __forceinline__ __device__ void relaxedSignal()
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    const uint64_t sent = mine[4] + 1;
+    mine[4] = sent;
+    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+  }
+
+  // directWait() without ordering any memory.
+  __forceinline__ __device__ void relaxedWait()
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    const uint64_t want = mine[6] + 1;
+    mine[6] = want;
+    uint64_t seen;
+    do {
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+    } while (seen < want);
+  }

@@ -1,17 +1,18 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
-use crate::bootstrap::{Bootstrap, PROTOCOL_MAGIC, Root, RootAddress, UniqueId};
+use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info};
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
-use crate::transport::p2p::{self, P2pHandler, P2pRoute, P2pTailPublisher};
+use crate::transport::p2p::{self, P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
 use crate::types::{mscclppConcurrentFifo, mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
@@ -91,37 +92,32 @@ struct CommState {
     registered: Vec<RegisteredRemote>,
     /// Mappings of registered buffers, kept until destroy.
     registered_maps: Vec<Arc<IpcMapping>>,
+    /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
+    flags_sent: Arc<Vec<AtomicU64>>,
 }
 
 pub struct Communicator {
     rank: usize,
     nranks: usize,
     bootstrap: Bootstrap,
-    _root: Option<Root>,
     state: Mutex<CommState>,
 }
 
 impl Communicator {
     /// `mscclppCommInitRank`: rank 0 listens at `address`, everyone meets there.
     pub fn init_by_address(nranks: usize, address: &str, rank: usize, timeout: Duration) -> Result<Communicator> {
-        let root_addr = RootAddress::parse(address)
-            .map_err(|e| Error::new(e.kind, format!("ipPortPair \"{address}\": {}", e.message)))?;
-        let root = if rank == 0 {
-            Some(Root::listen(root_addr.addr, PROTOCOL_MAGIC, timeout)?)
-        } else {
-            None
-        };
-        let bootstrap = Bootstrap::connect(root_addr.addr, PROTOCOL_MAGIC, rank, nranks, timeout)?;
-        Ok(Self::with_bootstrap(bootstrap, root))
+        let root_addr = RootAddress::parse(address)?;
+        let bootstrap = Bootstrap::connect_to_address(&root_addr, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap))
     }
 
     /// `mscclppCommInitRankFromId`: everyone meets at the root named in the id.
     pub fn init_by_id(nranks: usize, id: &UniqueId, rank: usize, timeout: Duration) -> Result<Communicator> {
-        let bootstrap = Bootstrap::connect(id.root, id.magic, rank, nranks, timeout)?;
-        Ok(Self::with_bootstrap(bootstrap, None))
+        let bootstrap = Bootstrap::connect_to_id(id, rank, nranks, timeout)?;
+        Ok(Self::with_bootstrap(bootstrap))
     }
 
-    fn with_bootstrap(bootstrap: Bootstrap, root: Option<Root>) -> Communicator {
+    fn with_bootstrap(bootstrap: Bootstrap) -> Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
         let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
@@ -138,7 +134,6 @@ impl Communicator {
             rank: bootstrap.rank(),
             nranks: bootstrap.nranks(),
             bootstrap,
-            _root: root,
             state: Mutex::new(state),
         }
     }
@@ -277,6 +272,16 @@ impl Communicator {
                 st.connections[i].remote = Some(remote);
             }
             st.set_up = st.connections.len();
+            let counts = (0..st.set_up)
+                .map(|i| {
+                    AtomicU64::new(
+                        st.flags_sent
+                            .get(i)
+                            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
+                    )
+                })
+                .collect();
+            st.flags_sent = Arc::new(counts);
             let fifo = st.p2p_fifo.as_ref().expect("allocated above");
             let dev_conns = st
                 .connections
@@ -389,10 +394,9 @@ impl Communicator {
         }
         let gpu = Self::gpu(&mut st)?;
         let fifo = st.p2p_fifo.as_ref().expect("set-up allocates the FIFO");
-        let handler = P2pHandler {
-            routes,
-            stream: crate::gpu::Stream::new(&gpu)?,
-        };
+        let options = P2pOptions::from_env();
+        log::info!("P2P proxy options: {options:?}");
+        let handler = P2pHandler::new(&gpu, routes, options, st.flags_sent.clone())?;
         let publisher = P2pTailPublisher::new(&gpu, fifo.tail.ptr())?;
         // SAFETY: the slots live in `st.p2p_fifo`, which is dropped only after the proxy is stopped.
         let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };

@@ -24,13 +24,15 @@ impl TransportKind {
     }
 }
 
-/// The device memory of one side's epoch counters: `mscclppDevConnSignalEpochId` then `waitEpochId`.
+/// The device memory of one side's counters, as 64-bit words: `mscclppDevConnSignalEpochId` (device,
+/// proxy), `waitEpochId`, a spare word, then the proxy-free methods' counters (direct signals sent,
+/// received, waited for), which the header's device code finds from `localSignalEpochId`.
 pub struct Epochs {
     alloc: DeviceAllocation,
 }
 
 impl Epochs {
-    pub const BYTES: usize = 32;
+    pub const BYTES: usize = 64;
     pub fn new(ctx: &GpuContext) -> Result<Epochs> {
         Ok(Epochs {
             alloc: DeviceAllocation::zeroed(ctx, Self::BYTES)?,

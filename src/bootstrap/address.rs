@@ -25,9 +25,7 @@ impl RootAddress {
     /// place of an IPv4 address is resolved. A link-local IPv6 address takes its scope from `ifname` or
     /// from a `%scope` suffix inside the brackets.
     pub fn parse(s: &str) -> Result<RootAddress> {
-        let bad = |why: &str| {
-            Error::invalid_argument(format!("bootstrap address (ipPortPair) \"{s}\": {why}"))
-        };
+        let bad = |why: &str| Error::invalid_argument(format!("bootstrap address (ipPortPair) \"{s}\": {why}"));
         if s.trim().is_empty() {
             return Err(bad(
                 "empty; expected ip:port, ifname:ip:port, [v6addr]:port or ifname:[v6addr]:port",
@@ -60,9 +58,7 @@ impl RootAddress {
                     [ifname, host, port] => (Some(ifname), host, port, false),
                     [_] => return Err(bad("missing ':port'")),
                     _ => {
-                        return Err(bad(
-                            "too many ':'; write IPv6 addresses in brackets, as [addr]:port",
-                        ));
+                        return Err(bad("too many ':'; write IPv6 addresses in brackets, as [addr]:port"));
                     }
                 }
             }
@@ -128,18 +124,12 @@ fn parse_port(port: &str) -> std::result::Result<u16, String> {
     }
 }
 
-fn parse_v6(
-    host: &str,
-    ifname: Option<&str>,
-    port: u16,
-) -> std::result::Result<SocketAddr, String> {
+fn parse_v6(host: &str, ifname: Option<&str>, port: u16) -> std::result::Result<SocketAddr, String> {
     let (ip, scope) = match host.split_once('%') {
         Some((ip, scope)) => (ip, Some(scope)),
         None => (host, None),
     };
-    let ip: Ipv6Addr = ip
-        .parse()
-        .map_err(|_| format!("\"{ip}\" is not an IPv6 address"))?;
+    let ip: Ipv6Addr = ip.parse().map_err(|_| format!("\"{ip}\" is not an IPv6 address"))?;
     let scope_name = match (scope, ifname) {
         (Some(_), Some(_)) => {
             return Err("give the interface once, either as ifname: or as %scope".into());
@@ -148,13 +138,11 @@ fn parse_v6(
         (None, name) => name,
     };
     let scope_id = match scope_name {
-        Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => s
-            .parse::<u32>()
-            .map_err(|_| format!("scope {s} out of range"))?,
-        // The scope only matters for link-local addresses; elsewhere the interface is only a preference.
-        Some(s) if is_link_local(&ip) => {
-            sys::interface_index(s).ok_or_else(|| format!("no interface named {s}"))?
+        Some(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            s.parse::<u32>().map_err(|_| format!("scope {s} out of range"))?
         }
+        // The scope only matters for link-local addresses; elsewhere the interface is only a preference.
+        Some(s) if is_link_local(&ip) => sys::interface_index(s).ok_or_else(|| format!("no interface named {s}"))?,
         _ => 0,
     };
     Ok(SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope_id)))
@@ -165,16 +153,12 @@ fn parse_host(host: &str, port: u16) -> std::result::Result<SocketAddr, String> 
         return Err("missing the address before ':port'".into());
     }
     if host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        let ip: Ipv4Addr = host
-            .parse()
-            .map_err(|_| format!("\"{host}\" is not an IPv4 address"))?;
+        let ip: Ipv4Addr = host.parse().map_err(|_| format!("\"{host}\" is not an IPv4 address"))?;
         return Ok(SocketAddr::new(IpAddr::V4(ip), port));
     }
     let host_char = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_';
     if !host.bytes().all(host_char) {
-        return Err(format!(
-            "\"{host}\" is neither an IPv4 address nor a host name"
-        ));
+        return Err(format!("\"{host}\" is neither an IPv4 address nor a host name"));
     }
     let resolved: Vec<SocketAddr> = (host, port)
         .to_socket_addrs()
@@ -196,9 +180,7 @@ fn is_link_local(ip: &Ipv6Addr) -> bool {
 /// The address (port 0) a unique id's root listens on: the interface named by `MSCCLPP_SOCKET_IFNAME`,
 /// else the first non-loopback IPv4 interface that is up, else 127.0.0.1.
 pub fn unique_id_root_addr() -> Result<SocketAddr> {
-    let wanted = std::env::var(SOCKET_IFNAME_ENV)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    let wanted = std::env::var(SOCKET_IFNAME_ENV).ok().filter(|v| !v.trim().is_empty());
     let all = sys::interfaces().map_err(|e| Error::io("listing network interfaces", e))?;
     choose_root_addr(&all, wanted.as_deref())
 }
@@ -251,11 +233,7 @@ mod tests {
         let e = RootAddress::parse(s).expect_err(s);
         assert_eq!(e.kind, ErrorKind::InvalidArgument, "{s}");
         assert!(e.message.contains("ipPortPair"), "{s}: {}", e.message);
-        assert!(
-            e.message.contains(needle),
-            "{s}: {} lacks {needle}",
-            e.message
-        );
+        assert!(e.message.contains(needle), "{s}: {} lacks {needle}", e.message);
     }
 
     #[test]
@@ -279,11 +257,7 @@ mod tests {
         assert_eq!(a.addr, "[fd00::2]:6000".parse().unwrap());
         let a = ok("[fe80::1%7]:6000");
         assert!(matches!(a.addr, SocketAddr::V6(v6) if v6.scope_id() == 7));
-        let lo = sys::interfaces()
-            .unwrap()
-            .into_iter()
-            .find(|i| i.loopback)
-            .unwrap();
+        let lo = sys::interfaces().unwrap().into_iter().find(|i| i.loopback).unwrap();
         let a = ok(&format!("{}:[fe80::1]:6000", lo.name));
         assert!(matches!(a.addr, SocketAddr::V6(v6) if v6.scope_id() == lo.index));
     }
@@ -313,10 +287,7 @@ mod tests {
         bad("[1.2.3.4]:80", "not an IPv6 address");
         bad("eth0[::1]:80", "ifname:[v6addr]:port");
         bad(":1.2.3.4:80", "not an interface name");
-        bad(
-            "averyveryverylongifname:1.2.3.4:80",
-            "not an interface name",
-        );
+        bad("averyveryverylongifname:1.2.3.4:80", "not an interface name");
         bad("eth0:[fe80::1%2]:80", "give the interface once");
         bad("nosuchif9:[fe80::1]:80", "no interface named nosuchif9");
         bad("bad host!:80", "neither");
@@ -358,10 +329,7 @@ mod tests {
             iface("eth1", "192.0.2.7", 4, true, false),
             iface("ib0", "fe80::5", 5, true, false),
         ];
-        assert_eq!(
-            choose_root_addr(&all, None).unwrap(),
-            "192.0.2.7:0".parse().unwrap()
-        );
+        assert_eq!(choose_root_addr(&all, None).unwrap(), "192.0.2.7:0".parse().unwrap());
         assert_eq!(
             choose_root_addr(&all, Some("eth1")).unwrap(),
             "192.0.2.7:0".parse().unwrap()
@@ -384,9 +352,6 @@ mod tests {
             choose_root_addr(&only_lo, None).unwrap(),
             "127.0.0.1:0".parse().unwrap()
         );
-        assert_eq!(
-            choose_root_addr(&[], None).unwrap(),
-            "127.0.0.1:0".parse().unwrap()
-        );
+        assert_eq!(choose_root_addr(&[], None).unwrap(), "127.0.0.1:0".parse().unwrap());
     }
 }

@@ -14,9 +14,7 @@ impl Bootstrap {
     pub fn all_gather(&self, data: &mut [u8], block: usize) -> Result<()> {
         let (rank, n) = (self.rank(), self.nranks());
         let expected = n.checked_mul(block).ok_or_else(|| {
-            Error::invalid_argument(format!(
-                "all_gather: block size {block} times {n} ranks overflows"
-            ))
+            Error::invalid_argument(format!("all_gather: block size {block} times {n} ranks overflows"))
         })?;
         if data.len() != expected {
             return Err(Error::invalid_argument(format!(
@@ -35,11 +33,7 @@ impl Bootstrap {
         for step in 0..n - 1 {
             let send_index = (rank + n - step) % n;
             let recv_index = (rank + n - step - 1) % n;
-            self.send_frame(
-                next,
-                key,
-                &data[send_index * block..(send_index + 1) * block],
-            )?;
+            self.send_frame(next, key, &data[send_index * block..(send_index + 1) * block])?;
             let got = self.recv_frame(prev, key)?;
             if got.len() != block {
                 return Err(Error::invalid_usage(format!(

@@ -36,46 +36,26 @@ pub struct Bootstrap {
 impl Bootstrap {
     /// Joins the job whose root is at `root`. `timeout` bounds the wait for the root and for the other
     /// ranks; it does not limit later waits for messages.
-    pub fn connect(
-        root: SocketAddr,
-        magic: u64,
-        rank: usize,
-        nranks: usize,
-        timeout: Duration,
-    ) -> Result<Bootstrap> {
+    pub fn connect(root: SocketAddr, magic: u64, rank: usize, nranks: usize, timeout: Duration) -> Result<Bootstrap> {
         Self::connect_from(root, None, magic, rank, nranks, timeout)
     }
 
     /// Joins an `ip:port` job: rank 0 first starts the root at that address.
-    pub fn connect_to_address(
-        root: &RootAddress,
-        rank: usize,
-        nranks: usize,
-        timeout: Duration,
-    ) -> Result<Bootstrap> {
-        ensure_arg!(
-            rank < nranks,
-            "rank {rank} out of range for nranks {nranks}"
-        );
+    pub fn connect_to_address(root: &RootAddress, rank: usize, nranks: usize, timeout: Duration) -> Result<Bootstrap> {
+        ensure_arg!(rank < nranks, "rank {rank} out of range for nranks {nranks}");
         let local_ip = root.local_ip()?;
         let started = if rank == 0 {
             Some(Root::listen(root.addr, PROTOCOL_MAGIC, timeout)?)
         } else {
             None
         };
-        let mut bootstrap =
-            Self::connect_from(root.addr, local_ip, PROTOCOL_MAGIC, rank, nranks, timeout)?;
+        let mut bootstrap = Self::connect_from(root.addr, local_ip, PROTOCOL_MAGIC, rank, nranks, timeout)?;
         bootstrap._root = started;
         Ok(bootstrap)
     }
 
     /// Joins the job of a unique id.
-    pub fn connect_to_id(
-        id: &UniqueId,
-        rank: usize,
-        nranks: usize,
-        timeout: Duration,
-    ) -> Result<Bootstrap> {
+    pub fn connect_to_id(id: &UniqueId, rank: usize, nranks: usize, timeout: Duration) -> Result<Bootstrap> {
         Self::connect_from(id.root, None, id.magic, rank, nranks, timeout)
     }
 
@@ -93,10 +73,7 @@ impl Bootstrap {
             (1..=MAX_RANKS).contains(&nranks),
             "nranks {nranks} out of range 1-{MAX_RANKS}"
         );
-        ensure_arg!(
-            rank < nranks,
-            "rank {rank} out of range for nranks {nranks}"
-        );
+        ensure_arg!(rank < nranks, "rank {rank} out of range for nranks {nranks}");
         // Log lines of the set-up carry the rank even when the caller did not set it.
         let _scope = crate::logging::RankScope::enter(rank);
         let start = Instant::now();
@@ -114,12 +91,8 @@ impl Bootstrap {
             Some(ip) => with_scope_of(SocketAddr::new(ip, 0), via),
             None => with_scope_of(SocketAddr::new(via.ip(), 0), via),
         };
-        let listener = TcpListener::bind(bind_addr).map_err(|e| {
-            Error::io(
-                format!("rank {rank}: listening for peers at {bind_addr}"),
-                e,
-            )
-        })?;
+        let listener = TcpListener::bind(bind_addr)
+            .map_err(|e| Error::io(format!("rank {rank}: listening for peers at {bind_addr}"), e))?;
         let listen_addr = listener
             .local_addr()
             .map_err(|e| Error::io(format!("rank {rank}: reading the listen address"), e))?;
@@ -127,26 +100,20 @@ impl Bootstrap {
 
         let mut hello = Greeting::new(Kind::RootHello, magic, rank, nranks);
         hello.addr = Some(listen_addr);
-        to_root.write_all(&hello.encode()).map_err(|e| {
-            Error::remote(format!(
-                "rank {rank}: sending the hello to the root at {root}: {e}"
-            ))
-        })?;
+        to_root
+            .write_all(&hello.encode())
+            .map_err(|e| Error::remote(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
         debug!("joined the root at {root}; listening at {listen_addr}");
-        let (reply, table) =
-            wire::read_reply(&mut to_root, deadline, nranks * ADDR_LEN).map_err(|r| {
-                refusal_error(
-                    r,
-                    &format!("rank {rank}: waiting at the root {root} for all {nranks} ranks"),
-                    timeout,
-                )
-            })?;
-        drop(to_root);
-        let peers = decode_table(&reply, &table, nranks, via).map_err(|why| {
-            Error::remote(format!(
-                "rank {rank}: the root at {root} sent a bad peer table: {why}"
-            ))
+        let (reply, table) = wire::read_reply(&mut to_root, deadline, nranks * ADDR_LEN).map_err(|r| {
+            refusal_error(
+                r,
+                &format!("rank {rank}: waiting at the root {root} for all {nranks} ranks"),
+                timeout,
+            )
         })?;
+        drop(to_root);
+        let peers = decode_table(&reply, &table, nranks, via)
+            .map_err(|why| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}")))?;
         if peers[rank].ip() != listen_addr.ip() || peers[rank].port() != listen_addr.port() {
             return Err(Error::remote(format!(
                 "rank {rank}: the root at {root} lists this rank at {}, not {listen_addr}",
@@ -169,12 +136,9 @@ impl Bootstrap {
         };
         for peer in 0..rank {
             let stream = bootstrap.connect_peer(peer, deadline)?;
-            let writer = stream.try_clone().map_err(|e| {
-                Error::io(
-                    format!("rank {rank}: duplicating the socket to peer {peer}"),
-                    e,
-                )
-            })?;
+            let writer = stream
+                .try_clone()
+                .map_err(|e| Error::io(format!("rank {rank}: duplicating the socket to peer {peer}"), e))?;
             *bootstrap.shared().writers[peer].lock() = Some(writer);
             bootstrap.receiver.add_outgoing(peer, stream);
         }
@@ -184,14 +148,11 @@ impl Bootstrap {
             .wait_all_connected(deadline)
             .map_err(|missing| {
                 Error::remote(format!(
-                    "rank {rank}: timed out after {timeout:?} waiting for ranks {} to connect",
+                    "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
                     list_ranks(&missing)
                 ))
             })?;
-        info!(
-            "bootstrap ready with {nranks} ranks after {:?}",
-            start.elapsed()
-        );
+        info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)
     }
 
@@ -199,16 +160,14 @@ impl Bootstrap {
     fn connect_peer(&self, peer: usize, deadline: Instant) -> Result<TcpStream> {
         let (rank, addr, magic) = (self.rank, self.peers[peer], self.shared().magic);
         let what = format!("rank {rank}: connecting to peer {peer} at {addr}");
-        let mut stream =
-            wire::connect_by(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
+        let mut stream = wire::connect_by(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
         let mut hello = Greeting::new(Kind::PeerHello, magic, rank, self.nranks);
         hello.aux = peer as u32;
         stream
             .write_all(&hello.encode())
             .map_err(|e| Error::remote(format!("{what}: {e}")))?;
         let timeout = deadline.saturating_duration_since(Instant::now());
-        let (reply, _) = wire::read_reply(&mut stream, deadline, 0)
-            .map_err(|r| refusal_error(r, &what, timeout))?;
+        let (reply, _) = wire::read_reply(&mut stream, deadline, 0).map_err(|r| refusal_error(r, &what, timeout))?;
         if reply.rank as usize != peer || reply.magic != magic {
             return Err(Error::remote(format!(
                 "{what}: the answer came from rank {} of another job",
@@ -277,9 +236,7 @@ impl Bootstrap {
             frame.extend_from_slice(data);
             stream.write_all(&frame)
         } else {
-            stream
-                .write_all(&header)
-                .and_then(|()| stream.write_all(data))
+            stream.write_all(&header).and_then(|()| stream.write_all(data))
         };
         if let Err(e) = sent {
             // A partly written frame leaves the stream unusable: later sends must fail, not garble.
@@ -367,14 +324,15 @@ fn with_scope_of(addr: SocketAddr, via: SocketAddr) -> SocketAddr {
     }
 }
 
-/// "1, 2, 5" for a short list; the first few and a count for a long one.
+/// "rank 2", "ranks 1, 2, 5", or the first few and a count for a long list.
 pub(super) fn list_ranks(ranks: &[usize]) -> String {
     const SHOWN: usize = 16;
     let mut s: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
     if ranks.len() > SHOWN {
         s.push(format!("and {} more", ranks.len() - SHOWN));
     }
-    s.join(", ")
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{noun} {}", s.join(", "))
 }
 
 #[cfg(test)]
@@ -383,25 +341,16 @@ mod tests {
 
     #[test]
     fn rank_lists_stay_short() {
-        assert_eq!(list_ranks(&[1, 2, 5]), "1, 2, 5");
+        assert_eq!(list_ranks(&[2]), "rank 2");
+        assert_eq!(list_ranks(&[1, 2, 5]), "ranks 1, 2, 5");
         let many: Vec<usize> = (0..40).collect();
         assert!(list_ranks(&many).ends_with("15, and 24 more"));
     }
 
     #[test]
     fn link_local_addresses_take_the_local_scope() {
-        let via = SocketAddr::V6(std::net::SocketAddrV6::new(
-            "fe80::9".parse().unwrap(),
-            1,
-            0,
-            3,
-        ));
-        let far = SocketAddr::V6(std::net::SocketAddrV6::new(
-            "fe80::5".parse().unwrap(),
-            2,
-            0,
-            44,
-        ));
+        let via = SocketAddr::V6(std::net::SocketAddrV6::new("fe80::9".parse().unwrap(), 1, 0, 3));
+        let far = SocketAddr::V6(std::net::SocketAddrV6::new("fe80::5".parse().unwrap(), 2, 0, 44));
         assert!(matches!(with_scope_of(far, via), SocketAddr::V6(a) if a.scope_id() == 3));
         let global: SocketAddr = "[fd00::5]:2".parse().unwrap();
         assert_eq!(with_scope_of(global, via), global);

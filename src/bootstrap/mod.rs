@@ -42,7 +42,7 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The magic of `ip:port` jobs (unique-id jobs use the id's random magic).
-pub const PROTOCOL_MAGIC: u64 = u64::from_le_bytes(*b"MSCCLPP\x01");
+pub const PROTOCOL_MAGIC: u64 = 0x4d53_4343_4c50_5030;
 
 /// How long a new connection may take to send its greeting: real ranks send it at once, so this only
 /// limits how long a silent stranger holds a slot.

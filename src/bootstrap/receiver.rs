@@ -68,8 +68,7 @@ impl Receiver {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the listener"), e))?;
-        let (waker, wake) =
-            UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
+        let (waker, wake) = UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
         wake.set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
         let listen_addr = listener
@@ -121,10 +120,7 @@ impl Drop for Receiver {
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
-            warn!(
-                "rank {}: the bootstrap receive thread panicked",
-                self.shared.rank
-            );
+            warn!("rank {}: the bootstrap receive thread panicked", self.shared.rank);
         }
         // Close the sending halves now rather than when the last reference goes, so peers see the end.
         for writer in &self.shared.writers {
@@ -172,10 +168,7 @@ impl Loop {
             }
             if self.listener.is_some() && self.readers.len() + 1 == self.shared.nranks {
                 // Every peer is in: nobody legitimate will connect again, so stop listening.
-                debug!(
-                    "all peers connected; closing the listener at {}",
-                    self.listen_addr
-                );
+                debug!("all peers connected; closing the listener at {}", self.listen_addr);
                 self.listener = None;
                 self.pending.clear();
             }
@@ -233,9 +226,7 @@ impl Loop {
             match listener.accept() {
                 Ok((stream, from)) => {
                     if self.pending.len() >= MAX_PENDING {
-                        warn!(
-                            "turned away a connection from {from}: too many unfinished handshakes"
-                        );
+                        warn!("turned away a connection from {from}: too many unfinished handshakes");
                         continue;
                     }
                     // Accepted sockets do not inherit the listener's non-blocking mode; make sure.
@@ -300,12 +291,7 @@ impl Loop {
                     "turned away a connection from {}: unexpected {:?} greeting",
                     p.from, g.kind
                 );
-                let _ = wire::write_rejection(
-                    &mut p.stream,
-                    magic,
-                    wire::STATUS_REJECTED,
-                    "not a peer greeting",
-                );
+                let _ = wire::write_rejection(&mut p.stream, magic, wire::STATUS_REJECTED, "not a peer greeting");
                 return;
             }
             Err(why) => {
@@ -320,10 +306,7 @@ impl Loop {
                 g.version
             ))
         } else if g.magic != magic {
-            Some(format!(
-                "wrong magic {:#x}: a rank of another job?",
-                g.magic
-            ))
+            Some(format!("wrong magic {:#x}: a rank of another job?", g.magic))
         } else if g.nranks as usize != nranks {
             Some(format!("nranks {} but this job has {nranks}", g.nranks))
         } else if g.aux as usize != rank {
@@ -352,8 +335,7 @@ impl Loop {
                 return;
             }
         };
-        if let Err(e) = wire::write_reply(&mut p.stream, magic, rank, nranks, wire::STATUS_OK, &[])
-        {
+        if let Err(e) = wire::write_reply(&mut p.stream, magic, rank, nranks, wire::STATUS_OK, &[]) {
             warn!("could not answer peer {peer} at {}: {e}", p.from);
             return;
         }

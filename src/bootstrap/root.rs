@@ -35,8 +35,8 @@ pub struct Root {
 impl Root {
     /// Binds `addr` (port 0 picks a free port) and starts the root thread for a job with `magic`.
     pub fn listen(addr: SocketAddr, magic: u64, timeout: Duration) -> Result<Root> {
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| Error::io(format!("bootstrap root: cannot listen at {addr}"), e))?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::io(format!("bootstrap root: cannot listen at {addr}"), e))?;
         let context = |what: &str| format!("bootstrap root at {addr}: {what}");
         listener
             .set_nonblocking(true)
@@ -44,8 +44,7 @@ impl Root {
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io(context("reading the listen address"), e))?;
-        let (waker, wake) =
-            UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
+        let (waker, wake) = UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
         wake.set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -150,29 +149,18 @@ impl RootLoop {
                 let reason = match self.nranks {
                     None => format!("no rank arrived within {:?}", self.timeout),
                     Some(_) => {
-                        let missing: Vec<usize> = (0..self.ranks.len())
-                            .filter(|&r| self.ranks[r].is_none())
-                            .collect();
-                        format!(
-                            "ranks {} did not arrive within {:?}",
-                            list_ranks(&missing),
-                            self.timeout
-                        )
+                        let missing: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_none()).collect();
+                        format!("{} did not arrive within {:?}", list_ranks(&missing), self.timeout)
                     }
                 };
                 self.abort(reason);
                 return;
             }
 
-            let mut entries = vec![
-                PollEntry::readable(&self.wake),
-                PollEntry::readable(&self.listener),
-            ];
+            let mut entries = vec![PollEntry::readable(&self.wake), PollEntry::readable(&self.listener)];
             entries.extend(self.pending.iter().map(|p| PollEntry::readable(&p.stream)));
             let first_joined = entries.len();
-            let joined: Vec<usize> = (0..self.ranks.len())
-                .filter(|&r| self.ranks[r].is_some())
-                .collect();
+            let joined: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_some()).collect();
             entries.extend(
                 joined
                     .iter()
@@ -257,10 +245,7 @@ impl RootLoop {
                 Ok(None) => {}
                 Err(e) => {
                     let p = self.pending.swap_remove(i);
-                    warn!(
-                        "bootstrap root at {}: turned away {}: {e}",
-                        self.addr, p.from
-                    );
+                    warn!("bootstrap root at {}: turned away {}: {e}", self.addr, p.from);
                     return;
                 }
             }
@@ -279,36 +264,24 @@ impl RootLoop {
         let g = match Greeting::decode(bytes) {
             Ok(g) => g,
             Err(why) => {
-                warn!(
-                    "bootstrap root at {}: turned away {}: {why}",
-                    self.addr, p.from
-                );
+                warn!("bootstrap root at {}: turned away {}: {why}", self.addr, p.from);
                 return;
             }
         };
         let (rank, nranks) = (g.rank as usize, g.nranks as usize);
         let refusal = if g.kind != Kind::RootHello {
-            Some(format!(
-                "a {:?} greeting is not a hello to the root",
-                g.kind
-            ))
+            Some(format!("a {:?} greeting is not a hello to the root", g.kind))
         } else if g.version != PROTOCOL_VERSION {
             Some(format!(
                 "protocol version {} (the root speaks {PROTOCOL_VERSION})",
                 g.version
             ))
         } else if g.magic != self.magic {
-            Some(format!(
-                "wrong magic {:#x}: a rank of another job?",
-                g.magic
-            ))
+            Some(format!("wrong magic {:#x}: a rank of another job?", g.magic))
         } else if nranks == 0 || nranks > MAX_RANKS {
             Some(format!("nranks {nranks} out of range 1-{MAX_RANKS}"))
         } else if self.nranks.is_some_and(|n| n != nranks) {
-            Some(format!(
-                "nranks {nranks} but this job has {}",
-                self.nranks.unwrap_or(0)
-            ))
+            Some(format!("nranks {nranks} but this job has {}", self.nranks.unwrap_or(0)))
         } else if rank >= nranks {
             Some(format!("rank {rank} out of range for nranks {nranks}"))
         } else if g.addr.is_none() {
@@ -324,8 +297,7 @@ impl RootLoop {
                 "bootstrap root at {}: turned away {} (rank {rank}): {reason}",
                 self.addr, p.from
             );
-            let _ =
-                wire::write_rejection(&mut p.stream, self.magic, wire::STATUS_REJECTED, &reason);
+            let _ = wire::write_rejection(&mut p.stream, self.magic, wire::STATUS_REJECTED, &reason);
             return;
         }
         if self.nranks.is_none() {
@@ -376,9 +348,7 @@ impl RootLoop {
         }
         for (rank, j) in self.ranks.iter_mut().enumerate() {
             let j = j.as_mut().expect("every rank joined");
-            if let Err(e) =
-                wire::write_reply(&mut j.stream, self.magic, rank, n, wire::STATUS_OK, &table)
-            {
+            if let Err(e) = wire::write_reply(&mut j.stream, self.magic, rank, n, wire::STATUS_OK, &table) {
                 warn!(
                     "bootstrap root at {}: sending the table to rank {rank} at {} failed: {e}",
                     self.addr, j.from

@@ -126,9 +126,7 @@ pub fn interfaces() -> io::Result<Vec<Interface>> {
             _ => continue,
         };
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         let flags = ifa.ifa_flags;
         out.push(Interface {
             index: interface_index(&name).unwrap_or(0),
@@ -177,10 +175,7 @@ mod tests {
         let mut a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (b, _) = listener.accept().unwrap();
         let mut buf = [0u8; 8];
-        assert_eq!(
-            recv_now(&b, &mut buf).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock
-        );
+        assert_eq!(recv_now(&b, &mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
 
         let start = Instant::now();
         let mut set = [PollEntry::readable(&b)];

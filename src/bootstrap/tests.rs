@@ -151,11 +151,7 @@ fn a_single_rank_job_works() {
 #[test]
 fn rank_0_starts_the_root_of_an_address_job() {
     // A free port: bind, note it, close. Rank 0 binds it again through the address.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = RootAddress::parse(&format!("127.0.0.1:{port}")).unwrap();
     let results = on_ranks(3, |r| {
         if r > 0 {
@@ -213,12 +209,7 @@ fn huge_messages_both_ways_at_once_do_not_deadlock() {
         b.send(1 - r, 9, &mine)?;
         let theirs = b.recv(1 - r, 9)?;
         assert_eq!(theirs.len(), LEN);
-        assert!(
-            theirs
-                .iter()
-                .enumerate()
-                .all(|(i, &x)| x == pattern(1 - r, i))
-        );
+        assert!(theirs.iter().enumerate().all(|(i, &x)| x == pattern(1 - r, i)));
         b.barrier()
     });
     for res in results {
@@ -272,9 +263,7 @@ fn bad_arguments_are_invalid_argument_errors() {
     let e = Bootstrap::connect(addr, 1, 0, 0, T).err().unwrap();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     assert!(e.message.contains("nranks 0"), "{}", e.message);
-    let e = Bootstrap::connect(addr, 1, 0, MAX_RANKS + 1, T)
-        .err()
-        .unwrap();
+    let e = Bootstrap::connect(addr, 1, 0, MAX_RANKS + 1, T).err().unwrap();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
 
     let root = local_root(PROTOCOL_MAGIC, T);
@@ -287,10 +276,7 @@ fn bad_arguments_are_invalid_argument_errors() {
         b.all_gather(&mut data, usize::MAX).unwrap_err().kind,
         ErrorKind::InvalidArgument
     );
-    assert_eq!(
-        b.send(1, 0, b"x").unwrap_err().kind,
-        ErrorKind::InvalidArgument
-    );
+    assert_eq!(b.send(1, 0, b"x").unwrap_err().kind, ErrorKind::InvalidArgument);
     assert_eq!(b.recv(7, 0).unwrap_err().kind, ErrorKind::InvalidArgument);
 }
 
@@ -337,15 +323,10 @@ fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
 
 #[test]
 fn a_root_that_never_comes_fails_within_the_timeout() {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let timeout = Duration::from_millis(700);
     let start = Instant::now();
-    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 2, timeout)
-        .err()
-        .unwrap();
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 2, timeout).err().unwrap();
     let took = start.elapsed();
     assert_eq!(e.kind, ErrorKind::Remote);
     assert!(e.message.contains("cannot reach the bootstrap root"), "{e}");
@@ -359,8 +340,7 @@ fn a_root_that_never_comes_fails_within_the_timeout() {
 fn stopping_the_root_tells_waiting_ranks() {
     let root = local_root(PROTOCOL_MAGIC, T);
     let addr = root.local_addr();
-    let waiting =
-        thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T).map(|_| ()));
+    let waiting = thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T).map(|_| ()));
     thread::sleep(Duration::from_millis(200));
     let start = Instant::now();
     root.stop();
@@ -378,14 +358,7 @@ fn stranger(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
     s
 }
 
-fn greeting(
-    kind: Kind,
-    magic: u64,
-    rank: usize,
-    nranks: usize,
-    aux: u32,
-    addr: Option<SocketAddr>,
-) -> Vec<u8> {
+fn greeting(kind: Kind, magic: u64, rank: usize, nranks: usize, aux: u32, addr: Option<SocketAddr>) -> Vec<u8> {
     let mut g = Greeting::new(kind, magic, rank, nranks);
     g.aux = aux;
     g.addr = addr;
@@ -421,10 +394,7 @@ fn strangers_at_the_root_do_not_disturb_the_job() {
     // Well-formed hellos that disagree with the job are answered with a reason.
     let mut wrong_magic = stranger(addr, &greeting(Kind::RootHello, 0xBAD, 1, 4, 0, fake_addr));
     assert!(expect_rejection(&mut wrong_magic).contains("wrong magic"));
-    let mut peer_hello = stranger(
-        addr,
-        &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 1, 4, 0, fake_addr),
-    );
+    let mut peer_hello = stranger(addr, &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 1, 4, 0, fake_addr));
     assert!(expect_rejection(&mut peer_hello).contains("not a hello"));
 
     let start = Instant::now();
@@ -436,11 +406,7 @@ fn strangers_at_the_root_do_not_disturb_the_job() {
         res.unwrap();
     }
     // The silent stranger's 10 s handshake allowance did not hold up the ranks.
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     held.clear();
 }
 
@@ -461,14 +427,10 @@ fn ranks_of_another_job_are_turned_away() {
         // thinks the job has 5 ranks.
         thread::sleep(Duration::from_millis(300));
         let start = Instant::now();
-        let e = Bootstrap::connect(addr, 0x0123_4567, 3, 4, T)
-            .err()
-            .unwrap();
+        let e = Bootstrap::connect(addr, 0x0123_4567, 3, 4, T).err().unwrap();
         assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
         assert!(e.message.contains("wrong magic"), "{e}");
-        let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 3, 5, T)
-            .err()
-            .unwrap();
+        let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 3, 5, T).err().unwrap();
         assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
         assert!(e.message.contains("nranks 5"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(5));
@@ -486,9 +448,7 @@ fn a_duplicate_rank_is_turned_away() {
     let addr = root.local_addr();
     let first = thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T));
     thread::sleep(Duration::from_millis(200));
-    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T)
-        .err()
-        .unwrap();
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, T).err().unwrap();
     assert_eq!(e.kind, ErrorKind::InvalidUsage);
     assert!(e.message.contains("already joined"), "{e}");
     let b1 = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 2, T).unwrap();
@@ -532,31 +492,15 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
             held.push(stranger(at, b""));
             drop(stranger(at, b"MSCL"));
             let fake = Some("127.0.0.1:9".parse().unwrap());
-            let mut wrong_magic = stranger(
-                at,
-                &greeting(Kind::PeerHello, 0xBAD, N - 1, N, r as u32, fake),
-            );
+            let mut wrong_magic = stranger(at, &greeting(Kind::PeerHello, 0xBAD, N - 1, N, r as u32, fake));
             assert!(expect_rejection(&mut wrong_magic).contains("wrong magic"));
-            let mut lower = stranger(
-                at,
-                &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 0, N, r as u32, fake),
-            );
+            let mut lower = stranger(at, &greeting(Kind::PeerHello, PROTOCOL_MAGIC, 0, N, r as u32, fake));
             assert!(expect_rejection(&mut lower).contains("only higher ranks"));
-            let mut wrong_target = stranger(
-                at,
-                &greeting(Kind::PeerHello, PROTOCOL_MAGIC, N - 1, N, 77, fake),
-            );
+            let mut wrong_target = stranger(at, &greeting(Kind::PeerHello, PROTOCOL_MAGIC, N - 1, N, 77, fake));
             assert!(expect_rejection(&mut wrong_target).contains("wants rank 77"));
             let mut wrong_n = stranger(
                 at,
-                &greeting(
-                    Kind::PeerHello,
-                    PROTOCOL_MAGIC,
-                    N - 1,
-                    N + 1,
-                    r as u32,
-                    fake,
-                ),
+                &greeting(Kind::PeerHello, PROTOCOL_MAGIC, N - 1, N + 1, r as u32, fake),
             );
             assert!(expect_rejection(&mut wrong_n).contains("nranks"));
         }
@@ -572,11 +516,7 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
         for h in ranks {
             h.join().unwrap().unwrap();
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
-        );
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
         drop(held);
     });
 }
@@ -585,9 +525,7 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
 fn a_closed_peer_fails_recv_and_drop_is_prompt() {
     let root = local_root(PROTOCOL_MAGIC, T);
     let addr = root.local_addr();
-    let mut bs = on_ranks(2, |r| {
-        Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T).unwrap()
-    });
+    let mut bs = on_ranks(2, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T).unwrap());
     let b1 = bs.pop().unwrap();
     let b0 = bs.pop().unwrap();
     b1.send(0, 1, b"last words").unwrap();
@@ -612,4 +550,11 @@ fn many_jobs_in_parallel_do_not_leak_threads_or_hang() {
     for _ in 0..5 {
         job_by_address(3);
     }
+}
+
+#[test]
+fn endpoints_and_roots_can_be_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<Bootstrap>();
+    shareable::<Root>();
 }

@@ -52,19 +52,13 @@ impl UniqueId {
     /// Reads an id made by `to_bytes`; anything else (an uninitialised or foreign id) is an
     /// `InvalidArgument` error.
     pub fn from_bytes(b: &[u8; 128]) -> Result<UniqueId> {
-        let bad = |why: &str| {
-            Error::invalid_argument(format!(
-                "unique id: {why} (was it made by mscclppGetUniqueId?)"
-            ))
-        };
+        let bad = |why: &str| Error::invalid_argument(format!("unique id: {why} (was it made by mscclppGetUniqueId?)"));
         if b[0..8] != ID_TAG {
             return Err(bad("unknown format tag"));
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
         if version != ID_VERSION {
-            return Err(bad(&format!(
-                "format version {version}, expected {ID_VERSION}"
-            )));
+            return Err(bad(&format!("format version {version}, expected {ID_VERSION}")));
         }
         let end = ADDR_AT + wire::ADDR_LEN;
         if b[12..16].iter().chain(&b[end..]).any(|&x| x != 0) {

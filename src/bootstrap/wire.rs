@@ -205,9 +205,7 @@ pub fn decode_frame_header(b: &[u8; FRAME_HEADER_LEN]) -> Result<(Key, u64), Str
     let tag = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
     let len = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
     if len > MAX_FRAME_LEN {
-        return Err(format!(
-            "frame of {len} bytes exceeds the limit of {MAX_FRAME_LEN}"
-        ));
+        return Err(format!("frame of {len} bytes exceeds the limit of {MAX_FRAME_LEN}"));
     }
     Ok((Key { space, tag }, len))
 }
@@ -271,18 +269,10 @@ pub fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) 
         stream.set_read_timeout(Some(time_left(deadline)?))?;
         match stream.read(&mut buf[filled..]) {
             Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "connection closed",
-                ));
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
             }
             Ok(n) => filled += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "timed out"));
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -315,12 +305,7 @@ pub fn write_reply(
 }
 
 /// Writes a rejection, truncating the reason to what the receiver accepts.
-pub fn write_rejection(
-    stream: &mut TcpStream,
-    magic: u64,
-    status: u32,
-    reason: &str,
-) -> io::Result<()> {
+pub fn write_rejection(stream: &mut TcpStream, magic: u64, status: u32, reason: &str) -> io::Result<()> {
     let mut end = reason.len().min(MAX_REASON_LEN);
     while !reason.is_char_boundary(end) {
         end -= 1;
@@ -421,12 +406,7 @@ mod tests {
         g.payload_len = 100;
         g.addr = Some("10.0.0.1:4242".parse().unwrap());
         assert_eq!(Greeting::decode(&g.encode()).unwrap(), g);
-        g.addr = Some(SocketAddr::V6(SocketAddrV6::new(
-            "fe80::1".parse().unwrap(),
-            7,
-            3,
-            5,
-        )));
+        g.addr = Some(SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 7, 3, 5)));
         assert_eq!(Greeting::decode(&g.encode()).unwrap(), g);
         g.addr = None;
         assert_eq!(Greeting::decode(&g.encode()).unwrap(), g);
@@ -437,18 +417,10 @@ mod tests {
         let good = Greeting::new(Kind::PeerHello, 1, 0, 2).encode();
         let mut b = good;
         b[0] = b'X';
-        assert!(
-            Greeting::decode(&b)
-                .unwrap_err()
-                .contains("not a bootstrap greeting")
-        );
+        assert!(Greeting::decode(&b).unwrap_err().contains("not a bootstrap greeting"));
         let mut b = good;
         b[12] = 77;
-        assert!(
-            Greeting::decode(&b)
-                .unwrap_err()
-                .contains("unknown greeting kind")
-        );
+        assert!(Greeting::decode(&b).unwrap_err().contains("unknown greeting kind"));
         let mut b = good;
         b[70] = 1;
         assert!(Greeting::decode(&b).is_err());
@@ -478,10 +450,7 @@ mod tests {
             space: Space::Barrier,
             tag: u64::MAX,
         };
-        assert_eq!(
-            decode_frame_header(&encode_frame_header(key, 77)).unwrap(),
-            (key, 77)
-        );
+        assert_eq!(decode_frame_header(&encode_frame_header(key, 77)).unwrap(), (key, 77));
         assert_eq!(
             decode_frame_header(&encode_frame_header(Key::user(5), MAX_FRAME_LEN))
                 .unwrap()
@@ -492,11 +461,7 @@ mod tests {
         assert!(e.contains("exceeds"));
         let mut b = encode_frame_header(key, 1);
         b[0] = 9;
-        assert!(
-            decode_frame_header(&b)
-                .unwrap_err()
-                .contains("unknown kind")
-        );
+        assert!(decode_frame_header(&b).unwrap_err().contains("unknown kind"));
         let mut b = encode_frame_header(key, 1);
         b[5] = 1;
         assert!(decode_frame_header(&b).is_err());
@@ -510,28 +475,19 @@ mod tests {
         let (mut b, _) = listener.accept().unwrap();
         let start = Instant::now();
         let mut buf = [0u8; 4];
-        let e = read_exact_by(
-            &mut a,
-            &mut buf,
-            Instant::now() + Duration::from_millis(100),
-        )
-        .unwrap_err();
+        let e = read_exact_by(&mut a, &mut buf, Instant::now() + Duration::from_millis(100)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
         assert!(start.elapsed() < Duration::from_secs(2));
         b.write_all(b"ab").unwrap();
         drop(b);
-        let e =
-            read_exact_by(&mut a, &mut buf, Instant::now() + Duration::from_secs(5)).unwrap_err();
+        let e = read_exact_by(&mut a, &mut buf, Instant::now() + Duration::from_secs(5)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
     #[test]
     fn connect_by_gives_up_at_the_deadline() {
         // A port nobody listens on: bind, note it, close.
-        let addr = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         let start = Instant::now();
         let e = connect_by(addr, Instant::now() + Duration::from_millis(300)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut);
@@ -558,9 +514,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let (g, payload) = read_reply(&mut a, deadline, 100).unwrap();
-        assert_eq!(
-            (g.rank, g.nranks, payload.as_slice()),
-            (1, 2, &b"table"[..])
-        );
+        assert_eq!((g.rank, g.nranks, payload.as_slice()), (1, 2, &b"table"[..]));
     }
 }

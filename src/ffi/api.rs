@@ -93,7 +93,7 @@ pub unsafe extern "C" fn mscclppCommInitRankFromId(
         non_null(comm, "comm")?;
         check_rank_args(nranks, rank)?;
         let bytes: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
-        let id = UniqueId::from_bytes(&bytes).map_err(|e| Error::new(e.kind, format!("id: {}", e.message)))?;
+        let id = UniqueId::from_bytes(&bytes)?;
         let _rank = RankScope::enter(rank as usize);
         let c = Communicator::init_by_id(nranks as usize, &id, rank as usize, bootstrap_timeout())?;
         // SAFETY: checked non-null.

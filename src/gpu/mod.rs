@@ -13,7 +13,7 @@ mod stream;
 pub use driver::{GpuContext, check, ensure_driver};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
-pub use stream::Stream;
+pub use stream::{Event, Stream};
 
 /// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
 /// elsewhere.

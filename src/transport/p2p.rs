@@ -5,8 +5,10 @@
 //! triggers before it; Sync waits for the stream to drain.
 
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext, PinnedHostBuffer, Stream};
+use crate::gpu::{DevicePtr, Event, GpuContext, PinnedHostBuffer, Stream};
 use crate::proxy::{TailPublisher, Trigger, TriggerHandler};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What the proxy needs of one connection; `None` in the plan for connections it does not serve.
 #[derive(Clone, Copy, Debug)]
@@ -53,9 +55,147 @@ pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P
     })
 }
 
+/// How the proxy raises a peer's flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagMode {
+    /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (the legacy way). The
+    /// value may count signals of other threads whose data is not issued yet.
+    CopyEpoch,
+    /// Write the number of flags this connection has carried out with a stream memory operation: no copy
+    /// engine, and exactly the signals whose data is ordered before it.
+    WriteCount,
+}
+
+/// Tuning of the P2P proxy, from the environment:
+/// - `MSCCLPP_P2P_FLAG=copy|write` (default `copy`)
+/// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
+/// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
+///   (default 16 MiB)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pOptions {
+    pub flag: FlagMode,
+    pub streams: usize,
+    pub split_bytes: u64,
+}
+
+impl Default for P2pOptions {
+    fn default() -> Self {
+        P2pOptions {
+            flag: FlagMode::CopyEpoch,
+            streams: 1,
+            split_bytes: 16 << 20,
+        }
+    }
+}
+
+impl P2pOptions {
+    pub fn from_env() -> P2pOptions {
+        Self::parse(|k| std::env::var(k).ok())
+    }
+
+    pub fn parse(var: impl Fn(&str) -> Option<String>) -> P2pOptions {
+        let mut o = P2pOptions::default();
+        match var("MSCCLPP_P2P_FLAG").as_deref() {
+            None | Some("copy") => {}
+            Some("write") => o.flag = FlagMode::WriteCount,
+            Some(other) => log::warn!("MSCCLPP_P2P_FLAG={other} is not copy or write; using copy"),
+        }
+        if let Some(v) = var("MSCCLPP_P2P_STREAMS") {
+            match v.parse::<usize>() {
+                Ok(n @ 1..=8) => o.streams = n,
+                _ => log::warn!("MSCCLPP_P2P_STREAMS={v} is not in 1..=8; using {}", o.streams),
+            }
+        }
+        if let Some(v) = var("MSCCLPP_P2P_SPLIT_BYTES") {
+            match v.parse::<u64>() {
+                Ok(b) if b > 0 => o.split_bytes = b,
+                _ => log::warn!(
+                    "MSCCLPP_P2P_SPLIT_BYTES={v} is not a positive number; using {}",
+                    o.split_bytes
+                ),
+            }
+        }
+        o
+    }
+}
+
+/// Splits `size` bytes into at most `parts` chunks of whole 64 KiB units: `(offset, len)` pairs.
+pub fn split_chunks(size: u64, parts: usize) -> Vec<(u64, u64)> {
+    const UNIT: u64 = 64 << 10;
+    let per = size.div_ceil(parts as u64).div_ceil(UNIT) * UNIT;
+    let mut out = Vec::with_capacity(parts);
+    let mut off = 0;
+    while off < size {
+        let len = per.min(size - off);
+        out.push((off, len));
+        off += len;
+    }
+    out
+}
+
 pub struct P2pHandler {
-    pub routes: Vec<Option<P2pRoute>>,
-    pub stream: Stream,
+    routes: Vec<Option<P2pRoute>>,
+    options: P2pOptions,
+    /// Copy streams; flags and small copies go on the first.
+    streams: Vec<Stream>,
+    /// One event per extra stream, to order the first stream after it.
+    events: Vec<Event>,
+    /// Extra streams holding data the next flag must wait for.
+    dirty: Vec<bool>,
+    /// Flags carried out per connection (FlagMode::WriteCount); kept by the communicator across launches.
+    flags_sent: Arc<Vec<AtomicU64>>,
+}
+
+impl P2pHandler {
+    pub fn new(
+        ctx: &GpuContext,
+        routes: Vec<Option<P2pRoute>>,
+        options: P2pOptions,
+        flags_sent: Arc<Vec<AtomicU64>>,
+    ) -> Result<P2pHandler> {
+        let streams = (0..options.streams)
+            .map(|_| Stream::new(ctx))
+            .collect::<Result<Vec<_>>>()?;
+        let events = (0..options.streams)
+            .map(|_| Event::new(ctx))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(P2pHandler {
+            routes,
+            options,
+            dirty: vec![false; streams.len()],
+            streams,
+            events,
+            flags_sent,
+        })
+    }
+
+    fn copy_data(&mut self, dst: DevicePtr, src: DevicePtr, size: u64) -> Result<()> {
+        if self.streams.len() == 1 || size < self.options.split_bytes {
+            return self.streams[0].copy(dst, src, size as usize);
+        }
+        for (i, (off, len)) in split_chunks(size, self.streams.len()).into_iter().enumerate() {
+            self.streams[i].copy(dst + off, src + off, len as usize)?;
+            self.dirty[i] = i > 0;
+        }
+        Ok(())
+    }
+
+    fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
+        // The flag goes on the first stream, after the data of every stream.
+        for i in 1..self.streams.len() {
+            if self.dirty[i] {
+                self.streams[0].wait_for(&self.streams[i], &self.events[i])?;
+                self.dirty[i] = false;
+            }
+        }
+        match self.options.flag {
+            FlagMode::CopyEpoch => self.streams[0].copy(route.remote_epochs + 8, route.local_epochs, 8),
+            FlagMode::WriteCount => {
+                let count = self.flags_sent[conn_id].fetch_add(1, Ordering::Relaxed) + 1;
+                self.streams[0].write_u64(route.remote_epochs + 8, count)
+            }
+        }
+    }
 }
 
 impl TriggerHandler for P2pHandler {
@@ -63,29 +203,33 @@ impl TriggerHandler for P2pHandler {
         let route = *route_of(&self.routes, t)?;
         if t.has_data() {
             match check_ranges(t, &route) {
-                Ok(()) => self.stream.copy(
+                Ok(()) => self.copy_data(
                     route.remote_buff + t.dst_offset as u64,
                     route.local_buff + t.src_offset as u64,
-                    t.data_size as usize,
+                    t.data_size as u64,
                 )?,
                 Err(e) if t.has_flag() => {
                     // Drop the data but still raise the flag: the device counted this signal, and a
                     // missing flag would leave the peer waiting forever.
                     log::error!("dropped the data of {t:?}: {e}");
-                    self.stream.copy(route.remote_epochs + 8, route.local_epochs, 8)?;
+                    self.raise_flag(&route, t.conn_id as usize)?;
                     return Err(e);
                 }
                 Err(e) => return Err(e),
             }
         }
         if t.has_flag() {
-            self.stream.copy(route.remote_epochs + 8, route.local_epochs, 8)?;
+            self.raise_flag(&route, t.conn_id as usize)?;
         }
         Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
-        self.stream.spin_until_idle()
+        for s in &self.streams {
+            s.spin_until_idle()?;
+        }
+        self.dirty.iter_mut().for_each(|d| *d = false);
+        Ok(())
     }
 }
 
@@ -249,6 +393,39 @@ mod tests {
         assert!(route_of(&routes, &t(0)).is_ok());
         assert!(route_of(&routes, &t(1)).is_err());
         assert!(route_of(&routes, &t(1023)).is_err());
+    }
+
+    #[test]
+    fn options_parse_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(P2pOptions::parse(env(&[])), P2pOptions::default());
+        let o = P2pOptions::parse(env(&[
+            ("MSCCLPP_P2P_FLAG", "write"),
+            ("MSCCLPP_P2P_STREAMS", "4"),
+            ("MSCCLPP_P2P_SPLIT_BYTES", "1048576"),
+        ]));
+        assert_eq!(
+            o,
+            P2pOptions {
+                flag: FlagMode::WriteCount,
+                streams: 4,
+                split_bytes: 1 << 20
+            }
+        );
+        let o = P2pOptions::parse(env(&[("MSCCLPP_P2P_FLAG", "x"), ("MSCCLPP_P2P_STREAMS", "0")]));
+        assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
+    }
+
+    #[test]
+    fn chunks_cover_the_range_in_64k_units() {
+        assert_eq!(split_chunks(1 << 20, 2), vec![(0, 1 << 19), (1 << 19, 1 << 19)]);
+        let c = split_chunks((1 << 20) + 5, 4);
+        assert_eq!(c.iter().map(|(_, l)| l).sum::<u64>(), (1 << 20) + 5);
+        assert!(c.iter().all(|(o, _)| o % (64 << 10) == 0));
+        assert!(c.len() <= 4);
+        assert_eq!(split_chunks(100, 3), vec![(0, 100)]);
     }
 
     #[test]

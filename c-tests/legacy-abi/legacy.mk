@@ -1,0 +1,41 @@
+# Legacy-ABI test: a program compiled against the 0.1.0 header and linked with our library.
+# Include it near the end of the top-level Makefile (after NVCC, CUDA_ARCH, NVCCFLAGS, LINK_DEPS and
+# CUDA_ORDER are defined: prerequisites are expanded when the rule is read). Paths are relative to the
+# repository root.
+#
+# The 0.1.0 header is not part of this repository: it is copied at build time from LEGACY_HEADER into
+# build/legacy-include/mscclpp.h. Without it the target is skipped with a message. The header includes
+# <mscclppfifo.h>, which comes from c-tests/legacy-abi/include (written from the documented wire format).
+#
+#   make legacy-abi   ->  build/tests/gpu/legacy_allgather   (run: build/tests/gpu/legacy_allgather 2)
+
+LEGACY_HEADER ?= ../shared/reference/mscclpp-0.1.0.h
+LEGACY_INCLUDE_DIR := build/legacy-include
+LEGACY_ABI_BIN := build/tests/gpu/legacy_allgather
+LEGACY_ABI_SRC := c-tests/legacy-abi/legacy_allgather.cu
+LEGACY_ABI_DEPS := $(LEGACY_ABI_SRC) c-tests/legacy-abi/include/mscclppfifo.h c-tests/gpu/test_common.h \
+                   c-tests/gpu/allgather_kernels.cuh $(LINK_DEPS)
+# Built first (order only): the library and its links, the bundled CUDA runtime, the compiler.
+LEGACY_ABI_ORDER ?= $(if $(CUDA_ORDER),$(CUDA_ORDER),build/lib/libmscclpp.so)
+NVCC ?= nvcc
+LEGACY_NVCCFLAGS ?= $(if $(CUDA_ARCH),$(CUDA_ARCH),-arch=sm_90) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra
+
+.PHONY: legacy-abi
+
+ifeq ($(wildcard $(LEGACY_HEADER)),)
+legacy-abi:
+	@echo "legacy-abi: skipped (legacy header $(LEGACY_HEADER) not found)"
+else
+legacy-abi: $(LEGACY_ABI_BIN)
+
+$(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
+	@mkdir -p $(@D)
+	install -m 0644 $< $@
+
+# The legacy include directories come first and build/include is not searched at all, so the program
+# sees only the 0.1.0 header and the FIFO header written for it.
+$(LEGACY_ABI_BIN): $(LEGACY_ABI_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h | $(LEGACY_ABI_ORDER)
+	@mkdir -p $(@D)
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $(LEGACY_ABI_SRC) -o $@ \
+	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
+endif

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Runs the GPU test programs (built into build/tests/gpu) on a machine with at least 2 GPUs.
+# Prints one line per test case (`PASS program: case ...` / `FAIL program: case: reason`) and ends with
+# exactly `gpu tests: N passed, N failed`. Full logs go to $GPU_TEST_LOG_DIR (default build/test-logs).
+# With fewer than 2 GPUs it prints that it skipped and exits 0 without counting anything as passed.
+set -u
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 1
+bin_dir="${GPU_TEST_BIN_DIR:-build/tests/gpu}"
+log_dir="${GPU_TEST_LOG_DIR:-build/test-logs}"
+
+n_gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if [ "$n_gpus" -lt 2 ]; then
+  echo "gpu tests: skipped ($n_gpus GPUs found, 2 needed)"
+  exit 0
+fi
+
+mkdir -p "$log_dir"
+# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, use the system's.
+if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+passed=0
+failed=0
+start_all=$(date +%s)
+
+# run_program LABEL LIMIT_SECONDS COMMAND...
+run_program() {
+  local label=$1 limit=$2
+  shift 2
+  local log="$log_dir/$label.log"
+  if [ ! -x "$1" ]; then
+    echo "FAIL $label: $1 is missing (not built)"
+    failed=$((failed + 1))
+    return
+  fi
+  echo "== $label: $* (limit ${limit}s, log $log)"
+  local t0 rc p f
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  p=$(grep -c '^PASS ' "$log")
+  f=$(grep -c '^FAIL ' "$log")
+  grep -E '^(PASS|FAIL) ' "$log" | sed -E "s/^(PASS|FAIL) /\1 $label: /"
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "FAIL $label: timed out after ${limit}s"
+    else
+      echo "FAIL $label: exit code $rc without a FAIL line"
+    fi
+    failed=$((failed + 1))
+  fi
+  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
+    echo "-- last lines of $log:"
+    tail -n 30 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
+}
+
+run_program p2p_methods_2 130 "$bin_dir/p2p_methods" 2
+run_program allgather_test_2 130 "$bin_dir/allgather_test" 2
+run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
+run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
+run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
+
+# Leak check of a short run under compute-sanitizer, when it is installed. Any leaked allocation or
+# memory error in either rank fails it (the program frees everything and resets its device).
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+fi
+if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
+  label=sanitizer_leak_check
+  log="$log_dir/$label.log"
+  echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 150s, log $log)"
+  t0=$(date +%s)
+  MSCCLPP_TEST_TIMEOUT_SCALE=1.5 timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full \
+    --target-processes all --report-api-errors no --error-exitcode 17 \
+    "$bin_dir/p2p_methods" 2 --quick >"$log" 2>&1
+  rc=$?
+  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+  case_failures=$(grep -c '^FAIL ' "$log")
+  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
+    echo "PASS $label: p2p_methods 2 --quick under memcheck: $summaries process reports, no errors, no leaks"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
+    failed=$((failed + 1))
+    echo "-- last lines of $log:"
+    tail -n 40 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
+else
+  echo "note: compute-sanitizer not found; leak check not run (not counted)"
+fi
+
+echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"
+echo "gpu tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

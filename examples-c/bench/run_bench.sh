@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Runs the two-GPU benchmarks (built into build/bench) and prints their results as markdown tables for
+# docs/PERFORMANCE.md. Full logs go to $BENCH_LOG_DIR (default build/bench-logs). Every benchmark checks
+# its data word by word before timing; a result whose check failed is marked as such.
+set -u
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root" || exit 1
+bin_dir="${BENCH_BIN_DIR:-build/bench}"
+log_dir="${BENCH_LOG_DIR:-build/bench-logs}"
+
+n_gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+fi
+if [ "$n_gpus" -lt 2 ]; then
+  echo "benchmarks: skipped ($n_gpus GPUs found, 2 needed)"
+  exit 0
+fi
+mkdir -p "$log_dir"
+# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, use the system's.
+if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+status=0
+# run_bench NAME LIMIT_SECONDS: runs $bin_dir/NAME with 2 ranks, log in $log_dir/NAME.log
+run_bench() {
+  local name=$1 limit=$2
+  local log="$log_dir/$name.log"
+  if [ ! -x "$bin_dir/$name" ]; then
+    echo "FAIL $name: $bin_dir/$name is missing (not built)"
+    status=1
+    return
+  fi
+  echo "== $name (limit ${limit}s, log $log)" >&2
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$bin_dir/$name" 2 >"$log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ] || grep -q '^FAIL ' "$log"; then
+    echo "FAIL $name: exit code $rc; failed cases:"
+    grep '^FAIL ' "$log" | sed 's/^/   /'
+    tail -n 15 "$log" | sed 's/^/   | /'
+    status=1
+  fi
+  echo "-- $name: exit code $rc, $(($(date +%s) - t0))s" >&2
+}
+
+run_bench pingpong 60
+run_bench bidir_put 90
+run_bench allgather_bench 150
+
+# value KEY LINE: the value of KEY=... in a BENCH line
+value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+size_name() {
+  local b=$1
+  if [ $((b % 1073741824)) -eq 0 ]; then echo "$((b / 1073741824)) GiB"
+  elif [ $((b % 1048576)) -eq 0 ]; then echo "$((b / 1048576)) MiB"
+  elif [ $((b % 1024)) -eq 0 ]; then echo "$((b / 1024)) KiB"
+  else echo "$b B"; fi
+}
+mark() { [ "$1" = "1" ] || echo " (data check FAILED)"; }
+
+echo
+echo "Measured $(date -u '+%Y-%m-%d') on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | sed 's/^ *//; s/ / x /' | tr '\n' ' ')(two processes, one GPU each)."
+echo
+echo "### Two-GPU microbenchmarks (one thread per GPU, median of 5 repeats)"
+echo
+echo "| measure | ours |"
+echo "| --- | --- |"
+line=$(grep '^BENCH pingpong ' "$log_dir/pingpong.log" 2>/dev/null | tail -n 1)
+if [ -n "$line" ]; then
+  echo "| ping-pong, one way | $(value one_way_us "$line") us |"
+else
+  echo "| ping-pong, one way | n/a (failed, see $log_dir/pingpong.log) |"
+fi
+bidir=$(grep '^BENCH bidir_put ' "$log_dir/bidir_put.log" 2>/dev/null)
+if [ -n "$bidir" ]; then
+  while read -r line; do
+    b=$(value bytes "$line")
+    echo "| bidirectional putWithSignal, $(size_name "$b") | $(value us_per_iter "$line") us per iteration, $(value GBps_per_direction "$line") GB/s per direction$(mark "$(value checked "$line")") |"
+  done <<<"$bidir"
+else
+  echo "| bidirectional putWithSignal | n/a (failed, see $log_dir/bidir_put.log) |"
+fi
+
+echo
+echo "### All-gather (2 ranks; 10 CUDA-graph launches of 10 kernels, median of 5 repeats; algBW = whole buffer / time per kernel)"
+echo
+echo "| buffer | kernel 0 time | kernel 0 algBW | kernel 1 time | kernel 1 algBW |"
+echo "| --- | --- | --- | --- | --- |"
+ag=$(grep '^BENCH allgather ' "$log_dir/allgather_bench.log" 2>/dev/null)
+if [ -n "$ag" ]; then
+  for b in $(echo "$ag" | tr ' ' '\n' | sed -n 's/^bytes=//p' | sort -n | uniq); do
+    row="| $(size_name "$b") |"
+    for k in 0 1; do
+      line=$(echo "$ag" | grep " kernel=$k bytes=$b " | tail -n 1)
+      if [ -n "$line" ]; then
+        row="$row $(value time_us "$line") us$(mark "$(value checked "$line")") | $(value algbw_GBps "$line") GB/s |"
+      else
+        row="$row n/a | n/a |"
+      fi
+    done
+    echo "$row"
+  done
+else
+  echo "| n/a (failed, see $log_dir/allgather_bench.log) | | | | |"
+fi
+exit "$status"
