@@ -7,6 +7,7 @@ use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping,
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
+use crate::transport::ib::IbState;
 use crate::transport::p2p::{self, P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
 use crate::types::{mscclppConcurrentFifo, mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
@@ -18,6 +19,7 @@ use std::time::Duration;
 /// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
 const TAG_CONNECTION: u64 = 1 << 32;
 const TAG_REGISTER: u64 = 2 << 32;
+const TAG_IB_CONNECTION: u64 = 3 << 32;
 
 fn message_tag(kind: u64, tag: i32) -> u64 {
     kind | tag as u32 as u64
@@ -77,6 +79,9 @@ impl std::ops::DerefMut for DevConnTable {
 #[derive(Default)]
 struct CommState {
     gpu: Option<GpuContext>,
+    /// IB devices, queue pairs, memory regions and proxies. Declared before `connections` so that, when
+    /// dropped, memory regions are released before the memory they cover.
+    ib: IbState,
     connections: Vec<Connection>,
     /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
     set_up: usize,
@@ -150,7 +155,8 @@ impl Communicator {
 
     /// The proxy's first failure, if any; later calls report it instead of going on.
     fn check_proxy(st: &CommState) -> Result<()> {
-        match st.proxy_shared.as_ref().and_then(|s| s.failure()) {
+        let failure = st.proxy_shared.as_ref().and_then(|s| s.failure());
+        match failure.or_else(|| st.ib.failure()) {
             Some(e) => Err(Error::new(e.kind, format!("the proxy failed earlier: {}", e.message))),
             None => Ok(()),
         }
@@ -176,7 +182,7 @@ impl Communicator {
         transport: TransportKind,
     ) -> Result<()> {
         let mut st = self.state.lock();
-        if st.proxy.is_some() {
+        if st.proxy.is_some() || st.ib.is_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnect called while the proxy runs; call mscclppProxyStop first",
             ));
@@ -187,9 +193,8 @@ impl Communicator {
             )));
         }
         if let TransportKind::Ib { device } = &transport {
-            return Err(Error::invalid_usage(format!(
-                "InfiniBand (device \"{device}\") is not available in this build of the library; use mscclppTransportP2P"
-            )));
+            // Fails first, naming the devices found, when libibverbs or the device is missing.
+            st.ib.open_device(device)?;
         }
         let gpu = Self::gpu(&mut st)?;
         let info = pointer_info(buff, size, "localBuff")?;
@@ -203,6 +208,11 @@ impl Communicator {
             log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
         }
         let epochs = Epochs::new(&gpu)?;
+        if let TransportKind::Ib { device } = &transport {
+            let conn = st.connections.len();
+            st.ib
+                .connect(self.rank, conn, device, remote_rank, tag, buff, size, epochs.signal())?;
+        }
         st.connections.push(Connection {
             remote_rank,
             tag,
@@ -223,7 +233,7 @@ impl Communicator {
     pub fn setup(&self) -> Result<()> {
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_some() {
+        if st.proxy.is_some() || st.ib.is_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnectionSetup called while the proxy runs",
             ));
@@ -248,6 +258,15 @@ impl Communicator {
                 self.bootstrap
                     .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
             }
+            // IB connections also send their queue pair and memory regions, in a message of their own.
+            for i in pending.clone() {
+                let c = &st.connections[i];
+                if matches!(c.transport, TransportKind::Ib { .. }) {
+                    let msg = st.ib.setup_message(i)?;
+                    self.bootstrap
+                        .send(c.remote_rank, message_tag(TAG_IB_CONNECTION, c.tag), &msg)?;
+                }
+            }
             for i in pending.clone() {
                 let (peer, tag, kind) = {
                     let c = &st.connections[i];
@@ -268,7 +287,18 @@ impl Communicator {
                         info.transport
                     )));
                 }
-                let remote = self.map_remote(&mut st, &gpu, &info, me)?;
+                let remote = if matches!(kind, TransportKind::Ib { .. }) {
+                    let bytes = self.bootstrap.recv(peer, message_tag(TAG_IB_CONNECTION, tag))?;
+                    let (buff, size, epochs) = st.ib.complete_setup(i, &bytes)?;
+                    RemoteSide {
+                        buff,
+                        size,
+                        epochs,
+                        mappings: Vec::new(),
+                    }
+                } else {
+                    self.map_remote(&mut st, &gpu, &info, me)?
+                };
                 st.connections[i].remote = Some(remote);
             }
             st.set_up = st.connections.len();
@@ -282,16 +312,19 @@ impl Communicator {
                 })
                 .collect();
             st.flags_sent = Arc::new(counts);
-            let fifo = st.p2p_fifo.as_ref().expect("allocated above");
-            let dev_conns = st
-                .connections
-                .iter()
-                .enumerate()
-                .map(|(i, c)| mscclppDevConn {
-                    base: c.base_conn(),
-                    fifo: fifo.device_view(i),
-                })
-                .collect();
+            let mut dev_conns = Vec::with_capacity(st.connections.len());
+            for i in 0..st.connections.len() {
+                // IB connections use the FIFO of their device's proxy.
+                let fifo = if matches!(st.connections[i].transport, TransportKind::Ib { .. }) {
+                    st.ib.fifo_view(&gpu, i)?
+                } else {
+                    st.p2p_fifo.as_ref().expect("allocated above").device_view(i)
+                };
+                dev_conns.push(mscclppDevConn {
+                    base: st.connections[i].base_conn(),
+                    fifo,
+                });
+            }
             st.dev_conns = DevConnTable(dev_conns);
         }
         drop(st);
@@ -365,13 +398,22 @@ impl Communicator {
     pub fn proxy_launch(&self) -> Result<()> {
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_some() {
+        if st.proxy.is_some() || st.ib.is_running() {
             return Err(Error::invalid_usage("the proxy is already running"));
         }
         if st.set_up < st.connections.len() {
             return Err(Error::invalid_usage(
                 "call mscclppConnectionSetup before mscclppProxyLaunch",
             ));
+        }
+        if st
+            .connections
+            .iter()
+            .any(|c| matches!(c.transport, TransportKind::Ib { .. }))
+        {
+            // One proxy per IB device.
+            let gpu = Self::gpu(&mut st)?;
+            st.ib.launch(&gpu)?;
         }
         let routes: Vec<Option<P2pRoute>> = st
             .connections
@@ -421,6 +463,7 @@ impl Communicator {
 
     /// Stops the proxy, if it runs. Returns the proxy's failure, if it had one.
     fn stop_proxy(st: &mut CommState) -> Result<()> {
+        let ib = st.ib.stop();
         if let Some(thread) = st.proxy.take() {
             let shared = thread.shared().clone();
             st.proxy_tail = thread.stop()?;
@@ -431,7 +474,7 @@ impl Communicator {
                 );
             }
         }
-        Self::check_proxy(st)
+        Self::check_proxy(st).and(ib)
     }
 
     /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop.
@@ -458,13 +501,29 @@ impl Communicator {
             buffer: export,
         }
         .to_bytes();
-        let peers: Vec<(usize, i32)> = st.connections.iter().map(|c| (c.remote_rank, c.tag)).collect();
-        for &(peer, tag) in &peers {
-            self.bootstrap.send(peer, message_tag(TAG_REGISTER, tag), &msg)?;
+        let peers: Vec<(usize, i32, bool)> = st
+            .connections
+            .iter()
+            .map(|c| (c.remote_rank, c.tag, matches!(c.transport, TransportKind::Ib { .. })))
+            .collect();
+        for (i, &(peer, tag, ib)) in peers.iter().enumerate() {
+            // IB peers get our memory region's address and rkey instead of an IPC handle.
+            let ib_msg = if ib {
+                Some(st.ib.register_message(i, ptr, size)?)
+            } else {
+                None
+            };
+            self.bootstrap
+                .send(peer, message_tag(TAG_REGISTER, tag), ib_msg.as_deref().unwrap_or(&msg))?;
         }
         let mut entries = Vec::with_capacity(peers.len());
-        for &(peer, tag) in &peers {
-            let info = RegisterInfo::from_bytes(&self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?)?;
+        for (i, &(peer, tag, ib)) in peers.iter().enumerate() {
+            let bytes = self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?;
+            if ib {
+                entries.push(st.ib.register_remote(i, ptr, size, &bytes)?);
+                continue;
+            }
+            let info = RegisterInfo::from_bytes(&bytes)?;
             let remote = if info.process == me {
                 enable_peer_access(&gpu, info.buffer.address);
                 info.buffer.address
@@ -502,6 +561,12 @@ impl Communicator {
         Self::gpu(&mut st)?;
         pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
         for (i, e) in entries.iter().enumerate() {
+            if st.ib.owns(e.IbMr) {
+                // An IB peer: an RDMA write into its registered buffer.
+                st.ib
+                    .registered_write(e.IbMr, src, size, src_offset, dst_offset, stream as usize)?;
+                continue;
+            }
             let dst = e.remoteBuff as DevicePtr;
             let reg = st.registered.iter().find(|r| r.ptr == dst).ok_or_else(|| {
                 Error::invalid_argument(format!(
@@ -534,6 +599,8 @@ impl Communicator {
             let _ = g.make_current();
         }
         st.dev_conns.clear();
+        // IB memory regions go before the memory they cover; a failure was reported by the stop above.
+        let _ = st.ib.clear();
         st.connections.clear();
         st.registered.clear();
         st.registered_maps.clear();

@@ -96,7 +96,9 @@ impl IbConfig {
             cq_size: num(&get, "MSCCLPP_IB_CQ_SIZE", d.cq_size, 1, 1 << 22)?,
             poll_batch: num(&get, "MSCCLPP_IB_CQ_POLL_BATCH", d.poll_batch, 1, 4096)?,
             qp_depth: num(&get, "MSCCLPP_IB_QP_DEPTH", d.qp_depth, 1, 1 << 16)?,
-            ibv_so: get("MSCCLPP_IBV_SO").filter(|s| !s.trim().is_empty()).unwrap_or(d.ibv_so),
+            ibv_so: get("MSCCLPP_IBV_SO")
+                .filter(|s| !s.trim().is_empty())
+                .unwrap_or(d.ibv_so),
         })
     }
 }
@@ -161,7 +163,9 @@ impl Reader<'_> {
 }
 
 fn put_range(w: &mut Writer, r: &KeyedRange) {
-    w.put(&r.addr.to_le_bytes()).put(&r.size.to_le_bytes()).put(&r.key.to_le_bytes());
+    w.put(&r.addr.to_le_bytes())
+        .put(&r.size.to_le_bytes())
+        .put(&r.key.to_le_bytes());
 }
 
 impl IbConnInfo {
@@ -288,7 +292,7 @@ unsafe impl Send for RegisteredIb {}
 fn keyed(mr: &dyn MemoryRegion, remote: bool) -> KeyedRange {
     KeyedRange {
         addr: mr.addr(),
-        size: mr.len(),
+        size: mr.size(),
         key: if remote { mr.rkey() } else { mr.lkey() },
     }
 }
@@ -493,15 +497,17 @@ impl IbState {
             return Err(Error::remote("the peer's epoch counters are smaller than 16 bytes"));
         }
         let local = e.local;
-        e.queue.with_qp(|qp| qp.connect(&local, &info.endpoint)).map_err(|err| {
-            Error::new(
-                err.kind,
-                format!(
-                    "connecting to rank {} (tag {}, queue pair {}, LID {}): {}",
-                    info.rank, info.tag, info.endpoint.qpn, info.endpoint.lid, err.message
-                ),
-            )
-        })?;
+        e.queue
+            .with_qp(|qp| qp.connect(&local, &info.endpoint))
+            .map_err(|err| {
+                Error::new(
+                    err.kind,
+                    format!(
+                        "connecting to rank {} (tag {}, queue pair {}, LID {}): {}",
+                        info.rank, info.tag, info.endpoint.qpn, info.endpoint.lid, err.message
+                    ),
+                )
+            })?;
         let e = self.endpoints[conn].as_mut().expect("checked above");
         e.remote = Some((info.buff, info.epochs));
         log::info!(
@@ -631,7 +637,11 @@ impl IbState {
     pub fn register_message(&mut self, conn: usize, ptr: DevicePtr, size: u64) -> Result<Vec<u8>> {
         let d = self.endpoint(conn)?.device;
         let (_, rkey, _) = self.region_for(d, ptr, size, (ptr, size))?;
-        Ok(register_to_bytes(&KeyedRange { addr: ptr, size, key: rkey }))
+        Ok(register_to_bytes(&KeyedRange {
+            addr: ptr,
+            size,
+            key: rkey,
+        }))
     }
 
     /// A region of device `d` that covers `[addr, +len)`, registering `register` if none does. Returns
@@ -700,14 +710,21 @@ impl IbState {
         size: u64,
         src_offset: u64,
         dst_offset: u64,
-        stream: cudarc::driver::sys::CUstream,
+        stream: usize,
     ) -> Result<()> {
         let info = crate::gpu::pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
+        let stream = stream as cudarc::driver::sys::CUstream;
         // SAFETY: a stream handle of the application (0 for the default stream) in our current context.
         crate::gpu::check(unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) }, || {
             "waiting for the stream of mscclppRegisteredBufferWrite".into()
         })?;
-        self.write_registered(ib_mr, src + src_offset, size, dst_offset, (info.base, info.alloc_size as u64))
+        self.write_registered(
+            ib_mr,
+            src + src_offset,
+            size,
+            dst_offset,
+            (info.base, info.alloc_size as u64),
+        )
     }
 
     /// The transport part of `registered_write`: `source` is the range to register if no region covers

@@ -221,7 +221,11 @@ impl IbQueue {
                     }
                     if c.wr_id != st.completed {
                         // In-order completion is a property of reliable connections; say so if it breaks.
-                        log::warn!("completion of write {} arrived while {} was expected", c.wr_id, st.completed);
+                        log::warn!(
+                            "completion of write {} arrived while {} was expected",
+                            c.wr_id,
+                            st.completed
+                        );
                     }
                     st.completed += 1;
                     ok += 1;

@@ -211,7 +211,8 @@ impl VerbsDevice for RealDevice {
     fn create_qp(&self, port: u8, send_depth: u32, cq_size: u32) -> Result<Box<dyn QueuePair>> {
         let d = &self.inner;
         // SAFETY: a live context; no completion channel.
-        let cq = unsafe { (d.lib.fns.create_cq)(d.ctx, cq_size as c_int, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        let cq =
+            unsafe { (d.lib.fns.create_cq)(d.ctx, cq_size as c_int, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         if cq.is_null() {
             return Err(Error::system(format!(
                 "ibv_create_cq({cq_size} entries) on \"{}\" failed: {} (MSCCLPP_IB_CQ_SIZE)",
@@ -286,7 +287,7 @@ impl MemoryRegion for RealRegion {
     fn addr(&self) -> u64 {
         self.addr
     }
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.len
     }
     fn lkey(&self) -> u32 {

@@ -160,7 +160,9 @@ impl VerbsDevice for SimDevice {
     }
     fn register(&self, addr: u64, len: u64) -> Result<Box<dyn MemoryRegion>> {
         if addr == 0 || len == 0 {
-            return Err(Error::system(format!("ibv_reg_mr of {len} bytes at {addr:#x}: invalid range")));
+            return Err(Error::system(format!(
+                "ibv_reg_mr of {len} bytes at {addr:#x}: invalid range"
+            )));
         }
         let mut st = self.fabric.inner.lock();
         let key = st.next_key;
@@ -216,7 +218,7 @@ impl MemoryRegion for SimRegion {
     fn addr(&self) -> u64 {
         self.addr
     }
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.len
     }
     fn lkey(&self) -> u32 {
@@ -277,13 +279,7 @@ impl SimQp {
         } else {
             // SAFETY: both ranges lie inside registered regions, which the tests keep alive while
             // registered (see the module docs); `copy` allows overlap.
-            unsafe {
-                std::ptr::copy(
-                    w.local_addr as *const u8,
-                    w.remote_addr as *mut u8,
-                    w.len as usize,
-                )
-            };
+            unsafe { std::ptr::copy(w.local_addr as *const u8, w.remote_addr as *mut u8, w.len as usize) };
             WC_SUCCESS
         };
         st.log.push(Executed {
@@ -374,8 +370,10 @@ impl QueuePair for SimQp {
             executed += 1;
             if let Some(c) = self.execute(&mut st, &w) {
                 if self.cq.len() >= self.cq_cap {
-                    st.violations
-                        .push(format!("completion queue of QP {} overrun ({} entries)", self.qpn, self.cq_cap));
+                    st.violations.push(format!(
+                        "completion queue of QP {} overrun ({} entries)",
+                        self.qpn, self.cq_cap
+                    ));
                 }
                 self.cq.push_back((c, frees.max(1)));
             }

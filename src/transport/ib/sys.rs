@@ -268,31 +268,48 @@ pub struct ibv_wc {
     pub dlid_path_bits: u8,
 }
 
+pub type GetDeviceListFn = unsafe extern "C" fn(num: *mut c_int) -> *mut *mut ibv_device;
+pub type FreeDeviceListFn = unsafe extern "C" fn(list: *mut *mut ibv_device);
+pub type GetDeviceNameFn = unsafe extern "C" fn(dev: *mut ibv_device) -> *const c_char;
+pub type OpenDeviceFn = unsafe extern "C" fn(dev: *mut ibv_device) -> *mut ibv_context;
+pub type CloseDeviceFn = unsafe extern "C" fn(ctx: *mut ibv_context) -> c_int;
+pub type AllocPdFn = unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_pd;
+pub type DeallocPdFn = unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int;
+pub type RegMrFn = unsafe extern "C" fn(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr;
+pub type DeregMrFn = unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int;
+pub type CreateCqFn = unsafe extern "C" fn(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq;
+pub type DestroyCqFn = unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int;
+pub type CreateQpFn = unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
+pub type DestroyQpFn = unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int;
+pub type ModifyQpFn = unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int;
+pub type QueryPortFn = unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int;
+pub type QueryGidFn = unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int;
+
 /// The libibverbs functions we use (all exported symbols of `libibverbs.so.1`).
 pub struct Functions {
-    pub get_device_list: unsafe extern "C" fn(num: *mut c_int) -> *mut *mut ibv_device,
-    pub free_device_list: unsafe extern "C" fn(list: *mut *mut ibv_device),
-    pub get_device_name: unsafe extern "C" fn(dev: *mut ibv_device) -> *const c_char,
-    pub open_device: unsafe extern "C" fn(dev: *mut ibv_device) -> *mut ibv_context,
-    pub close_device: unsafe extern "C" fn(ctx: *mut ibv_context) -> c_int,
-    pub alloc_pd: unsafe extern "C" fn(ctx: *mut ibv_context) -> *mut ibv_pd,
-    pub dealloc_pd: unsafe extern "C" fn(pd: *mut ibv_pd) -> c_int,
-    pub reg_mr: unsafe extern "C" fn(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr,
-    pub dereg_mr: unsafe extern "C" fn(mr: *mut ibv_mr) -> c_int,
-    pub create_cq: unsafe extern "C" fn(
-        ctx: *mut ibv_context,
-        cqe: c_int,
-        cq_context: *mut c_void,
-        channel: *mut ibv_comp_channel,
-        comp_vector: c_int,
-    ) -> *mut ibv_cq,
-    pub destroy_cq: unsafe extern "C" fn(cq: *mut ibv_cq) -> c_int,
-    pub create_qp: unsafe extern "C" fn(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp,
-    pub destroy_qp: unsafe extern "C" fn(qp: *mut ibv_qp) -> c_int,
-    pub modify_qp: unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int,
+    pub get_device_list: GetDeviceListFn,
+    pub free_device_list: FreeDeviceListFn,
+    pub get_device_name: GetDeviceNameFn,
+    pub open_device: OpenDeviceFn,
+    pub close_device: CloseDeviceFn,
+    pub alloc_pd: AllocPdFn,
+    pub dealloc_pd: DeallocPdFn,
+    pub reg_mr: RegMrFn,
+    pub dereg_mr: DeregMrFn,
+    pub create_cq: CreateCqFn,
+    pub destroy_cq: DestroyCqFn,
+    pub create_qp: CreateQpFn,
+    pub destroy_qp: DestroyQpFn,
+    pub modify_qp: ModifyQpFn,
     /// The compat entry point: it fills the fields of `ibv_port_attr` up to `flags`, which is all we read.
-    pub query_port: unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int,
-    pub query_gid: unsafe extern "C" fn(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int,
+    pub query_port: QueryPortFn,
+    pub query_gid: QueryGidFn,
 }
 
 /// A loaded libibverbs. Never unloaded: verbs objects may outlive any one owner of the handle.
@@ -340,29 +357,29 @@ impl Library {
             }
         };
         macro_rules! f {
-            ($s:literal) => {
+            ($s:literal, $t:ty) => {
                 // SAFETY: the symbol is libibverbs' exported function of that name, whose C signature the
-                // field's type restates from verbs.h.
-                unsafe { std::mem::transmute::<*mut c_void, _>(sym($s)?) }
+                // type restates from verbs.h.
+                unsafe { std::mem::transmute::<*mut c_void, $t>(sym($s)?) }
             };
         }
         let fns = Functions {
-            get_device_list: f!(c"ibv_get_device_list"),
-            free_device_list: f!(c"ibv_free_device_list"),
-            get_device_name: f!(c"ibv_get_device_name"),
-            open_device: f!(c"ibv_open_device"),
-            close_device: f!(c"ibv_close_device"),
-            alloc_pd: f!(c"ibv_alloc_pd"),
-            dealloc_pd: f!(c"ibv_dealloc_pd"),
-            reg_mr: f!(c"ibv_reg_mr"),
-            dereg_mr: f!(c"ibv_dereg_mr"),
-            create_cq: f!(c"ibv_create_cq"),
-            destroy_cq: f!(c"ibv_destroy_cq"),
-            create_qp: f!(c"ibv_create_qp"),
-            destroy_qp: f!(c"ibv_destroy_qp"),
-            modify_qp: f!(c"ibv_modify_qp"),
-            query_port: f!(c"ibv_query_port"),
-            query_gid: f!(c"ibv_query_gid"),
+            get_device_list: f!(c"ibv_get_device_list", GetDeviceListFn),
+            free_device_list: f!(c"ibv_free_device_list", FreeDeviceListFn),
+            get_device_name: f!(c"ibv_get_device_name", GetDeviceNameFn),
+            open_device: f!(c"ibv_open_device", OpenDeviceFn),
+            close_device: f!(c"ibv_close_device", CloseDeviceFn),
+            alloc_pd: f!(c"ibv_alloc_pd", AllocPdFn),
+            dealloc_pd: f!(c"ibv_dealloc_pd", DeallocPdFn),
+            reg_mr: f!(c"ibv_reg_mr", RegMrFn),
+            dereg_mr: f!(c"ibv_dereg_mr", DeregMrFn),
+            create_cq: f!(c"ibv_create_cq", CreateCqFn),
+            destroy_cq: f!(c"ibv_destroy_cq", DestroyCqFn),
+            create_qp: f!(c"ibv_create_qp", CreateQpFn),
+            destroy_qp: f!(c"ibv_destroy_qp", DestroyQpFn),
+            modify_qp: f!(c"ibv_modify_qp", ModifyQpFn),
+            query_port: f!(c"ibv_query_port", QueryPortFn),
+            query_gid: f!(c"ibv_query_gid", QueryGidFn),
         };
         Ok(Library {
             name: name.to_string(),
@@ -465,7 +482,10 @@ mod tests {
             (32, 36, 56, 88, 120, 126, 129, 136)
         );
         assert_eq!(size_of::<ibv_ah_attr>(), 32);
-        assert_eq!((offset_of!(ibv_ah_attr, dlid), offset_of!(ibv_ah_attr, port_num)), (24, 30));
+        assert_eq!(
+            (offset_of!(ibv_ah_attr, dlid), offset_of!(ibv_ah_attr, port_num)),
+            (24, 30)
+        );
         assert_eq!(size_of::<ibv_global_route>(), 24);
         assert_eq!(offset_of!(ibv_global_route, flow_label), 16);
         assert_eq!((size_of::<ibv_gid>(), align_of::<ibv_gid>()), (16, 8));

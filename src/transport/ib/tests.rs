@@ -68,7 +68,9 @@ fn config() -> IbConfig {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
+        .collect()
 }
 
 /// Ranks 0 and 1, on devices mlx5_0 and mlx5_1 of one fabric, with one connection (tag 7) set up.
@@ -85,15 +87,17 @@ fn pair_with_timeout(fabric: &SimFabric, cfg: IbConfig, stall: Duration) -> (Ran
         };
         let mut r = r;
         let (dev, peer) = if rank == 0 { ("mlx5_0", 1) } else { ("mlx5_1", 0) };
-        r.ib
-            .connect(rank, 0, dev, peer, 7, r.buff.addr(), BUFF as u64, r.epochs.addr())
+        r.ib.connect(rank, 0, dev, peer, 7, r.buff.addr(), BUFF as u64, r.epochs.addr())
             .unwrap();
         r
     };
     let (mut a, mut b) = (mk(0), mk(1));
     let (ma, mb) = (a.ib.setup_message(0).unwrap(), b.ib.setup_message(0).unwrap());
     let (remote_buff, remote_size, remote_epochs) = a.ib.complete_setup(0, &mb).unwrap();
-    assert_eq!((remote_buff, remote_size, remote_epochs), (b.buff.addr(), BUFF as u64, b.epochs.addr()));
+    assert_eq!(
+        (remote_buff, remote_size, remote_epochs),
+        (b.buff.addr(), BUFF as u64, b.epochs.addr())
+    );
     b.ib.complete_setup(0, &ma).unwrap();
     (a, b)
 }
@@ -168,7 +172,10 @@ fn data_trigger_writes_the_range_at_both_offsets() {
     h.sync().unwrap();
     assert_eq!(b.buff.read(32, 100), a.buff.read(16, 100));
     assert!(b.buff.read(0, 32).iter().all(|&x| x == 0), "nothing before dstOffset");
-    assert!(b.buff.read(132, BUFF - 132).iter().all(|&x| x == 0), "nothing past the range");
+    assert!(
+        b.buff.read(132, BUFF - 132).iter().all(|&x| x == 0),
+        "nothing past the range"
+    );
     assert_eq!(b.epochs.u64_at(8), 0, "no flag without Flag");
     assert!(fabric.violations().is_empty());
 }
@@ -223,8 +230,16 @@ fn data_with_flag_lands_the_data_before_the_flag() {
     h.sync().unwrap();
     let log = fabric.log();
     assert_eq!(log.len(), 2);
-    assert_eq!((log[0].remote_addr, log[0].len), (b.buff.addr() + 512, 256), "data first");
-    assert_eq!((log[1].remote_addr, log[1].len), (b.epochs.addr() + 8, 8), "then the flag");
+    assert_eq!(
+        (log[0].remote_addr, log[0].len),
+        (b.buff.addr() + 512, 256),
+        "data first"
+    );
+    assert_eq!(
+        (log[1].remote_addr, log[1].len),
+        (b.epochs.addr() + 8, 8),
+        "then the flag"
+    );
     assert_eq!(log[0].qpn, log[1].qpn, "on one queue pair, which keeps them in order");
     assert_eq!(b.buff.read(512, 256), a.buff.read(0, 256));
     assert_eq!(b.epochs.u64_at(8), 1);
@@ -310,7 +325,10 @@ fn failed_completion_is_logged_with_rank_peer_and_status_and_reported_later() {
     assert_eq!(f.tail, 3, "the proxy went on releasing triggers");
     assert!(h.sync().is_err(), "later syncs report it");
     let q = &h.queues[0];
-    assert!(q.write(a.buff.addr(), 0, 8, 0, 0).is_err(), "the queue pair is unusable after it");
+    assert!(
+        q.write(a.buff.addr(), 0, 8, 0, 0).is_err(),
+        "the queue pair is unusable after it"
+    );
 }
 
 #[test]
@@ -399,7 +417,11 @@ fn a_stalled_peer_fails_the_sync_instead_of_hanging() {
     let t = std::time::Instant::now();
     let e = h.sync().unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(5));
-    assert!(e.message.contains("no RDMA completion") && e.message.contains("rank 1"), "{}", e.message);
+    assert!(
+        e.message.contains("no RDMA completion") && e.message.contains("rank 1"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]
@@ -408,7 +430,8 @@ fn unreachable_peer_at_connect_is_a_clear_error() {
     let mk = |rank: usize, dev: &str| {
         let mut ib = IbState::with_library(Arc::new(fabric.clone()), config(), Duration::from_secs(1));
         let (buff, epochs) = (HostMem::new(64), HostMem::new(32));
-        ib.connect(rank, 0, dev, 1 - rank, 3, buff.addr(), 64, epochs.addr()).unwrap();
+        ib.connect(rank, 0, dev, 1 - rank, 3, buff.addr(), 64, epochs.addr())
+            .unwrap();
         (ib, buff, epochs)
     };
     let (mut a, _ab, _ae) = mk(0, "mlx5_0");
@@ -418,7 +441,11 @@ fn unreachable_peer_at_connect_is_a_clear_error() {
         ..Faults::default()
     });
     let e = a.complete_setup(0, &b.setup_message(0).unwrap()).unwrap_err();
-    assert!(e.message.contains("rank 1") && e.message.contains("unreachable"), "{}", e.message);
+    assert!(
+        e.message.contains("rank 1") && e.message.contains("unreachable"),
+        "{}",
+        e.message
+    );
 
     // A message from the wrong rank or tag is refused before touching the queue pair.
     fabric.set_faults(Faults::default());
@@ -478,30 +505,34 @@ fn registered_buffer_write_honours_both_offsets() {
     let src = HostMem::new(128);
     src.write(0, &pattern(128, 11));
     let regions = fabric.region_count();
-    a.ib
-        .write_registered(ea.IbMr, src.addr() + 30, 50, 20, (src.addr(), src.len()))
+    a.ib.write_registered(ea.IbMr, src.addr() + 30, 50, 20, (src.addr(), src.len()))
         .unwrap();
     assert_eq!(reg_b.read(20, 50), src.read(30, 50), "srcOffset 30 -> dstOffset 20");
     assert!(reg_b.read(0, 20).iter().all(|&x| x == 0) && reg_b.read(70, 186).iter().all(|&x| x == 0));
-    assert_eq!(fabric.region_count(), regions + 1, "the source allocation was registered once");
-    a.ib
-        .write_registered(ea.IbMr, src.addr() + 100, 28, 228, (src.addr(), src.len()))
+    assert_eq!(
+        fabric.region_count(),
+        regions + 1,
+        "the source allocation was registered once"
+    );
+    a.ib.write_registered(ea.IbMr, src.addr() + 100, 28, 228, (src.addr(), src.len()))
         .unwrap();
     assert_eq!(reg_b.read(228, 28), src.read(100, 28));
     assert_eq!(fabric.region_count(), regions + 1, "and reused");
 
-    let e = a
-        .ib
-        .write_registered(ea.IbMr, src.addr(), 50, 220, (src.addr(), src.len()))
-        .unwrap_err();
+    let e =
+        a.ib.write_registered(ea.IbMr, src.addr(), 50, 220, (src.addr(), src.len()))
+            .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     assert!(e.message.contains("dstOffset 220"), "{}", e.message);
-    let mut foreign = rec;
-    let e = a
-        .ib
-        .write_registered(&mut foreign, src.addr(), 8, 0, (src.addr(), src.len()))
-        .unwrap_err();
-    assert!(e.message.contains("was not made by mscclppRegisterBuffer"), "{}", e.message);
+    let foreign = rec;
+    let e =
+        a.ib.write_registered(&foreign, src.addr(), 8, 0, (src.addr(), src.len()))
+            .unwrap_err();
+    assert!(
+        e.message.contains("was not made by mscclppRegisterBuffer"),
+        "{}",
+        e.message
+    );
     assert!(fabric.violations().is_empty());
 
     a.ib.clear().unwrap();
@@ -532,7 +563,10 @@ fn a_proxy_thread_serves_ib_triggers_until_stopped() {
     .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while p.shared().processed() < 2 {
-        assert!(std::time::Instant::now() < deadline, "the proxy did not serve the triggers");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy did not serve the triggers"
+        );
         std::thread::yield_now();
     }
     assert!(p.shared().failure().is_none());
@@ -626,7 +660,11 @@ fn settings_come_from_the_environment_with_defaults_and_named_errors() {
 fn real_backend_with_a_missing_library_is_a_clear_error() {
     let path = "/nonexistent/dir/libibverbs-missing.so";
     let e = real::RealLibrary::load(path).err().expect("no such file");
-    assert!(e.message.contains(path) && e.message.contains("MSCCLPP_IBV_SO"), "{}", e.message);
+    assert!(
+        e.message.contains(path) && e.message.contains("MSCCLPP_IBV_SO"),
+        "{}",
+        e.message
+    );
     // The same through the communicator's IB state, as mscclppConnect meets it.
     let mut ib = IbState {
         config: Some(IbConfig {
@@ -636,7 +674,11 @@ fn real_backend_with_a_missing_library_is_a_clear_error() {
         ..Default::default()
     };
     let e = ib.open_device("mlx5_0").unwrap_err();
-    assert!(e.message.contains("cannot load the InfiniBand verbs library"), "{}", e.message);
+    assert!(
+        e.message.contains("cannot load the InfiniBand verbs library"),
+        "{}",
+        e.message
+    );
 }
 
 #[test]

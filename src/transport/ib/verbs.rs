@@ -31,7 +31,7 @@ pub trait VerbsDevice: Send + Sync {
 /// A registered memory region.
 pub trait MemoryRegion: Send + Sync {
     fn addr(&self) -> u64;
-    fn len(&self) -> u64;
+    fn size(&self) -> u64;
     fn lkey(&self) -> u32;
     fn rkey(&self) -> u32;
     /// The provider's `struct ibv_mr *` (null for the simulated device); handed to applications in
@@ -39,7 +39,10 @@ pub trait MemoryRegion: Send + Sync {
     fn raw(&self) -> usize;
     /// Whether `[addr, addr + len)` lies inside the region.
     fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr() && addr.checked_add(len).is_some_and(|end| end <= self.addr() + self.len())
+        addr >= self.addr()
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr() + self.size())
     }
 }
 
