@@ -700,3 +700,30 @@ fn real_backend_on_a_machine_without_the_device_says_what_it_found() {
         Err(e) => println!("libibverbs not installed here: {e}"),
     }
 }
+
+#[test]
+fn mscclpp_connect_over_ib_without_the_device_fails_clearly_before_touching_the_gpu() {
+    use crate::bootstrap::UniqueId;
+    use crate::comm::Communicator;
+    use crate::connection::TransportKind;
+    let t = Duration::from_secs(20);
+    let id = UniqueId::create(t).unwrap();
+    let id1 = UniqueId::from_bytes(&id.to_bytes()).unwrap();
+    let peer = std::thread::spawn(move || Communicator::init_by_id(2, &id1, 1, t));
+    let comm = Communicator::init_by_id(2, &id, 0, t).unwrap();
+    // Both stay alive until the end: a rank leaving early can fail the other's set-up.
+    let peer = peer.join().unwrap().unwrap();
+    // The buffer is never looked at: the device is checked first, so this holds on machines without a GPU.
+    let ib = TransportKind::Ib {
+        device: "mlx5_nonexistent".into(),
+    };
+    let e = comm.connect(1, 0, 0x1000, 64, ib).unwrap_err();
+    let m = &e.message;
+    assert!(
+        m.contains("cannot load the InfiniBand verbs library")
+            || (m.contains("\"mlx5_nonexistent\" not found") && m.contains("devices found:")),
+        "{m}"
+    );
+    comm.destroy().unwrap();
+    peer.destroy().unwrap();
+}
