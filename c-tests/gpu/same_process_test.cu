@@ -51,9 +51,9 @@ constexpr uint64_t kChunkBytes = kChunkElems * sizeof(uint32_t);
 constexpr uint32_t kSentinel = 0xDEADBEEFu; // what the receiving slot holds before a round
 constexpr int kRounds = 3;
 constexpr uint64_t kWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
-constexpr double kKernelDeadlineSec = 30;
-constexpr unsigned kCaseAlarmSec = 75;
-constexpr double kCaseDeadlineSec = 90;
+constexpr double kKernelDeadlineSec = 20;
+constexpr unsigned kCaseAlarmSec = 60;
+constexpr double kCaseDeadlineSec = 70;
 
 const char* const kRoundNames[kRounds + 1] = {
   "", "put+signal+flush", "256 reversed-chunk puts with putWithSignal, flush", "putWithSignalAndFlush"};

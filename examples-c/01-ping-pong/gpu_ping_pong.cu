@@ -23,7 +23,7 @@ using example::say;
 
 constexpr long long kSpinCycles = 10000000; // about 5 ms at 2 GHz
 constexpr size_t kBuffBytes = 4096;         // a connection needs a buffer; ping-pong moves no data
-constexpr double kKernelDeadlineSec = 60;   // the host's limit for one kernel (device waits give up sooner)
+constexpr double kKernelDeadlineSec = 20;   // the host's limit for one kernel (device waits give up sooner)
 
 // What a kernel reports back.
 struct KernelStatus
@@ -216,7 +216,7 @@ int main(int argc, char** argv)
       return arg == "-h" || arg == "--help" ? 0 : 2;
     }
   }
-  example::armAlarm(90 + opt.iters / 10);
+  example::armAlarm(60 + opt.iters / 10);
 
   int nGpus = 0;
   CUDA_CHECK(cudaGetDeviceCount(&nGpus));

@@ -20,7 +20,7 @@ using example::say;
 
 constexpr long long kSpinCycles = 10000000; // about 5 ms at 2 GHz
 constexpr size_t kBuffBytes = 4096;         // a connection needs a buffer; ping-pong moves no data
-constexpr double kKernelDeadlineSec = 60;
+constexpr double kKernelDeadlineSec = 20;
 
 struct KernelStatus
 {
@@ -78,7 +78,7 @@ struct Options
 // One child process: rank `rank` on GPU `rank`.
 static int runRank(int rank, const Options& opt, const mscclppUniqueId& id)
 {
-  example::armAlarm(90 + opt.iters / 10);
+  example::armAlarm(60 + opt.iters / 10);
   const int gpu = rank;
   const int peer = 1 - rank;
 
@@ -214,7 +214,7 @@ int main(int argc, char** argv)
   memset(&id, 0, sizeof(id));
   if (opt.uniqueId) MSCCLPP_CHECK(mscclppGetUniqueId(&id));
 
-  const bool ok = example::runRanks(2, 120 + opt.iters / 10, [&](int rank) { return runRank(rank, opt, id); });
+  const bool ok = example::runRanks(2, 70 + opt.iters / 10, [&](int rank) { return runRank(rank, opt, id); });
   if (!ok) {
     fprintf(stderr, "ERROR: ping-pong failed (see above)\n");
     return 1;

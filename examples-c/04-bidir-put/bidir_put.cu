@@ -26,7 +26,7 @@ using example::say;
 constexpr uint64_t kMaxCopyBytes = 128ull << 20;
 constexpr uint64_t kBuffBytes = 2 * kMaxCopyBytes;
 constexpr uint8_t kSentinel = 0xA5; // what every byte that nobody should write holds
-constexpr double kKernelDeadlineSec = 60;
+constexpr double kKernelDeadlineSec = 20;
 
 struct TestSize
 {
@@ -143,7 +143,7 @@ static void verify(const RankArgs& a, const std::vector<uint8_t>& host, uint64_t
 // One rank: joins the job, connects to the other rank, runs the three sizes.
 static int runRank(const RankArgs& a)
 {
-  example::armAlarm(240);
+  example::armAlarm(90);
   const int peer = 1 - a.rank;
 
   int nGpus = 0;
@@ -274,7 +274,7 @@ int main(int argc, char** argv)
     usage(argv[0]);
     return 2;
   }
-  const bool ok = example::runRanks(2, 300, [&](int rank) {
+  const bool ok = example::runRanks(2, 100, [&](int rank) {
     RankArgs a;
     a.ipPort = "127.0.0.1:" + std::to_string(port);
     a.rank = rank;

@@ -57,7 +57,8 @@ inline void say(const char* fmt, ...)
   int n = snprintf(line, sizeof(line), "ERROR: ");
   va_list ap;
   va_start(ap, fmt);
-  n += vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+  const int m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
+  n += m > 0 ? m : 0;
   va_end(ap);
   if (n > (int)sizeof(line) - 2) n = (int)sizeof(line) - 2;
   line[n++] = '\n';

@@ -24,7 +24,7 @@ constexpr uint64_t kChunkElems = 256 * 1024;   // 1 MiB of uint32_t per rank
 constexpr uint64_t kChunkBytes = kChunkElems * sizeof(uint32_t);
 constexpr uint32_t kSentinel = 0xFFFFFFFFu;    // never produced by meshValue
 constexpr int kRounds = 2;
-constexpr double kKernelDeadlineSec = 60;
+constexpr double kKernelDeadlineSec = 20;
 
 // One connection per peer, in connect order (the order of mscclppGetAllDeviceConnections).
 __constant__ mscclppDevConn constDevConns[kMaxRanks - 1];
@@ -59,7 +59,7 @@ __global__ void allGatherKernel(int rank, int nPeers, int* failed)
 
 static int runRank(int rank, int nranks, int port)
 {
-  example::armAlarm(150);
+  example::armAlarm(60);
   int nGpus = 0;
   CUDA_CHECK(cudaGetDeviceCount(&nGpus));
   if (nGpus < 1) die("rank %d: no GPU found", rank);
@@ -167,7 +167,7 @@ int main(int argc, char** argv)
   const int nranks = (int)example::parseNumber(argv[1], "nranks", 2, kMaxRanks);
   const int port = argc == 4 ? (int)example::parseNumber(argv[3], "--port", 1, 65535) : 50505;
 
-  const bool ok = example::runRanks(nranks, 180, [&](int rank) { return runRank(rank, nranks, port); });
+  const bool ok = example::runRanks(nranks, 75, [&](int rank) { return runRank(rank, nranks, port); });
   if (!ok) {
     fprintf(stderr, "ERROR: mesh all-gather of %d ranks failed (see above)\n", nranks);
     return 1;
