@@ -240,6 +240,11 @@ void runRank(int rank, Shared* sh)
   const int peer = 1 - rank;
   CUDA_CHECK(cudaSetDevice(gpu)); // the communicator takes the GPU current on the creating thread
   CUDA_CHECK(cudaFree(nullptr));
+  // Load the kernels now: with both ranks on one GPU, loading one lazily at its first launch could wait
+  // for the GPU to go idle while the peer's kernel spins waiting for ours.
+  cudaFuncAttributes attr;
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, fillKernel));
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, roundKernel));
 
   // All allocations first: with both ranks on one GPU, cudaMalloc/cudaFree during the peer's kernel could
   // wait for it. Streams are non-blocking for the same reason.
@@ -378,6 +383,8 @@ void onAlarm(int)
 int runCase(const std::string& name)
 {
   gCase = name.c_str();
+  // Every kernel loaded when the context starts (runRank() also preloads its kernels): see runRank().
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   signal(SIGALRM, onAlarm);
   alarm(kCaseAlarmSec);
   Shared sh;

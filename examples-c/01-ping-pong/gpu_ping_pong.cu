@@ -123,6 +123,8 @@ static void runRank(int rank, const Options& opt, RankResult* result)
   // The communicator works on the GPU current on the thread that creates it.
   CUDA_CHECK(cudaSetDevice(gpu));
   CUDA_CHECK(cudaFree(nullptr)); // makes sure the GPU's context exists and is current here
+  example::preloadKernel(gpuKernel0);
+  example::preloadKernel(gpuKernel1);
 
   // Everything is allocated before any kernel starts: cudaMalloc/cudaFree may wait for the whole GPU,
   // which, with both ranks on one GPU, would wait for the peer's kernel. The stream is non-blocking so
@@ -155,6 +157,8 @@ static void runRank(int rank, const Options& opt, RankResult* result)
 
   say("%s: Launching the proxy ...", label);
   MSCCLPP_CHECK(mscclppProxyLaunch(comm));
+  // Both ranks are fully set up before either kernel starts (and they start together).
+  MSCCLPP_CHECK(mscclppBootstrapBarrier(comm));
 
   say("%s: Launching gpuKernel%d ...", label, rank);
   CUDA_CHECK(cudaEventRecord(start, stream));
@@ -217,6 +221,10 @@ int main(int argc, char** argv)
     }
   }
   example::armAlarm(60 + opt.iters / 10);
+  // Load every kernel when the GPU's context starts (unless the user chose otherwise): with both ranks on
+  // one GPU, loading a kernel lazily could wait for the other rank's kernel, which waits for this one.
+  // runRank() also preloads its kernels, which is enough by itself; this is a second line of defence.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
 
   int nGpus = 0;
   CUDA_CHECK(cudaGetDeviceCount(&nGpus));

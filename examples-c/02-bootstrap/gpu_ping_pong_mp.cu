@@ -132,6 +132,7 @@ static int runRank(int rank, const Options& opt, const mscclppUniqueId& id)
 
   say("GPU %d: Launching the proxy ...", gpu);
   MSCCLPP_CHECK(mscclppProxyLaunch(comm));
+  MSCCLPP_CHECK(mscclppBootstrapBarrier(comm)); // both kernels start together
 
   say("GPU %d: Launching a GPU kernel ...", gpu);
   CUDA_CHECK(cudaEventRecord(start, stream));

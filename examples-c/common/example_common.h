@@ -152,6 +152,16 @@ inline void armAlarm(unsigned seconds)
   alarm(seconds);
 }
 
+// Loads a kernel's code now rather than at its first launch. With CUDA's lazy loading, a first launch may
+// wait until the GPU is idle; if a kernel of this process already spins on that GPU waiting for the new
+// one (two ranks on one GPU in one process), it would wait forever.
+template <typename Kernel>
+inline void preloadKernel(Kernel* kernel)
+{
+  cudaFuncAttributes attr;
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+}
+
 // ---- one process per rank ----
 
 // Runs body(rank) in one child process per rank and waits for all of them for at most `seconds`. The
