@@ -33,13 +33,27 @@ struct KernelStatus
 };
 
 // With the proxy-free extension the GPU raises the peer's epoch itself; otherwise it asks its proxy to.
-// wait() is the same either way: it watches this side's epoch, which the peer raises.
 __device__ __forceinline__ void pingSignal(mscclppDevConn& conn)
 {
 #ifdef MSCCLPP_HAS_DIRECT_METHODS
   conn.directSignal();
 #else
   conn.signal();
+#endif
+}
+
+// Waits (with a deadline) for the peer's next signal, of the same kind pingSignal() sends.
+__device__ __forceinline__ bool pingWait(mscclppDevConn& conn)
+{
+#ifdef MSCCLPP_HAS_DIRECT_METHODS
+  const uint64_t start = example::globalTimerNs();
+  while (!conn.directPoll()) {
+    if (example::globalTimerNs() - start > example::kWaitTimeoutNs) return false;
+  }
+  conn.directWait();
+  return true;
+#else
+  return example::waitWithTimeout(conn);
 #endif
 }
 
@@ -66,7 +80,7 @@ __global__ void gpuKernel0(mscclppDevConn conn, int iters, KernelStatus* status)
 {
   if (threadIdx.x + blockIdx.x * blockDim.x != 0) return;
   for (int i = 0; i < iters; ++i) {
-    if (!example::waitWithTimeout(conn)) {
+    if (!pingWait(conn)) {
       status->failedIter = i + 1;
       return;
     }
@@ -83,7 +97,7 @@ __global__ void gpuKernel1(mscclppDevConn conn, int iters, KernelStatus* status)
   for (int i = 0; i < iters; ++i) {
     pingSignal(conn);
     const uint64_t t0 = example::globalTimerNs();
-    if (!example::waitWithTimeout(conn)) {
+    if (!pingWait(conn)) {
       status->failedIter = i + 1;
       return;
     }
