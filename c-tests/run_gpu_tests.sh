@@ -69,6 +69,7 @@ run_program allgather_test_2 130 "$bin_dir/allgather_test" 2
 run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
 run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
 run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
+run_program same_process 120 "$bin_dir/same_process_test"
 
 # Leak check of a short run under compute-sanitizer, when it is installed. Any leaked allocation or
 # memory error in either rank fails it (the program frees everything and resets its device).

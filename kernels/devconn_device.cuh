@@ -185,3 +185,13 @@
       asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
     } while (seen < want);
   }
+
+  // True once the peer's next directSignal() has arrived, so that directWait() would return at once.
+  // Changes no counter: lets a kernel wait with a deadline of its own.
+  __forceinline__ __device__ bool directPoll()
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    uint64_t seen;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+    return seen > mine[6];
+  }

@@ -50,6 +50,7 @@ run_bench() {
 run_bench pingpong 60
 run_bench bidir_put 90
 run_bench allgather_bench 150
+run_bench direct_bench 90
 
 # value KEY LINE: the value of KEY=... in a BENCH line
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
@@ -106,5 +107,22 @@ if [ -n "$ag" ]; then
   done
 else
   echo "| n/a (failed, see $log_dir/allgather_bench.log) | | | | |"
+fi
+
+echo
+echo "### Proxy-free device methods (extension; one thread signals, 64 blocks x 1024 threads copy)"
+echo
+echo "| measure | ours |"
+echo "| --- | --- |"
+direct=$(grep '^BENCH direct_' "$log_dir/direct_bench.log" 2>/dev/null)
+if [ -n "$direct" ]; then
+  while read -r line; do
+    case $line in
+      "BENCH direct_pingpong "*) echo "| ping-pong one way, $(value mode "$line") | $(value one_way_us "$line") us |" ;;
+      "BENCH direct_copy "*) echo "| directPutBlock both ways at once, $(size_name "$(value bytes "$line")") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
+    esac
+  done <<<"$direct"
+else
+  echo "| proxy-free methods | n/a (failed, see $log_dir/direct_bench.log) |"
 fi
 exit "$status"

@@ -103,6 +103,11 @@ impl GpuContext {
         }
     }
 
+    /// Whether streams of this device can write 64-bit values (`cuStreamWriteValue64`).
+    pub fn can_write_u64_from_streams(&self) -> Result<bool> {
+        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)? != 0)
+    }
+
     /// Device attribute query.
     pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;

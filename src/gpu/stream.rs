@@ -29,12 +29,14 @@ impl Stream {
         self.raw as CUstream
     }
 
-    /// Queues a copy between two device addresses (peer memory included).
+    /// Queues a copy between two device addresses (peer memory included). Device-to-device, so the
+    /// driver need not look up what kind of memory each address is.
     pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
         // SAFETY: the caller checked both ranges against the buffers they belong to.
-        check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw()) }, || {
-            format!("copy of {bytes} bytes {src:#x} -> {dst:#x}")
-        })
+        check(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw()) },
+            || format!("copy of {bytes} bytes {src:#x} -> {dst:#x}"),
+        )
     }
 
     /// Queues a 64-bit write of `value` to `dst` (a stream memory operation: no copy engine).

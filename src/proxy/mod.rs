@@ -102,6 +102,18 @@ pub fn serve_one(
     Some(tail)
 }
 
+/// CPU time the calling thread has used (the proxy polls, so this shows what the polling costs).
+fn thread_cpu_seconds() -> f64 {
+    // SAFETY: a zeroed rusage is valid, and getrusage fills it.
+    let usage = unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut u);
+        u
+    };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
 /// A running proxy thread.
 pub struct ProxyThread {
     shared: Arc<ProxyShared>,
@@ -126,28 +138,27 @@ impl ProxyThread {
             .name(name)
             .spawn(move || {
                 crate::logging::set_thread_rank(rank);
+                let started = std::time::Instant::now();
                 if let Err(e) = setup() {
                     log::error!("proxy set-up failed: {e}");
                     s.fail(e);
                 }
-                let mut idle: u32 = 0;
                 while !s.stop.load(Ordering::Relaxed) {
                     match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &s) {
-                        Some(t) => {
-                            tail = t;
-                            idle = 0;
-                        }
-                        None => {
-                            idle = idle.wrapping_add(1);
-                            std::hint::spin_loop();
-                        }
+                        Some(t) => tail = t,
+                        None => std::hint::spin_loop(),
                     }
                 }
                 if let Err(e) = handler.sync().and_then(|_| publisher.publish(tail)) {
                     log::error!("final flush at FIFO position {tail} failed: {e}");
                     s.fail(e);
                 }
-                log::info!("proxy stopped at FIFO position {tail}");
+                let wall = started.elapsed().as_secs_f64();
+                log::info!(
+                    "proxy stopped at FIFO position {tail}: {} triggers, {:.3} s of CPU in {wall:.3} s",
+                    s.processed(),
+                    thread_cpu_seconds()
+                );
                 tail
             })
             .map_err(|e| Error::io("starting the proxy thread", e))?;

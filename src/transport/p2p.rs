@@ -67,7 +67,7 @@ pub enum FlagMode {
 }
 
 /// Tuning of the P2P proxy, from the environment:
-/// - `MSCCLPP_P2P_FLAG=copy|write` (default `copy`)
+/// - `MSCCLPP_P2P_FLAG=write|copy` (default `write`, where the device can do stream memory operations)
 /// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
 /// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
 ///   (default 16 MiB)
@@ -81,7 +81,7 @@ pub struct P2pOptions {
 impl Default for P2pOptions {
     fn default() -> Self {
         P2pOptions {
-            flag: FlagMode::CopyEpoch,
+            flag: FlagMode::WriteCount,
             streams: 1,
             split_bytes: 16 << 20,
         }
@@ -96,9 +96,9 @@ impl P2pOptions {
     pub fn parse(var: impl Fn(&str) -> Option<String>) -> P2pOptions {
         let mut o = P2pOptions::default();
         match var("MSCCLPP_P2P_FLAG").as_deref() {
-            None | Some("copy") => {}
-            Some("write") => o.flag = FlagMode::WriteCount,
-            Some(other) => log::warn!("MSCCLPP_P2P_FLAG={other} is not copy or write; using copy"),
+            None | Some("write") => {}
+            Some("copy") => o.flag = FlagMode::CopyEpoch,
+            Some(other) => log::warn!("MSCCLPP_P2P_FLAG={other} is not write or copy; using write"),
         }
         if let Some(v) = var("MSCCLPP_P2P_STREAMS") {
             match v.parse::<usize>() {
@@ -150,9 +150,16 @@ impl P2pHandler {
     pub fn new(
         ctx: &GpuContext,
         routes: Vec<Option<P2pRoute>>,
-        options: P2pOptions,
+        mut options: P2pOptions,
         flags_sent: Arc<Vec<AtomicU64>>,
     ) -> Result<P2pHandler> {
+        if options.flag == FlagMode::WriteCount && !ctx.can_write_u64_from_streams()? {
+            log::info!(
+                "GPU {} has no 64-bit stream memory operations; flags are copied instead",
+                ctx.device
+            );
+            options.flag = FlagMode::CopyEpoch;
+        }
         let streams = (0..options.streams)
             .map(|_| Stream::new(ctx))
             .collect::<Result<Vec<_>>>()?;

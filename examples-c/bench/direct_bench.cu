@@ -1,0 +1,182 @@
+// The proxy-free device methods (an extension of this library): ping-pong latency with
+// directSignal/directWait (release/acquire) and relaxedSignal/relaxedWait, and the bandwidth of a
+// block-wide directPut in both directions at once. Checked before timed.
+//
+//   direct_bench [--port P]
+#include "../../c-tests/gpu/test_common.h"
+
+using namespace tc;
+
+namespace {
+
+#ifndef MSCCLPP_HAS_DIRECT_METHODS
+#error "direct_bench needs a mscclpp.h with the proxy-free methods"
+#endif
+
+constexpr int kIters = 20000;
+constexpr int kRepeats = 5;
+constexpr uint64_t kMaxBytes = 1ull << 30; // per direction
+constexpr int kCopyBlocks = 64;
+constexpr int kCopyThreads = 1024;
+
+// directWait()/relaxedWait() with a deadline (same counters as the header's methods).
+template <bool Relaxed>
+__device__ bool boundedDirectWait(mscclppDevConn_t& conn, DevStatus* st, uint64_t timeoutNs, uint64_t iter)
+{
+  uint64_t* mine = reinterpret_cast<uint64_t*>(conn.localSignalEpochId);
+  const uint64_t want = mine[6] + 1;
+  mine[6] = want;
+  uint64_t seen = 0, start = globalTimerNs();
+  unsigned spins = 0;
+  for (;;) {
+    if (Relaxed)
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+    else
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+    if (seen >= want) return true;
+    if ((++spins & 1023) == 0 && (st->failed || globalTimerNs() - start > timeoutNs)) {
+      devFail(st, kFailWaitTimeout, Relaxed ? 1 : 0, iter, want, seen);
+      return false;
+    }
+  }
+}
+
+template <bool Relaxed>
+__global__ void pingpongKernel(int iters, int first, DevStatus* st, uint64_t timeoutNs)
+{
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  mscclppDevConn_t conn = gConns[0];
+  for (int i = 0; i < iters; ++i) {
+    if (!first && !boundedDirectWait<Relaxed>(conn, st, timeoutNs, i)) return;
+    if (Relaxed)
+      conn.relaxedSignal();
+    else
+      conn.directSignal();
+    if (first && !boundedDirectWait<Relaxed>(conn, st, timeoutNs, i)) return;
+  }
+}
+
+// Every block copies its share of [rank*bytes, (rank+1)*bytes) into the peer's buffer at the same place.
+__global__ void copyKernel(uint64_t offset, uint64_t bytes)
+{
+  mscclppDevConn_t conn = gConns[0];
+  const uint64_t per = (bytes / gridDim.x + 15) / 16 * 16;
+  const uint64_t begin = blockIdx.x * per;
+  if (begin >= bytes) return;
+  const uint64_t len = begin + per > bytes ? bytes - begin : per;
+  conn.directPutBlock(offset + begin, offset + begin, len);
+}
+
+char* gBuf = nullptr;
+
+std::string setup(Rank& R)
+{
+  TC_EXPECT(R.nranks == 2, "needs exactly 2 ranks");
+  TC_CUDA(cudaMalloc((void**)&gBuf, 2 * kMaxBytes));
+  TC_MSCCLPP(mscclppConnect(R.comm, 1 - R.rank, 0, gBuf, 2 * kMaxBytes, mscclppTransportP2P));
+  mscclppComm_t comm = R.comm;
+  TC_TRY(callBounded(R, "mscclppConnectionSetup", R.hostTimeoutS, [comm]() { return mscclppConnectionSetup(comm); }));
+  mscclppDevConn_t* all = nullptr;
+  int n = -1;
+  TC_MSCCLPP(mscclppGetAllDeviceConnections(R.comm, &all, &n));
+  TC_EXPECT(n == 1 && all != nullptr && all[0].remoteBuff != nullptr && all[0].remoteSignalEpochId != nullptr,
+            "expected 1 P2P connection with remote pointers");
+  TC_TRY(loadConns(R, all, 1));
+  return "";
+}
+
+template <bool Relaxed>
+std::string pingpong(Rank& R, const char* name, cudaEvent_t start, cudaEvent_t stop)
+{
+  std::vector<double> oneWayUs;
+  for (int rep = 0; rep <= kRepeats; ++rep) { // the first is a warm-up
+    TC_TRY(barrier(R, "before ping-pong"));
+    resetStatus(R);
+    TC_CUDA(cudaEventRecord(start, R.stream));
+    pingpongKernel<Relaxed><<<1, 32, 0, R.stream>>>(kIters, R.rank == 0, R.dStatus, R.waitTimeoutNs);
+    TC_CUDA(cudaGetLastError());
+    TC_CUDA(cudaEventRecord(stop, R.stream));
+    TC_TRY(syncBounded(R, "ping-pong kernel", 2 * R.hostTimeoutS));
+    float ms = 0;
+    TC_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0) oneWayUs.push_back((double)ms * 1000.0 / (2.0 * kIters));
+  }
+  if (R.rank == 0) {
+    printf("BENCH direct_pingpong mode=%s one_way_us=%.3f iters=%d repeats=%d\n", name, median(oneWayUs), kIters,
+           kRepeats);
+    fflush(stdout);
+  }
+  R.info = fmt("(one way %.3f us)", median(oneWayUs));
+  return "";
+}
+
+std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t stop)
+{
+  const uint64_t mine = (uint64_t)R.rank * kMaxBytes, theirs = (uint64_t)(1 - R.rank) * kMaxBytes;
+  const uint32_t seed = 0x5eed0000u + (uint32_t)(bytes >> 10);
+  // Check: fill my range, copy it into the peer, verify the peer's range that landed in mine.
+  TC_TRY(fillWords(R, gBuf, mine, bytes, seed + R.rank, 0));
+  TC_CUDA(cudaMemset(gBuf + theirs, 0, bytes));
+  TC_CUDA(cudaStreamSynchronize(R.stream));
+  TC_TRY(barrier(R, "before checked copy"));
+  copyKernel<<<kCopyBlocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+  TC_CUDA(cudaGetLastError());
+  TC_TRY(syncBounded(R, "copy kernel"));
+  TC_TRY(barrier(R, "after checked copy"));
+  TC_TRY(verifyWords(R, gBuf, theirs, bytes, seed + (1 - R.rank), 0, "directPutBlock"));
+  std::vector<double> us;
+  for (int rep = 0; rep <= kRepeats; ++rep) {
+    TC_TRY(barrier(R, "before timed copy"));
+    TC_CUDA(cudaEventRecord(start, R.stream));
+    copyKernel<<<kCopyBlocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+    TC_CUDA(cudaGetLastError());
+    TC_CUDA(cudaEventRecord(stop, R.stream));
+    TC_TRY(syncBounded(R, "copy kernel"));
+    float ms = 0;
+    TC_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (rep > 0) us.push_back(ms * 1000.0);
+  }
+  const double t = median(us);
+  if (R.rank == 0) {
+    printf("BENCH direct_copy bytes=%llu time_us=%.3f gbps_per_direction=%.2f blocks=%d threads=%d\n",
+           (unsigned long long)bytes, t, bytes / t / 1000.0, kCopyBlocks, kCopyThreads);
+    fflush(stdout);
+  }
+  R.info = fmt("(%s each way at once: %.1f us, %.1f GB/s per direction)", sizeName(bytes).c_str(), t,
+               bytes / t / 1000.0);
+  return "";
+}
+
+int rankMain(Rank& R)
+{
+  if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
+  if (!runCase(R, "direct_setup", [&] { return setup(R); })) return 1;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  bool ok = runCase(R, "direct_pingpong", [&] { return pingpong<false>(R, "acquire_release", start, stop); });
+  ok = ok && runCase(R, "relaxed_pingpong", [&] { return pingpong<true>(R, "relaxed", start, stop); });
+  for (uint64_t bytes : {1ull << 20, 64ull << 20, 1ull << 30}) {
+    ok = ok && runCase(R, "direct_copy_" + sizeName(bytes), [&] { return copyBench(R, bytes, start, stop); });
+  }
+  ok = runCase(R, "teardown", [&]() -> std::string {
+         mscclppComm_t comm = R.comm;
+         TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
+         R.comm = nullptr;
+         TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
+         TC_CUDA(cudaFree(gBuf));
+         return "";
+       }) && ok;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  freeRank(R);
+  return ok ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  Options opt = parseArgs(argc, argv, 2);
+  return runRanks("direct_bench", opt, 120, rankMain);
+}
