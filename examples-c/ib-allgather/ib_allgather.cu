@@ -4,7 +4,7 @@
 //
 // Every rank owns one chunk of a buffer of nranks chunks; each rank puts its chunk into every peer's
 // buffer at the same offset, signals, and waits for every peer's chunk. The result is checked word by word
-// and the time per all-gather is printed by rank 0.
+// and the time per all-gather is printed by rank 0, then "Succeed!" when every rank's data was right.
 //
 //   ib_allgather -a HOST:PORT [-r RANK -n NRANKS] [-g GPUS_PER_NODE] [-d IBDEV0,IBDEV1,...]
 //                [-b CHUNK_BYTES] [-i ITERATIONS]
@@ -13,49 +13,24 @@
 // MPI: PMI_RANK/PMI_SIZE; Slurm: SLURM_PROCID/SLURM_NTASKS). The GPU of a rank is its rank among the ranks
 // of its host (the launcher's local rank when it gives one, else RANK % GPUS_PER_NODE). -d lists the IB
 // device of each local GPU (default mlx5_ib0, mlx5_ib1, ...). docs/IB.md shows two-node command lines.
-#include <mscclpp.h>
+#include "../common/example_common.h"
 
-#include <cuda_runtime.h>
-#include <unistd.h>
+#include <getopt.h>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <vector>
-
-#define CUDA_CHECK(cmd)                                                                                 \
-  do {                                                                                                  \
-    cudaError_t e_ = (cmd);                                                                             \
-    if (e_ != cudaSuccess) {                                                                            \
-      fprintf(stderr, "rank %d: %s:%d: %s: %s\n", gRank, __FILE__, __LINE__, #cmd, cudaGetErrorString(e_)); \
-      exit(1);                                                                                          \
-    }                                                                                                   \
-  } while (0)
-
-#define MSCCLPP_CHECK(cmd)                                                                                   \
-  do {                                                                                                       \
-    mscclppResult_t r_ = (cmd);                                                                              \
-    if (r_ != mscclppSuccess) {                                                                              \
-      fprintf(stderr, "rank %d: %s:%d: %s: %s\n", gRank, __FILE__, __LINE__, #cmd, mscclppGetErrorString(r_)); \
-      exit(1);                                                                                               \
-    }                                                                                                        \
-  } while (0)
-
-static int gRank = -1;
+using namespace example;
 
 constexpr int kMaxConns = 64;
 constexpr int kHostNameBytes = 64;
 __constant__ mscclppDevConn_t gConns[kMaxConns];
 
-// One block per connection; its first thread drives the connection.
-__global__ void allgather(int rank, uint64_t chunkBytes, int nconns)
+// One block per connection; its first thread drives the connection. A peer that never signals sets
+// *timedOut instead of hanging the kernel.
+__global__ void allgather(int rank, uint64_t chunkBytes, int nconns, int* timedOut)
 {
   if (blockIdx.x >= nconns || threadIdx.x != 0) return;
   mscclppDevConn_t& conn = gConns[blockIdx.x];
   conn.putWithSignalAndFlush(rank * chunkBytes, chunkBytes);
-  conn.wait();
+  if (!waitWithTimeout(conn)) atomicExch(timedOut, 1);
 }
 
 // Chunk r holds words r * 2^24 + i: every word says whose it is and where it belongs.
@@ -76,11 +51,9 @@ static int envInt(const char* const* names, int fallback)
 
 static void usage(const char* argv0)
 {
-  fprintf(stderr,
-          "usage: %s -a HOST:PORT [-r RANK -n NRANKS] [-g GPUS_PER_NODE] [-d IBDEV0,IBDEV1,...] [-b CHUNK_BYTES] "
-          "[-i ITERATIONS]\n",
-          argv0);
-  exit(2);
+  die("usage: %s -a HOST:PORT [-r RANK -n NRANKS] [-g GPUS_PER_NODE] [-d IBDEV0,IBDEV1,...] [-b CHUNK_BYTES] "
+      "[-i ITERATIONS]",
+      argv0);
 }
 
 int main(int argc, char** argv)
@@ -100,19 +73,18 @@ int main(int argc, char** argv)
   while ((opt = getopt(argc, argv, "a:r:n:g:d:b:i:")) != -1) {
     switch (opt) {
       case 'a': address = optarg; break;
-      case 'r': rank = atoi(optarg); break;
-      case 'n': nranks = atoi(optarg); break;
-      case 'g': gpusPerNode = atoi(optarg); break;
+      case 'r': rank = (int)parseNumber(optarg, "-r RANK", 0, kMaxConns); break;
+      case 'n': nranks = (int)parseNumber(optarg, "-n NRANKS", 2, kMaxConns + 1); break;
+      case 'g': gpusPerNode = (int)parseNumber(optarg, "-g GPUS_PER_NODE", 1, 64); break;
       case 'd': ibDevices = optarg; break;
-      case 'b': chunkBytes = strtoull(optarg, nullptr, 0); break;
-      case 'i': iterations = atoi(optarg); break;
+      case 'b': chunkBytes = (uint64_t)parseNumber(optarg, "-b CHUNK_BYTES", 4, 1l << 30); break;
+      case 'i': iterations = (int)parseNumber(optarg, "-i ITERATIONS", 1, 100000); break;
       default: usage(argv[0]);
     }
   }
-  if (address.empty() || rank < 0 || nranks < 2 || rank >= nranks || nranks > kMaxConns + 1 || chunkBytes == 0 ||
-      chunkBytes % 4 != 0 || chunkBytes > 0xffffffffull || iterations < 1)
+  if (address.empty() || rank < 0 || nranks < 2 || rank >= nranks || nranks > kMaxConns + 1 || chunkBytes % 4 != 0)
     usage(argv[0]);
-  gRank = rank;
+  armAlarm(300);
 
   // The GPU must be current before the communicator is made: it becomes the communicator's GPU.
   if (gpusPerNode <= 0) CUDA_CHECK(cudaGetDeviceCount(&gpusPerNode));
@@ -160,13 +132,20 @@ int main(int argc, char** argv)
   MSCCLPP_CHECK(mscclppGetAllDeviceConnections(comm, &conns, &nconns));
   CUDA_CHECK(cudaMemcpyToSymbol(gConns, conns, sizeof(mscclppDevConn_t) * nconns));
   MSCCLPP_CHECK(mscclppProxyLaunch(comm));
-  printf("rank %d on %s: GPU %d, %d P2P and %d IB connection(s) (IB device %s)\n", rank, hostOf(rank).c_str(),
-         localRank % gpusPerNode, nconns - nIb, nIb, nIb ? ibDev.c_str() : "-");
+  say("rank %d on %s: GPU %d, %d P2P and %d IB connection(s) (IB device %s)", rank, hostOf(rank).c_str(),
+      localRank % gpusPerNode, nconns - nIb, nIb, nIb ? ibDev.c_str() : "-");
 
   cudaStream_t stream;
+  cudaEvent_t done;
+  int* timedOut = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  allgather<<<nconns, 32, 0, stream>>>(rank, chunkBytes, nconns);  // warm-up, and the checked run
-  CUDA_CHECK(cudaStreamSynchronize(stream));
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaMallocManaged(&timedOut, sizeof(int)));
+  *timedOut = 0;
+  allgather<<<nconns, 32, 0, stream>>>(rank, chunkBytes, nconns, timedOut);  // warm-up, and the checked run
+  CUDA_CHECK(cudaEventRecord(done, stream));
+  waitForEvent(done, 60, "the first all-gather");
+  if (*timedOut) die("rank %d: a peer's signal did not arrive within the watchdog's time", rank);
   std::vector<uint32_t> host(totalBytes / 4);
   CUDA_CHECK(cudaMemcpy(host.data(), buf, totalBytes, cudaMemcpyDeviceToHost));
   long bad = 0;
@@ -174,15 +153,15 @@ int main(int argc, char** argv)
   for (int r = 0; r < nranks; ++r)
     for (uint64_t i = 0; i < chunkWords; ++i)
       if (host[r * chunkWords + i] != (uint32_t)(r << 24) + (uint32_t)i && bad++ < 5)
-        fprintf(stderr, "rank %d: word %llu of rank %d's chunk is %#x\n", rank, (unsigned long long)i, r,
-                host[r * chunkWords + i]);
+        say("rank %d: word %llu of rank %d's chunk is %#x", rank, (unsigned long long)i, r, host[r * chunkWords + i]);
 
   MSCCLPP_CHECK(mscclppBootstrapBarrier(comm));
-  auto t0 = std::chrono::steady_clock::now();
-  for (int it = 0; it < iterations; ++it) allgather<<<nconns, 32, 0, stream>>>(rank, chunkBytes, nconns);
-  CUDA_CHECK(cudaStreamSynchronize(stream));
-  const double us =
-    std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  const double t0 = nowSec();
+  for (int it = 0; it < iterations; ++it) allgather<<<nconns, 32, 0, stream>>>(rank, chunkBytes, nconns, timedOut);
+  CUDA_CHECK(cudaEventRecord(done, stream));
+  waitForEvent(done, 120, "the timed all-gathers");
+  const double us = (nowSec() - t0) * 1e6 / iterations;
+  if (*timedOut) die("rank %d: a peer's signal did not arrive within the watchdog's time", rank);
   MSCCLPP_CHECK(mscclppBootstrapBarrier(comm));
 
   std::vector<long> allBad(nranks, 0);
@@ -191,13 +170,16 @@ int main(int argc, char** argv)
   long totalBad = 0;
   for (long b : allBad) totalBad += b;
   if (rank == 0)
-    printf("all-gather of %llu bytes over %d ranks: %.1f us, algbw %.2f GB/s, %s\n",
-           (unsigned long long)totalBytes, nranks, us, (double)totalBytes / (us * 1e-6) / 1e9,
-           totalBad ? "WRONG DATA" : "data checked");
+    say("all-gather of %llu bytes over %d ranks: %.1f us, algbw %.2f GB/s", (unsigned long long)totalBytes, nranks,
+        us, (double)totalBytes / (us * 1e-6) / 1e9);
 
   MSCCLPP_CHECK(mscclppProxyStop(comm));
   MSCCLPP_CHECK(mscclppCommDestroy(comm));
+  CUDA_CHECK(cudaEventDestroy(done));
   CUDA_CHECK(cudaStreamDestroy(stream));
+  CUDA_CHECK(cudaFree(timedOut));
   CUDA_CHECK(cudaFree(buf));
-  return totalBad ? 1 : 0;
+  if (totalBad) die("rank %d: %ld word(s) wrong over all ranks", rank, totalBad);
+  if (rank == 0) say("Succeed!");
+  return 0;
 }
