@@ -44,10 +44,10 @@
     epochIncrement();
     const uint64_t pos =
       fifo.push(mscclppData | mscclppFlag | mscclppSync, dstDataOffset, srcDataOffset, dataSize);
-    // Done once the proxy has zeroed the slot's first word, or has published its tail past pos (the
-    // fallback for when the slot already holds a newer trigger).
+    // Done once the proxy has zeroed the slot's first word, or its tail has passed pos (the fallback for
+    // when the slot already holds a newer trigger; the host copy of the tail is always current).
     while (*reinterpret_cast<volatile uint64_t*>(&fifo.triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
-           *reinterpret_cast<volatile uint64_t*>(fifo.triggerFifoTail) <= pos) {
+           fifo.hostTail() <= pos) {
     }
   }
 
@@ -61,10 +61,10 @@
   __forceinline__ __device__ void flush()
   {
     const uint64_t pos = fifo.push(mscclppSync, 0, 0, 1);
-    // Done once the proxy has zeroed the slot's first word, or has published its tail past pos (the
-    // fallback for when the slot already holds a newer trigger).
+    // Done once the proxy has zeroed the slot's first word, or its tail has passed pos (the fallback for
+    // when the slot already holds a newer trigger; the host copy of the tail is always current).
     while (*reinterpret_cast<volatile uint64_t*>(&fifo.triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
-           *reinterpret_cast<volatile uint64_t*>(fifo.triggerFifoTail) <= pos) {
+           fifo.hostTail() <= pos) {
     }
   }
 

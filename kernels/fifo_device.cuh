@@ -7,8 +7,11 @@
                                            uint64_t dataSize)
   {
     const uint64_t pos = atomicAdd(reinterpret_cast<unsigned long long*>(triggerFifoHead), 1ULL);
-    // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's (published) tail.
+    // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
+    // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
+    // copy after the slots is always current, so it decides when the device copy says "full".
     while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
+      if (pos < MSCCLPP_PROXY_FIFO_SIZE + hostTail()) break;
     }
     mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
     // The published tail may lag: also wait for the proxy to zero the slot's first word.
@@ -24,4 +27,11 @@
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot->value), "l"(word0), "l"(word1)
                  : "memory");
     return pos;
+  }
+
+  // The proxy's tail as it keeps it in host memory, right after the slots (this library's layout; the
+  // legacy protocol only knows triggerFifoTail).
+  __forceinline__ __device__ uint64_t hostTail() const
+  {
+    return *reinterpret_cast<volatile const uint64_t*>(&triggerFifo[MSCCLPP_PROXY_FIFO_SIZE].value[0]);
   }

@@ -3,13 +3,13 @@
 use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, pointer_info};
-use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
+use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, pointer_info};
+use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
 use crate::transport::ib::IbState;
 use crate::transport::p2p::{self, P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
-use crate::types::{mscclppConcurrentFifo, mscclppDevConn, mscclppRegisteredMemoryP2P};
+use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,31 +23,6 @@ const TAG_IB_CONNECTION: u64 = 3 << 32;
 
 fn message_tag(kind: u64, tag: i32) -> u64 {
     kind | tag as u32 as u64
-}
-
-/// The FIFO of the P2P proxy: trigger slots in pinned host memory, head and tail in device memory.
-struct P2pFifo {
-    slots: PinnedHostBuffer,
-    head: DeviceAllocation,
-    tail: DeviceAllocation,
-}
-
-impl P2pFifo {
-    fn new(ctx: &GpuContext) -> Result<P2pFifo> {
-        Ok(P2pFifo {
-            slots: PinnedHostBuffer::zeroed(ctx, FIFO_SIZE as usize * 16)?,
-            head: DeviceAllocation::zeroed(ctx, 8)?,
-            tail: DeviceAllocation::zeroed(ctx, 8)?,
-        })
-    }
-    fn device_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
-        mscclppConcurrentFifo {
-            triggerFifo: self.slots.device_ptr() as *mut _,
-            triggerFifoTail: self.tail.ptr() as *mut _,
-            triggerFifoHead: self.head.ptr() as *mut _,
-            connId: conn_id as i32,
-        }
-    }
 }
 
 /// A peer's buffer registered with `mscclppRegisterBuffer`, as we see it.
@@ -86,7 +61,7 @@ struct CommState {
     /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
     set_up: usize,
     dev_conns: DevConnTable,
-    p2p_fifo: Option<P2pFifo>,
+    p2p_fifo: Option<DeviceFifo>,
     proxy: Option<ProxyThread>,
     /// Where the last proxy stopped; the next resumes there, since the device head lives on.
     proxy_tail: u64,
@@ -242,7 +217,7 @@ impl Communicator {
         if !pending.is_empty() {
             let gpu = Self::gpu(&mut st)?;
             if st.p2p_fifo.is_none() {
-                st.p2p_fifo = Some(P2pFifo::new(&gpu)?);
+                st.p2p_fifo = Some(DeviceFifo::new(&gpu)?);
             }
             let me = ProcessId::this();
             for c in &st.connections[pending.clone()] {
@@ -439,9 +414,9 @@ impl Communicator {
         let options = P2pOptions::from_env();
         log::info!("P2P proxy options: {options:?}");
         let handler = P2pHandler::new(&gpu, routes, options, st.flags_sent.clone())?;
-        let publisher = P2pTailPublisher::new(&gpu, fifo.tail.ptr())?;
+        let publisher = P2pTailPublisher::new(&gpu, fifo.device_tail())?;
         // SAFETY: the slots live in `st.p2p_fifo`, which is dropped only after the proxy is stopped.
-        let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };
+        let ring = unsafe { fifo.ring() };
         let thread = ProxyThread::spawn(
             format!("mscclpp-proxy-{}", self.rank),
             self.rank,

@@ -23,13 +23,10 @@ fn bootstrap_timeout() -> Duration {
     Duration::from_millis(BOOTSTRAP_TIMEOUT_MS.load(Ordering::Relaxed))
 }
 
-/// Runs `body` with the communicator behind `comm`, logging as its rank.
+/// Runs `body` with the communicator behind `comm`; everything it logs, errors included, names its rank.
 fn with_comm(name: &str, comm: mscclppComm_t, body: impl FnOnce(&Communicator) -> Result<()>) -> mscclppResult_t {
-    guard(name, || {
-        let c = handles::lookup(comm)?;
-        let _rank = RankScope::enter(c.rank());
-        body(&c)
-    })
+    let _rank = handles::lookup(comm).ok().map(|c| RankScope::enter(c.rank()));
+    guard(name, || body(&*handles::lookup(comm)?))
 }
 
 fn check_rank_args(nranks: c_int, rank: c_int) -> Result<()> {
@@ -133,11 +130,8 @@ pub unsafe extern "C" fn mscclppBootstrapBarrier(comm: mscclppComm_t) -> mscclpp
 /// Stops the proxy if it runs and releases everything the communicator holds.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppCommDestroy(comm: mscclppComm_t) -> mscclppResult_t {
-    guard("mscclppCommDestroy", || {
-        let c = handles::unregister(comm)?;
-        let _rank = RankScope::enter(c.rank());
-        c.destroy()
-    })
+    let _rank = handles::lookup(comm).ok().map(|c| RankScope::enter(c.rank()));
+    guard("mscclppCommDestroy", || handles::unregister(comm)?.destroy())
 }
 
 /// A static description of a result code.

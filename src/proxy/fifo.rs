@@ -1,12 +1,27 @@
-//! The proxy's side of the trigger FIFO: 128 slots the device writes, read and released in order.
+//! The trigger FIFO: 128 slots the device writes and the proxy reads and releases in order, with the
+//! head (device memory, claimed by device threads) and two copies of the proxy's tail.
+//!
+//! The device copy of the tail (device memory, what `triggerFifoTail` points at) is refreshed by a
+//! stream write, which the GPU may defer while it is busy with other work of the same hardware queue.
+//! So the proxy also keeps a host copy, right after the slots in the same pinned allocation, written
+//! with a plain store after every trigger; this library's header falls back to it when the device copy
+//! says the FIFO is full, so a push never depends on the GPU scheduling the proxy's stream work.
+
+use crate::error::Result;
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer};
+use crate::types::mscclppConcurrentFifo;
 
 /// Slots in the FIFO (`MSCCLPP_PROXY_FIFO_SIZE`).
 pub const FIFO_SIZE: u64 = 128;
 /// The device's copy of the tail is refreshed at least this often (`MSCCLPP_PROXY_FIFO_FLUSH_COUNTER`).
 pub const FLUSH_COUNTER: u64 = 4;
 
+/// Bytes of the pinned part of a FIFO: the slots, then the host copy of the tail (in a 16-byte slot of
+/// its own).
+pub const HOST_BYTES: usize = (FIFO_SIZE as usize + 1) * 16;
+
 /// A ring of 16-byte slots in memory the device writes (pinned host memory in production, a plain
-/// buffer in tests).
+/// buffer in tests), followed by the host copy of the tail.
 pub struct TriggerRing {
     slots: *mut [u64; 2],
 }
@@ -17,7 +32,8 @@ unsafe impl Send for TriggerRing {}
 
 impl TriggerRing {
     /// # Safety
-    /// `slots` points at `FIFO_SIZE` 16-byte-aligned slots that outlive the ring.
+    /// `slots` points at `FIFO_SIZE + 1` 16-byte-aligned slots (the last holds the host tail) that
+    /// outlive the ring.
     pub unsafe fn new(slots: *mut [u64; 2]) -> TriggerRing {
         TriggerRing { slots }
     }
@@ -40,6 +56,54 @@ impl TriggerRing {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         // SAFETY: in-bounds, aligned slot; volatile because the device reads it.
         unsafe { std::ptr::write_volatile(self.slot(tail).cast::<u64>(), 0) };
+    }
+
+    /// Publishes the tail to the host copy, where the device can always see it.
+    pub fn set_host_tail(&self, tail: u64) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        // SAFETY: the slot after the ring holds the host tail (see `new`).
+        unsafe { std::ptr::write_volatile(self.slots.add(FIFO_SIZE as usize).cast::<u64>(), tail) };
+    }
+}
+
+/// The memory of one FIFO, owned by a communicator (one per P2P proxy and per IB device).
+pub struct DeviceFifo {
+    host: PinnedHostBuffer,
+    head: DeviceAllocation,
+    tail: DeviceAllocation,
+}
+
+impl DeviceFifo {
+    pub fn new(ctx: &GpuContext) -> Result<DeviceFifo> {
+        Ok(DeviceFifo {
+            host: PinnedHostBuffer::zeroed(ctx, HOST_BYTES)?,
+            head: DeviceAllocation::zeroed(ctx, 8)?,
+            tail: DeviceAllocation::zeroed(ctx, 8)?,
+        })
+    }
+
+    /// The device's handle on this FIFO for the connection with index `conn_id`.
+    pub fn device_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
+        mscclppConcurrentFifo {
+            triggerFifo: self.host.device_ptr() as *mut _,
+            triggerFifoTail: self.tail.ptr() as *mut _,
+            triggerFifoHead: self.head.ptr() as *mut _,
+            connId: conn_id as i32,
+        }
+    }
+
+    /// The device copy of the tail, which a `TailPublisher` writes.
+    pub fn device_tail(&self) -> DevicePtr {
+        self.tail.ptr()
+    }
+
+    /// The proxy's view of the slots.
+    ///
+    /// # Safety
+    /// The ring must not be used after this FIFO is dropped: stop the proxy first.
+    pub unsafe fn ring(&self) -> TriggerRing {
+        // SAFETY: the pinned allocation holds FIFO_SIZE + 1 aligned slots; the caller keeps it alive.
+        unsafe { TriggerRing::new(self.host.host_ptr().cast()) }
     }
 }
 
@@ -70,11 +134,11 @@ mod tests {
     use super::*;
 
     #[repr(align(16))]
-    struct Slots([[u64; 2]; FIFO_SIZE as usize]);
+    struct Slots([[u64; 2]; FIFO_SIZE as usize + 1]);
 
     #[test]
     fn empty_slots_poll_none_and_release_clears_word_zero() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
         // SAFETY: the box outlives the ring.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         assert_eq!(ring.poll(0), None);
@@ -88,5 +152,7 @@ mod tests {
         ring.release(1);
         assert_eq!(ring.poll(1), None);
         assert_eq!(slots.0[1], [0, 9], "only word 0 is cleared");
+        ring.set_host_tail(5);
+        assert_eq!(slots.0[FIFO_SIZE as usize][0], 5, "the host tail follows the slots");
     }
 }

@@ -92,6 +92,7 @@ pub fn serve_one(
     }
     ring.release(tail);
     let tail = tail + 1;
+    ring.set_host_tail(tail);
     shared.processed.fetch_add(1, Ordering::Relaxed);
     if (trigger.has_sync() || tail.is_multiple_of(FLUSH_COUNTER))
         && let Err(e) = publisher.publish(tail)
@@ -195,7 +196,7 @@ mod tests {
     use fifo::FIFO_SIZE;
 
     #[repr(align(16))]
-    struct Slots([[u64; 2]; FIFO_SIZE as usize]);
+    struct Slots([[u64; 2]; FIFO_SIZE as usize + 1]);
 
     #[derive(Default)]
     struct Recorder {
@@ -231,7 +232,7 @@ mod tests {
 
     #[test]
     fn tail_is_published_every_flush_counter_and_after_sync() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
         let data = Trigger {
             data_size: 8,
             src_offset: 0,
@@ -262,12 +263,19 @@ mod tests {
             vec![2, 4],
             "after the Sync at position 1, then at the flush counter"
         );
-        assert!(slots.0.iter().all(|s| s[0] == 0), "every served slot is released");
+        assert!(
+            slots.0[..FIFO_SIZE as usize].iter().all(|s| s[0] == 0),
+            "every served slot is released"
+        );
+        assert_eq!(
+            slots.0[FIFO_SIZE as usize][0], 6,
+            "the host tail is current after every trigger"
+        );
     }
 
     #[test]
     fn bad_triggers_are_dropped_and_released() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
         let bad = Trigger {
             data_size: 8,
             src_offset: 0,
@@ -297,7 +305,7 @@ mod tests {
 
     #[test]
     fn thread_serves_until_stopped_and_returns_its_tail() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
         for pos in 0..3 {
             push(
                 &mut slots,

@@ -23,8 +23,8 @@ mod tests;
 pub mod verbs;
 
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer};
-use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
+use crate::gpu::{DevicePtr, GpuContext};
+use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::{ProxyShared, ProxyThread};
 use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
 use handler::{IbHandler, IbRoute, KeyedRange};
@@ -232,28 +232,11 @@ fn register_from_bytes(b: &[u8]) -> Result<KeyedRange> {
     Ok(range)
 }
 
-/// The FIFO of one IB device's proxy: trigger slots in pinned host memory, head and tail on the device.
-struct IbFifo {
-    slots: PinnedHostBuffer,
-    head: DeviceAllocation,
-    tail: DeviceAllocation,
-}
-
-impl IbFifo {
-    fn new(ctx: &GpuContext) -> Result<IbFifo> {
-        Ok(IbFifo {
-            slots: PinnedHostBuffer::zeroed(ctx, FIFO_SIZE as usize * 16)?,
-            head: DeviceAllocation::zeroed(ctx, 8)?,
-            tail: DeviceAllocation::zeroed(ctx, 8)?,
-        })
-    }
-}
-
 /// One opened IB device and its proxy.
 struct IbDevice {
     device: Arc<dyn VerbsDevice>,
     port: PortInfo,
-    fifo: Option<IbFifo>,
+    fifo: Option<DeviceFifo>,
     proxy: Option<ProxyThread>,
     /// Where the last proxy stopped; the next resumes there.
     tail: u64,
@@ -525,15 +508,10 @@ impl IbState {
         let d = self.endpoint(conn)?.device;
         let dev = &mut self.devices[d];
         if dev.fifo.is_none() {
-            dev.fifo = Some(IbFifo::new(gpu)?);
+            dev.fifo = Some(DeviceFifo::new(gpu)?);
         }
         let fifo = dev.fifo.as_ref().expect("allocated above");
-        Ok(mscclppConcurrentFifo {
-            triggerFifo: fifo.slots.device_ptr() as *mut _,
-            triggerFifoTail: fifo.tail.ptr() as *mut _,
-            triggerFifoHead: fifo.head.ptr() as *mut _,
-            connId: conn as i32,
-        })
+        Ok(fifo.device_view(conn))
     }
 
     /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id.
@@ -580,9 +558,9 @@ impl IbState {
                 .fifo
                 .as_ref()
                 .ok_or_else(|| Error::invalid_usage("call mscclppConnectionSetup before mscclppProxyLaunch"))?;
-            let publisher = crate::transport::p2p::P2pTailPublisher::new(gpu, fifo.tail.ptr())?;
+            let publisher = crate::transport::p2p::P2pTailPublisher::new(gpu, fifo.device_tail())?;
             // SAFETY: the slots live in `dev.fifo`, which is dropped only after the proxy is stopped.
-            let ring = unsafe { TriggerRing::new(fifo.slots.host_ptr().cast()) };
+            let ring = unsafe { fifo.ring() };
             let g = *gpu;
             let thread = ProxyThread::spawn(
                 format!("mscclpp-ib-{rank}-{}", dev.device.name()),

@@ -133,9 +133,9 @@ struct Fifo {
 
 impl Fifo {
     fn new() -> Fifo {
-        let slots = HostMem::new(FIFO_SIZE as usize * 16);
-        // SAFETY: the slots are 16-byte aligned, FIFO_SIZE long, and live as long as the ring (same struct,
-        // dropped together).
+        let slots = HostMem::new(crate::proxy::fifo::HOST_BYTES);
+        // SAFETY: the slots (and the host tail after them) are 16-byte aligned and live as long as the
+        // ring (same struct, dropped together).
         let ring = unsafe { TriggerRing::new(slots.ptr.cast()) };
         Fifo {
             slots,
