@@ -3,10 +3,17 @@
 
   // Claims the next slot, waits until the proxy has freed it, then writes the trigger in one 16-byte store
   // so that the proxy never sees half a trigger. Returns the claimed position, for flush().
+  //
+  // The threads of a warp that push together claim consecutive positions with one atomic. Claimed one by
+  // one, a warp's positions could lie more than MSCCLPP_PROXY_FIFO_SIZE apart (other warps' atomics land
+  // in between), and then a thread waiting for its slot could wait on a lower position held by a thread
+  // of its own warp that the hardware holds back until the warp reconverges: a deadlock once more than
+  // MSCCLPP_PROXY_FIFO_SIZE threads push at once. With consecutive positions a thread only ever waits for
+  // positions of other warps that are lower still, so any number of threads may push at once.
   __forceinline__ __device__ uint64_t push(uint64_t type, uint64_t dstDataOffset, uint64_t srcDataOffset,
                                            uint64_t dataSize)
   {
-    const uint64_t pos = atomicAdd(reinterpret_cast<unsigned long long*>(triggerFifoHead), 1ULL);
+    const uint64_t pos = claimPositions();
     // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
     // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
     // copy after the slots is always current, so it decides when the device copy says "full".
@@ -27,6 +34,21 @@
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(slot->value), "l"(word0), "l"(word1)
                  : "memory");
     return pos;
+  }
+
+  // One atomic per group of converged threads; each gets base + its rank among them.
+  __forceinline__ __device__ uint64_t claimPositions()
+  {
+    const unsigned int mask = __activemask();
+    unsigned int lane;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const int leader = __ffs(mask) - 1;
+    unsigned long long base = 0;
+    if (static_cast<int>(lane) == leader) {
+      base = atomicAdd(reinterpret_cast<unsigned long long*>(triggerFifoHead), static_cast<unsigned long long>(__popc(mask)));
+    }
+    base = __shfl_sync(mask, base, leader);
+    return base + __popc(mask & ((1u << lane) - 1u));
   }
 
   // The proxy's tail as it keeps it in host memory, right after the slots (this library's layout; the
