@@ -58,6 +58,12 @@ impl TriggerRing {
         unsafe { std::ptr::write_volatile(self.slot(tail).cast::<u64>(), 0) };
     }
 
+    /// Slot indices whose first word is non-zero (triggers written and not yet released), for the
+    /// diagnostics a stalled proxy logs.
+    pub fn occupied(&self) -> Vec<u64> {
+        (0..FIFO_SIZE).filter(|&i| load16(self.slot(i))[0] != 0).collect()
+    }
+
     /// Publishes the tail to the host copy, where the device can always see it.
     pub fn set_host_tail(&self, tail: u64) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
@@ -152,6 +158,8 @@ mod tests {
         ring.release(1);
         assert_eq!(ring.poll(1), None);
         assert_eq!(slots.0[1], [0, 9], "only word 0 is cleared");
+        slots.0[3] = [1, 0];
+        assert_eq!(ring.occupied(), vec![3]);
         ring.set_host_tail(5);
         assert_eq!(slots.0[FIFO_SIZE as usize][0], 5, "the host tail follows the slots");
     }

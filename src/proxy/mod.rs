@@ -103,6 +103,19 @@ pub fn serve_one(
     Some(tail)
 }
 
+/// A proxy that has seen no trigger for a while says where it stands (at DEBUG level), and what the
+/// slots hold: written slots other than the next one mean a kernel wrote out of order.
+fn report_idle(ring: &TriggerRing, tail: u64, idle: std::time::Duration) {
+    if idle.as_secs() >= 2 && log::log_enabled!(log::Level::Debug) {
+        log::debug!(
+            "proxy idle for {:.1} s at FIFO position {tail} (slot {}); slots holding triggers: {:?}",
+            idle.as_secs_f64(),
+            tail % fifo::FIFO_SIZE,
+            ring.occupied()
+        );
+    }
+}
+
 /// CPU time the calling thread has used (the proxy polls, so this shows what the polling costs).
 fn thread_cpu_seconds() -> f64 {
     // SAFETY: a zeroed rusage is valid, and getrusage fills it.
@@ -144,10 +157,23 @@ impl ProxyThread {
                     log::error!("proxy set-up failed: {e}");
                     s.fail(e);
                 }
+                let mut idle_spins: u64 = 0;
+                let mut idle_since = std::time::Instant::now();
                 while !s.stop.load(Ordering::Relaxed) {
                     match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &s) {
-                        Some(t) => tail = t,
-                        None => std::hint::spin_loop(),
+                        Some(t) => {
+                            tail = t;
+                            idle_spins = 0;
+                        }
+                        None => {
+                            idle_spins += 1;
+                            if idle_spins == 1 {
+                                idle_since = std::time::Instant::now();
+                            } else if idle_spins.is_multiple_of(1 << 22) {
+                                report_idle(&ring, tail, idle_since.elapsed());
+                            }
+                            std::hint::spin_loop();
+                        }
                     }
                 }
                 if let Err(e) = handler.sync().and_then(|_| publisher.publish(tail)) {
