@@ -19,6 +19,10 @@
     // copy after the slots is always current, so it decides when the device copy says "full".
     while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
       if (pos < MSCCLPP_PROXY_FIFO_SIZE + hostTail()) break;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+      // Many threads may wait here; reading host memory in a tight loop would crowd the host link.
+      __nanosleep(256);
+#endif
     }
     mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
     // The published tail may lag: also wait for the proxy to zero the slot's first word.

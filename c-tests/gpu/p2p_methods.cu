@@ -738,28 +738,38 @@ std::string caseTeardown(Rank& R)
   return "";
 }
 
+// P2P_METHODS_ONLY=<substring> runs only the cases whose names contain it (after set-up), and
+// P2P_METHODS_BURST=<blocks>,<threads> sizes the many-threads case: for narrowing a failure down.
+bool selected(const char* name)
+{
+  const char* only = getenv("P2P_METHODS_ONLY");
+  return only == nullptr || strstr(name, only) != nullptr;
+}
+
 int rankMain(Rank& R)
 {
   const bool shared = R.nranks > 2; // possibly several ranks per GPU: fewer iterations
+  int burstBlocks = 4, burstThreads = 256;
+  if (const char* b = getenv("P2P_METHODS_BURST")) sscanf(b, "%d,%d", &burstBlocks, &burstThreads);
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
   if (!runCase(R, "setup_connect_all_to_all", [&] { return caseSetup(R); })) return 1;
   if (!runCase(R, "devconn_fields", [&] { return caseDevConnFields(R); })) return 1;
-  runCase(R, "put3_signal_flush_wait", [&] { return casePut3(R); });
-  runCase(R, "putWithSignal_2arg", [&] { return casePws2(R); });
+  if (selected("put3_signal_flush_wait")) runCase(R, "put3_signal_flush_wait", [&] { return casePut3(R); });
+  if (selected("putWithSignal_2arg")) runCase(R, "putWithSignal_2arg", [&] { return casePws2(R); });
   if (!g.quick) {
-    runCase(R, "put2_signal_wait", [&] { return casePut2(R); });
-    runCase(R, "putWithSignal_3arg", [&] { return casePws3(R); });
-    runCase(R, "putWithSignalAndFlush_3arg", [&] { return casePwsf3(R); });
-    runCase(R, "putWithSignalAndFlush_2arg", [&] { return casePwsf2(R); });
-    runCase(R, "put_whole_half_32MiB", [&] { return caseFullHalf(R); });
-    runCase(R, "flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
-    runCase(R, "pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
-    runCase(R, "pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
-    runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, 4, 256); });
-    runCase(R, "fifo_wraparound", [&] { return caseFifoWrap(R, shared ? 30000 : 100000); });
-    runCase(R, "multi_tag_routing", [&] { return caseMultiTag(R); });
-    runCase(R, "offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
-    runCase(R, "remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
+    if (selected("put2_signal_wait")) runCase(R, "put2_signal_wait", [&] { return casePut2(R); });
+    if (selected("putWithSignal_3arg")) runCase(R, "putWithSignal_3arg", [&] { return casePws3(R); });
+    if (selected("putWithSignalAndFlush_3arg")) runCase(R, "putWithSignalAndFlush_3arg", [&] { return casePwsf3(R); });
+    if (selected("putWithSignalAndFlush_2arg")) runCase(R, "putWithSignalAndFlush_2arg", [&] { return casePwsf2(R); });
+    if (selected("put_whole_half_32MiB")) runCase(R, "put_whole_half_32MiB", [&] { return caseFullHalf(R); });
+    if (selected("flush_then_overwrite_source")) runCase(R, "flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
+    if (selected("pingpong_signal_wait")) runCase(R, "pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
+    if (selected("pingpong_putWithSignal_data")) runCase(R, "pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
+    if (selected("many_threads_putWithSignal")) runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
+    if (selected("fifo_wraparound")) runCase(R, "fifo_wraparound", [&] { return caseFifoWrap(R, shared ? 30000 : 100000); });
+    if (selected("multi_tag_routing")) runCase(R, "multi_tag_routing", [&] { return caseMultiTag(R); });
+    if (selected("offset_buffer_with_guards")) runCase(R, "offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
+    if (selected("remote_buff_direct_store")) runCase(R, "remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
   }
   bool ok = runCase(R, "teardown", [&] { return caseTeardown(R); });
   freeRank(R);
