@@ -739,7 +739,7 @@ std::string caseTeardown(Rank& R)
 }
 
 // P2P_METHODS_ONLY=<substring> runs only the cases whose names contain it (after set-up), and
-// P2P_METHODS_BURST=<blocks>,<threads> sizes the many-threads case: for narrowing a failure down.
+// P2P_METHODS_BURST=<blocks>,<threads> sizes the many-threads case (default 8 x 32): for narrowing a failure down.
 bool selected(const char* name)
 {
   const char* only = getenv("P2P_METHODS_ONLY");
@@ -749,7 +749,7 @@ bool selected(const char* name)
 int rankMain(Rank& R)
 {
   const bool shared = R.nranks > 2; // possibly several ranks per GPU: fewer iterations
-  int burstBlocks = 4, burstThreads = 256;
+  int burstBlocks = 8, burstThreads = 32;
   if (const char* b = getenv("P2P_METHODS_BURST")) sscanf(b, "%d,%d", &burstBlocks, &burstThreads);
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
   if (!runCase(R, "setup_connect_all_to_all", [&] { return caseSetup(R); })) return 1;
@@ -765,11 +765,13 @@ int rankMain(Rank& R)
     if (selected("flush_then_overwrite_source")) runCase(R, "flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
     if (selected("pingpong_signal_wait")) runCase(R, "pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
     if (selected("pingpong_putWithSignal_data")) runCase(R, "pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
-    if (selected("many_threads_putWithSignal")) runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
     if (selected("fifo_wraparound")) runCase(R, "fifo_wraparound", [&] { return caseFifoWrap(R, shared ? 30000 : 100000); });
     if (selected("multi_tag_routing")) runCase(R, "multi_tag_routing", [&] { return caseMultiTag(R); });
     if (selected("offset_buffer_with_guards")) runCase(R, "offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
     if (selected("remote_buff_direct_store")) runCase(R, "remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
+    if (selected("many_threads_putWithSignal")) runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
+    // 1024 threads pushing on one connection at once: last, since a hang here stops the rank.
+    if (selected("many_threads_1024")) runCase(R, "many_threads_1024", [&] { return caseManyThreads(R, 4, 256); });
   }
   bool ok = runCase(R, "teardown", [&] { return caseTeardown(R); });
   freeRank(R);
