@@ -433,6 +433,13 @@ impl Communicator {
         st.proxy_shared = Some(thread.shared().clone());
         st.proxy = Some(thread);
         log::info!("P2P proxy launched");
+        if crate::gpu::lazy_loading() {
+            log::info!(
+                "CUDA loads kernels lazily: launch each kernel once (or call cudaFuncGetAttributes) before one \
+                 waits on the proxy, or set CUDA_MODULE_LOADING=EAGER; a first launch while a kernel waits on \
+                 the proxy deadlocks"
+            );
+        }
         Ok(())
     }
 

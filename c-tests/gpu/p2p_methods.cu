@@ -739,7 +739,7 @@ std::string caseTeardown(Rank& R)
 }
 
 // P2P_METHODS_ONLY=<substring> runs only the cases whose names contain it (after set-up), and
-// P2P_METHODS_BURST=<blocks>,<threads> sizes the many-threads case (default 8 x 32): for narrowing a failure down.
+// P2P_METHODS_BURST=<blocks>,<threads> sizes the many-threads case (default 4 x 256): for narrowing a failure down.
 bool selected(const char* name)
 {
   const char* only = getenv("P2P_METHODS_ONLY");
@@ -749,7 +749,7 @@ bool selected(const char* name)
 int rankMain(Rank& R)
 {
   const bool shared = R.nranks > 2; // possibly several ranks per GPU: fewer iterations
-  int burstBlocks = 8, burstThreads = 32;
+  int burstBlocks = 4, burstThreads = 256;
   if (const char* b = getenv("P2P_METHODS_BURST")) sscanf(b, "%d,%d", &burstBlocks, &burstThreads);
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
   if (!runCase(R, "setup_connect_all_to_all", [&] { return caseSetup(R); })) return 1;
@@ -770,8 +770,8 @@ int rankMain(Rank& R)
     if (selected("offset_buffer_with_guards")) runCase(R, "offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
     if (selected("remote_buff_direct_store")) runCase(R, "remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
     if (selected("many_threads_putWithSignal")) runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
-    // 1024 threads pushing on one connection at once: last, since a hang here stops the rank.
-    if (selected("many_threads_1024")) runCase(R, "many_threads_1024", [&] { return caseManyThreads(R, 4, 256); });
+    // 1024 threads of one block pushing on one connection at once.
+    if (selected("many_threads_one_block")) runCase(R, "many_threads_one_block", [&] { return caseManyThreads(R, 1, 1024); });
   }
   bool ok = runCase(R, "teardown", [&] { return caseTeardown(R); });
   freeRank(R);

@@ -25,6 +25,17 @@ pub fn ensure_driver() -> Result<()> {
         .map_err(Error::cuda)
 }
 
+/// Whether CUDA loads kernels lazily, at their first launch (the default since CUDA 12.2). A lazy first
+/// launch takes a driver lock and waits for the GPU; if a running kernel waits on the proxy meanwhile,
+/// the proxy's next CUDA call waits for that lock: a deadlock the application avoids by loading its
+/// kernels up front (`cudaFuncGetAttributes`) or with `CUDA_MODULE_LOADING=EAGER`.
+pub fn lazy_loading() -> bool {
+    let mut mode = sys::CUmoduleLoadingMode::CU_MODULE_EAGER_LOADING;
+    // SAFETY: out-pointer to a local; the driver is initialized by the caller.
+    let rc = unsafe { sys::cuModuleGetLoadingMode(&mut mode) };
+    rc == CUresult::CUDA_SUCCESS && mode == sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
+}
+
 /// The driver's name for a result code.
 pub fn error_name(rc: CUresult) -> String {
     let mut name: *const std::ffi::c_char = std::ptr::null();

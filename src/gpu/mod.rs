@@ -10,7 +10,7 @@ mod ipc;
 mod memory;
 mod stream;
 
-pub use driver::{GpuContext, check, ensure_driver};
+pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
 pub use stream::{Event, Stream};
