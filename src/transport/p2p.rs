@@ -145,14 +145,7 @@ pub struct P2pHandler {
     dirty: Vec<bool>,
     /// Flags carried out per connection (FlagMode::WriteCount); kept by the communicator across launches.
     flags_sent: Arc<Vec<AtomicU64>>,
-    /// Operations queued since the streams were last drained.
-    queued: usize,
 }
-
-/// The proxy drains its streams after queuing this many operations without a Sync: the driver blocks a
-/// call that finds a stream's queue full, and a proxy blocked there consumes no triggers while a busy
-/// GPU may be waiting for exactly that.
-pub const MAX_QUEUED: usize = 256;
 
 impl P2pHandler {
     pub fn new(
@@ -181,7 +174,6 @@ impl P2pHandler {
             streams,
             events,
             flags_sent,
-            queued: 0,
         })
     }
 
@@ -217,10 +209,6 @@ impl P2pHandler {
 impl TriggerHandler for P2pHandler {
     fn handle(&mut self, t: &Trigger) -> Result<()> {
         let route = *route_of(&self.routes, t)?;
-        self.queued += 2;
-        if self.queued >= MAX_QUEUED {
-            self.sync()?;
-        }
         if t.has_data() {
             match check_ranges(t, &route) {
                 Ok(()) => self.copy_data(
@@ -249,7 +237,6 @@ impl TriggerHandler for P2pHandler {
             s.spin_until_idle()?;
         }
         self.dirty.iter_mut().for_each(|d| *d = false);
-        self.queued = 0;
         Ok(())
     }
 }
@@ -260,17 +247,10 @@ pub struct P2pTailPublisher {
     pub stream: Stream,
     pub device_tail: DevicePtr,
     pub staging: Option<PinnedHostBuffer>,
-    /// Writes queued since the stream was last drained (see MAX_QUEUED).
-    queued: usize,
 }
 
 impl TailPublisher for P2pTailPublisher {
     fn publish(&mut self, tail: u64) -> Result<()> {
-        self.queued += 1;
-        if self.queued >= MAX_QUEUED {
-            self.stream.spin_until_idle()?;
-            self.queued = 0;
-        }
         match &self.staging {
             None => self.stream.write_u64(self.device_tail, tail),
             Some(buf) => {
@@ -296,7 +276,6 @@ impl P2pTailPublisher {
             stream: Stream::new(ctx)?,
             device_tail,
             staging,
-            queued: 0,
         })
     }
 }
