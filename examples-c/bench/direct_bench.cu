@@ -116,7 +116,8 @@ std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t st
   const uint32_t seed = 0x5eed0000u + (uint32_t)(bytes >> 10);
   // Check: fill my range, copy it into the peer, verify the peer's range that landed in mine.
   TC_TRY(fillWords(R, gBuf, mine, bytes, seed + R.rank, 0));
-  TC_CUDA(cudaMemset(gBuf + theirs, 0, bytes));
+  // On this rank's stream: a cudaMemset on the legacy stream could still be zeroing while the peer writes.
+  TC_CUDA(cudaMemsetAsync(gBuf + theirs, 0, bytes, R.stream));
   TC_CUDA(cudaStreamSynchronize(R.stream));
   TC_TRY(barrier(R, "before checked copy"));
   copyKernel<<<kCopyBlocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
