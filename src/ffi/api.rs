@@ -363,3 +363,98 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_result_code_has_its_own_string() {
+        let strings: Vec<&CStr> = (0..8)
+            .map(|r| unsafe { CStr::from_ptr(mscclppGetErrorString(r)) })
+            .collect();
+        for (i, a) in strings.iter().enumerate() {
+            assert!(!a.to_bytes().is_empty());
+            for b in &strings[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // SAFETY: the function returns a static string for any code.
+        let unknown = unsafe { CStr::from_ptr(mscclppGetErrorString(99)) };
+        assert_eq!(unknown.to_str().unwrap(), "unknown result code");
+    }
+
+    #[test]
+    fn bad_timeouts_are_rejected_and_good_ones_kept() {
+        assert_eq!(
+            mscclppSetBootstrapConnTimeout(-1),
+            mscclppResult_t::mscclppInvalidArgument
+        );
+        assert_eq!(
+            mscclppSetBootstrapConnTimeout(0),
+            mscclppResult_t::mscclppInvalidArgument
+        );
+        let before = bootstrap_timeout();
+        assert_eq!(mscclppSetBootstrapConnTimeout(7), mscclppResult_t::mscclppSuccess);
+        assert_eq!(bootstrap_timeout(), Duration::from_secs(7));
+        BOOTSTRAP_TIMEOUT_MS.store(before.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    #[test]
+    fn null_out_pointers_are_invalid_arguments() {
+        // SAFETY: null pointers are what is being tested; the functions must not dereference them.
+        unsafe {
+            assert_eq!(
+                mscclppGetUniqueId(std::ptr::null_mut()),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            let addr = c"127.0.0.1:1";
+            assert_eq!(
+                mscclppCommInitRank(std::ptr::null_mut(), 1, addr.as_ptr(), 0),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            let mut comm: mscclppComm_t = std::ptr::null_mut();
+            assert_eq!(
+                mscclppCommInitRank(&mut comm, 0, addr.as_ptr(), 0),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            assert_eq!(
+                mscclppCommInitRank(&mut comm, 2, addr.as_ptr(), 2),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            assert!(comm.is_null(), "a failed init leaves the handle alone");
+        }
+    }
+
+    #[test]
+    fn a_one_rank_communicator_lives_and_dies() {
+        let mut comm: mscclppComm_t = std::ptr::null_mut();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
+        // SAFETY: valid out-pointers and strings throughout.
+        unsafe {
+            assert_eq!(
+                mscclppCommInitRank(&mut comm, 1, addr.as_ptr(), 0),
+                mscclppResult_t::mscclppSuccess
+            );
+            let (mut rank, mut size) = (-1, -1);
+            assert_eq!(mscclppCommRank(comm, &mut rank), mscclppResult_t::mscclppSuccess);
+            assert_eq!(mscclppCommSize(comm, &mut size), mscclppResult_t::mscclppSuccess);
+            assert_eq!((rank, size), (0, 1));
+            let mut data = [7u8; 4];
+            assert_eq!(
+                mscclppBootstrapAllGather(comm, data.as_mut_ptr().cast(), 4),
+                mscclppResult_t::mscclppSuccess
+            );
+            assert_eq!(data, [7u8; 4]);
+            assert_eq!(mscclppBootstrapBarrier(comm), mscclppResult_t::mscclppSuccess);
+            assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppSuccess);
+            assert_eq!(mscclppCommRank(comm, &mut rank), mscclppResult_t::mscclppInvalidUsage);
+            assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppInvalidUsage);
+        }
+    }
+}

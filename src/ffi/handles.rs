@@ -41,3 +41,26 @@ pub fn unregister(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
         .remove(&(handle as u64))
         .ok_or_else(|| Error::invalid_usage("comm was destroyed concurrently"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn null_and_made_up_handles_are_rejected() {
+        let e = lookup(std::ptr::null_mut()).err().unwrap();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+        assert!(e.message.contains("comm is NULL"));
+        let e = lookup(0x1234 as mscclppComm_t).err().unwrap();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
+        assert!(unregister(0x1234 as mscclppComm_t).is_err());
+    }
+
+    #[test]
+    fn tokens_are_tagged_and_never_reused() {
+        let a = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
+        let b = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
+        assert_ne!(a, b);
+        assert_eq!(a & 0xffff_0000_0000_0000, TOKEN_TAG);
+    }
+}

@@ -38,6 +38,9 @@ pub fn lazy_loading() -> bool {
 
 /// The driver's name for a result code.
 pub fn error_name(rc: CUresult) -> String {
+    if ensure_driver().is_err() {
+        return format!("CUDA error {}", rc as i32);
+    }
     let mut name: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it null.
     unsafe { sys::cuGetErrorName(rc, &mut name) };
@@ -127,5 +130,30 @@ impl GpuContext {
             format!("cuDeviceGetAttribute({attr:?})")
         })?;
         Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_driver_loads_or_says_why_not() {
+        // Either outcome is legitimate here (machines with and without a GPU run these tests); what
+        // matters is that a missing driver is an error with a reason, never a panic, and that the answer
+        // does not change.
+        let first = ensure_driver();
+        if let Err(e) = &first {
+            assert_eq!(e.kind, crate::error::ErrorKind::Cuda);
+            assert!(!e.message.is_empty());
+        }
+        assert_eq!(first, ensure_driver());
+    }
+
+    #[test]
+    fn results_are_named() {
+        assert!(check(CUresult::CUDA_SUCCESS, || unreachable!()).is_ok());
+        let e = check(CUresult::CUDA_ERROR_INVALID_VALUE, || "doing x".into()).unwrap_err();
+        assert!(e.message.starts_with("doing x: "));
     }
 }
