@@ -10,20 +10,11 @@ cd "$root" || exit 1
 bin_dir="${GPU_TEST_BIN_DIR:-build/tests/gpu}"
 log_dir="${GPU_TEST_LOG_DIR:-build/test-logs}"
 
-n_gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-fi
-if [ "$n_gpus" -lt 2 ]; then
-  echo "gpu tests: skipped ($n_gpus GPUs found, 2 needed)"
-  exit 0
-fi
+# shellcheck source=../scripts/gpu-env.sh
+source scripts/gpu-env.sh
+require_gpus "gpu tests"
 
 mkdir -p "$log_dir"
-# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, use the system's.
-if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 
 passed=0
 failed=0

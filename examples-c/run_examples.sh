@@ -11,20 +11,11 @@ cd "$root" || exit 1
 bin_dir="${EXAMPLE_BIN_DIR:-build/examples}"
 log_dir="${EXAMPLE_LOG_DIR:-build/example-logs}"
 
-n_gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-fi
-if [ "$n_gpus" -lt 2 ]; then
-  echo "examples: skipped ($n_gpus GPUs found by nvidia-smi -L; the examples need 2)"
-  exit 0
-fi
+# shellcheck source=../scripts/gpu-env.sh
+source scripts/gpu-env.sh
+require_gpus "examples"
 
 mkdir -p "$log_dir"
-# The CUDA runtime lives here on the GPU machines (the programs also find the copy in build/lib).
-if [ -d /usr/local/cuda/lib64 ]; then
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 
 # A fresh bootstrap port per run: a port used a moment ago may still be in TIME_WAIT. The base is below
 # the kernel's ephemeral range and differs between invocations of this script.

@@ -9,19 +9,10 @@ cd "$root" || exit 1
 bin_dir="${BENCH_BIN_DIR:-build/bench}"
 log_dir="${BENCH_LOG_DIR:-build/bench-logs}"
 
-n_gpus=0
-if command -v nvidia-smi >/dev/null 2>&1; then
-  n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-fi
-if [ "$n_gpus" -lt 2 ]; then
-  echo "benchmarks: skipped ($n_gpus GPUs found, 2 needed)"
-  exit 0
-fi
+# shellcheck source=../../scripts/gpu-env.sh
+source scripts/gpu-env.sh
+require_gpus "benchmarks"
 mkdir -p "$log_dir"
-# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, use the system's.
-if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
-  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
 
 status=0
 # run_bench NAME LIMIT_SECONDS: runs $bin_dir/NAME with 2 ranks, log in $log_dir/NAME.log

@@ -1,0 +1,20 @@
+# Sourced by the GPU runners (c-tests/run_gpu_tests.sh, examples-c/run_examples.sh,
+# examples-c/bench/run_bench.sh), from the repository root.
+
+# require_gpus LABEL: sets n_gpus; with fewer than two GPUs, says LABEL was skipped and why, and exits 0
+# (counting nothing as passed).
+require_gpus() {
+  n_gpus=0
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  fi
+  if [ "$n_gpus" -lt 2 ]; then
+    echo "$1: skipped ($n_gpus GPUs found by nvidia-smi -L, 2 needed)"
+    exit 0
+  fi
+}
+
+# The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, the system's.
+if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
+  export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
