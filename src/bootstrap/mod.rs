@@ -15,11 +15,13 @@
 //! - `endpoint.rs`: a rank's `Bootstrap`: set-up, `send` and `recv`.
 //! - `collectives.rs`: `all_gather` and `barrier`.
 //! - `receiver.rs`: the thread that accepts peers and reads their messages into the `mailbox.rs`.
+//! - `handshake.rs`: accepted connections until their greeting is in (for the root and the receivers).
 //! - `wire.rs`: the bytes on the wire; `sys.rs`: the system calls std lacks (all the unsafe code).
 
 mod address;
 mod collectives;
 mod endpoint;
+mod handshake;
 mod mailbox;
 mod receiver;
 mod root;

@@ -3,9 +3,10 @@
 //! from deadlocking: a sender blocks only until the peer's receive thread drains its socket, which never
 //! waits on anything else.
 
+use super::handshake::{Greeted, Label, PendingHandshakes};
 use super::mailbox::Mailbox;
 use super::sys::{self, PollEntry};
-use super::wire::{self, FRAME_HEADER_LEN, Greeting, GreetingReader, Key, Kind, PROTOCOL_VERSION};
+use super::wire::{self, FRAME_HEADER_LEN, Greeting, Key, Kind, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 use log::{debug, trace, warn};
 use parking_lot::Mutex;
@@ -17,8 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Connections still in their handshake beyond this many are closed at once (a flood of strangers).
-const MAX_PENDING: usize = 256;
 /// Bytes read from one peer before the loop turns to the others.
 const READ_BUDGET: usize = 8 << 20;
 /// A message buffer grows by this much at a time, so a length read from the wire never allocates more
@@ -79,8 +78,15 @@ impl Receiver {
             wake,
             listener: Some(listener),
             listen_addr,
-            handshake_timeout,
-            pending: Vec::new(),
+            pending: PendingHandshakes::new(
+                handshake_timeout,
+                Label {
+                    prefix: String::new(),
+                    stranger: "a connection from ",
+                    greeting: "handshake",
+                    accept_failed: format!("accepting at {listen_addr} failed"),
+                },
+            ),
             readers: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -131,14 +137,6 @@ impl Drop for Receiver {
     }
 }
 
-/// A connection that has not finished its handshake.
-struct Pending {
-    stream: TcpStream,
-    from: SocketAddr,
-    greeting: GreetingReader,
-    deadline: Instant,
-}
-
 /// The receive thread's state.
 struct Loop {
     shared: Arc<Shared>,
@@ -146,8 +144,7 @@ struct Loop {
     /// Closed once every higher rank has connected.
     listener: Option<TcpListener>,
     listen_addr: SocketAddr,
-    handshake_timeout: Duration,
-    pending: Vec<Pending>,
+    pending: PendingHandshakes,
     readers: Vec<FrameReader>,
 }
 
@@ -178,14 +175,13 @@ impl Loop {
                 entries.push(PollEntry::readable(listener));
             }
             let first_pending = entries.len();
-            entries.extend(self.pending.iter().map(|p| PollEntry::readable(&p.stream)));
+            entries.extend(self.pending.poll_entries());
             let first_reader = entries.len();
             entries.extend(self.readers.iter().map(|r| PollEntry::readable(&r.stream)));
             let wait = self
                 .pending
-                .iter()
-                .map(|p| p.deadline.saturating_duration_since(Instant::now()))
-                .min();
+                .next_deadline()
+                .map(|d| d.saturating_duration_since(Instant::now()));
             if let Err(e) = sys::poll(&mut entries, wait) {
                 warn!("bootstrap poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
@@ -207,84 +203,25 @@ impl Loop {
                     self.shared.mailbox.close(reader.peer, reason);
                 }
             }
-            let now = Instant::now();
-            for i in (0..self.pending.len()).rev() {
-                let ready = entries[first_pending + i].ready;
-                self.advance_pending(i, ready, now);
+            let greeted = self
+                .pending
+                .advance(&entries[first_pending..first_reader], Instant::now());
+            for p in greeted {
+                self.admit(p);
             }
-            if self.listener.is_some() && entries[1].ready {
-                self.accept_all();
+            if let Some(listener) = &self.listener
+                && entries[1].ready
+            {
+                self.pending.accept_from(listener);
             }
-        }
-    }
-
-    fn accept_all(&mut self) {
-        let Some(listener) = &self.listener else {
-            return;
-        };
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    if self.pending.len() >= MAX_PENDING {
-                        warn!("turned away a connection from {from}: too many unfinished handshakes");
-                        continue;
-                    }
-                    // Accepted sockets do not inherit the listener's non-blocking mode; make sure.
-                    if let Err(e) = stream.set_nonblocking(false) {
-                        warn!("dropped a connection from {from}: {e}");
-                        continue;
-                    }
-                    let deadline = Instant::now() + self.handshake_timeout;
-                    self.pending.push(Pending {
-                        stream,
-                        from,
-                        greeting: GreetingReader::default(),
-                        deadline,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    // Out of descriptors, most likely: back off instead of spinning on a ready listener.
-                    warn!("accepting at {} failed: {e}", self.listen_addr);
-                    std::thread::sleep(Duration::from_millis(10));
-                    return;
-                }
-            }
-        }
-    }
-
-    fn advance_pending(&mut self, i: usize, ready: bool, now: Instant) {
-        let p = &mut self.pending[i];
-        if ready {
-            match p.greeting.advance(&p.stream) {
-                Ok(Some(bytes)) => {
-                    let p = self.pending.swap_remove(i);
-                    self.admit(p, &bytes);
-                    return;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let p = self.pending.swap_remove(i);
-                    warn!("turned away a connection from {}: {e}", p.from);
-                    return;
-                }
-            }
-        }
-        if now >= p.deadline {
-            let p = self.pending.swap_remove(i);
-            warn!(
-                "turned away a connection from {}: no handshake within {:?}",
-                p.from, self.handshake_timeout
-            );
         }
     }
 
     /// Checks a peer's greeting, answers it, and starts reading from the peer if it is one we expect.
-    fn admit(&mut self, mut p: Pending, bytes: &[u8; wire::GREETING_LEN]) {
+    fn admit(&mut self, mut p: Greeted) {
         let shared = &self.shared;
         let (rank, nranks, magic) = (shared.rank, shared.nranks, shared.magic);
-        let g = match Greeting::decode(bytes) {
+        let g = match Greeting::decode(&p.bytes) {
             Ok(g) if g.kind == Kind::PeerHello => g,
             Ok(g) => {
                 warn!(

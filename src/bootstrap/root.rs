@@ -7,9 +7,10 @@
 //! new rank arrives for `timeout`, the root tells the waiting ranks and exits.
 
 use super::endpoint::list_ranks;
+use super::handshake::{Greeted, Label, PendingHandshakes};
 use super::handshake_timeout;
 use super::sys::{self, PollEntry};
-use super::wire::{self, Greeting, GreetingReader, Kind, MAX_RANKS, PROTOCOL_VERSION};
+use super::wire::{self, Greeting, Kind, MAX_RANKS, PROTOCOL_VERSION};
 use crate::error::{Error, Result};
 use log::{debug, info, warn};
 use std::io::{self, Read, Write};
@@ -19,9 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Connections still in their handshake beyond this many are closed at once.
-const MAX_PENDING: usize = 256;
 
 /// A running root. Dropping it lets the thread finish on its own: once every rank has the table, or
 /// after `timeout` without a new rank.
@@ -55,11 +53,18 @@ impl Root {
             stop: stop.clone(),
             magic,
             timeout,
-            handshake_timeout: handshake_timeout(timeout),
             nranks: None,
             ranks: Vec::new(),
             joined: 0,
-            pending: Vec::new(),
+            pending: PendingHandshakes::new(
+                handshake_timeout(timeout),
+                Label {
+                    prefix: format!("bootstrap root at {addr}: "),
+                    stranger: "",
+                    greeting: "hello",
+                    accept_failed: "accept failed".into(),
+                },
+            ),
             idle_deadline: Instant::now() + timeout,
         };
         let thread = std::thread::Builder::new()
@@ -109,13 +114,6 @@ struct Joined {
     listen: SocketAddr,
 }
 
-struct Pending {
-    stream: TcpStream,
-    from: SocketAddr,
-    greeting: GreetingReader,
-    deadline: Instant,
-}
-
 struct RootLoop {
     addr: SocketAddr,
     listener: TcpListener,
@@ -123,12 +121,11 @@ struct RootLoop {
     stop: Arc<AtomicBool>,
     magic: u64,
     timeout: Duration,
-    handshake_timeout: Duration,
     /// Set by the first valid hello; forgotten when every rank has left again.
     nranks: Option<usize>,
     ranks: Vec<Option<Joined>>,
     joined: usize,
-    pending: Vec<Pending>,
+    pending: PendingHandshakes,
     /// When the root gives up unless another rank arrives.
     idle_deadline: Instant,
 }
@@ -158,7 +155,7 @@ impl RootLoop {
             }
 
             let mut entries = vec![PollEntry::readable(&self.wake), PollEntry::readable(&self.listener)];
-            entries.extend(self.pending.iter().map(|p| PollEntry::readable(&p.stream)));
+            entries.extend(self.pending.poll_entries());
             let first_joined = entries.len();
             let joined: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_some()).collect();
             entries.extend(
@@ -168,11 +165,8 @@ impl RootLoop {
             );
             let wait = self
                 .pending
-                .iter()
-                .map(|p| p.deadline)
-                .chain([self.idle_deadline])
-                .min()
-                .expect("not empty");
+                .next_deadline()
+                .map_or(self.idle_deadline, |d| d.min(self.idle_deadline));
             if let Err(e) = sys::poll(&mut entries, Some(wait.saturating_duration_since(now))) {
                 warn!("bootstrap root at {}: poll failed: {e}", self.addr);
                 std::thread::sleep(Duration::from_millis(10));
@@ -188,80 +182,19 @@ impl RootLoop {
                     self.check_joined(r);
                 }
             }
-            let now = Instant::now();
-            for i in (0..self.pending.len()).rev() {
-                let ready = entries[2 + i].ready;
-                self.advance_pending(i, ready, now);
+            let greeted = self.pending.advance(&entries[2..first_joined], Instant::now());
+            for p in greeted {
+                self.admit(p);
             }
             if entries[1].ready {
-                self.accept_all();
+                self.pending.accept_from(&self.listener);
             }
-        }
-    }
-
-    fn accept_all(&mut self) {
-        loop {
-            match self.listener.accept() {
-                Ok((stream, from)) => {
-                    if self.pending.len() >= MAX_PENDING {
-                        warn!(
-                            "bootstrap root at {}: turned away {from}: too many unfinished handshakes",
-                            self.addr
-                        );
-                        continue;
-                    }
-                    if let Err(e) = stream.set_nonblocking(false) {
-                        warn!("bootstrap root at {}: dropped {from}: {e}", self.addr);
-                        continue;
-                    }
-                    let deadline = Instant::now() + self.handshake_timeout;
-                    self.pending.push(Pending {
-                        stream,
-                        from,
-                        greeting: GreetingReader::default(),
-                        deadline,
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    warn!("bootstrap root at {}: accept failed: {e}", self.addr);
-                    std::thread::sleep(Duration::from_millis(10));
-                    return;
-                }
-            }
-        }
-    }
-
-    fn advance_pending(&mut self, i: usize, ready: bool, now: Instant) {
-        let p = &mut self.pending[i];
-        if ready {
-            match p.greeting.advance(&p.stream) {
-                Ok(Some(bytes)) => {
-                    let p = self.pending.swap_remove(i);
-                    self.admit(p, &bytes);
-                    return;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let p = self.pending.swap_remove(i);
-                    warn!("bootstrap root at {}: turned away {}: {e}", self.addr, p.from);
-                    return;
-                }
-            }
-        }
-        if now >= p.deadline {
-            let p = self.pending.swap_remove(i);
-            warn!(
-                "bootstrap root at {}: turned away {}: no hello within {:?}",
-                self.addr, p.from, self.handshake_timeout
-            );
         }
     }
 
     /// Checks a hello and records the rank, or turns the connection away.
-    fn admit(&mut self, mut p: Pending, bytes: &[u8; wire::GREETING_LEN]) {
-        let g = match Greeting::decode(bytes) {
+    fn admit(&mut self, mut p: Greeted) {
+        let g = match Greeting::decode(&p.bytes) {
             Ok(g) => g,
             Err(why) => {
                 warn!("bootstrap root at {}: turned away {}: {why}", self.addr, p.from);
