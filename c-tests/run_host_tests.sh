@@ -2,7 +2,10 @@
 # Runs every built host test in build/tests/host/. A test with a file c-tests/host/<name>.cases runs once
 # per line of that file (the line holds its arguments; '#' starts a comment); any other test runs once
 # without arguments. Each run has a time limit (HOST_TEST_TIMEOUT seconds, default 300).
-# Ends with the line "host tests: N passed, N failed" and exits non-zero if any run failed or none ran.
+# Then host/cross_host_test.sh runs bootstrap_test's ranks on two "hosts" (network namespaces); each of its
+# jobs counts as a test, and where namespaces cannot be made it counts as one skipped test.
+# Ends with the line "host tests: N passed, N failed, N skipped" and exits non-zero if any run failed or
+# none ran.
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -11,6 +14,7 @@ bin_dir="${HOST_TEST_DIR:-$repo/build/tests/host}"
 limit="${HOST_TEST_TIMEOUT:-300}"
 passed=0
 failed=0
+skipped=0
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 
@@ -62,8 +66,41 @@ for path in "${tests[@]}"; do
   fi
 done
 
+# The bootstrap across hosts. Its PASS/FAIL lines are shown as they are; its summary line is counted here.
+cross_host() {
+  local rc summary
+  timeout -k 10 "$limit" bash "$here/host/cross_host_test.sh" "$bin_dir/bootstrap_test" </dev/null >"$out" 2>&1
+  rc=$?
+  grep -v '^cross-host tests: ' "$out"
+  summary=$(grep '^cross-host tests: ' "$out" | tail -n 1)
+  if [[ $summary =~ ^cross-host\ tests:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+    ran=$((ran + BASH_REMATCH[1] + BASH_REMATCH[2]))
+    # A script that reports no failure yet exits non-zero still failed.
+    if [ "$rc" -ne 0 ] && [ "${BASH_REMATCH[2]}" -eq 0 ]; then
+      failed=$((failed + 1))
+      echo "FAIL cross_host: exit status $rc"
+    fi
+  elif [[ $summary =~ ^cross-host\ tests:\ skipped\ \((.*)\)$ ]] && [ "$rc" -eq 0 ]; then
+    skipped=$((skipped + 1))
+    echo "SKIP cross_host: ${BASH_REMATCH[1]}"
+  else
+    failed=$((failed + 1))
+    ran=$((ran + 1))
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "FAIL cross_host: no result within ${limit}s"
+    else
+      echo "FAIL cross_host: exit status $rc and no summary line"
+    fi
+  fi
+}
+if [ -x "$bin_dir/bootstrap_test" ]; then
+  cross_host
+fi
+
 if [ "$ran" -eq 0 ]; then
   echo "no host tests found in $bin_dir (build them with make first)"
 fi
-echo "host tests: $passed passed, $failed failed"
+echo "host tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ] && [ "$ran" -gt 0 ]

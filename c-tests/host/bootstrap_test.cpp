@@ -7,10 +7,18 @@
 //   bootstrap_test stranger   strangers and a rank of another job at the root do not break a 4-rank job
 //   bootstrap_test            all of the above, with 2, 4, 8 and 16 ranks
 //
+// Jobs split over several invocations (e.g. on different hosts), each running some of the ranks:
+//   bootstrap_test join N IP:PORT FIRST COUNT     ranks FIRST..FIRST+COUNT-1 of an N-rank job at IP:PORT;
+//                                                 the invocation with rank 0 starts the root there
+//   bootstrap_test join-id N IDFILE FIRST COUNT   the same through a unique id: the invocation with
+//                                                 rank 0 makes the id (its root lives in that process)
+//                                                 and writes it to IDFILE; the others wait for the file
+//
 // Exits non-zero on any failure.
 #include <mscclpp.h>
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -152,6 +161,88 @@ static bool job_by_id(int nranks) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < nranks; ++rank) pids.push_back(spawn([=] { return run_rank(rank, nranks, nullptr, &id); }));
   return wait_all(pids);
+}
+
+// How long a join-id invocation waits for the id file to appear.
+static const double ID_FILE_WAIT_S = 30;
+// The bootstrap timeout of join invocations: short, so that a broken job reports its error well before
+// the caller's time limit, yet far longer than a working job takes.
+static const int JOIN_TIMEOUT_S = 10;
+
+// Writes the id so that a reader never sees half of it: a temporary file, then a rename.
+static bool write_id_file(const char* path, const mscclppUniqueId& id) {
+  std::string tmp = std::string(path) + ".tmp";
+  FILE* f = fopen(tmp.c_str(), "wb");
+  if (!f) {
+    fprintf(stderr, "bootstrap_test: cannot create %s: %s\n", tmp.c_str(), strerror(errno));
+    return false;
+  }
+  bool ok = fwrite(&id, sizeof(id), 1, f) == 1;
+  ok = fclose(f) == 0 && ok;
+  if (!ok || rename(tmp.c_str(), path) != 0) {
+    fprintf(stderr, "bootstrap_test: cannot write the id to %s: %s\n", path, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+// Waits for the id file written by the invocation with rank 0 and reads it.
+static bool read_id_file(const char* path, mscclppUniqueId* id) {
+  double deadline = now_s() + ID_FILE_WAIT_S;
+  struct stat st;
+  while (stat(path, &st) != 0) {
+    if (now_s() > deadline) {
+      fprintf(stderr, "bootstrap_test: no id file %s after %.0f s\n", path, ID_FILE_WAIT_S);
+      return false;
+    }
+    usleep(10 * 1000);
+  }
+  if ((size_t)st.st_size != sizeof(*id)) {
+    fprintf(stderr, "bootstrap_test: id file %s has %lld bytes, want %zu\n", path, (long long)st.st_size, sizeof(*id));
+    return false;
+  }
+  FILE* f = fopen(path, "rb");
+  bool ok = f && fread(id, sizeof(*id), 1, f) == 1;
+  if (f) fclose(f);
+  if (!ok) fprintf(stderr, "bootstrap_test: cannot read the id from %s\n", path);
+  return ok;
+}
+
+// Ranks first..first+count-1 of an nranks job, by address (idfile null) or by the id in idfile.
+static bool join_part(int nranks, const char* addr, const char* idfile, int first, int count) {
+  mscclppResult_t r = mscclppSetBootstrapConnTimeout(JOIN_TIMEOUT_S);
+  if (r != mscclppSuccess) {
+    fprintf(stderr, "bootstrap_test: mscclppSetBootstrapConnTimeout: %s\n", mscclppGetErrorString(r));
+    return false;
+  }
+  mscclppUniqueId id;
+  if (idfile) {
+    if (first == 0) {
+      // The root of the id runs in this process, which stays until its ranks are done.
+      r = mscclppGetUniqueId(&id);
+      if (r != mscclppSuccess) {
+        fprintf(stderr, "bootstrap_test: mscclppGetUniqueId: %s\n", mscclppGetErrorString(r));
+        return false;
+      }
+      if (!write_id_file(idfile, id)) return false;
+    } else if (!read_id_file(idfile, &id)) {
+      return false;
+    }
+  }
+  std::vector<pid_t> pids;
+  for (int rank = first; rank < first + count; ++rank)
+    pids.push_back(spawn([=] { return run_rank(rank, nranks, addr, idfile ? &id : nullptr); }));
+  return wait_all(pids);
+}
+
+// Parses a whole decimal number in [lo, hi].
+static bool parse_int(const char* s, int lo, int hi, int* out) {
+  char* end = nullptr;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = (int)v;
+  return true;
 }
 
 // Init with a 2 s timeout must fail with a remote error after about 2 s, not hang.
@@ -290,6 +381,16 @@ int main(int argc, char** argv) {
     ok = run_case("timeout", timeouts());
   } else if (argc == 2 && !strcmp(argv[1], "stranger")) {
     ok = run_case("stranger", strangers());
+  } else if (argc == 6 && (!strcmp(argv[1], "join") || !strcmp(argv[1], "join-id"))) {
+    int n = 0, first = 0, count = 0;
+    if (!parse_int(argv[2], 1, 1 << 20, &n) || !parse_int(argv[4], 0, n - 1, &first) ||
+        !parse_int(argv[5], 1, n - first, &count)) {
+      fprintf(stderr, "bootstrap_test %s: want 1 <= N, 0 <= FIRST < N and 1 <= COUNT <= N - FIRST\n", argv[1]);
+      return 2;
+    }
+    bool by_id = !strcmp(argv[1], "join-id");
+    std::string name = std::string(argv[1]) + " " + argv[2] + " ranks " + argv[4] + "-" + std::to_string(first + count - 1);
+    ok = run_case(name, join_part(n, by_id ? nullptr : argv[3], by_id ? argv[3] : nullptr, first, count));
   } else if (argc == 1) {
     for (int n : {2, 4, 8, 16}) {
       ok = run_case(std::to_string(n) + " addr", job_by_address(n)) && ok;
@@ -298,7 +399,9 @@ int main(int argc, char** argv) {
     ok = run_case("timeout", timeouts()) && ok;
     ok = run_case("stranger", strangers()) && ok;
   } else {
-    fprintf(stderr, "usage: %s [N addr | N id | timeout | stranger]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s [N addr | N id | timeout | stranger | join N IP:PORT FIRST COUNT | join-id N IDFILE FIRST COUNT]\n",
+            argv[0]);
     return 2;
   }
   return ok ? 0 : 1;
