@@ -25,6 +25,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# For the tests only: iproute2 lets the cross-host bootstrap test build its network namespaces (without
+# it, that test says it was skipped). Installed when we are root; a failure here does not stop the build.
+if ! command -v ip >/dev/null 2>&1 && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing iproute2 for the cross-host test"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2; } ||
+    echo "setup: could not install iproute2; the cross-host test will be skipped" >&2
+fi
+
 if ! command -v "${CARGO:-cargo}" >/dev/null 2>&1; then
   echo "setup: cargo not found; install the Rust toolchain (https://rustup.rs) and run make again" >&2
   exit 1
