@@ -4,6 +4,7 @@
 //! word 1: bits 0-31 `dstDataOffset`, bits 32-41 `connId`, bits 42-44 `type` (Data 1, Flag 2, Sync 4)
 //! A slot whose word 0 is zero is empty, which is why `signal()` and `flush()` push a size of 1.
 
+use crate::error::{Error, Result};
 use std::fmt;
 
 pub const TYPE_DATA: u8 = 1;
@@ -39,6 +40,28 @@ impl Trigger {
             self.data_size as u64 | (self.src_offset as u64) << 32,
             self.dst_offset as u64 | (self.conn_id as u64) << 32 | ((self.kind & 0x7) as u64) << 42,
         ]
+    }
+
+    /// Checks the Data part's ranges against the buffers at both ends; an error (InvalidUsage) means the
+    /// trigger is malformed and its data is dropped.
+    pub fn check_ranges(&self, local_size: u64, remote_size: u64) -> Result<()> {
+        let size = self.data_size as u64;
+        let check = |offset: u32, limit: u64, what: &str| {
+            let end = offset as u64 + size;
+            if end > limit {
+                return Err(Error::invalid_usage(format!(
+                    "{what} range +{offset}..+{end} is past the end of the {} ({limit} bytes)",
+                    if what == "source" {
+                        "local buffer"
+                    } else {
+                        "peer's buffer"
+                    }
+                )));
+            }
+            Ok(())
+        };
+        check(self.src_offset, local_size, "source")?;
+        check(self.dst_offset, remote_size, "destination")
     }
 
     pub fn has_data(&self) -> bool {

@@ -23,28 +23,6 @@ pub struct P2pRoute {
     pub remote_epochs: DevicePtr,
 }
 
-/// Checks a trigger's ranges against its connection's buffers.
-pub fn check_ranges(t: &Trigger, route: &P2pRoute) -> Result<()> {
-    let size = t.data_size as u64;
-    if t.src_offset as u64 + size > route.local_size {
-        return Err(Error::invalid_usage(format!(
-            "source range +{}..+{} is past the end of the local buffer ({} bytes)",
-            t.src_offset,
-            t.src_offset as u64 + size,
-            route.local_size
-        )));
-    }
-    if t.dst_offset as u64 + size > route.remote_size {
-        return Err(Error::invalid_usage(format!(
-            "destination range +{}..+{} is past the end of the peer's buffer ({} bytes)",
-            t.dst_offset,
-            t.dst_offset as u64 + size,
-            route.remote_size
-        )));
-    }
-    Ok(())
-}
-
 /// Looks up the route of a trigger's connection.
 pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P2pRoute> {
     routes.get(t.conn_id as usize).and_then(|r| r.as_ref()).ok_or_else(|| {
@@ -210,7 +188,7 @@ impl TriggerHandler for P2pHandler {
     fn handle(&mut self, t: &Trigger) -> Result<()> {
         let route = *route_of(&self.routes, t)?;
         if t.has_data() {
-            match check_ranges(t, &route) {
+            match t.check_ranges(route.local_size, route.remote_size) {
                 Ok(()) => self.copy_data(
                     route.remote_buff + t.dst_offset as u64,
                     route.local_buff + t.src_offset as u64,
@@ -368,22 +346,34 @@ mod tests {
             conn_id: 0,
             kind: 1,
         };
-        assert!(check_ranges(&t(0, 0, 50), &route()).is_ok());
-        assert!(check_ranges(&t(50, 0, 50), &route()).is_ok());
         assert!(
-            check_ranges(&t(51, 0, 50), &route())
+            t(0, 0, 50)
+                .check_ranges(route().local_size, route().remote_size)
+                .is_ok()
+        );
+        assert!(
+            t(50, 0, 50)
+                .check_ranges(route().local_size, route().remote_size)
+                .is_ok()
+        );
+        assert!(
+            t(51, 0, 50)
+                .check_ranges(route().local_size, route().remote_size)
                 .unwrap_err()
                 .message
                 .contains("local buffer")
         );
         assert!(
-            check_ranges(&t(0, 1, 50), &route())
+            t(0, 1, 50)
+                .check_ranges(route().local_size, route().remote_size)
                 .unwrap_err()
                 .message
                 .contains("peer's buffer")
         );
         assert!(
-            check_ranges(&t(u32::MAX, 0, u32::MAX), &route()).is_err(),
+            t(u32::MAX, 0, u32::MAX)
+                .check_ranges(route().local_size, route().remote_size)
+                .is_err(),
             "no overflow"
         );
     }

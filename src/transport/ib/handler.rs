@@ -76,28 +76,6 @@ impl IbHandler {
     }
 }
 
-/// Checks a trigger's ranges against its connection's buffers.
-pub fn check_ranges(t: &Trigger, route: &IbRoute) -> Result<()> {
-    let size = t.data_size as u64;
-    if t.src_offset as u64 + size > route.local_buff.size {
-        return Err(Error::invalid_usage(format!(
-            "source range +{}..+{} is past the end of the local buffer ({} bytes)",
-            t.src_offset,
-            t.src_offset as u64 + size,
-            route.local_buff.size
-        )));
-    }
-    if t.dst_offset as u64 + size > route.remote_buff.size {
-        return Err(Error::invalid_usage(format!(
-            "destination range +{}..+{} is past the end of the peer's buffer ({} bytes)",
-            t.dst_offset,
-            t.dst_offset as u64 + size,
-            route.remote_buff.size
-        )));
-    }
-    Ok(())
-}
-
 impl TriggerHandler for IbHandler {
     fn handle(&mut self, t: &Trigger) -> Result<()> {
         let route = self
@@ -111,7 +89,7 @@ impl TriggerHandler for IbHandler {
                 ))
             })?;
         if t.has_data() && t.data_size > 0 {
-            match check_ranges(t, &route) {
+            match t.check_ranges(route.local_buff.size, route.remote_buff.size) {
                 Ok(()) => {
                     let seq = route.queue.write(
                         route.local_buff.addr + t.src_offset as u64,
