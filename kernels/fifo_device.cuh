@@ -13,20 +13,27 @@
   __forceinline__ __device__ uint64_t push(uint64_t type, uint64_t dstDataOffset, uint64_t srcDataOffset,
                                            uint64_t dataSize)
   {
+    // Read before claiming, so that the two loads overlap; the tail only grows, so an early value errs on
+    // the side of waiting.
+    const uint64_t tailSeen = *reinterpret_cast<volatile uint64_t*>(triggerFifoTail);
     const uint64_t pos = claimPositions();
-    // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
-    // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
-    // copy after the slots is always current, so it decides when the device copy says "full".
-    while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
-      if (pos < MSCCLPP_PROXY_FIFO_SIZE + hostTail()) break;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-      // Many threads may wait here; reading host memory in a tight loop would crowd the host link.
-      __nanosleep(256);
-#endif
-    }
     mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
-    // The published tail may lag: also wait for the proxy to zero the slot's first word.
-    while (*reinterpret_cast<volatile uint64_t*>(&slot->value[0]) != 0) {
+    // This library's proxy zeroes a slot before it publishes a tail past it, so a tail more than
+    // MSCCLPP_PROXY_FIFO_SIZE below pos proves the slot is free, and the push costs no read of host memory.
+    if (pos >= MSCCLPP_PROXY_FIFO_SIZE + tailSeen) {
+      // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
+      // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
+      // copy after the slots is always current, so it decides when the device copy says "full".
+      while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
+        if (pos < MSCCLPP_PROXY_FIFO_SIZE + hostTail()) break;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+        // Many threads may wait here; reading host memory in a tight loop would crowd the host link.
+        __nanosleep(256);
+#endif
+      }
+      // As the legacy protocol does, also wait for the proxy to zero the slot's first word.
+      while (*reinterpret_cast<volatile uint64_t*>(&slot->value[0]) != 0) {
+      }
     }
     // Each field is cut to its width so that an out-of-range argument can never spill into connId or type.
     const uint64_t word0 = (dataSize & ((1ULL << MSCCLPP_BITS_SIZE) - 1)) |

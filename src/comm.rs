@@ -8,7 +8,7 @@ use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::trigger::MAX_CONNECTIONS;
 use crate::proxy::{ProxyShared, ProxyThread};
 use crate::transport::ib::IbState;
-use crate::transport::p2p::{self, P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
+use crate::transport::p2p::{P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
 use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -426,7 +426,7 @@ impl Communicator {
             Box::new(publisher),
             Box::new(move || {
                 gpu.make_current()?;
-                p2p::bind_to_gpu_numa_node(&gpu);
+                crate::proxy::affinity::bind_proxy_thread(&gpu);
                 Ok(())
             }),
         )?;

@@ -16,7 +16,6 @@ namespace {
 constexpr int kIters = 20000;
 constexpr int kRepeats = 5;
 constexpr uint64_t kMaxBytes = 1ull << 30; // per direction
-constexpr int kCopyBlocks = 64;
 constexpr int kCopyThreads = 1024;
 
 // directWait()/relaxedWait() with a deadline (same counters as the header's methods).
@@ -110,7 +109,7 @@ std::string pingpong(Rank& R, const char* name, cudaEvent_t start, cudaEvent_t s
   return "";
 }
 
-std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t stop)
+std::string copyBench(Rank& R, uint64_t bytes, int blocks, cudaEvent_t start, cudaEvent_t stop)
 {
   const uint64_t mine = (uint64_t)R.rank * kMaxBytes, theirs = (uint64_t)(1 - R.rank) * kMaxBytes;
   const uint32_t seed = 0x5eed0000u + (uint32_t)(bytes >> 10);
@@ -120,7 +119,7 @@ std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t st
   TC_CUDA(cudaMemsetAsync(gBuf + theirs, 0, bytes, R.stream));
   TC_CUDA(cudaStreamSynchronize(R.stream));
   TC_TRY(barrier(R, "before checked copy"));
-  copyKernel<<<kCopyBlocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+  copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
   TC_CUDA(cudaGetLastError());
   TC_TRY(syncBounded(R, "copy kernel"));
   TC_TRY(barrier(R, "after checked copy"));
@@ -129,7 +128,7 @@ std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t st
   for (int rep = 0; rep <= kRepeats; ++rep) {
     TC_TRY(barrier(R, "before timed copy"));
     TC_CUDA(cudaEventRecord(start, R.stream));
-    copyKernel<<<kCopyBlocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+    copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
     TC_CUDA(cudaGetLastError());
     TC_CUDA(cudaEventRecord(stop, R.stream));
     TC_TRY(syncBounded(R, "copy kernel"));
@@ -140,11 +139,11 @@ std::string copyBench(Rank& R, uint64_t bytes, cudaEvent_t start, cudaEvent_t st
   const double t = median(us);
   if (R.rank == 0) {
     printf("BENCH direct_copy bytes=%llu time_us=%.3f gbps_per_direction=%.2f blocks=%d threads=%d\n",
-           (unsigned long long)bytes, t, bytes / t / 1000.0, kCopyBlocks, kCopyThreads);
+           (unsigned long long)bytes, t, bytes / t / 1000.0, blocks, kCopyThreads);
     fflush(stdout);
   }
-  R.info = fmt("(%s each way at once: %.1f us, %.1f GB/s per direction)", sizeName(bytes).c_str(), t,
-               bytes / t / 1000.0);
+  R.info = fmt("(%s each way at once, %d blocks: %.1f us, %.1f GB/s per direction)", sizeName(bytes).c_str(),
+               blocks, t, bytes / t / 1000.0);
   return "";
 }
 
@@ -157,8 +156,24 @@ int rankMain(Rank& R)
   cudaEventCreate(&stop);
   bool ok = runCase(R, "direct_pingpong", [&] { return pingpong<false>(R, "acquire_release", start, stop); });
   ok = ok && runCase(R, "relaxed_pingpong", [&] { return pingpong<true>(R, "relaxed", start, stop); });
-  for (uint64_t bytes : {1ull << 20, 64ull << 20, 1ull << 30}) {
-    ok = ok && runCase(R, "direct_copy_" + sizeName(bytes), [&] { return copyBench(R, bytes, start, stop); });
+  // 64 blocks of 1024 threads (half the SMs of an H200), then the largest copy on every SM, one and two
+  // blocks per SM: how many SMs it takes to fill the links.
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, R.device);
+  struct Copy
+  {
+    uint64_t bytes;
+    int blocks;
+  };
+  std::vector<Copy> copies = {{1ull << 20, 64}, {64ull << 20, 64}, {1ull << 30, 64}};
+  if (sms > 0) {
+    copies.push_back({64ull << 20, 2 * sms});
+    copies.push_back({1ull << 30, sms});
+    copies.push_back({1ull << 30, 2 * sms});
+  }
+  for (const Copy& c : copies) {
+    ok = ok && runCase(R, fmt("direct_copy_%s_%dblocks", sizeName(c.bytes).c_str(), c.blocks),
+                       [&] { return copyBench(R, c.bytes, c.blocks, start, stop); });
   }
   ok = runCase(R, "teardown", [&]() -> std::string {
          mscclppComm_t comm = R.comm;

@@ -110,7 +110,7 @@ if [ -n "$direct" ]; then
   while read -r line; do
     case $line in
       "BENCH direct_pingpong "*) echo "| ping-pong one way, $(value mode "$line") | $(value one_way_us "$line") us |" ;;
-      "BENCH direct_copy "*) echo "| directPutBlock both ways at once, $(size_name "$(value bytes "$line")") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
+      "BENCH direct_copy "*) echo "| directPutBlock both ways at once, $(size_name "$(value bytes "$line")"), $(value blocks "$line") blocks of $(value threads "$line") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
     esac
   done <<<"$direct"
 else

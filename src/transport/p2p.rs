@@ -258,70 +258,6 @@ impl P2pTailPublisher {
     }
 }
 
-/// Binds the calling thread to the CPUs of the GPU's NUMA node, if the machine says which that is.
-/// Best effort: GPUs that report no node (-1) are common, and are not an error.
-pub fn bind_to_gpu_numa_node(ctx: &GpuContext) {
-    match numa_cpus(ctx) {
-        Ok(Some(cpus)) => {
-            // SAFETY: a zeroed cpu_set_t is valid; CPU_SET stays in bounds for ids < CPU_SETSIZE.
-            let rc = unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                for c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
-                    libc::CPU_SET(*c, &mut set);
-                }
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-            };
-            if rc != 0 {
-                log::info!(
-                    "could not bind the proxy to its GPU's NUMA node: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
-        Ok(None) => log::info!("GPU {} reports no NUMA node; the proxy thread is not bound", ctx.device),
-        Err(e) => log::info!("NUMA binding skipped: {e}"),
-    }
-}
-
-fn numa_cpus(ctx: &GpuContext) -> Result<Option<Vec<usize>>> {
-    let mut bus = [0 as std::ffi::c_char; 32];
-    // SAFETY: the buffer is valid for its length.
-    crate::gpu::check(
-        unsafe { cudarc::driver::sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ctx.device) },
-        || "cuDeviceGetPCIBusId".into(),
-    )?;
-    // SAFETY: the driver wrote a NUL-terminated string.
-    let bus = unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }
-        .to_string_lossy()
-        .to_lowercase();
-    let node_path = format!("/sys/bus/pci/devices/{bus}/numa_node");
-    let node: i64 = std::fs::read_to_string(&node_path)
-        .map_err(|e| Error::io(&node_path, e))?
-        .trim()
-        .parse()
-        .map_err(|_| Error::system(format!("{node_path} is not a number")))?;
-    if node < 0 {
-        return Ok(None);
-    }
-    let list_path = format!("/sys/devices/system/node/node{node}/cpulist");
-    let list = std::fs::read_to_string(&list_path).map_err(|e| Error::io(&list_path, e))?;
-    Ok(Some(parse_cpu_list(&list)))
-}
-
-/// Parses a kernel CPU list such as `0-3,8,10-11`.
-pub fn parse_cpu_list(list: &str) -> Vec<usize> {
-    let mut cpus = Vec::new();
-    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
-        let mut ends = part.splitn(2, '-').map(|x| x.trim().parse::<usize>());
-        match (ends.next(), ends.next()) {
-            (Some(Ok(a)), None) => cpus.push(a),
-            (Some(Ok(a)), Some(Ok(b))) if a <= b => cpus.extend(a..=b),
-            _ => {}
-        }
-    }
-    cpus
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -424,12 +360,5 @@ mod tests {
         assert!(c.iter().all(|(o, _)| o % (64 << 10) == 0));
         assert!(c.len() <= 4);
         assert_eq!(split_chunks(100, 3), vec![(0, 100)]);
-    }
-
-    #[test]
-    fn cpu_lists_parse() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
-        assert_eq!(parse_cpu_list(""), Vec::<usize>::new());
-        assert_eq!(parse_cpu_list("5-2,x"), Vec::<usize>::new());
     }
 }

@@ -571,7 +571,7 @@ impl IbState {
                 Box::new(publisher),
                 Box::new(move || {
                     g.make_current()?;
-                    crate::transport::p2p::bind_to_gpu_numa_node(&g);
+                    crate::proxy::affinity::bind_proxy_thread(&g);
                     Ok(())
                 }),
             )?;
