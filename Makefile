@@ -69,7 +69,7 @@ lib: $(LIBRARY)
 
 tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(GPU_TESTS) legacy-abi
 
-bench: $(BENCHES)
+bench: $(BENCHES) legacy-abi
 
 examples: $(EXAMPLES)
 

@@ -21,15 +21,14 @@
   // The size 1 only keeps the slot's first word non-zero.
   __forceinline__ __device__ void signal()
   {
-    epochIncrement();
-    fifo.push(mscclppFlag, 0, 0, 1);
+    fifo.pushCountingSignal(mscclppFlag, 0, 0, 1, &localSignalEpochId->device);
   }
 
   // put() then signal(), in one trigger.
   __forceinline__ __device__ void putWithSignal(uint64_t dstDataOffset, uint64_t srcDataOffset, uint64_t dataSize)
   {
-    epochIncrement();
-    fifo.push(mscclppData | mscclppFlag, dstDataOffset, srcDataOffset, dataSize);
+    fifo.pushCountingSignal(mscclppData | mscclppFlag, dstDataOffset, srcDataOffset, dataSize,
+                            &localSignalEpochId->device);
   }
 
   __forceinline__ __device__ void putWithSignal(uint64_t dataOffset, uint64_t dataSize)
@@ -41,9 +40,8 @@
   __forceinline__ __device__ void putWithSignalAndFlush(uint64_t dstDataOffset, uint64_t srcDataOffset,
                                                         uint64_t dataSize)
   {
-    epochIncrement();
-    const uint64_t pos =
-      fifo.push(mscclppData | mscclppFlag | mscclppSync, dstDataOffset, srcDataOffset, dataSize);
+    const uint64_t pos = fifo.pushCountingSignal(mscclppData | mscclppFlag | mscclppSync, dstDataOffset,
+                                                 srcDataOffset, dataSize, &localSignalEpochId->device);
     // Done once the proxy has zeroed the slot's first word, or its tail has passed pos (the fallback for
     // when the slot already holds a newer trigger; the host copy of the tail is always current).
     while (*reinterpret_cast<volatile uint64_t*>(&fifo.triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
@@ -145,44 +143,52 @@
   // its block's) are visible to the peer once its directWait() returns.
   __forceinline__ __device__ void directSignal()
   {
-    uint64_t* mine = directCounters(localSignalEpochId);
-    const uint64_t sent = mine[4] + 1;
-    mine[4] = sent;
-    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+    raiseDirectSignal(true);
   }
 
   // Waits for the peer's next directSignal(), with acquire ordering.
   __forceinline__ __device__ void directWait()
   {
-    uint64_t* mine = directCounters(localSignalEpochId);
-    const uint64_t want = mine[6] + 1;
-    mine[6] = want;
-    uint64_t seen;
-    do {
-      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
-    } while (seen < want);
+    awaitDirectSignal(true);
   }
 
   // directSignal() without ordering any memory: only says the signal was raised.
   __forceinline__ __device__ void relaxedSignal()
   {
-    uint64_t* mine = directCounters(localSignalEpochId);
-    const uint64_t sent = mine[4] + 1;
-    mine[4] = sent;
-    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
-    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+    raiseDirectSignal(false);
   }
 
   // directWait() without ordering any memory.
   __forceinline__ __device__ void relaxedWait()
+  {
+    awaitDirectSignal(false);
+  }
+
+  // Counts one more direct signal and writes the count into the peer's "received" word.
+  __forceinline__ __device__ void raiseDirectSignal(bool release)
+  {
+    uint64_t* mine = directCounters(localSignalEpochId);
+    const uint64_t sent = mine[4] + 1;
+    mine[4] = sent;
+    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
+    if (release)
+      asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+    else
+      asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
+  }
+
+  // Counts one more direct wait and spins until the peer's count reaches it.
+  __forceinline__ __device__ void awaitDirectSignal(bool acquire)
   {
     uint64_t* mine = directCounters(localSignalEpochId);
     const uint64_t want = mine[6] + 1;
     mine[6] = want;
     uint64_t seen;
     do {
-      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+      if (acquire)
+        asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
+      else
+        asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
     } while (seen < want);
   }
 

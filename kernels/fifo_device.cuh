@@ -13,10 +13,21 @@
   __forceinline__ __device__ uint64_t push(uint64_t type, uint64_t dstDataOffset, uint64_t srcDataOffset,
                                            uint64_t dataSize)
   {
-    // Read before claiming, so that the two loads overlap; the tail only grows, so an early value errs on
-    // the side of waiting.
+    return pushCountingSignal(type, dstDataOffset, srcDataOffset, dataSize, nullptr);
+  }
+
+  // push() that, given signalEpoch (a connection's localSignalEpochId->device), also counts one more signal
+  // as epochIncrement() does, before it stores the trigger; the epoch's read then overlaps with the claim.
+  __forceinline__ __device__ uint64_t pushCountingSignal(uint64_t type, uint64_t dstDataOffset,
+                                                         uint64_t srcDataOffset, uint64_t dataSize,
+                                                         uint64_t* signalEpoch)
+  {
+    // Both loads are issued before the claim's atomic returns, so the three overlap; the tail only grows,
+    // so an early value errs on the side of waiting.
     const uint64_t tailSeen = *reinterpret_cast<volatile uint64_t*>(triggerFifoTail);
+    const uint64_t epochSeen = signalEpoch != nullptr ? *reinterpret_cast<volatile uint64_t*>(signalEpoch) : 0;
     const uint64_t pos = claimPositions();
+    if (signalEpoch != nullptr) *reinterpret_cast<volatile uint64_t*>(signalEpoch) = epochSeen + 1;
     mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
     // This library's proxy zeroes a slot before it publishes a tail past it, so a tail more than
     // MSCCLPP_PROXY_FIFO_SIZE below pos proves the slot is free, and the push costs no read of host memory.

@@ -8,6 +8,8 @@
 # <mscclppfifo.h>, which comes from c-tests/legacy-abi/include (written from the documented wire format).
 #
 #   make legacy-abi   ->  build/tests/gpu/legacy_allgather   (run: build/tests/gpu/legacy_allgather 2)
+#                         build/bench/legacy/{pingpong,bidir_put}: the benchmarks, with the legacy device
+#                         code (its FIFO push) on our proxy, run by run_bench.sh beside ours
 
 LEGACY_HEADER ?= ../shared/reference/mscclpp-0.1.0.h
 LEGACY_INCLUDE_DIR := build/legacy-include
@@ -26,7 +28,8 @@ ifeq ($(wildcard $(LEGACY_HEADER)),)
 legacy-abi:
 	@echo "legacy-abi: skipped (legacy header $(LEGACY_HEADER) not found)"
 else
-legacy-abi: $(LEGACY_ABI_BIN)
+LEGACY_BENCHES := build/bench/legacy/pingpong build/bench/legacy/bidir_put
+legacy-abi: $(LEGACY_ABI_BIN) $(LEGACY_BENCHES)
 
 $(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
 	@mkdir -p $(@D)
@@ -37,5 +40,11 @@ $(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
 $(LEGACY_ABI_BIN): $(LEGACY_ABI_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
 	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $(LEGACY_ABI_SRC) -o $@ \
+	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
+
+build/bench/legacy/%: examples-c/bench/%.cu c-tests/gpu/test_common.h $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
+                      | $(LEGACY_ABI_ORDER)
+	@mkdir -p $(@D)
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $< -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
 endif

@@ -109,8 +109,10 @@ std::string pingpong(Rank& R, const char* name, cudaEvent_t start, cudaEvent_t s
   return "";
 }
 
-std::string copyBench(Rank& R, uint64_t bytes, int blocks, cudaEvent_t start, cudaEvent_t stop)
+// Both ranks copy at once, or (oneWay) only rank 0 copies while rank 1 receives.
+std::string copyBench(Rank& R, uint64_t bytes, int blocks, bool oneWay, cudaEvent_t start, cudaEvent_t stop)
 {
+  const bool sends = !oneWay || R.rank == 0, receives = !oneWay || R.rank == 1;
   const uint64_t mine = (uint64_t)R.rank * kMaxBytes, theirs = (uint64_t)(1 - R.rank) * kMaxBytes;
   const uint32_t seed = 0x5eed0000u + (uint32_t)(bytes >> 10);
   // Check: fill my range, copy it into the peer, verify the peer's range that landed in mine.
@@ -119,16 +121,16 @@ std::string copyBench(Rank& R, uint64_t bytes, int blocks, cudaEvent_t start, cu
   TC_CUDA(cudaMemsetAsync(gBuf + theirs, 0, bytes, R.stream));
   TC_CUDA(cudaStreamSynchronize(R.stream));
   TC_TRY(barrier(R, "before checked copy"));
-  copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+  if (sends) copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
   TC_CUDA(cudaGetLastError());
   TC_TRY(syncBounded(R, "copy kernel"));
   TC_TRY(barrier(R, "after checked copy"));
-  TC_TRY(verifyWords(R, gBuf, theirs, bytes, seed + (1 - R.rank), 0, "directPutBlock"));
+  if (receives) TC_TRY(verifyWords(R, gBuf, theirs, bytes, seed + (1 - R.rank), 0, "directPutBlock"));
   std::vector<double> us;
   for (int rep = 0; rep <= kRepeats; ++rep) {
     TC_TRY(barrier(R, "before timed copy"));
     TC_CUDA(cudaEventRecord(start, R.stream));
-    copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
+    if (sends) copyKernel<<<blocks, kCopyThreads, 0, R.stream>>>(mine, bytes);
     TC_CUDA(cudaGetLastError());
     TC_CUDA(cudaEventRecord(stop, R.stream));
     TC_TRY(syncBounded(R, "copy kernel"));
@@ -138,12 +140,12 @@ std::string copyBench(Rank& R, uint64_t bytes, int blocks, cudaEvent_t start, cu
   }
   const double t = median(us);
   if (R.rank == 0) {
-    printf("BENCH direct_copy bytes=%llu time_us=%.3f gbps_per_direction=%.2f blocks=%d threads=%d\n",
-           (unsigned long long)bytes, t, bytes / t / 1000.0, blocks, kCopyThreads);
+    printf("BENCH direct_copy bytes=%llu directions=%d time_us=%.3f gbps_per_direction=%.2f blocks=%d threads=%d\n",
+           (unsigned long long)bytes, oneWay ? 1 : 2, t, bytes / t / 1000.0, blocks, kCopyThreads);
     fflush(stdout);
   }
-  R.info = fmt("(%s each way at once, %d blocks: %.1f us, %.1f GB/s per direction)", sizeName(bytes).c_str(),
-               blocks, t, bytes / t / 1000.0);
+  R.info = fmt("(%s %s, %d blocks: %.1f us, %.1f GB/s per direction)", sizeName(bytes).c_str(),
+               oneWay ? "one way" : "each way at once", blocks, t, bytes / t / 1000.0);
   return "";
 }
 
@@ -156,24 +158,25 @@ int rankMain(Rank& R)
   cudaEventCreate(&stop);
   bool ok = runCase(R, "direct_pingpong", [&] { return pingpong<false>(R, "acquire_release", start, stop); });
   ok = ok && runCase(R, "relaxed_pingpong", [&] { return pingpong<true>(R, "relaxed", start, stop); });
-  // 64 blocks of 1024 threads (half the SMs of an H200), then the largest copy on every SM, one and two
-  // blocks per SM: how many SMs it takes to fill the links.
+  // 64 blocks of 1024 threads (about half the SMs of an H200) both ways at once, then one way only, and
+  // on every SM: how many SMs it takes to fill the links.
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, R.device);
   struct Copy
   {
     uint64_t bytes;
     int blocks;
+    bool oneWay;
   };
-  std::vector<Copy> copies = {{1ull << 20, 64}, {64ull << 20, 64}, {1ull << 30, 64}};
+  std::vector<Copy> copies = {{1ull << 20, 64, false}, {64ull << 20, 64, false}, {1ull << 30, 64, false},
+                              {1ull << 30, 32, true},   {1ull << 30, 64, true}};
   if (sms > 0) {
-    copies.push_back({64ull << 20, 2 * sms});
-    copies.push_back({1ull << 30, sms});
-    copies.push_back({1ull << 30, 2 * sms});
+    copies.push_back({1ull << 30, sms, false});
+    copies.push_back({1ull << 30, sms, true});
   }
   for (const Copy& c : copies) {
-    ok = ok && runCase(R, fmt("direct_copy_%s_%dblocks", sizeName(c.bytes).c_str(), c.blocks),
-                       [&] { return copyBench(R, c.bytes, c.blocks, start, stop); });
+    ok = ok && runCase(R, fmt("direct_copy_%s_%dblocks%s", sizeName(c.bytes).c_str(), c.blocks, c.oneWay ? "_one_way" : ""),
+                       [&] { return copyBench(R, c.bytes, c.blocks, c.oneWay, start, stop); });
   }
   ok = runCase(R, "teardown", [&]() -> std::string {
          mscclppComm_t comm = R.comm;

@@ -40,6 +40,17 @@ run_bench() {
 
 run_bench pingpong 60
 run_bench bidir_put 90
+# The same two programs compiled against the 0.1.0 header (its device code, our library): built only
+# where that header was found (make legacy-abi).
+legacy=0
+if [ -x "$bin_dir/legacy/pingpong" ] && [ -x "$bin_dir/legacy/bidir_put" ]; then
+  legacy=1
+  mkdir -p "$log_dir/legacy"
+  run_bench legacy/pingpong 60
+  run_bench legacy/bidir_put 90
+else
+  echo "legacy-header builds of pingpong/bidir_put not found in $bin_dir/legacy: their column is left out" >&2
+fi
 run_bench allgather_bench 150
 run_bench direct_bench 90
 
@@ -59,22 +70,36 @@ echo "Measured $(date -u '+%Y-%m-%d') on $(nvidia-smi --query-gpu=name --format=
 echo
 echo "### Two-GPU microbenchmarks (one thread per GPU, median of 5 repeats)"
 echo
-echo "| measure | ours |"
-echo "| --- | --- |"
-line=$(grep '^BENCH pingpong ' "$log_dir/pingpong.log" 2>/dev/null | tail -n 1)
-if [ -n "$line" ]; then
-  echo "| ping-pong, one way | $(value one_way_us "$line") us |"
+# md_rows: "a|b|c" lines as markdown table rows
+md_rows() { awk -F'|' '{ s = "|"; for (i = 1; i <= NF; i++) s = s " " $i " |"; print s }'; }
+# micro_rows DIR: "measure|figure" lines from the pingpong and bidir_put logs in DIR
+micro_rows() {
+  local dir=$1 line b
+  line=$(grep '^BENCH pingpong ' "$dir/pingpong.log" 2>/dev/null | tail -n 1)
+  if [ -n "$line" ]; then
+    echo "ping-pong, one way|$(value one_way_us "$line") us"
+  else
+    echo "ping-pong, one way|n/a (failed, see $dir/pingpong.log)"
+  fi
+  local bidir
+  bidir=$(grep '^BENCH bidir_put ' "$dir/bidir_put.log" 2>/dev/null)
+  if [ -n "$bidir" ]; then
+    while read -r line; do
+      b=$(value bytes "$line")
+      echo "bidirectional putWithSignal, $(size_name "$b")|$(value us_per_iter "$line") us per iteration, $(value GBps_per_direction "$line") GB/s per direction$(mark "$(value checked "$line")")"
+    done <<<"$bidir"
+  else
+    echo "bidirectional putWithSignal|n/a (failed, see $dir/bidir_put.log)"
+  fi
+}
+if [ "$legacy" = 1 ]; then
+  echo "| measure | ours | legacy 0.1.0 device code (its header), our library |"
+  echo "| --- | --- | --- |"
+  paste -d'|' <(micro_rows "$log_dir") <(micro_rows "$log_dir/legacy" | cut -d'|' -f2) | md_rows
 else
-  echo "| ping-pong, one way | n/a (failed, see $log_dir/pingpong.log) |"
-fi
-bidir=$(grep '^BENCH bidir_put ' "$log_dir/bidir_put.log" 2>/dev/null)
-if [ -n "$bidir" ]; then
-  while read -r line; do
-    b=$(value bytes "$line")
-    echo "| bidirectional putWithSignal, $(size_name "$b") | $(value us_per_iter "$line") us per iteration, $(value GBps_per_direction "$line") GB/s per direction$(mark "$(value checked "$line")") |"
-  done <<<"$bidir"
-else
-  echo "| bidirectional putWithSignal | n/a (failed, see $log_dir/bidir_put.log) |"
+  echo "| measure | ours |"
+  echo "| --- | --- |"
+  micro_rows "$log_dir" | md_rows
 fi
 
 echo
@@ -101,7 +126,7 @@ else
 fi
 
 echo
-echo "### Proxy-free device methods (extension; one thread signals, 64 blocks x 1024 threads copy)"
+echo "### Proxy-free device methods (extension; one thread signals)"
 echo
 echo "| measure | ours |"
 echo "| --- | --- |"
@@ -110,7 +135,7 @@ if [ -n "$direct" ]; then
   while read -r line; do
     case $line in
       "BENCH direct_pingpong "*) echo "| ping-pong one way, $(value mode "$line") | $(value one_way_us "$line") us |" ;;
-      "BENCH direct_copy "*) echo "| directPutBlock both ways at once, $(size_name "$(value bytes "$line")"), $(value blocks "$line") blocks of $(value threads "$line") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
+      "BENCH direct_copy "*) echo "| directPutBlock $( [ "$(value directions "$line")" = 1 ] && echo "one way" || echo "both ways at once"), $(size_name "$(value bytes "$line")"), $(value blocks "$line") blocks of $(value threads "$line") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
     esac
   done <<<"$direct"
 else

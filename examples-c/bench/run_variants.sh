@@ -25,12 +25,13 @@ i=0
 for setting in "$@"; do
   i=$((i + 1))
   log="$log_dir/$name.variant$i.log"
+  mkdir -p "$(dirname "$log")"
   # shellcheck disable=SC2086 # the setting is a list of words on purpose
   env $setting MSCCLPP_DEBUG="${MSCCLPP_DEBUG:-INFO}" timeout -k 10 150 "$bin" 2 >"$log" 2>&1
   rc=$?
   echo "## ${setting:-defaults} (exit $rc, log $log)"
   grep '^BENCH ' "$log"
-  grep -h 'serving a trigger took' "$log" | sed 's/.*proxy stopped/  proxy stopped/' | head -n 2
+  grep -h "time to serve a trigger" "$log" | sed 's/.*proxy stopped/  proxy stopped/' | head -n 2
   if [ "$rc" -ne 0 ] || grep -q '^FAIL ' "$log"; then status=1; grep '^FAIL ' "$log" | head -n 5; fi
 done
 exit "$status"

@@ -155,7 +155,7 @@ impl Fifo {
     }
     /// Serves every pushed trigger.
     fn serve(&mut self, h: &mut IbHandler) {
-        while let Some(t) = serve_one(&self.ring, self.tail, h, &mut self.tails, &self.shared) {
+        while let Some((t, _)) = serve_one(&self.ring, self.tail, h, &mut self.tails, &self.shared) {
             self.tail = t;
         }
         assert_eq!(self.tail, self.head, "every pushed trigger was served");
