@@ -1,6 +1,6 @@
 // All-gather benchmark with the legacy test's two patterns (see c-tests/gpu/allgather_kernels.cuh), whole
 // buffers of 1 MiB to 1 GiB. As the legacy test did, a CUDA graph of 10 kernel launches is captured and
-// launched 10 times per measurement; the time per kernel is the median over repeats and
+// launched 10 times per measurement (100 times up to 16 MiB); the time per kernel is the median over repeats and
 // algBW = whole buffer / time per kernel. Every size is checked word by word before and after timing.
 //
 //   allgather_bench [nranks] [--port P]
@@ -12,7 +12,12 @@ using namespace tc;
 namespace {
 
 constexpr int kKernelsPerGraph = 10;
-constexpr int kGraphLaunches = 10;
+// As the legacy test, 10 launches of the graph; small buffers get 100, so that a repeat lasts long enough
+// (over a millisecond) for the ranks' skew at its start not to count.
+inline int graphLaunches(uint64_t total)
+{
+  return total <= (16ull << 20) ? 100 : 10;
+}
 constexpr int kRepeats = 5;
 constexpr uint64_t kMaxTotal = 1ull << 30;
 
@@ -49,12 +54,12 @@ std::string timeKernel(Rank& R, int kernel, uint64_t total, double* usPerKernel)
   for (int rep = 0; rep < kRepeats; ++rep) {
     TC_TRY(barrier(R, "before timing"));
     TC_CUDA(cudaEventRecord(start, R.stream));
-    for (int l = 0; l < kGraphLaunches; ++l) TC_CUDA(cudaGraphLaunch(exec, R.stream));
+    for (int l = 0; l < graphLaunches(total); ++l) TC_CUDA(cudaGraphLaunch(exec, R.stream));
     TC_CUDA(cudaEventRecord(stop, R.stream));
     TC_TRY(syncBounded(R, "timed graphs", 2 * R.hostTimeoutS));
     float ms = 0;
     TC_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    us.push_back((double)ms * 1000.0 / (kKernelsPerGraph * kGraphLaunches));
+    us.push_back((double)ms * 1000.0 / (kKernelsPerGraph * graphLaunches(total)));
   }
   *usPerKernel = median(us);
   TC_CUDA(cudaEventDestroy(start));
@@ -78,7 +83,7 @@ std::string benchOne(Rank& R, int kernel, uint64_t total)
   const double gbps = (double)total / (us * 1e-6) / 1e9;
   if (R.rank == 0) {
     printf("BENCH allgather kernel=%d bytes=%llu time_us=%.3f algbw_GBps=%.2f kernels=%d repeats=%d checked=%d\n", kernel,
-           (unsigned long long)total, us, gbps, kKernelsPerGraph * kGraphLaunches, kRepeats,
+           (unsigned long long)total, us, gbps, kKernelsPerGraph * graphLaunches(total), kRepeats,
            (checkBefore.empty() && checkAfter.empty()) ? 1 : 0);
     fflush(stdout);
   }

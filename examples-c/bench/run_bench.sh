@@ -103,7 +103,7 @@ else
 fi
 
 echo
-echo "### All-gather (2 ranks; 10 CUDA-graph launches of 10 kernels, median of 5 repeats; algBW = whole buffer / time per kernel)"
+echo "### All-gather (2 ranks; a CUDA graph of 10 kernels launched 10 times, 100 times up to 16 MiB; median of 5 repeats; algBW = whole buffer / time per kernel)"
 echo
 echo "| buffer | kernel 0 time | kernel 0 algBW | kernel 1 time | kernel 1 algBW |"
 echo "| --- | --- | --- | --- | --- |"

@@ -2,7 +2,8 @@
 //!
 //! The loop is the same for every transport: take the trigger at the tail, let the transport carry out
 //! its Data and Flag parts, complete everything issued so far on a Sync, release the slot, and publish
-//! the tail to the device at least every `FLUSH_COUNTER` triggers, after every Sync, and on stop.
+//! the tail to the device at least every `FLUSH_COUNTER` triggers (or as `MSCCLPP_PROXY_PUBLISH_EVERY`
+//! says), after every Sync, when idle, and on stop.
 //! Transports plug in through `TriggerHandler`; the device copy of the tail through `TailPublisher`.
 
 pub mod affinity;
@@ -10,7 +11,7 @@ pub mod fifo;
 pub mod trigger;
 
 use crate::error::{Error, Result};
-use fifo::{FLUSH_COUNTER, TriggerRing};
+use fifo::{FIFO_SIZE, FLUSH_COUNTER, TriggerRing};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,6 +67,51 @@ fn is_bad_trigger(e: &Error) -> bool {
     e.kind == crate::error::ErrorKind::InvalidUsage
 }
 
+/// When the device's copy of the tail is refreshed. Each refresh is a driver call (about 1.7 us of the
+/// proxy's time on an H200), so it is batched: every `every` triggers, after a Sync, and when the proxy
+/// has been idle for `IDLE_PUBLISH` with progress the device has not seen, so that a pusher waiting on a
+/// full FIFO (which only the device copy tells a legacy kernel) is never left waiting.
+pub struct TailPolicy {
+    every: u64,
+    published: u64,
+}
+
+/// How long an idle proxy waits before it refreshes a stale device tail.
+const IDLE_PUBLISH: std::time::Duration = std::time::Duration::from_micros(20);
+
+impl TailPolicy {
+    /// `published`: the tail the device already holds.
+    pub fn new(every: u64, published: u64) -> TailPolicy {
+        TailPolicy {
+            every: every.clamp(1, FIFO_SIZE / 2),
+            published,
+        }
+    }
+
+    /// From `MSCCLPP_PROXY_PUBLISH_EVERY` (default `FLUSH_COUNTER`, as the legacy proxy).
+    pub fn from_env(published: u64) -> TailPolicy {
+        let every = match std::env::var("MSCCLPP_PROXY_PUBLISH_EVERY") {
+            Err(_) => FLUSH_COUNTER,
+            Ok(v) => match v.parse::<u64>() {
+                Ok(n @ 1..=64) => n,
+                _ => {
+                    log::warn!("MSCCLPP_PROXY_PUBLISH_EVERY={v} is not in 1..=64; using {FLUSH_COUNTER}");
+                    FLUSH_COUNTER
+                }
+            },
+        };
+        TailPolicy::new(every, published)
+    }
+
+    fn publish(&mut self, tail: u64, publisher: &mut dyn TailPublisher, shared: &ProxyShared) {
+        if let Err(e) = publisher.publish(tail) {
+            log::error!("publishing the FIFO tail {tail} failed: {e}");
+            shared.fail(e);
+        }
+        self.published = tail;
+    }
+}
+
 /// One step of the loop: serves the trigger at `tail` if there is one. Returns the new tail and the
 /// trigger served.
 pub fn serve_one(
@@ -73,6 +119,7 @@ pub fn serve_one(
     tail: u64,
     handler: &mut dyn TriggerHandler,
     publisher: &mut dyn TailPublisher,
+    policy: &mut TailPolicy,
     shared: &ProxyShared,
 ) -> Option<(u64, Trigger)> {
     let words = ring.poll(tail)?;
@@ -96,11 +143,8 @@ pub fn serve_one(
     let tail = tail + 1;
     ring.set_host_tail(tail);
     shared.processed.fetch_add(1, Ordering::Relaxed);
-    if (trigger.has_sync() || tail.is_multiple_of(FLUSH_COUNTER))
-        && let Err(e) = publisher.publish(tail)
-    {
-        log::error!("publishing the FIFO tail {tail} failed: {e}");
-        shared.fail(e);
+    if trigger.has_sync() || tail - policy.published >= policy.every {
+        policy.publish(tail, publisher, shared);
     }
     Some((tail, trigger))
 }
@@ -221,11 +265,12 @@ impl ProxyThread {
                 }
                 let mut idle_spins: u64 = 0;
                 let mut idle_since = std::time::Instant::now();
+                let mut policy = TailPolicy::from_env(tail);
                 // Time spent serving triggers (issuing copies, syncs), measured only when it will be reported.
                 let mut serving = log::log_enabled!(log::Level::Info).then(ServeTimes::default);
                 while !s.stop.load(Ordering::Relaxed) {
                     let t0 = serving.as_ref().map(|_| std::time::Instant::now());
-                    match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &s) {
+                    match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &mut policy, &s) {
                         Some((t, trigger)) => {
                             tail = t;
                             idle_spins = 0;
@@ -237,6 +282,11 @@ impl ProxyThread {
                             idle_spins += 1;
                             if idle_spins == 1 {
                                 idle_since = std::time::Instant::now();
+                            } else if policy.published != tail
+                                && idle_spins.is_multiple_of(64)
+                                && idle_since.elapsed() >= IDLE_PUBLISH
+                            {
+                                policy.publish(tail, publisher.as_mut(), &s);
                             } else if idle_spins.is_multiple_of(1 << 22) {
                                 report_idle(&ring, tail, idle_since.elapsed());
                             }
@@ -347,7 +397,8 @@ mod tests {
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
         let mut tail = 0;
-        while let Some((t, _)) = serve_one(&ring, tail, &mut h, &mut p, &shared) {
+        let mut policy = TailPolicy::new(FLUSH_COUNTER, 0);
+        while let Some((t, _)) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, &shared) {
             tail = t;
         }
         assert_eq!(tail, 6);
@@ -355,8 +406,8 @@ mod tests {
         assert_eq!(h.syncs, 1);
         assert_eq!(
             p.0,
-            vec![2, 4],
-            "after the Sync at position 1, then at the flush counter"
+            vec![2, 6],
+            "after the Sync at position 1, then FLUSH_COUNTER triggers later"
         );
         assert!(
             slots.0[..FIFO_SIZE as usize].iter().all(|s| s[0] == 0),
@@ -365,6 +416,39 @@ mod tests {
         assert_eq!(
             slots.0[FIFO_SIZE as usize][0], 6,
             "the host tail is current after every trigger"
+        );
+    }
+
+    #[test]
+    fn publishing_can_be_batched_further() {
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        let flag = Trigger {
+            data_size: 1,
+            src_offset: 0,
+            dst_offset: 0,
+            conn_id: 0,
+            kind: trigger::TYPE_FLAG,
+        };
+        for pos in 0..40 {
+            push(&mut slots, pos, flag);
+        }
+        // SAFETY: `slots` outlives the ring.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
+        let mut policy = TailPolicy::new(16, 0);
+        let mut tail = 0;
+        while let Some((t, _)) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, &shared) {
+            tail = t;
+        }
+        assert_eq!(
+            p.0,
+            vec![16, 32],
+            "every 16 triggers; the rest is left to the idle refresh"
+        );
+        assert_eq!(
+            TailPolicy::new(1000, 0).every,
+            FIFO_SIZE / 2,
+            "capped so that pushers keep moving"
         );
     }
 
@@ -387,8 +471,9 @@ mod tests {
             ..Default::default()
         };
         let (mut p, shared) = (Tails::default(), ProxyShared::default());
-        let (t, _) = serve_one(&ring, 0, &mut h, &mut p, &shared).unwrap();
-        let (t, _) = serve_one(&ring, t, &mut h, &mut p, &shared).unwrap();
+        let mut policy = TailPolicy::new(FLUSH_COUNTER, 0);
+        let (t, _) = serve_one(&ring, 0, &mut h, &mut p, &mut policy, &shared).unwrap();
+        let (t, _) = serve_one(&ring, t, &mut h, &mut p, &mut policy, &shared).unwrap();
         assert_eq!(t, 2);
         assert_eq!(shared.dropped(), 1);
         assert!(
@@ -419,6 +504,58 @@ mod tests {
             "; time to serve a trigger: flag only: 2 x 2.00 us (max 3.0), data <= 4 MiB: 1 x 5.00 us (max 5.0), \
              with sync: 1 x 7.00 us (max 7.0)"
         );
+    }
+
+    #[test]
+    fn idle_thread_refreshes_a_stale_device_tail() {
+        struct Shared(Arc<Mutex<Vec<u64>>>);
+        impl TailPublisher for Shared {
+            fn publish(&mut self, tail: u64) -> Result<()> {
+                self.0.lock().push(tail);
+                Ok(())
+            }
+        }
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        for pos in 0..3 {
+            push(
+                &mut slots,
+                pos,
+                Trigger {
+                    data_size: 1,
+                    src_offset: 0,
+                    dst_offset: 0,
+                    conn_id: 0,
+                    kind: trigger::TYPE_FLAG,
+                },
+            );
+        }
+        // SAFETY: `slots` outlives the thread, which is stopped below.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let tails = Arc::new(Mutex::new(Vec::new()));
+        let p = ProxyThread::spawn(
+            "test-proxy".into(),
+            0,
+            ring,
+            0,
+            Box::new(Recorder::default()),
+            Box::new(Shared(tails.clone())),
+            Box::new(|| Ok(())),
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tails.lock().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the idle proxy never refreshed the tail"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(
+            *tails.lock(),
+            vec![3],
+            "3 triggers are fewer than FLUSH_COUNTER: refreshed when idle"
+        );
+        assert_eq!(p.stop().unwrap(), 3);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::*;
 use crate::error::ErrorKind;
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG, TYPE_SYNC};
-use crate::proxy::{ProxyShared, TailPublisher, Trigger, TriggerHandler, serve_one};
+use crate::proxy::{ProxyShared, TailPolicy, TailPublisher, Trigger, TriggerHandler, serve_one};
 use std::alloc::Layout;
 
 /// Zeroed, 16-byte-aligned host memory, touched only through raw pointers (the fabric writes into it).
@@ -155,7 +155,8 @@ impl Fifo {
     }
     /// Serves every pushed trigger.
     fn serve(&mut self, h: &mut IbHandler) {
-        while let Some((t, _)) = serve_one(&self.ring, self.tail, h, &mut self.tails, &self.shared) {
+        let mut policy = TailPolicy::new(4, self.tail);
+        while let Some((t, _)) = serve_one(&self.ring, self.tail, h, &mut self.tails, &mut policy, &self.shared) {
             self.tail = t;
         }
         assert_eq!(self.tail, self.head, "every pushed trigger was served");
