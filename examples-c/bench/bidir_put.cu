@@ -131,8 +131,10 @@ int rankMain(Rank& R)
       const double med = median(us);
       const double gbps = (double)s.bytes / (med * 1e-6) / 1e9;
       if (R.rank == 0) {
-        printf("BENCH bidir_put bytes=%llu us_per_iter=%.3f GBps_per_direction=%.2f iters=%d repeats=%d checked=%d\n",
-               (unsigned long long)s.bytes, med, gbps, s.iters, kRepeats, checked ? 1 : 0);
+        printf("BENCH bidir_put bytes=%llu us_per_iter=%.3f GBps_per_direction=%.2f min_us=%.3f max_us=%.3f iters=%d "
+               "repeats=%d checked=%d\n",
+               (unsigned long long)s.bytes, med, gbps, *std::min_element(us.begin(), us.end()),
+               *std::max_element(us.begin(), us.end()), s.iters, kRepeats, checked ? 1 : 0);
         fflush(stdout);
       }
       R.info = fmt("(%s per direction: %.2f us per iteration, %.1f GB/s per direction)", name.c_str(), med, gbps);

@@ -102,10 +102,6 @@ impl GpuContext {
 
     /// Makes this context current on the calling thread (proxy threads, and API calls made from
     /// threads other than the creator's).
-    pub fn raw(&self) -> CUcontext {
-        self.ctx as CUcontext
-    }
-
     pub fn make_current(&self) -> Result<()> {
         // SAFETY: the context stays alive while the communicator that holds this value lives.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx as CUcontext) }, || {

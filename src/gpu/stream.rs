@@ -4,26 +4,6 @@ use super::{DevicePtr, GpuContext, check};
 use crate::error::Result;
 use cudarc::driver::sys::{self, CUresult, CUstream};
 
-/// Which driver call issues copies (`MSCCLPP_COPY_CALL=dtod|unified|peer`, default `dtod`): the call
-/// costs the proxy microseconds of CPU per trigger, and the forms differ in what the driver looks up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CopyCall {
-    DeviceToDevice,
-    Unified,
-    Peer,
-}
-
-static COPY_CALL: once_cell::sync::Lazy<CopyCall> =
-    once_cell::sync::Lazy::new(|| match std::env::var("MSCCLPP_COPY_CALL").as_deref() {
-        Ok("unified") => CopyCall::Unified,
-        Ok("peer") => CopyCall::Peer,
-        Ok("dtod") | Err(_) => CopyCall::DeviceToDevice,
-        Ok(other) => {
-            log::warn!("MSCCLPP_COPY_CALL={other} is not dtod, unified or peer; using dtod");
-            CopyCall::DeviceToDevice
-        }
-    });
-
 pub struct Stream {
     raw: usize,
     ctx: GpuContext,
@@ -52,16 +32,11 @@ impl Stream {
     /// Queues a copy between two device addresses (peer memory included). Device-to-device, so the
     /// driver need not look up what kind of memory each address is.
     pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        // SAFETY: the caller checked both ranges against the buffers they belong to; IPC-mapped peer
-        // memory belongs to our context, so both contexts are ours for the peer form.
-        let rc = unsafe {
-            match *COPY_CALL {
-                CopyCall::DeviceToDevice => sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw()),
-                CopyCall::Unified => sys::cuMemcpyAsync(dst, src, bytes, self.raw()),
-                CopyCall::Peer => sys::cuMemcpyPeerAsync(dst, self.ctx.raw(), src, self.ctx.raw(), bytes, self.raw()),
-            }
-        };
-        check(rc, || format!("copy of {bytes} bytes {src:#x} -> {dst:#x}"))
+        // SAFETY: the caller checked both ranges against the buffers they belong to.
+        check(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw()) },
+            || format!("copy of {bytes} bytes {src:#x} -> {dst:#x}"),
+        )
     }
 
     /// Queues a 64-bit write of `value` to `dst` (a stream memory operation: no copy engine).

@@ -2,8 +2,8 @@
 //!
 //! The loop is the same for every transport: take the trigger at the tail, let the transport carry out
 //! its Data and Flag parts, complete everything issued so far on a Sync, release the slot, and publish
-//! the tail to the device at least every `FLUSH_COUNTER` triggers (or as `MSCCLPP_PROXY_PUBLISH_EVERY`
-//! says), after every Sync, when idle, and on stop.
+//! the tail to the device at least every `FLUSH_COUNTER` triggers, after every Sync, when it falls idle
+//! with progress the device has not seen, and on stop.
 //! Transports plug in through `TriggerHandler`; the device copy of the tail through `TailPublisher`.
 
 pub mod affinity;
@@ -67,10 +67,11 @@ fn is_bad_trigger(e: &Error) -> bool {
     e.kind == crate::error::ErrorKind::InvalidUsage
 }
 
-/// When the device's copy of the tail is refreshed. Each refresh is a driver call (about 1.7 us of the
-/// proxy's time on an H200), so it is batched: every `every` triggers, after a Sync, and when the proxy
-/// has been idle for `IDLE_PUBLISH` with progress the device has not seen, so that a pusher waiting on a
-/// full FIFO (which only the device copy tells a legacy kernel) is never left waiting.
+/// When the device's copy of the tail is refreshed: every `every` triggers, after a Sync, and when the
+/// proxy has been idle for `IDLE_PUBLISH` with progress the device has not seen. The last keeps a legacy
+/// kernel moving that waits on a full FIFO (only the device copy tells it the proxy went on) after the
+/// proxy ran out of triggers a few short of a multiple of `every` (the legacy proxy refreshed only by
+/// count and on Sync).
 pub struct TailPolicy {
     every: u64,
     published: u64,
@@ -80,27 +81,12 @@ pub struct TailPolicy {
 const IDLE_PUBLISH: std::time::Duration = std::time::Duration::from_micros(20);
 
 impl TailPolicy {
-    /// `published`: the tail the device already holds.
+    /// `published`: the tail the device already holds. `every` is at most half the FIFO.
     pub fn new(every: u64, published: u64) -> TailPolicy {
         TailPolicy {
             every: every.clamp(1, FIFO_SIZE / 2),
             published,
         }
-    }
-
-    /// From `MSCCLPP_PROXY_PUBLISH_EVERY` (default `FLUSH_COUNTER`, as the legacy proxy).
-    pub fn from_env(published: u64) -> TailPolicy {
-        let every = match std::env::var("MSCCLPP_PROXY_PUBLISH_EVERY") {
-            Err(_) => FLUSH_COUNTER,
-            Ok(v) => match v.parse::<u64>() {
-                Ok(n @ 1..=64) => n,
-                _ => {
-                    log::warn!("MSCCLPP_PROXY_PUBLISH_EVERY={v} is not in 1..=64; using {FLUSH_COUNTER}");
-                    FLUSH_COUNTER
-                }
-            },
-        };
-        TailPolicy::new(every, published)
     }
 
     fn publish(&mut self, tail: u64, publisher: &mut dyn TailPublisher, shared: &ProxyShared) {
@@ -265,7 +251,7 @@ impl ProxyThread {
                 }
                 let mut idle_spins: u64 = 0;
                 let mut idle_since = std::time::Instant::now();
-                let mut policy = TailPolicy::from_env(tail);
+                let mut policy = TailPolicy::new(FLUSH_COUNTER, tail);
                 // Time spent serving triggers (issuing copies, syncs), measured only when it will be reported.
                 let mut serving = log::log_enabled!(log::Level::Info).then(ServeTimes::default);
                 while !s.stop.load(Ordering::Relaxed) {
