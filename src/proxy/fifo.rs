@@ -6,6 +6,10 @@
 //! So the proxy also keeps a host copy, right after the slots in the same pinned allocation, written
 //! with a plain store after every trigger; this library's header falls back to it when the device copy
 //! says the FIFO is full, so a push never depends on the GPU scheduling the proxy's stream work.
+//!
+//! Invariant the header relies on: a slot is cleared before either copy of the tail moves past it. A
+//! push whose position is below `FIFO_SIZE` + a tail it has read therefore skips reading the slot (a
+//! read of host memory, about a microsecond).
 
 use crate::error::Result;
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer};

@@ -125,6 +125,7 @@ pub fn serve_one(
         log::error!("sync for {trigger:?} at FIFO position {tail} failed: {e}");
         shared.fail(e);
     }
+    // Clear the slot before either tail moves past it (the header's push relies on this order).
     ring.release(tail);
     let tail = tail + 1;
     ring.set_host_tail(tail);
