@@ -362,6 +362,25 @@ mod tests {
         slots.0[(pos % FIFO_SIZE) as usize] = t.encode();
     }
 
+    fn flag() -> Trigger {
+        Trigger {
+            data_size: 1,
+            src_offset: 0,
+            dst_offset: 0,
+            conn_id: 0,
+            kind: trigger::TYPE_FLAG,
+        }
+    }
+
+    /// A FIFO holding `n` flag triggers from position 0.
+    fn flags(n: u64) -> Box<Slots> {
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        for pos in 0..n {
+            push(&mut slots, pos, flag());
+        }
+        slots
+    }
+
     #[test]
     fn tail_is_published_every_flush_counter_and_after_sync() {
         let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
@@ -408,17 +427,7 @@ mod tests {
 
     #[test]
     fn publishing_can_be_batched_further() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
-        let flag = Trigger {
-            data_size: 1,
-            src_offset: 0,
-            dst_offset: 0,
-            conn_id: 0,
-            kind: trigger::TYPE_FLAG,
-        };
-        for pos in 0..40 {
-            push(&mut slots, pos, flag);
-        }
+        let mut slots = flags(40);
         // SAFETY: `slots` outlives the ring.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
@@ -502,20 +511,7 @@ mod tests {
                 Ok(())
             }
         }
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
-        for pos in 0..3 {
-            push(
-                &mut slots,
-                pos,
-                Trigger {
-                    data_size: 1,
-                    src_offset: 0,
-                    dst_offset: 0,
-                    conn_id: 0,
-                    kind: trigger::TYPE_FLAG,
-                },
-            );
-        }
+        let mut slots = flags(3);
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let tails = Arc::new(Mutex::new(Vec::new()));
@@ -547,20 +543,7 @@ mod tests {
 
     #[test]
     fn thread_serves_until_stopped_and_returns_its_tail() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
-        for pos in 0..3 {
-            push(
-                &mut slots,
-                pos,
-                Trigger {
-                    data_size: 1,
-                    src_offset: 0,
-                    dst_offset: 0,
-                    conn_id: 0,
-                    kind: 2,
-                },
-            );
-        }
+        let mut slots = flags(3);
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let p = ProxyThread::spawn(
