@@ -161,12 +161,8 @@ inline std::string allgatherChecked(Rank& R, AllGather& A, int kernel, uint64_t 
 
 inline std::string allgatherTeardown(Rank& R, AllGather& A)
 {
-  mscclppComm_t comm = R.comm;
-  TC_TRY(callBounded(R, "mscclppProxyStop", R.hostTimeoutS, [comm]() { return mscclppProxyStop(comm); }));
-  TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
-  R.comm = nullptr;
   // Every rank has closed its mapping of the peers' buffers before any buffer is freed.
-  TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
+  TC_TRY(destroyComm(R));
   TC_CUDA(cudaFree(A.buf));
   A.buf = nullptr;
   return "";

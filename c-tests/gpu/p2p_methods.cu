@@ -721,12 +721,8 @@ std::string caseRemoteBuffDirect(Rank& R)
 
 std::string caseTeardown(Rank& R)
 {
-  mscclppComm_t comm = R.comm;
-  TC_TRY(callBounded(R, "mscclppProxyStop", R.hostTimeoutS, [comm]() { return mscclppProxyStop(comm); }));
-  TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
-  R.comm = nullptr;
   // Every rank has closed its mappings of the peers' buffers before any buffer is freed.
-  TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
+  TC_TRY(destroyComm(R));
   for (Conn& c : g.conns) TC_CUDA(cudaFree(c.alloc));
   g.conns.clear();
   TC_CUDA(cudaFree(g.dOps));

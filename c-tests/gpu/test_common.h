@@ -486,6 +486,37 @@ inline std::string loadConns(Rank& R, const mscclppDevConn_t* conns, int n)
   return "";
 }
 
+// Two-rank programs: connects to the other rank over P2P (tag 0) with one buffer, sets up, and loads the
+// one connection into gConns[0]; *conn gets a host copy.
+inline std::string connectPeer(Rank& R, void* buf, uint64_t bytes, mscclppDevConn_t* conn)
+{
+  TC_EXPECT(R.nranks == 2, "needs exactly 2 ranks");
+  TC_MSCCLPP(mscclppConnect(R.comm, 1 - R.rank, 0, buf, bytes, mscclppTransportP2P));
+  mscclppComm_t comm = R.comm;
+  TC_TRY(callBounded(R, "mscclppConnectionSetup", R.hostTimeoutS, [comm]() { return mscclppConnectionSetup(comm); }));
+  mscclppDevConn_t* all = nullptr;
+  int n = -1;
+  TC_MSCCLPP(mscclppGetAllDeviceConnections(R.comm, &all, &n));
+  if (n != 1 || all == nullptr) {
+    R.fatal = true;
+    return fmt("expected 1 connection, got %d", n);
+  }
+  *conn = all[0];
+  return loadConns(R, all, 1);
+}
+
+// Stops the proxy (if launched) and destroys the communicator; returns once every rank has done so, so
+// that no peer still maps a buffer the caller frees next.
+inline std::string destroyComm(Rank& R, bool proxyLaunched = true)
+{
+  mscclppComm_t comm = R.comm;
+  if (proxyLaunched)
+    TC_TRY(callBounded(R, "mscclppProxyStop", R.hostTimeoutS, [comm]() { return mscclppProxyStop(comm); }));
+  TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
+  R.comm = nullptr;
+  return oobBarrier(R, "after mscclppCommDestroy");
+}
+
 // Reads a connection's epoch counters (device memory) on the host.
 inline std::string readEpochs(Rank& R, const mscclppDevConn_t& c, uint64_t* device, uint64_t* proxy, uint64_t* wait)
 {

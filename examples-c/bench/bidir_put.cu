@@ -39,21 +39,9 @@ uint64_t gRounds = 0;
 
 std::string setup(Rank& R)
 {
-  TC_EXPECT(R.nranks == 2, "needs exactly 2 ranks");
   TC_CUDA(cudaMalloc((void**)&gBuf, 2 * kMaxBytes));
-  TC_MSCCLPP(mscclppConnect(R.comm, 1 - R.rank, 0, gBuf, 2 * kMaxBytes, mscclppTransportP2P));
-  mscclppComm_t comm = R.comm;
-  TC_TRY(callBounded(R, "mscclppConnectionSetup", R.hostTimeoutS, [comm]() { return mscclppConnectionSetup(comm); }));
-  mscclppDevConn_t* all = nullptr;
-  int n = -1;
-  TC_MSCCLPP(mscclppGetAllDeviceConnections(R.comm, &all, &n));
-  if (n != 1 || all == nullptr) {
-    R.fatal = true;
-    return fmt("expected 1 connection, got %d", n);
-  }
-  gConn = all[0];
-  TC_TRY(loadConns(R, all, 1));
-  TC_MSCCLPP(mscclppProxyLaunch(comm));
+  TC_TRY(connectPeer(R, gBuf, 2 * kMaxBytes, &gConn));
+  TC_MSCCLPP(mscclppProxyLaunch(R.comm));
   return "";
 }
 
@@ -142,11 +130,7 @@ int rankMain(Rank& R)
     });
   }
   bool ok = runCase(R, "teardown", [&]() -> std::string {
-    mscclppComm_t comm = R.comm;
-    TC_TRY(callBounded(R, "mscclppProxyStop", R.hostTimeoutS, [comm]() { return mscclppProxyStop(comm); }));
-    TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
-    R.comm = nullptr;
-    TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
+    TC_TRY(destroyComm(R));
     TC_CUDA(cudaFree(gBuf));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);

@@ -70,17 +70,10 @@ char* gBuf = nullptr;
 
 std::string setup(Rank& R)
 {
-  TC_EXPECT(R.nranks == 2, "needs exactly 2 ranks");
   TC_CUDA(cudaMalloc((void**)&gBuf, 2 * kMaxBytes));
-  TC_MSCCLPP(mscclppConnect(R.comm, 1 - R.rank, 0, gBuf, 2 * kMaxBytes, mscclppTransportP2P));
-  mscclppComm_t comm = R.comm;
-  TC_TRY(callBounded(R, "mscclppConnectionSetup", R.hostTimeoutS, [comm]() { return mscclppConnectionSetup(comm); }));
-  mscclppDevConn_t* all = nullptr;
-  int n = -1;
-  TC_MSCCLPP(mscclppGetAllDeviceConnections(R.comm, &all, &n));
-  TC_EXPECT(n == 1 && all != nullptr && all[0].remoteBuff != nullptr && all[0].remoteSignalEpochId != nullptr,
-            "expected 1 P2P connection with remote pointers");
-  TC_TRY(loadConns(R, all, 1));
+  mscclppDevConn_t conn;
+  TC_TRY(connectPeer(R, gBuf, 2 * kMaxBytes, &conn));
+  TC_EXPECT(conn.remoteBuff != nullptr && conn.remoteSignalEpochId != nullptr, "the P2P connection has no remote pointers");
   return "";
 }
 
@@ -179,10 +172,7 @@ int rankMain(Rank& R)
                        [&] { return copyBench(R, c.bytes, c.blocks, c.oneWay, start, stop); });
   }
   ok = runCase(R, "teardown", [&]() -> std::string {
-         mscclppComm_t comm = R.comm;
-         TC_TRY(callBounded(R, "mscclppCommDestroy", R.hostTimeoutS, [comm]() { return mscclppCommDestroy(comm); }));
-         R.comm = nullptr;
-         TC_TRY(oobBarrier(R, "after mscclppCommDestroy"));
+         TC_TRY(destroyComm(R, false));
          TC_CUDA(cudaFree(gBuf));
          return "";
        }) && ok;
