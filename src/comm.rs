@@ -555,7 +555,7 @@ impl Communicator {
                     "regMem->p2p[{i}] was not made by mscclppRegisterBuffer on this communicator"
                 ))
             })?;
-            if dst_offset + size > reg.size {
+            if dst_offset.checked_add(size).is_none_or(|end| end > reg.size) {
                 return Err(Error::invalid_argument(format!(
                     "dstOffset {dst_offset} + size {size} is past the end of peer buffer {i} ({} bytes)",
                     reg.size

@@ -305,6 +305,16 @@ std::string caseRegisteredWrite(Rank& R)
                  regMem.p2p.size(), regMem.p2p.empty() ? nullptr : regMem.p2p[0].remoteBuff);
     }
     TC_TRY(barrier(R, "before write")); // the peer's registered buffer holds its sentinel
+    // Past the end, and past it by wrapping around 2^64: refused, and nothing written (the checks below
+    // find the sentinel everywhere but the real write's range).
+    for (uint64_t badDst : {regBytes - size + 8, (uint64_t)~0ull - 8}) {
+      mscclppResult_t b = mscclppRegisteredBufferWrite(R.comm, &regMem, src, size, 0, badDst, (int64_t)(intptr_t)R.stream);
+      if (b != mscclppInvalidArgument) {
+        R.fatal = true;
+        return fmt("mscclppRegisteredBufferWrite with dstOffset %llu returned %d (%s), expected mscclppInvalidArgument",
+                   (unsigned long long)badDst, (int)b, errStr(b));
+      }
+    }
     mscclppResult_t r = mscclppRegisteredBufferWrite(R.comm, &regMem, src, size, srcOff, dstOff, (int64_t)(intptr_t)R.stream);
     if (r != mscclppSuccess) {
       R.fatal = true;
