@@ -11,7 +11,7 @@ pub mod fifo;
 pub mod trigger;
 
 use crate::error::{Error, Result};
-use fifo::{FIFO_SIZE, FLUSH_COUNTER, TriggerRing};
+use fifo::{FLUSH_COUNTER, TriggerRing};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -67,13 +67,13 @@ fn is_bad_trigger(e: &Error) -> bool {
     e.kind == crate::error::ErrorKind::InvalidUsage
 }
 
-/// When the device's copy of the tail is refreshed: every `every` triggers, after a Sync, and when the
-/// proxy has been idle for `IDLE_PUBLISH` with progress the device has not seen. The last keeps a legacy
-/// kernel moving that waits on a full FIFO (only the device copy tells it the proxy went on) after the
-/// proxy ran out of triggers a few short of a multiple of `every` (the legacy proxy refreshed only by
-/// count and on Sync).
+/// When the device's copy of the tail is refreshed: every `FLUSH_COUNTER` triggers, after a Sync, and
+/// when the proxy has been idle for `IDLE_PUBLISH` with progress the device has not seen. The last keeps
+/// a legacy kernel moving that waits on a full FIFO (only the device copy tells it the proxy went on)
+/// after the proxy ran out of triggers a few short of a multiple of `FLUSH_COUNTER` (the legacy proxy
+/// refreshed only by count and on Sync).
 pub struct TailPolicy {
-    every: u64,
+    /// The tail the device holds.
     published: u64,
 }
 
@@ -81,12 +81,9 @@ pub struct TailPolicy {
 const IDLE_PUBLISH: std::time::Duration = std::time::Duration::from_micros(20);
 
 impl TailPolicy {
-    /// `published`: the tail the device already holds. `every` is at most half the FIFO.
-    pub fn new(every: u64, published: u64) -> TailPolicy {
-        TailPolicy {
-            every: every.clamp(1, FIFO_SIZE / 2),
-            published,
-        }
+    /// `published`: the tail the device already holds.
+    pub fn new(published: u64) -> TailPolicy {
+        TailPolicy { published }
     }
 
     fn publish(&mut self, tail: u64, publisher: &mut dyn TailPublisher, shared: &ProxyShared) {
@@ -98,17 +95,19 @@ impl TailPolicy {
     }
 }
 
-/// One step of the loop: serves the trigger at `tail` if there is one. Returns the new tail and the
-/// trigger served.
+/// One step of the loop: serves the trigger at `tail` if there is one, and returns the new tail. With
+/// `times`, adds how long serving it took.
 pub fn serve_one(
     ring: &TriggerRing,
     tail: u64,
     handler: &mut dyn TriggerHandler,
     publisher: &mut dyn TailPublisher,
     policy: &mut TailPolicy,
+    times: Option<&mut ServeTimes>,
     shared: &ProxyShared,
-) -> Option<(u64, Trigger)> {
+) -> Option<u64> {
     let words = ring.poll(tail)?;
+    let started = times.is_some().then(std::time::Instant::now);
     let trigger = Trigger::decode(words);
     if let Err(e) = handler.handle(&trigger) {
         if is_bad_trigger(&e) {
@@ -130,10 +129,13 @@ pub fn serve_one(
     let tail = tail + 1;
     ring.set_host_tail(tail);
     shared.processed.fetch_add(1, Ordering::Relaxed);
-    if trigger.has_sync() || tail - policy.published >= policy.every {
+    if trigger.has_sync() || tail - policy.published >= FLUSH_COUNTER {
         policy.publish(tail, publisher, shared);
     }
-    Some((tail, trigger))
+    if let (Some(times), Some(started)) = (times, started) {
+        times.add(&trigger, started.elapsed());
+    }
+    Some(tail)
 }
 
 /// A proxy that has seen no trigger for a while says where it stands (at DEBUG level), and what the
@@ -152,7 +154,7 @@ fn report_idle(ring: &TriggerRing, tail: u64, idle: std::time::Duration) {
 /// How long the proxy took to serve each trigger (from seeing it to releasing its slot), by kind: the
 /// CPU cost of issuing the transport's work, which lies on the path of every signal.
 #[derive(Default)]
-struct ServeTimes {
+pub struct ServeTimes {
     /// Per class (see `class_of`): count, total, max.
     classes: [(u64, std::time::Duration, std::time::Duration); 5],
 }
@@ -252,18 +254,23 @@ impl ProxyThread {
                 }
                 let mut idle_spins: u64 = 0;
                 let mut idle_since = std::time::Instant::now();
-                let mut policy = TailPolicy::new(FLUSH_COUNTER, tail);
+                let mut policy = TailPolicy::new(tail);
                 // Time spent serving triggers (issuing copies, syncs), measured only when it will be reported.
                 let mut serving = log::log_enabled!(log::Level::Info).then(ServeTimes::default);
                 while !s.stop.load(Ordering::Relaxed) {
-                    let t0 = serving.as_ref().map(|_| std::time::Instant::now());
-                    match serve_one(&ring, tail, handler.as_mut(), publisher.as_mut(), &mut policy, &s) {
-                        Some((t, trigger)) => {
+                    let times = serving.as_mut();
+                    match serve_one(
+                        &ring,
+                        tail,
+                        handler.as_mut(),
+                        publisher.as_mut(),
+                        &mut policy,
+                        times,
+                        &s,
+                    ) {
+                        Some(t) => {
                             tail = t;
                             idle_spins = 0;
-                            if let (Some(st), Some(t0)) = (serving.as_mut(), t0) {
-                                st.add(&trigger, t0.elapsed());
-                            }
                         }
                         None => {
                             idle_spins += 1;
@@ -403,8 +410,8 @@ mod tests {
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
         let mut tail = 0;
-        let mut policy = TailPolicy::new(FLUSH_COUNTER, 0);
-        while let Some((t, _)) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, &shared) {
+        let mut policy = TailPolicy::new(0);
+        while let Some(t) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, None, &shared) {
             tail = t;
         }
         assert_eq!(tail, 6);
@@ -426,25 +433,21 @@ mod tests {
     }
 
     #[test]
-    fn publishing_can_be_batched_further() {
-        let mut slots = flags(40);
+    fn tail_is_published_every_flush_counter_without_syncs() {
+        let mut slots = flags(10);
         // SAFETY: `slots` outlives the ring.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let (mut h, mut p, shared) = (Recorder::default(), Tails::default(), ProxyShared::default());
-        let mut policy = TailPolicy::new(16, 0);
+        let (mut policy, mut times) = (TailPolicy::new(0), ServeTimes::default());
         let mut tail = 0;
-        while let Some((t, _)) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, &shared) {
+        while let Some(t) = serve_one(&ring, tail, &mut h, &mut p, &mut policy, Some(&mut times), &shared) {
             tail = t;
         }
-        assert_eq!(
-            p.0,
-            vec![16, 32],
-            "every 16 triggers; the rest is left to the idle refresh"
-        );
-        assert_eq!(
-            TailPolicy::new(1000, 0).every,
-            FIFO_SIZE / 2,
-            "capped so that pushers keep moving"
+        assert_eq!(p.0, vec![4, 8], "the last 2 are left to the idle refresh");
+        assert!(
+            times.summary().contains("flag only: 10 x"),
+            "every trigger served is timed: {}",
+            times.summary()
         );
     }
 
@@ -467,9 +470,9 @@ mod tests {
             ..Default::default()
         };
         let (mut p, shared) = (Tails::default(), ProxyShared::default());
-        let mut policy = TailPolicy::new(FLUSH_COUNTER, 0);
-        let (t, _) = serve_one(&ring, 0, &mut h, &mut p, &mut policy, &shared).unwrap();
-        let (t, _) = serve_one(&ring, t, &mut h, &mut p, &mut policy, &shared).unwrap();
+        let mut policy = TailPolicy::new(0);
+        let t = serve_one(&ring, 0, &mut h, &mut p, &mut policy, None, &shared).unwrap();
+        let t = serve_one(&ring, t, &mut h, &mut p, &mut policy, None, &shared).unwrap();
         assert_eq!(t, 2);
         assert_eq!(shared.dropped(), 1);
         assert!(

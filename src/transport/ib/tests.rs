@@ -155,8 +155,16 @@ impl Fifo {
     }
     /// Serves every pushed trigger.
     fn serve(&mut self, h: &mut IbHandler) {
-        let mut policy = TailPolicy::new(4, self.tail);
-        while let Some((t, _)) = serve_one(&self.ring, self.tail, h, &mut self.tails, &mut policy, &self.shared) {
+        let mut policy = TailPolicy::new(self.tail);
+        while let Some(t) = serve_one(
+            &self.ring,
+            self.tail,
+            h,
+            &mut self.tails,
+            &mut policy,
+            None,
+            &self.shared,
+        ) {
             self.tail = t;
         }
         assert_eq!(self.tail, self.head, "every pushed trigger was served");
