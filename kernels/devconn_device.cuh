@@ -42,11 +42,7 @@
   {
     const uint64_t pos = fifo.pushCountingSignal(mscclppData | mscclppFlag | mscclppSync, dstDataOffset,
                                                  srcDataOffset, dataSize, &localSignalEpochId->device);
-    // Done once the proxy has zeroed the slot's first word, or its tail has passed pos (the fallback for
-    // when the slot already holds a newer trigger; the host copy of the tail is always current).
-    while (*reinterpret_cast<volatile uint64_t*>(&fifo.triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
-           fifo.hostTail() <= pos) {
-    }
+    fifo.waitDone(pos);
   }
 
   __forceinline__ __device__ void putWithSignalAndFlush(uint64_t dataOffset, uint64_t dataSize)
@@ -59,11 +55,7 @@
   __forceinline__ __device__ void flush()
   {
     const uint64_t pos = fifo.push(mscclppSync, 0, 0, 1);
-    // Done once the proxy has zeroed the slot's first word, or its tail has passed pos (the fallback for
-    // when the slot already holds a newer trigger; the host copy of the tail is always current).
-    while (*reinterpret_cast<volatile uint64_t*>(&fifo.triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
-           fifo.hostTail() <= pos) {
-    }
+    fifo.waitDone(pos);
   }
 
   // Blocks until the peer's next signal() has arrived: the expected epoch goes up by one, then this thread

@@ -29,8 +29,8 @@
     const uint64_t pos = claimPositions();
     if (signalEpoch != nullptr) *reinterpret_cast<volatile uint64_t*>(signalEpoch) = epochSeen + 1;
     mscclppTrigger* slot = &triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE];
-    // This library's proxy zeroes a slot before it publishes a tail past it, so a tail more than
-    // MSCCLPP_PROXY_FIFO_SIZE below pos proves the slot is free, and the push costs no read of host memory.
+    // This library's proxy zeroes a slot before it publishes a tail past it, so pos within
+    // MSCCLPP_PROXY_FIFO_SIZE of a tail seen proves the slot is free, and the push reads no host memory.
     if (pos >= MSCCLPP_PROXY_FIFO_SIZE + tailSeen) {
       // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
       // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
@@ -71,6 +71,16 @@
     }
     base = __shfl_sync(mask, base, leader);
     return base + __popc(mask & ((1u << lane) - 1u));
+  }
+
+  // Waits until the trigger pushed at pos has been carried out: the proxy has zeroed its slot's first word,
+  // or its tail has passed pos (when the slot already holds a newer trigger; the host copy of the tail is
+  // always current).
+  __forceinline__ __device__ void waitDone(uint64_t pos) const
+  {
+    while (*reinterpret_cast<volatile uint64_t*>(&triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
+           hostTail() <= pos) {
+    }
   }
 
   // The proxy's tail as it keeps it in host memory, right after the slots (this library's layout; the
