@@ -67,11 +67,10 @@ struct CommState {
     proxy_tail: u64,
     /// The last proxy's shared state, kept after it stops so its failure is still reported.
     proxy_shared: Option<Arc<ProxyShared>>,
-    /// Peers' allocations mapped into our context, by (peer process, allocation base).
+    /// Peers' allocations mapped into our context, by (peer process, allocation base). They back the
+    /// connections' and registered buffers' peer addresses, so they are kept until destroy.
     ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
     registered: Vec<RegisteredRemote>,
-    /// Mappings of registered buffers, kept until destroy.
-    registered_maps: Vec<Arc<IpcMapping>>,
     /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
     flags_sent: Arc<Vec<AtomicU64>>,
 }
@@ -265,12 +264,7 @@ impl Communicator {
                 let remote = if matches!(kind, TransportKind::Ib { .. }) {
                     let bytes = self.bootstrap.recv(peer, message_tag(TAG_IB_CONNECTION, tag))?;
                     let (buff, size, epochs) = st.ib.complete_setup(i, &bytes)?;
-                    RemoteSide {
-                        buff,
-                        size,
-                        epochs,
-                        mappings: Vec::new(),
-                    }
+                    RemoteSide { buff, size, epochs }
                 } else {
                     self.map_remote(&mut st, &gpu, &info, me)?
                 };
@@ -316,7 +310,6 @@ impl Communicator {
                 buff: info.buffer.address,
                 size: info.buffer.size,
                 epochs: info.epochs.address,
-                mappings: Vec::new(),
             });
         }
         let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
@@ -325,7 +318,6 @@ impl Communicator {
             buff: buf_map.base() + info.buffer.offset,
             size: info.buffer.size,
             epochs: epoch_map.base() + info.epochs.offset,
-            mappings: vec![buf_map, epoch_map],
         })
     }
 
@@ -511,7 +503,6 @@ impl Communicator {
                 info.buffer.address
             } else {
                 let m = Self::open_ipc(&mut st, &gpu, info.process, &info.buffer)?;
-                st.registered_maps.push(m.clone());
                 m.base() + info.buffer.offset
             };
             st.registered.push(RegisteredRemote {
@@ -585,7 +576,6 @@ impl Communicator {
         let _ = st.ib.clear();
         st.connections.clear();
         st.registered.clear();
-        st.registered_maps.clear();
         st.ipc.clear();
         st.p2p_fifo = None;
         if let Some(g) = st.gpu.take() {

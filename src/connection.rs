@@ -2,9 +2,8 @@
 //! `mscclppConnectionSetup` completes it.
 
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport};
 use crate::types::{mscclppBaseConn, mscclppDevConnSignalEpochId};
-use std::sync::Arc;
 
 /// How a connection moves data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,10 +51,8 @@ impl Epochs {
 pub struct RemoteSide {
     pub buff: DevicePtr,
     pub size: u64,
-    /// The peer's `mscclppDevConnSignalEpochId`.
+    /// The peer's `mscclppDevConnSignalEpochId` (the communicator keeps its IPC mapping, if any).
     pub epochs: DevicePtr,
-    /// IPC mappings that keep `buff` and `epochs` valid; empty when the peer is in this process.
-    pub mappings: Vec<Arc<IpcMapping>>,
 }
 
 pub struct Connection {

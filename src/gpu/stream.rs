@@ -77,13 +77,6 @@ impl Stream {
             "cuStreamWaitEvent".into()
         })
     }
-
-    pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: valid stream.
-        check(unsafe { sys::cuStreamSynchronize(self.raw()) }, || {
-            "cuStreamSynchronize".into()
-        })
-    }
 }
 
 impl Drop for Stream {

@@ -243,12 +243,10 @@ impl TailPublisher for P2pTailPublisher {
 
 impl P2pTailPublisher {
     pub fn new(ctx: &GpuContext, device_tail: DevicePtr) -> Result<P2pTailPublisher> {
-        let mem_ops =
-            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)?;
-        let staging = if mem_ops == 0 {
-            Some(PinnedHostBuffer::zeroed(ctx, 64)?)
-        } else {
+        let staging = if ctx.can_write_u64_from_streams()? {
             None
+        } else {
+            Some(PinnedHostBuffer::zeroed(ctx, 64)?)
         };
         Ok(P2pTailPublisher {
             stream: Stream::new(ctx)?,
