@@ -4,11 +4,11 @@ use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, pointer_info};
+use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::trigger::MAX_CONNECTIONS;
-use crate::proxy::{ProxyShared, ProxyThread};
 use crate::transport::ib::IbState;
-use crate::transport::p2p::{P2pHandler, P2pOptions, P2pRoute, P2pTailPublisher};
+use crate::transport::p2p::{P2pHandler, P2pOptions, P2pRoute};
 use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -61,12 +61,9 @@ struct CommState {
     /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
     set_up: usize,
     dev_conns: DevConnTable,
+    /// The P2P proxy (serving `p2p_fifo`; declared first, so that a dropped state stops it first).
+    proxy: ProxySlot,
     p2p_fifo: Option<DeviceFifo>,
-    proxy: Option<ProxyThread>,
-    /// Where the last proxy stopped; the next resumes there, since the device head lives on.
-    proxy_tail: u64,
-    /// The last proxy's shared state, kept after it stops so its failure is still reported.
-    proxy_shared: Option<Arc<ProxyShared>>,
     /// Peers' allocations mapped into our context, by (peer process, allocation base). They back the
     /// connections' and registered buffers' peer addresses, so they are kept until destroy.
     ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
@@ -129,8 +126,7 @@ impl Communicator {
 
     /// The proxy's first failure, if any; later calls report it instead of going on.
     fn check_proxy(st: &CommState) -> Result<()> {
-        let failure = st.proxy_shared.as_ref().and_then(|s| s.failure());
-        match failure.or_else(|| st.ib.failure()) {
+        match st.proxy.failure().or_else(|| st.ib.failure()) {
             Some(e) => Err(Error::new(e.kind, format!("the proxy failed earlier: {}", e.message))),
             None => Ok(()),
         }
@@ -156,7 +152,7 @@ impl Communicator {
         transport: TransportKind,
     ) -> Result<()> {
         let mut st = self.state.lock();
-        if st.proxy.is_some() || st.ib.is_running() {
+        if st.proxy.is_running() || st.ib.is_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnect called while the proxy runs; call mscclppProxyStop first",
             ));
@@ -207,7 +203,7 @@ impl Communicator {
     pub fn setup(&self) -> Result<()> {
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_some() || st.ib.is_running() {
+        if st.proxy.is_running() || st.ib.is_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnectionSetup called while the proxy runs",
             ));
@@ -365,7 +361,7 @@ impl Communicator {
     pub fn proxy_launch(&self) -> Result<()> {
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_some() || st.ib.is_running() {
+        if st.proxy.is_running() || st.ib.is_running() {
             return Err(Error::invalid_usage("the proxy is already running"));
         }
         if st.set_up < st.connections.len() {
@@ -402,28 +398,21 @@ impl Communicator {
             return Ok(());
         }
         let gpu = Self::gpu(&mut st)?;
+        let st = &mut *st; // the FIFO and the proxy are borrowed apart below
         let fifo = st.p2p_fifo.as_ref().expect("set-up allocates the FIFO");
         let options = P2pOptions::from_env();
         log::info!("P2P proxy options: {options:?}");
         let handler = P2pHandler::new(&gpu, routes, options, st.flags_sent.clone())?;
-        let publisher = P2pTailPublisher::new(&gpu, fifo.device_tail())?;
-        // SAFETY: the slots live in `st.p2p_fifo`, which is dropped only after the proxy is stopped.
-        let ring = unsafe { fifo.ring() };
-        let thread = ProxyThread::spawn(
-            format!("mscclpp-proxy-{}", self.rank),
-            self.rank,
-            ring,
-            st.proxy_tail,
-            Box::new(handler),
-            Box::new(publisher),
-            Box::new(move || {
-                gpu.make_current()?;
-                crate::proxy::affinity::bind_proxy_thread(&gpu);
-                Ok(())
-            }),
-        )?;
-        st.proxy_shared = Some(thread.shared().clone());
-        st.proxy = Some(thread);
+        // SAFETY: `st.p2p_fifo` is dropped only after the proxy is stopped (destroy stops it first).
+        unsafe {
+            st.proxy.launch(
+                format!("mscclpp-proxy-{}", self.rank),
+                self.rank,
+                gpu,
+                fifo,
+                Box::new(handler),
+            )?
+        };
         log::info!("P2P proxy launched");
         if crate::gpu::lazy_loading() {
             log::info!(
@@ -438,16 +427,7 @@ impl Communicator {
     /// Stops the proxy, if it runs. Returns the proxy's failure, if it had one.
     fn stop_proxy(st: &mut CommState) -> Result<()> {
         let ib = st.ib.stop();
-        if let Some(thread) = st.proxy.take() {
-            let shared = thread.shared().clone();
-            st.proxy_tail = thread.stop()?;
-            if shared.dropped() > 0 {
-                log::warn!(
-                    "the proxy dropped {} malformed trigger(s); see the errors logged",
-                    shared.dropped()
-                );
-            }
-        }
+        st.proxy.stop("the proxy")?;
         Self::check_proxy(st).and(ib)
     }
 

@@ -11,8 +11,9 @@
 //! push whose position is below `FIFO_SIZE` + a tail it has read therefore skips reading the slot (a
 //! read of host memory, about a microsecond).
 
+use super::TailPublisher;
 use crate::error::Result;
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, PinnedHostBuffer, Stream};
 use crate::types::mscclppConcurrentFifo;
 
 /// Slots in the FIFO (`MSCCLPP_PROXY_FIFO_SIZE`).
@@ -114,6 +115,43 @@ impl DeviceFifo {
     pub unsafe fn ring(&self) -> TriggerRing {
         // SAFETY: the pinned allocation holds FIFO_SIZE + 1 aligned slots; the caller keeps it alive.
         unsafe { TriggerRing::new(self.host.host_ptr().cast()) }
+    }
+}
+
+/// Publishes the tail into the device's copy (for every transport: the copy is in device memory) with a stream write (no copy engine involved), or, where
+/// the device cannot do stream memory operations, with an 8-byte copy from pinned memory.
+pub struct DeviceTailPublisher {
+    stream: Stream,
+    device_tail: DevicePtr,
+    staging: Option<PinnedHostBuffer>,
+}
+
+impl TailPublisher for DeviceTailPublisher {
+    fn publish(&mut self, tail: u64) -> Result<()> {
+        match &self.staging {
+            None => self.stream.write_u64(self.device_tail, tail),
+            Some(buf) => {
+                // SAFETY: an aligned u64 in pinned memory we own; the DMA may read it at any time,
+                // and tails only grow, so a later value is as good as this one.
+                unsafe { std::ptr::write_volatile(buf.host_ptr().cast::<u64>(), tail) };
+                self.stream.copy(self.device_tail, buf.device_ptr(), 8)
+            }
+        }
+    }
+}
+
+impl DeviceTailPublisher {
+    pub fn new(ctx: &GpuContext, device_tail: DevicePtr) -> Result<DeviceTailPublisher> {
+        let staging = if ctx.can_write_u64_from_streams()? {
+            None
+        } else {
+            Some(PinnedHostBuffer::zeroed(ctx, 64)?)
+        };
+        Ok(DeviceTailPublisher {
+            stream: Stream::new(ctx)?,
+            device_tail,
+            staging,
+        })
     }
 }
 

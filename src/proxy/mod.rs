@@ -11,7 +11,8 @@ pub mod fifo;
 pub mod trigger;
 
 use crate::error::{Error, Result};
-use fifo::{FLUSH_COUNTER, TriggerRing};
+use crate::gpu::GpuContext;
+use fifo::{DeviceFifo, DeviceTailPublisher, FLUSH_COUNTER, TriggerRing};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -326,6 +327,76 @@ impl Drop for ProxyThread {
             self.shared.stop.store(true, Ordering::Relaxed);
             let _ = join.join();
         }
+    }
+}
+
+/// The proxy of one FIFO across launches: the running thread, where the last one stopped (the next
+/// resumes there, since the device head lives on), and the last one's shared state (kept after it stops,
+/// so that its failure is still reported).
+#[derive(Default)]
+pub struct ProxySlot {
+    thread: Option<ProxyThread>,
+    tail: u64,
+    shared: Option<Arc<ProxyShared>>,
+}
+
+impl ProxySlot {
+    pub fn is_running(&self) -> bool {
+        self.thread.is_some()
+    }
+
+    /// The failure of the running or last proxy, if it had one.
+    pub fn failure(&self) -> Option<Error> {
+        self.shared.as_ref().and_then(|s| s.failure())
+    }
+
+    /// Starts a thread named `name` serving `fifo` with `handler`, on `gpu`'s context and near it.
+    ///
+    /// # Safety
+    /// `fifo` must outlive the thread: keep it until `stop` has returned (or this slot is dropped).
+    pub unsafe fn launch(
+        &mut self,
+        name: String,
+        rank: usize,
+        gpu: GpuContext,
+        fifo: &DeviceFifo,
+        handler: Box<dyn TriggerHandler>,
+    ) -> Result<()> {
+        let publisher = DeviceTailPublisher::new(&gpu, fifo.device_tail())?;
+        // SAFETY: the caller keeps `fifo` until the thread is stopped (this function's contract).
+        let ring = unsafe { fifo.ring() };
+        let thread = ProxyThread::spawn(
+            name,
+            rank,
+            ring,
+            self.tail,
+            handler,
+            Box::new(publisher),
+            Box::new(move || {
+                gpu.make_current()?;
+                affinity::bind_proxy_thread(&gpu);
+                Ok(())
+            }),
+        )?;
+        self.shared = Some(thread.shared().clone());
+        self.thread = Some(thread);
+        Ok(())
+    }
+
+    /// Stops the thread, if it runs, and warns if `what` (the proxy, for the log) dropped triggers.
+    pub fn stop(&mut self, what: &str) -> Result<()> {
+        if let Some(thread) = self.thread.take() {
+            self.tail = thread.stop()?;
+            if let Some(s) = &self.shared
+                && s.dropped() > 0
+            {
+                log::warn!(
+                    "{what} dropped {} malformed trigger(s); see the errors logged",
+                    s.dropped()
+                );
+            }
+        }
+        Ok(())
     }
 }
 

@@ -5,8 +5,8 @@
 //! triggers before it; Sync waits for the stream to drain.
 
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, Event, GpuContext, PinnedHostBuffer, Stream};
-use crate::proxy::{TailPublisher, Trigger, TriggerHandler};
+use crate::gpu::{DevicePtr, Event, GpuContext, Stream};
+use crate::proxy::{Trigger, TriggerHandler};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -216,43 +216,6 @@ impl TriggerHandler for P2pHandler {
         }
         self.dirty.iter_mut().for_each(|d| *d = false);
         Ok(())
-    }
-}
-
-/// Publishes the tail into the device's copy with a stream write (no copy engine involved), or, where
-/// the device cannot do stream memory operations, with an 8-byte copy from pinned memory.
-pub struct P2pTailPublisher {
-    pub stream: Stream,
-    pub device_tail: DevicePtr,
-    pub staging: Option<PinnedHostBuffer>,
-}
-
-impl TailPublisher for P2pTailPublisher {
-    fn publish(&mut self, tail: u64) -> Result<()> {
-        match &self.staging {
-            None => self.stream.write_u64(self.device_tail, tail),
-            Some(buf) => {
-                // SAFETY: an aligned u64 in pinned memory we own; the DMA may read it at any time,
-                // and tails only grow, so a later value is as good as this one.
-                unsafe { std::ptr::write_volatile(buf.host_ptr().cast::<u64>(), tail) };
-                self.stream.copy(self.device_tail, buf.device_ptr(), 8)
-            }
-        }
-    }
-}
-
-impl P2pTailPublisher {
-    pub fn new(ctx: &GpuContext, device_tail: DevicePtr) -> Result<P2pTailPublisher> {
-        let staging = if ctx.can_write_u64_from_streams()? {
-            None
-        } else {
-            Some(PinnedHostBuffer::zeroed(ctx, 64)?)
-        };
-        Ok(P2pTailPublisher {
-            stream: Stream::new(ctx)?,
-            device_tail,
-            staging,
-        })
     }
 }
 

@@ -24,8 +24,8 @@ pub mod verbs;
 
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, GpuContext};
+use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
-use crate::proxy::{ProxyShared, ProxyThread};
 use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
 use handler::{IbHandler, IbRoute, KeyedRange};
 use queue::{IbQueue, QueueLabel};
@@ -236,12 +236,9 @@ fn register_from_bytes(b: &[u8]) -> Result<KeyedRange> {
 struct IbDevice {
     device: Arc<dyn VerbsDevice>,
     port: PortInfo,
+    /// The device's proxy (serving `fifo`; declared first, so that a dropped device stops it first).
+    proxy: ProxySlot,
     fifo: Option<DeviceFifo>,
-    proxy: Option<ProxyThread>,
-    /// Where the last proxy stopped; the next resumes there.
-    tail: u64,
-    /// The last proxy's shared state, kept after it stops so its failure is still reported.
-    shared: Option<Arc<ProxyShared>>,
     /// Registered buffers and write sources (besides the connections' own buffers).
     regions: Vec<Box<dyn MemoryRegion>>,
 }
@@ -378,9 +375,7 @@ impl IbState {
             device,
             port,
             fifo: None,
-            proxy: None,
-            tail: 0,
-            shared: None,
+            proxy: ProxySlot::default(),
             regions: Vec::new(),
         });
         Ok(self.devices.len() - 1)
@@ -534,21 +529,18 @@ impl IbState {
     }
 
     pub fn is_running(&self) -> bool {
-        self.devices.iter().any(|d| d.proxy.is_some())
+        self.devices.iter().any(|d| d.proxy.is_running())
     }
 
     /// The first failure of any IB proxy or queue pair.
     pub fn failure(&self) -> Option<Error> {
-        self.devices
-            .iter()
-            .filter_map(|d| d.shared.as_ref().and_then(|s| s.failure()))
-            .next()
+        self.devices.iter().filter_map(|d| d.proxy.failure()).next()
     }
 
     /// `mscclppProxyLaunch`: one proxy thread per IB device that has connections.
     pub fn launch(&mut self, gpu: &GpuContext) -> Result<()> {
         for d in 0..self.devices.len() {
-            if self.devices[d].proxy.is_some() || !self.endpoints.iter().flatten().any(|e| e.device == d) {
+            if self.devices[d].proxy.is_running() || !self.endpoints.iter().flatten().any(|e| e.device == d) {
                 continue;
             }
             let handler = self.handler(d);
@@ -558,25 +550,9 @@ impl IbState {
                 .fifo
                 .as_ref()
                 .ok_or_else(|| Error::invalid_usage("call mscclppConnectionSetup before mscclppProxyLaunch"))?;
-            let publisher = crate::transport::p2p::P2pTailPublisher::new(gpu, fifo.device_tail())?;
-            // SAFETY: the slots live in `dev.fifo`, which is dropped only after the proxy is stopped.
-            let ring = unsafe { fifo.ring() };
-            let g = *gpu;
-            let thread = ProxyThread::spawn(
-                format!("mscclpp-ib-{rank}-{}", dev.device.name()),
-                rank,
-                ring,
-                dev.tail,
-                Box::new(handler),
-                Box::new(publisher),
-                Box::new(move || {
-                    g.make_current()?;
-                    crate::proxy::affinity::bind_proxy_thread(&g);
-                    Ok(())
-                }),
-            )?;
-            dev.shared = Some(thread.shared().clone());
-            dev.proxy = Some(thread);
+            let name = format!("mscclpp-ib-{rank}-{}", dev.device.name());
+            // SAFETY: `dev.fifo` is dropped only after the proxy is stopped.
+            unsafe { dev.proxy.launch(name, rank, *gpu, fifo, Box::new(handler))? };
             log::info!("IB proxy for \"{}\" launched", dev.device.name());
         }
         Ok(())
@@ -586,22 +562,9 @@ impl IbState {
     pub fn stop(&mut self) -> Result<()> {
         let mut first = None;
         for dev in &mut self.devices {
-            if let Some(thread) = dev.proxy.take() {
-                match thread.stop() {
-                    Ok(tail) => dev.tail = tail,
-                    Err(e) => {
-                        first.get_or_insert(e);
-                    }
-                }
-                if let Some(s) = &dev.shared
-                    && s.dropped() > 0
-                {
-                    log::warn!(
-                        "the IB proxy of \"{}\" dropped {} malformed trigger(s); see the errors logged",
-                        dev.device.name(),
-                        s.dropped()
-                    );
-                }
+            let what = format!("the IB proxy of \"{}\"", dev.device.name());
+            if let Err(e) = dev.proxy.stop(&what) {
+                first.get_or_insert(e);
             }
         }
         match first.or_else(|| self.failure()) {

@@ -6,7 +6,7 @@ use super::*;
 use crate::error::ErrorKind;
 use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG, TYPE_SYNC};
-use crate::proxy::{ProxyShared, TailPolicy, TailPublisher, Trigger, TriggerHandler, serve_one};
+use crate::proxy::{ProxyShared, ProxyThread, TailPolicy, TailPublisher, Trigger, TriggerHandler, serve_one};
 use std::alloc::Layout;
 
 /// Zeroed, 16-byte-aligned host memory, touched only through raw pointers (the fabric writes into it).
