@@ -117,14 +117,17 @@ impl Log for Logger {
 }
 
 fn emit(line: &str) {
-    let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else {
-        return;
-    };
     let handler = *HANDLER.read();
     match handler {
-        // SAFETY: the handler was given to us by the application as a valid function taking a C string;
-        // the string lives until the call returns.
-        Some(h) => unsafe { h(c_line.as_ptr()) },
+        Some(h) => {
+            // A C string only for the application's handler; NULs are escaped, so this cannot fail.
+            let Ok(c_line) = CString::new(line.replace('\0', "\\0")) else {
+                return;
+            };
+            // SAFETY: the handler was given to us by the application as a valid function taking a C
+            // string; the string lives until the call returns.
+            unsafe { h(c_line.as_ptr()) }
+        }
         None => default_handler(line),
     }
 }

@@ -31,9 +31,14 @@ fn with_comm(name: &str, comm: mscclppComm_t, body: impl FnOnce(&Communicator) -
 
 fn check_rank_args(nranks: c_int, rank: c_int) -> Result<()> {
     ensure_arg!(nranks > 0, "nranks is {nranks}; it must be at least 1");
+    check_in_ranks("rank", rank, nranks)
+}
+
+/// A rank argument named `name` must be in `[0, nranks)`.
+fn check_in_ranks(name: &str, rank: c_int, nranks: c_int) -> Result<()> {
     ensure_arg!(
         rank >= 0 && rank < nranks,
-        "rank is {rank}; it must be in [0, nranks = {nranks})"
+        "{name} is {rank}; it must be in [0, nranks = {nranks})"
     );
     Ok(())
 }
@@ -163,11 +168,7 @@ pub unsafe extern "C" fn mscclppConnect(
     ibDev: *const c_char,
 ) -> mscclppResult_t {
     with_comm("mscclppConnect", comm, |c| {
-        let n = c.nranks() as c_int;
-        ensure_arg!(
-            remoteRank >= 0 && remoteRank < n,
-            "remoteRank is {remoteRank}; it must be in [0, nranks = {n})"
-        );
+        check_in_ranks("remoteRank", remoteRank, c.nranks() as c_int)?;
         ensure_arg!(
             remoteRank as usize != c.rank(),
             "remoteRank is {remoteRank}, this rank itself"
@@ -239,11 +240,7 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
 ) -> mscclppResult_t {
     with_comm("mscclppGetDeviceConnection", comm, |c| {
         non_null(devConn, "devConn")?;
-        let n = c.nranks() as c_int;
-        ensure_arg!(
-            remoteRank >= 0 && remoteRank < n,
-            "remoteRank is {remoteRank}; it must be in [0, nranks = {n})"
-        );
+        check_in_ranks("remoteRank", remoteRank, c.nranks() as c_int)?;
         let p = c.device_connection(remoteRank, tag)?;
         // SAFETY: checked non-null.
         unsafe { *devConn = p };
