@@ -62,10 +62,6 @@ impl IbQueue {
         }
     }
 
-    pub fn label(&self) -> &QueueLabel {
-        &self.label
-    }
-
     pub fn depth(&self) -> u64 {
         self.depth
     }
@@ -164,18 +160,6 @@ impl IbQueue {
                 std::hint::spin_loop();
             }
         }
-    }
-
-    /// Waits until every write posted so far has completed.
-    pub fn drain(&self) -> Result<()> {
-        let posted = {
-            let st = self.state.lock();
-            if let Some(f) = &st.failure {
-                return Err(f.clone());
-            }
-            st.posted
-        };
-        if posted == 0 { Ok(()) } else { self.wait_for(posted - 1) }
     }
 
     /// Reaps up to one batch of completions. Returns how many succeeded.

@@ -95,9 +95,6 @@ impl SimFabric {
     pub fn set_faults(&self, faults: Faults) {
         self.inner.lock().faults = faults;
     }
-    pub fn faults(&self) -> Faults {
-        self.inner.lock().faults.clone()
-    }
     pub fn log(&self) -> Vec<Executed> {
         self.inner.lock().log.clone()
     }

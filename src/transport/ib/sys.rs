@@ -314,7 +314,6 @@ pub struct Functions {
 
 /// A loaded libibverbs. Never unloaded: verbs objects may outlive any one owner of the handle.
 pub struct Library {
-    pub name: String,
     pub fns: Functions,
 }
 
@@ -381,10 +380,7 @@ impl Library {
             query_port: f!(c"ibv_query_port", QueryPortFn),
             query_gid: f!(c"ibv_query_gid", QueryGidFn),
         };
-        Ok(Library {
-            name: name.to_string(),
-            fns,
-        })
+        Ok(Library { fns })
     }
 }
 
