@@ -61,9 +61,8 @@ run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
 run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
 run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
 run_program same_process 120 "$bin_dir/same_process_test"
-# Eight ranks: one per GPU on a machine with 8 GPUs; elsewhere on request (MSCCLPP_TEST_8_RANKS=1), with
-# several processes per GPU, which proves the eight-rank logic but time-slices the spinning kernels.
-if [ "$n_gpus" -ge 8 ] || [ "${MSCCLPP_TEST_8_RANKS:-0}" = 1 ]; then
+# Eight ranks (see want_8_ranks in scripts/gpu-env.sh).
+if want_8_ranks; then
   run_program p2p_methods_8 300 "$bin_dir/p2p_methods" 8
   run_program allgather_test_8 300 "$bin_dir/allgather_test" 8
 else

@@ -63,7 +63,7 @@ run_example ping_pong_mp_unique_id 90 "$bin_dir/02-bootstrap/gpu_ping_pong_mp" -
 run_example bidir_put 120 "$bin_dir/04-bidir-put/bidir_put" --port $((base_port + 4))
 run_example mesh_2 90 "$bin_dir/mesh/mesh" 2 --port $((base_port + 5))
 run_example mesh_4 90 "$bin_dir/mesh/mesh" 4 --port $((base_port + 6))
-if [ "$n_gpus" -ge 8 ] || [ "${MSCCLPP_TEST_8_RANKS:-0}" = 1 ]; then
+if want_8_ranks; then
   run_example mesh_8 90 "$bin_dir/mesh/mesh" 8 --port $((base_port + 7))
 else
   echo "SKIP mesh_8 (8 GPUs needed, $n_gpus found; MSCCLPP_TEST_8_RANKS=1 runs it anyway)"

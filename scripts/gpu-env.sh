@@ -14,6 +14,12 @@ require_gpus() {
   fi
 }
 
+# want_8_ranks: whether to run the eight-rank programs: on 8 GPUs (one rank each), or on fewer when
+# MSCCLPP_TEST_8_RANKS=1 (several processes per GPU: the logic is checked, timings mean nothing).
+want_8_ranks() {
+  [ "${n_gpus:-0}" -ge 8 ] || [ "${MSCCLPP_TEST_8_RANKS:-0}" = 1 ]
+}
+
 # The programs find libcudart.so.13 next to libmscclpp in build/lib; without that copy, the system's.
 if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
