@@ -529,6 +529,16 @@ inline std::string readEpochs(Rank& R, const mscclppDevConn_t& c, uint64_t* devi
   return "";
 }
 
+// All three epoch counters of a connection equal `want` (each signal matched by one wait).
+inline std::string expectEpochs(Rank& R, const mscclppDevConn_t& c, uint64_t want)
+{
+  uint64_t device = 0, proxy = 0, wait = 0;
+  TC_TRY(readEpochs(R, c, &device, &proxy, &wait));
+  TC_EXPECT(device == want && proxy == want && wait == want, "epochs device %llu proxy %llu wait %llu, expected %llu each",
+            (unsigned long long)device, (unsigned long long)proxy, (unsigned long long)wait, (unsigned long long)want);
+  return "";
+}
+
 // CUDA device, stream, status block and communicator for this rank.
 inline std::string initRank(Rank& R)
 {

@@ -59,16 +59,6 @@ std::string runKernel(Rank& R, uint64_t bytes, int iters, cudaEvent_t start, cud
   return "";
 }
 
-std::string checkEpochs(Rank& R)
-{
-  uint64_t device = 0, proxy = 0, wait = 0;
-  TC_TRY(readEpochs(R, gConn, &device, &proxy, &wait));
-  TC_EXPECT(device == gRounds && proxy == gRounds && wait == gRounds,
-            "epochs device %llu proxy %llu wait %llu, expected %llu each", (unsigned long long)device,
-            (unsigned long long)proxy, (unsigned long long)wait, (unsigned long long)gRounds);
-  return "";
-}
-
 // One iteration on fresh data, then every word of the peer's half and of the untouched rest is checked.
 std::string checkSize(Rank& R, uint64_t bytes, uint32_t salt, cudaEvent_t start, cudaEvent_t stop)
 {
@@ -86,7 +76,7 @@ std::string checkSize(Rank& R, uint64_t bytes, uint32_t salt, cudaEvent_t start,
   TC_TRY(verifyWords(R, gBuf, (uint64_t)peer * bytes, bytes, makeSeed(kRoleSrc, peer, R.rank, salt), 0, "peer's half"));
   TC_TRY(verifyWords(R, gBuf, (uint64_t)R.rank * bytes, bytes, mine, 0, "own half"));
   TC_TRY(verifyWords(R, gBuf, 2 * bytes, tail, sentinel, 1u << 30, "bytes after both halves"));
-  TC_TRY(checkEpochs(R));
+  TC_TRY(expectEpochs(R, gConn, gRounds));
   return "";
 }
 
@@ -115,7 +105,7 @@ int rankMain(Rank& R)
         us.push_back((double)ms * 1000.0 / s.iters);
       }
       TC_TRY(barrier(R, "after timing"));
-      TC_TRY(checkEpochs(R));
+      TC_TRY(expectEpochs(R, gConn, gRounds));
       const double med = median(us);
       const double gbps = (double)s.bytes / (med * 1e-6) / 1e9;
       if (R.rank == 0) {

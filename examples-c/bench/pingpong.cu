@@ -55,16 +55,6 @@ std::string runKernel(Rank& R, int iters, cudaEvent_t start, cudaEvent_t stop, f
   return "";
 }
 
-std::string checkEpochs(Rank& R)
-{
-  uint64_t device = 0, proxy = 0, wait = 0;
-  TC_TRY(readEpochs(R, gConn, &device, &proxy, &wait));
-  TC_EXPECT(device == gRounds && proxy == gRounds && wait == gRounds,
-            "epochs device %llu proxy %llu wait %llu, expected %llu each", (unsigned long long)device,
-            (unsigned long long)proxy, (unsigned long long)wait, (unsigned long long)gRounds);
-  return "";
-}
-
 int rankMain(Rank& R)
 {
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
@@ -76,7 +66,7 @@ int rankMain(Rank& R)
         float ms = 0;
         TC_TRY(runKernel(R, kCheckIters, start, stop, &ms));
         TC_TRY(barrier(R, "after kernel"));
-        TC_TRY(checkEpochs(R));
+        TC_TRY(expectEpochs(R, gConn, gRounds));
         R.info = fmt("(%d round trips, epochs match)", kCheckIters);
         return "";
       }))
@@ -90,7 +80,7 @@ int rankMain(Rank& R)
       oneWayUs.push_back((double)ms * 1000.0 / (2.0 * kIters));
     }
     TC_TRY(barrier(R, "after timing"));
-    TC_TRY(checkEpochs(R));
+    TC_TRY(expectEpochs(R, gConn, gRounds));
     const double med = median(oneWayUs);
     const double lo = *std::min_element(oneWayUs.begin(), oneWayUs.end());
     const double hi = *std::max_element(oneWayUs.begin(), oneWayUs.end());
