@@ -1,9 +1,9 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
 use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
-use crate::connection::{Connection, Epochs, ProcessId, RemoteSide, SetupInfo, TransportKind};
+use crate::connection::{Connection, Epochs, FlagWord, HostEpoch, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, pointer_info};
+use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
 use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::trigger::MAX_CONNECTIONS;
@@ -67,6 +67,8 @@ struct CommState {
     /// Peers' allocations mapped into our context, by (peer process, allocation base). They back the
     /// connections' and registered buffers' peer addresses, so they are kept until destroy.
     ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
+    /// Peers' shared host memory (their epoch structs), by name; kept until destroy, like `ipc`.
+    peer_epochs: HashMap<String, Arc<SharedHostMemory>>,
     registered: Vec<RegisteredRemote>,
     /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
     flags_sent: Arc<Vec<AtomicU64>>,
@@ -209,12 +211,14 @@ impl Communicator {
             ));
         }
         let pending = st.set_up..st.connections.len();
+        let mut own_segment = None;
         if !pending.is_empty() {
             let gpu = Self::gpu(&mut st)?;
             if st.p2p_fifo.is_none() {
                 st.p2p_fifo = Some(DeviceFifo::new(&gpu)?);
             }
             let me = ProcessId::this();
+            own_segment = Self::place_host_epochs(&mut st, &gpu, pending.clone());
             for c in &st.connections[pending.clone()] {
                 let info = SetupInfo {
                     rank: self.rank as u32,
@@ -223,7 +227,8 @@ impl Communicator {
                     process: me,
                     device: gpu.device,
                     buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
-                    epochs: IpcExport::new(c.epochs.signal(), Epochs::BYTES as u64, "epoch counters")?,
+                    epochs: IpcExport::new(c.epochs.block(), Epochs::BYTES as u64, "epoch counters")?,
+                    host_epoch: c.epochs.host().map(|h| (h.memory.name().to_string(), h.offset as u32)),
                 };
                 self.bootstrap
                     .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
@@ -260,7 +265,12 @@ impl Communicator {
                 let remote = if matches!(kind, TransportKind::Ib { .. }) {
                     let bytes = self.bootstrap.recv(peer, message_tag(TAG_IB_CONNECTION, tag))?;
                     let (buff, size, epochs) = st.ib.complete_setup(i, &bytes)?;
-                    RemoteSide { buff, size, epochs }
+                    RemoteSide {
+                        buff,
+                        size,
+                        epochs,
+                        flag: None,
+                    }
                 } else {
                     self.map_remote(&mut st, &gpu, &info, me)?
                 };
@@ -294,26 +304,91 @@ impl Communicator {
         }
         drop(st);
         self.bootstrap.barrier()?;
+        // Every peer has opened our shared memory now: its name may go, so that nothing is left behind
+        // if the job dies.
+        if let Some(m) = own_segment {
+            m.unlink();
+        }
         log::info!("connection set-up done");
         Ok(())
     }
 
+    /// Puts the epoch structs of the pending P2P connections into one new object of shared host memory
+    /// (unless `MSCCLPP_P2P_EPOCHS=device`). Best effort: where that fails, they stay in device memory,
+    /// which only makes flags slower. Returns the object, whose name goes once every peer has opened it.
+    fn place_host_epochs(
+        st: &mut CommState,
+        gpu: &GpuContext,
+        pending: std::ops::Range<usize>,
+    ) -> Option<Arc<SharedHostMemory>> {
+        let p2p: Vec<usize> = pending
+            .filter(|&i| st.connections[i].transport == TransportKind::P2p)
+            .collect();
+        if p2p.is_empty() || !P2pOptions::from_env().host_epochs {
+            return None;
+        }
+        let size = (p2p.len() * HostEpoch::STRIDE).next_multiple_of(4096);
+        let memory = match SharedHostMemory::create(gpu, size) {
+            Ok(m) => Arc::new(m),
+            Err(e) => {
+                log::warn!("epoch counters stay in device memory (flags are slower): {e}");
+                return None;
+            }
+        };
+        for (k, &i) in p2p.iter().enumerate() {
+            let host = HostEpoch {
+                memory: memory.clone(),
+                offset: k * HostEpoch::STRIDE,
+            };
+            if let Err(e) = st.connections[i].epochs.place_in_host(host) {
+                log::warn!("connection {i}: epoch counters stay in device memory: {e}");
+            }
+        }
+        Some(memory)
+    }
+
     /// Maps a peer's buffer and epoch counters into our context (directly, if the peer shares our process).
     fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
-        if info.process == me {
+        let (buff, epochs) = if info.process == me {
             enable_peer_access(gpu, info.buffer.address);
-            return Ok(RemoteSide {
-                buff: info.buffer.address,
-                size: info.buffer.size,
-                epochs: info.epochs.address,
-            });
-        }
-        let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
-        let epoch_map = Self::open_ipc(st, gpu, info.process, &info.epochs)?;
+            (info.buffer.address, info.epochs.address)
+        } else {
+            let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
+            let epoch_map = Self::open_ipc(st, gpu, info.process, &info.epochs)?;
+            (
+                buf_map.base() + info.buffer.offset,
+                epoch_map.base() + info.epochs.offset,
+            )
+        };
+        let flag = match &info.host_epoch {
+            // The peer's struct sits at the start of its device block.
+            None => FlagWord::Device(epochs + 8),
+            Some((name, offset)) => {
+                let memory = match st.peer_epochs.get(name) {
+                    Some(m) => m.clone(),
+                    None => {
+                        let m = Arc::new(SharedHostMemory::open(gpu, name, *offset as usize + 16)?);
+                        st.peer_epochs.insert(name.clone(), m.clone());
+                        m
+                    }
+                };
+                if *offset as usize + 16 > memory.size() || !offset.is_multiple_of(8) {
+                    return Err(Error::remote(format!(
+                        "the peer's epoch struct at +{offset} does not fit its shared memory {name}"
+                    )));
+                }
+                HostEpoch {
+                    memory,
+                    offset: *offset as usize,
+                }
+                .proxy_word()
+            }
+        };
         Ok(RemoteSide {
-            buff: buf_map.base() + info.buffer.offset,
+            buff,
             size: info.buffer.size,
-            epochs: epoch_map.base() + info.epochs.offset,
+            epochs,
+            flag: Some(flag),
         })
     }
 
@@ -382,13 +457,13 @@ impl Communicator {
             .connections
             .iter()
             .map(|c| match (&c.transport, &c.remote) {
-                (TransportKind::P2p, Some(r)) => Some(P2pRoute {
+                (TransportKind::P2p, Some(r)) => r.flag.map(|flag| P2pRoute {
                     local_buff: c.local_buff,
                     local_size: c.local_size,
                     remote_buff: r.buff,
                     remote_size: r.size,
                     local_epochs: c.epochs.signal(),
-                    remote_epochs: r.epochs,
+                    remote_flag: flag,
                 }),
                 _ => None,
             })
@@ -557,6 +632,7 @@ impl Communicator {
         st.connections.clear();
         st.registered.clear();
         st.ipc.clear();
+        st.peer_epochs.clear();
         st.p2p_fifo = None;
         if let Some(g) = st.gpu.take() {
             g.release();

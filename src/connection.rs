@@ -2,8 +2,9 @@
 //! `mscclppConnectionSetup` completes it.
 
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, SharedHostMemory};
 use crate::types::{mscclppBaseConn, mscclppDevConnSignalEpochId};
+use std::sync::Arc;
 
 /// How a connection moves data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,27 +24,91 @@ impl TransportKind {
     }
 }
 
-/// The device memory of one side's counters, as 64-bit words: `mscclppDevConnSignalEpochId` (device,
-/// proxy), `waitEpochId`, a spare word, then the proxy-free methods' counters (direct signals sent,
-/// received, waited for), which the header's device code finds from `localSignalEpochId`.
+/// One side's counters.
+///
+/// The device block: 64 bytes of device memory, as 64-bit words: [0..2) an `mscclppDevConnSignalEpochId`
+/// (used unless the struct lives in host memory), [2] `waitEpochId`, [3] the header's count of signals
+/// raised (it writes the count into the struct's `device` word, so the device never reads that word
+/// across the host link), [4..7) the proxy-free methods' counters (direct signals sent, received, waited
+/// for). The header finds the block from `waitEpochId`, and the peer's from `remoteSignalEpochId`.
+///
+/// A P2P connection's epoch struct lives in host memory shared with the peer (see `HostEpoch`), so that
+/// the peer's proxy raises our flag with a CPU store.
 pub struct Epochs {
-    alloc: DeviceAllocation,
+    block: DeviceAllocation,
+    host: Option<HostEpoch>,
+}
+
+/// An epoch struct in host memory shared between processes.
+#[derive(Clone)]
+pub struct HostEpoch {
+    pub memory: Arc<SharedHostMemory>,
+    pub offset: usize,
+}
+
+impl HostEpoch {
+    /// Bytes per struct in a shared object: one cache line each, so that flags of different
+    /// connections never share a line.
+    pub const STRIDE: usize = 64;
+
+    /// The struct's `proxy` word, where the peer's proxy writes.
+    pub fn proxy_word(&self) -> FlagWord {
+        let at = self.offset + 8;
+        FlagWord::Host {
+            // In range: `place_in_host` and the peer's `open` checked `offset + 16 <= size`.
+            cpu: self.memory.host_ptr() as usize + at,
+            dev: self.memory.device_ptr() + at as u64,
+        }
+    }
+}
+
+/// Where a proxy raises a peer's flag: the peer's `proxy` epoch word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlagWord {
+    /// In device memory (mapped with CUDA IPC): written by the copy engine.
+    Device(DevicePtr),
+    /// In host memory shared with the peer: our mapping's address (`cpu`) for a CPU store, and its
+    /// address in our GPU's space (`dev`) for a store ordered behind stream work.
+    Host { cpu: usize, dev: DevicePtr },
 }
 
 impl Epochs {
     pub const BYTES: usize = 64;
     pub fn new(ctx: &GpuContext) -> Result<Epochs> {
         Ok(Epochs {
-            alloc: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
+            block: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
+            host: None,
         })
+    }
+    /// Moves the epoch struct into shared host memory (before the device connection is handed out).
+    pub fn place_in_host(&mut self, host: HostEpoch) -> Result<()> {
+        if !host.offset.is_multiple_of(8) || host.offset + 16 > host.memory.size() {
+            return Err(Error::internal(format!(
+                "epoch struct at +{} does not fit shared memory of {} bytes",
+                host.offset,
+                host.memory.size()
+            )));
+        }
+        self.host = Some(host);
+        Ok(())
+    }
+    pub fn host(&self) -> Option<&HostEpoch> {
+        self.host.as_ref()
     }
     /// Address of `mscclppDevConnSignalEpochId`.
     pub fn signal(&self) -> DevicePtr {
-        self.alloc.ptr()
+        match &self.host {
+            Some(h) => h.memory.device_ptr() + h.offset as u64,
+            None => self.block.ptr(),
+        }
+    }
+    /// Address of the device block (the struct's home unless it lives in host memory).
+    pub fn block(&self) -> DevicePtr {
+        self.block.ptr()
     }
     /// Address of `waitEpochId`.
     pub fn wait(&self) -> DevicePtr {
-        self.alloc.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
+        self.block.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
     }
 }
 
@@ -51,8 +116,11 @@ impl Epochs {
 pub struct RemoteSide {
     pub buff: DevicePtr,
     pub size: u64,
-    /// The peer's `mscclppDevConnSignalEpochId` (the communicator keeps its IPC mapping, if any).
+    /// P2P: the peer's device block (the communicator keeps its IPC mapping, if any). IB: the peer's
+    /// `mscclppDevConnSignalEpochId`.
     pub epochs: DevicePtr,
+    /// P2P: where our proxy raises the peer's flag.
+    pub flag: Option<FlagWord>,
 }
 
 pub struct Connection {
@@ -126,7 +194,10 @@ pub struct SetupInfo {
     pub process: ProcessId,
     pub device: i32,
     pub buffer: IpcExport,
+    /// The device block of the sender's counters.
     pub epochs: IpcExport,
+    /// Where the sender's epoch struct is, if in shared host memory: the object's name and offset.
+    pub host_epoch: Option<(String, u32)>,
 }
 
 const SETUP_MAGIC: u32 = 0x4d53_4331; // "MSC1"
@@ -143,12 +214,21 @@ impl SetupInfo {
         v.extend_from_slice(&self.device.to_le_bytes());
         v.extend_from_slice(&self.buffer.to_bytes());
         v.extend_from_slice(&self.epochs.to_bytes());
+        let (name, offset) = self.host_epoch.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
+        v.push(name.len() as u8);
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&offset.to_le_bytes());
         v
     }
 
+    /// The longest name of a shared host object that fits the message.
+    pub const MAX_NAME: usize = 255;
+
     pub fn from_bytes(b: &[u8]) -> Result<SetupInfo> {
         const HEAD: usize = 4 + 4 + 4 + 2 + 8 + 4 + 4;
-        if b.len() != HEAD + 2 * IpcExport::BYTES {
+        const FIXED: usize = HEAD + 2 * IpcExport::BYTES;
+        let name_len = b.get(FIXED).map_or(0, |&n| n as usize);
+        if b.len() != FIXED + 1 + name_len + 4 {
             return Err(Error::remote(format!(
                 "connection set-up message of {} bytes is malformed",
                 b.len()
@@ -168,7 +248,14 @@ impl SetupInfo {
             },
             device: u32_at(26) as i32,
             buffer: IpcExport::from_bytes(&b[HEAD..HEAD + IpcExport::BYTES])?,
-            epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..])?,
+            epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..FIXED])?,
+            host_epoch: if name_len == 0 {
+                None
+            } else {
+                let name = std::str::from_utf8(&b[FIXED + 1..FIXED + 1 + name_len])
+                    .map_err(|_| Error::remote("connection set-up message names shared memory in non-UTF-8"))?;
+                Some((name.to_string(), u32_at(FIXED + 1 + name_len)))
+            },
         })
     }
 }
@@ -196,8 +283,17 @@ mod tests {
             device: 1,
             buffer: export(1),
             epochs: export(2),
+            host_epoch: None,
         };
         assert_eq!(SetupInfo::from_bytes(&s.to_bytes()).unwrap(), s);
+        let with_host = SetupInfo {
+            host_epoch: Some(("/mscclpp-1-2-3".into(), 128)),
+            ..s.clone()
+        };
+        assert_eq!(SetupInfo::from_bytes(&with_host.to_bytes()).unwrap(), with_host);
+        let mut cut = with_host.to_bytes();
+        cut.pop();
+        assert!(SetupInfo::from_bytes(&cut).is_err());
         let mut bad = s.to_bytes();
         bad[0] ^= 1;
         assert!(SetupInfo::from_bytes(&bad).is_err());

@@ -3,16 +3,18 @@
 //!
 //! Everything the library does on a GPU goes through the RAII types here: a `GpuContext` that the
 //! application's thread had current when it made the communicator, device and pinned host buffers,
-//! streams, and CUDA IPC handles.
+//! streams, CUDA IPC handles, and host memory shared between processes.
 
 mod driver;
 mod ipc;
 mod memory;
+mod shared_host;
 mod stream;
 
 pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
+pub use shared_host::SharedHostMemory;
 pub use stream::{Event, Stream};
 
 /// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
