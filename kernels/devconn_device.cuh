@@ -3,17 +3,6 @@
 
 // Ordering contract with the proxy: put() data is copied before the Flag of the same or a later trigger is
 // published, so a peer whose wait() returns sees all data put before the matching signal().
-//
-// Where the counters are (this library's layout; the legacy header only names the pointers):
-// - localSignalEpochId: the epoch struct. For a P2P connection it is in host memory shared with the peer,
-//   where the peer's proxy raises the flag with a CPU store (so wait() reads host memory); otherwise in
-//   device memory, at the start of the counter block.
-// - waitEpochId: word 2 of the counter block, 64 bytes of device memory: [0..2) the epoch struct's home
-//   when it is in device memory, [2] waitEpochId, [3] signals raised by this side (signal() counts here
-//   and writes the count into localSignalEpochId->device, so the device never reads that word), [4..7)
-//   the proxy-free methods' counters.
-// - remoteSignalEpochId (P2P): the peer's counter block, mapped; with the epoch struct in host memory it
-//   does not point at the peer's epoch struct.
 
   // Asks the proxy to copy dataSize bytes from localBuff + srcDataOffset to the peer's buffer at
   // dstDataOffset. Non-blocking: the source must not be reused until flush() returns.
@@ -32,13 +21,13 @@
   // The size 1 only keeps the slot's first word non-zero.
   __forceinline__ __device__ void signal()
   {
-    fifo.pushCountingSignal(mscclppFlag, 0, 0, 1, counterBlock() + 3, &localSignalEpochId->device);
+    fifo.pushCountingSignal(mscclppFlag, 0, 0, 1, &localSignalEpochId->device);
   }
 
   // put() then signal(), in one trigger.
   __forceinline__ __device__ void putWithSignal(uint64_t dstDataOffset, uint64_t srcDataOffset, uint64_t dataSize)
   {
-    fifo.pushCountingSignal(mscclppData | mscclppFlag, dstDataOffset, srcDataOffset, dataSize, counterBlock() + 3,
+    fifo.pushCountingSignal(mscclppData | mscclppFlag, dstDataOffset, srcDataOffset, dataSize,
                             &localSignalEpochId->device);
   }
 
@@ -52,8 +41,7 @@
                                                         uint64_t dataSize)
   {
     const uint64_t pos = fifo.pushCountingSignal(mscclppData | mscclppFlag | mscclppSync, dstDataOffset,
-                                                 srcDataOffset, dataSize, counterBlock() + 3,
-                                                 &localSignalEpochId->device);
+                                                 srcDataOffset, dataSize, &localSignalEpochId->device);
     fifo.waitDone(pos);
   }
 
@@ -71,45 +59,55 @@
   }
 
   // Blocks until the peer's next signal() has arrived: the expected epoch goes up by one, then this thread
-  // spins until the peer's proxy has published at least that epoch into localSignalEpochId->proxy.
+  // spins until epochReached() says the peer's proxy has published at least that epoch.
   __forceinline__ __device__ void wait()
   {
     (*waitEpochId) += 1;
-    while (*reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy) < (*waitEpochId)) {
+    const uint64_t expected = *waitEpochId;
+    while (!epochReached(expected)) {
     }
   }
 
-  // Counts one more signal raised by this side, and writes the count into localSignalEpochId->device
-  // (which a proxy copies to the peer where the epoch struct is in device memory).
+  // True once the peer's proxy has published at least `epoch` signals: in localSignalEpochId->proxy
+  // (written by the copy engine, as the legacy proxy did), or, sooner, in the fast flag. (Legacy device
+  // code reads only the former, which the proxy always writes too.)
+  __forceinline__ __device__ bool epochReached(uint64_t epoch)
+  {
+    if (*reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy) >= epoch) return true;
+    const volatile uint64_t* fast = fastFlag();
+    return fast != nullptr && *fast >= epoch;
+  }
+
+  // The fast flag of a P2P connection: a word in host memory shared with the peer, where the peer's proxy
+  // stores the epoch with a plain CPU store when none of its data is in flight (no copy engine on the
+  // way); its address is word 3 of the counters after the epoch struct, null where there is none.
+  __forceinline__ __device__ const volatile uint64_t* fastFlag()
+  {
+    return reinterpret_cast<const volatile uint64_t*>(reinterpret_cast<const uint64_t*>(localSignalEpochId)[3]);
+  }
+
+  // Counts one more signal raised by this side (read by the proxy when it handles the Flag).
   __forceinline__ __device__ void epochIncrement()
   {
-    setSignalEpoch(*reinterpret_cast<volatile uint64_t*>(counterBlock() + 3) + 1);
-  }
-
-  // Sets this side's count of signals raised: the legacy header's way was a store to
-  // localSignalEpochId->device, which this header's signal() no longer reads.
-  __forceinline__ __device__ void setSignalEpoch(uint64_t count)
-  {
-    *reinterpret_cast<volatile uint64_t*>(counterBlock() + 3) = count;
-    *reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->device) = count;
-  }
-
-  // This side's counter block in device memory (see the top of this struct's methods).
-  __forceinline__ __device__ uint64_t* counterBlock()
-  {
-    return waitEpochId - 2;
+    *reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->device) += 1;
   }
 
   // ---- Proxy-free methods: an extension of this library, not in MSCCL++ 0.1.0 ----------------------
   // Between GPUs of one machine (P2P connections, where remoteBuff and remoteSignalEpochId are set), a
   // kernel may write into the peer's buffer and signal it directly through the mapped pointers, with no
-  // proxy and no FIFO. The direct signal has its own counters (in the counter block), so direct and
-  // proxy methods may be used on one connection; they order each other's data only as follows: data put() through the proxy is covered by a directSignal() only after a
+  // proxy and no FIFO. The direct signal has its own counters (in the same device allocation as the
+  // epoch struct), so direct and proxy methods may be used on one connection; they order each other's
+  // data only as follows: data put() through the proxy is covered by a directSignal() only after a
   // flush() has returned, and data written by directPut() is covered by a later signal() only if the
   // writing threads executed __threadfence_system() (and, across threads, a barrier) before it.
   // Like signal()/wait(), directSignal()/directWait() are called by one thread per connection at a time.
-  // Their counters are words of the counter blocks: [4] direct signals sent, [5] direct signals received
-  // (written by the peer), [6] direct signals waited for.
+
+  // The counters after the epoch struct: [4] direct signals sent, [5] direct signals received (written
+  // by the peer), [6] direct signals waited for.
+  __forceinline__ __device__ uint64_t* directCounters(mscclppDevConnSignalEpochId* epochs)
+  {
+    return reinterpret_cast<uint64_t*>(epochs);
+  }
 
   // Copies dataSize bytes from localBuff + srcDataOffset to the peer's buffer at dstDataOffset, shared
   // by numThreads threads of which this is threadId (0 <= threadId < numThreads). 16-byte accesses when
@@ -180,10 +178,10 @@
   // Counts one more direct signal and writes the count into the peer's "received" word.
   __forceinline__ __device__ void raiseDirectSignal(bool release)
   {
-    uint64_t* mine = counterBlock();
+    uint64_t* mine = directCounters(localSignalEpochId);
     const uint64_t sent = mine[4] + 1;
     mine[4] = sent;
-    uint64_t* theirs = reinterpret_cast<uint64_t*>(remoteSignalEpochId) + 5;
+    uint64_t* theirs = directCounters(remoteSignalEpochId) + 5;
     if (release)
       asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(theirs), "l"(sent) : "memory");
     else
@@ -193,7 +191,7 @@
   // Counts one more direct wait and spins until the peer's count reaches it.
   __forceinline__ __device__ void awaitDirectSignal(bool acquire)
   {
-    uint64_t* mine = counterBlock();
+    uint64_t* mine = directCounters(localSignalEpochId);
     const uint64_t want = mine[6] + 1;
     mine[6] = want;
     uint64_t seen;
@@ -209,7 +207,7 @@
   // Changes no counter: lets a kernel wait with a deadline of its own.
   __forceinline__ __device__ bool directPoll()
   {
-    uint64_t* mine = counterBlock();
+    uint64_t* mine = directCounters(localSignalEpochId);
     uint64_t seen;
     asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(seen) : "l"(mine + 5) : "memory");
     return seen > mine[6];

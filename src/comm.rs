@@ -1,7 +1,7 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
 use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
-use crate::connection::{Connection, Epochs, FlagWord, HostEpoch, ProcessId, RemoteSide, SetupInfo, TransportKind};
+use crate::connection::{Connection, Epochs, FastFlag, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
 use crate::proxy::ProxySlot;
@@ -67,8 +67,8 @@ struct CommState {
     /// Peers' allocations mapped into our context, by (peer process, allocation base). They back the
     /// connections' and registered buffers' peer addresses, so they are kept until destroy.
     ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
-    /// Peers' shared host memory (their epoch structs), by name; kept until destroy, like `ipc`.
-    peer_epochs: HashMap<String, Arc<SharedHostMemory>>,
+    /// Peers' shared host memory (their fast flags), by name; kept until destroy, like `ipc`.
+    peer_flags: HashMap<String, Arc<SharedHostMemory>>,
     registered: Vec<RegisteredRemote>,
     /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
     flags_sent: Arc<Vec<AtomicU64>>,
@@ -218,7 +218,7 @@ impl Communicator {
                 st.p2p_fifo = Some(DeviceFifo::new(&gpu)?);
             }
             let me = ProcessId::this();
-            own_segment = Self::place_host_epochs(&mut st, &gpu, pending.clone());
+            own_segment = Self::place_fast_flags(&mut st, &gpu, pending.clone());
             for c in &st.connections[pending.clone()] {
                 let info = SetupInfo {
                     rank: self.rank as u32,
@@ -227,8 +227,11 @@ impl Communicator {
                     process: me,
                     device: gpu.device,
                     buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
-                    epochs: IpcExport::new(c.epochs.block(), Epochs::BYTES as u64, "epoch counters")?,
-                    host_epoch: c.epochs.host().map(|h| (h.memory.name().to_string(), h.offset as u32)),
+                    epochs: IpcExport::new(c.epochs.signal(), Epochs::BYTES as u64, "epoch counters")?,
+                    fast_flag: c
+                        .epochs
+                        .fast_flag()
+                        .map(|f| (f.memory.name().to_string(), f.offset as u32)),
                 };
                 self.bootstrap
                     .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
@@ -269,7 +272,7 @@ impl Communicator {
                         buff,
                         size,
                         epochs,
-                        flag: None,
+                        fast_flag: None,
                     }
                 } else {
                     self.map_remote(&mut st, &gpu, &info, me)?
@@ -313,10 +316,10 @@ impl Communicator {
         Ok(())
     }
 
-    /// Puts the epoch structs of the pending P2P connections into one new object of shared host memory
-    /// (unless `MSCCLPP_P2P_EPOCHS=device`). Best effort: where that fails, they stay in device memory,
-    /// which only makes flags slower. Returns the object, whose name goes once every peer has opened it.
-    fn place_host_epochs(
+    /// Gives the pending P2P connections fast flags, in one new object of shared host memory (unless
+    /// `MSCCLPP_P2P_FAST_FLAGS=0`). Best effort: without them only the copy engine raises flags, which is
+    /// slower. Returns the object, whose name goes once every peer has opened it.
+    fn place_fast_flags(
         st: &mut CommState,
         gpu: &GpuContext,
         pending: std::ops::Range<usize>,
@@ -324,30 +327,31 @@ impl Communicator {
         let p2p: Vec<usize> = pending
             .filter(|&i| st.connections[i].transport == TransportKind::P2p)
             .collect();
-        if p2p.is_empty() || !P2pOptions::from_env().host_epochs {
+        if p2p.is_empty() || !P2pOptions::from_env().fast_flags {
             return None;
         }
-        let size = (p2p.len() * HostEpoch::STRIDE).next_multiple_of(4096);
+        let size = (p2p.len() * FastFlag::STRIDE).next_multiple_of(4096);
         let memory = match SharedHostMemory::create(gpu, size) {
             Ok(m) => Arc::new(m),
             Err(e) => {
-                log::warn!("epoch counters stay in device memory (flags are slower): {e}");
+                log::warn!("no fast flags (only the copy engine raises flags, which is slower): {e}");
                 return None;
             }
         };
         for (k, &i) in p2p.iter().enumerate() {
-            let host = HostEpoch {
+            let fast = FastFlag {
                 memory: memory.clone(),
-                offset: k * HostEpoch::STRIDE,
+                offset: k * FastFlag::STRIDE,
             };
-            if let Err(e) = st.connections[i].epochs.place_in_host(host) {
-                log::warn!("connection {i}: epoch counters stay in device memory: {e}");
+            if let Err(e) = st.connections[i].epochs.set_fast_flag(fast) {
+                log::warn!("connection {i}: no fast flag: {e}");
             }
         }
         Some(memory)
     }
 
-    /// Maps a peer's buffer and epoch counters into our context (directly, if the peer shares our process).
+    /// Maps a peer's buffer, epoch counters and fast flag into our context (directly, if the peer shares
+    /// our process).
     fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
         let (buff, epochs) = if info.process == me {
             enable_peer_access(gpu, info.buffer.address);
@@ -360,35 +364,36 @@ impl Communicator {
                 epoch_map.base() + info.epochs.offset,
             )
         };
-        let flag = match &info.host_epoch {
-            // The peer's struct sits at the start of its device block.
-            None => FlagWord::Device(epochs + 8),
+        let fast_flag = match &info.fast_flag {
+            None => None,
             Some((name, offset)) => {
-                let memory = match st.peer_epochs.get(name) {
+                let memory = match st.peer_flags.get(name) {
                     Some(m) => m.clone(),
                     None => {
-                        let m = Arc::new(SharedHostMemory::open(gpu, name, *offset as usize + 16)?);
-                        st.peer_epochs.insert(name.clone(), m.clone());
+                        let m = Arc::new(SharedHostMemory::open(gpu, name, *offset as usize + 8)?);
+                        st.peer_flags.insert(name.clone(), m.clone());
                         m
                     }
                 };
-                if *offset as usize + 16 > memory.size() || !offset.is_multiple_of(8) {
+                if *offset as usize + 8 > memory.size() || !offset.is_multiple_of(8) {
                     return Err(Error::remote(format!(
-                        "the peer's epoch struct at +{offset} does not fit its shared memory {name}"
+                        "the peer's fast flag at +{offset} does not fit its shared memory {name}"
                     )));
                 }
-                HostEpoch {
-                    memory,
-                    offset: *offset as usize,
-                }
-                .proxy_word()
+                Some(
+                    FastFlag {
+                        memory,
+                        offset: *offset as usize,
+                    }
+                    .host_address(),
+                )
             }
         };
         Ok(RemoteSide {
             buff,
             size: info.buffer.size,
             epochs,
-            flag: Some(flag),
+            fast_flag,
         })
     }
 
@@ -457,13 +462,14 @@ impl Communicator {
             .connections
             .iter()
             .map(|c| match (&c.transport, &c.remote) {
-                (TransportKind::P2p, Some(r)) => r.flag.map(|flag| P2pRoute {
+                (TransportKind::P2p, Some(r)) => Some(P2pRoute {
                     local_buff: c.local_buff,
                     local_size: c.local_size,
                     remote_buff: r.buff,
                     remote_size: r.size,
                     local_epochs: c.epochs.signal(),
-                    remote_flag: flag,
+                    remote_epochs: r.epochs,
+                    fast_flag: r.fast_flag,
                 }),
                 _ => None,
             })
@@ -632,7 +638,7 @@ impl Communicator {
         st.connections.clear();
         st.registered.clear();
         st.ipc.clear();
-        st.peer_epochs.clear();
+        st.peer_flags.clear();
         st.p2p_fifo = None;
         if let Some(g) = st.gpu.take() {
             g.release();

@@ -24,91 +24,71 @@ impl TransportKind {
     }
 }
 
-/// One side's counters.
-///
-/// The device block: 64 bytes of device memory, as 64-bit words: [0..2) an `mscclppDevConnSignalEpochId`
-/// (used unless the struct lives in host memory), [2] `waitEpochId`, [3] the header's count of signals
-/// raised (it writes the count into the struct's `device` word, so the device never reads that word
-/// across the host link), [4..7) the proxy-free methods' counters (direct signals sent, received, waited
-/// for). The header finds the block from `waitEpochId`, and the peer's from `remoteSignalEpochId`.
-///
-/// A P2P connection's epoch struct lives in host memory shared with the peer (see `HostEpoch`), so that
-/// the peer's proxy raises our flag with a CPU store.
+/// The device memory of one side's counters, as 64-bit words: `mscclppDevConnSignalEpochId` (device,
+/// proxy), `waitEpochId`, the address of the fast flag (or 0), then the proxy-free methods' counters
+/// (direct signals sent, received, waited for), which the header's device code finds from
+/// `localSignalEpochId`.
 pub struct Epochs {
-    block: DeviceAllocation,
-    host: Option<HostEpoch>,
+    alloc: DeviceAllocation,
+    fast: Option<FastFlag>,
 }
 
-/// An epoch struct in host memory shared between processes.
+/// A P2P connection's fast flag: a word in host memory shared with the peer, where the peer's proxy
+/// stores the epoch with a CPU store when none of its data is in flight; the header's `wait()` reads it
+/// beside the epoch struct's `proxy` word (which the proxy always writes too, for legacy device code).
 #[derive(Clone)]
-pub struct HostEpoch {
+pub struct FastFlag {
     pub memory: Arc<SharedHostMemory>,
     pub offset: usize,
 }
 
-impl HostEpoch {
-    /// Bytes per struct in a shared object: one cache line each, so that flags of different
-    /// connections never share a line.
+impl FastFlag {
+    /// Bytes per word in a shared object: a cache line each, so that flags of different connections
+    /// never share a line.
     pub const STRIDE: usize = 64;
 
-    /// The struct's `proxy` word, where the peer's proxy writes.
-    pub fn proxy_word(&self) -> FlagWord {
-        let at = self.offset + 8;
-        FlagWord::Host {
-            // In range: `place_in_host` and the peer's `open` checked `offset + 16 <= size`.
-            cpu: self.memory.host_ptr() as usize + at,
-            dev: self.memory.device_ptr() + at as u64,
-        }
+    /// Where the word is for the CPU of this process.
+    pub fn host_address(&self) -> usize {
+        // In range: `Epochs::set_fast_flag` and the peer's set-up checked `offset + 8 <= size`.
+        self.memory.host_ptr() as usize + self.offset
     }
-}
-
-/// Where a proxy raises a peer's flag: the peer's `proxy` epoch word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FlagWord {
-    /// In device memory (mapped with CUDA IPC): written by the copy engine.
-    Device(DevicePtr),
-    /// In host memory shared with the peer: our mapping's address (`cpu`) for a CPU store, and its
-    /// address in our GPU's space (`dev`) for a store ordered behind stream work.
-    Host { cpu: usize, dev: DevicePtr },
 }
 
 impl Epochs {
     pub const BYTES: usize = 64;
+    /// Word index of the fast flag's address.
+    const FAST_FLAG_WORD: u64 = 3;
+
     pub fn new(ctx: &GpuContext) -> Result<Epochs> {
         Ok(Epochs {
-            block: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
-            host: None,
+            alloc: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
+            fast: None,
         })
     }
-    /// Moves the epoch struct into shared host memory (before the device connection is handed out).
-    pub fn place_in_host(&mut self, host: HostEpoch) -> Result<()> {
-        if !host.offset.is_multiple_of(8) || host.offset + 16 > host.memory.size() {
+    /// Gives the connection a fast flag, whose address the device code then finds in the counters.
+    pub fn set_fast_flag(&mut self, fast: FastFlag) -> Result<()> {
+        if !fast.offset.is_multiple_of(8) || fast.offset + 8 > fast.memory.size() {
             return Err(Error::internal(format!(
-                "epoch struct at +{} does not fit shared memory of {} bytes",
-                host.offset,
-                host.memory.size()
+                "fast flag at +{} does not fit shared memory of {} bytes",
+                fast.offset,
+                fast.memory.size()
             )));
         }
-        self.host = Some(host);
+        let address = fast.memory.device_ptr() + fast.offset as u64;
+        self.alloc.write_u64(Self::FAST_FLAG_WORD * 8, address)?;
+        self.fast = Some(fast);
         Ok(())
     }
-    pub fn host(&self) -> Option<&HostEpoch> {
-        self.host.as_ref()
+    pub fn fast_flag(&self) -> Option<&FastFlag> {
+        self.fast.as_ref()
     }
     /// Address of `mscclppDevConnSignalEpochId`.
     pub fn signal(&self) -> DevicePtr {
-        match &self.host {
-            Some(h) => h.memory.device_ptr() + h.offset as u64,
-            None => self.block.ptr(),
-        }
-    }
-    /// Address of the device block (the struct's home unless it lives in host memory).
-    pub fn block(&self) -> DevicePtr {
-        self.block.ptr()
+        self.alloc.ptr()
     }
     /// Address of `waitEpochId`.
     pub fn wait(&self) -> DevicePtr {
-        self.block.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
+        self.alloc.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
     }
 }
 
@@ -116,11 +96,10 @@ impl Epochs {
 pub struct RemoteSide {
     pub buff: DevicePtr,
     pub size: u64,
-    /// P2P: the peer's device block (the communicator keeps its IPC mapping, if any). IB: the peer's
-    /// `mscclppDevConnSignalEpochId`.
+    /// The peer's `mscclppDevConnSignalEpochId` (the communicator keeps its IPC mapping, if any).
     pub epochs: DevicePtr,
-    /// P2P: where our proxy raises the peer's flag.
-    pub flag: Option<FlagWord>,
+    /// P2P: the peer's fast flag, if it has one, as our CPU reaches it.
+    pub fast_flag: Option<usize>,
 }
 
 pub struct Connection {
@@ -196,8 +175,8 @@ pub struct SetupInfo {
     pub buffer: IpcExport,
     /// The device block of the sender's counters.
     pub epochs: IpcExport,
-    /// Where the sender's epoch struct is, if in shared host memory: the object's name and offset.
-    pub host_epoch: Option<(String, u32)>,
+    /// The sender's fast flag, if it has one: the shared host object's name and the word's offset.
+    pub fast_flag: Option<(String, u32)>,
 }
 
 const SETUP_MAGIC: u32 = 0x4d53_4331; // "MSC1"
@@ -214,7 +193,7 @@ impl SetupInfo {
         v.extend_from_slice(&self.device.to_le_bytes());
         v.extend_from_slice(&self.buffer.to_bytes());
         v.extend_from_slice(&self.epochs.to_bytes());
-        let (name, offset) = self.host_epoch.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
+        let (name, offset) = self.fast_flag.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
         v.push(name.len() as u8);
         v.extend_from_slice(name.as_bytes());
         v.extend_from_slice(&offset.to_le_bytes());
@@ -249,7 +228,7 @@ impl SetupInfo {
             device: u32_at(26) as i32,
             buffer: IpcExport::from_bytes(&b[HEAD..HEAD + IpcExport::BYTES])?,
             epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..FIXED])?,
-            host_epoch: if name_len == 0 {
+            fast_flag: if name_len == 0 {
                 None
             } else {
                 let name = std::str::from_utf8(&b[FIXED + 1..FIXED + 1 + name_len])
@@ -283,11 +262,11 @@ mod tests {
             device: 1,
             buffer: export(1),
             epochs: export(2),
-            host_epoch: None,
+            fast_flag: None,
         };
         assert_eq!(SetupInfo::from_bytes(&s.to_bytes()).unwrap(), s);
         let with_host = SetupInfo {
-            host_epoch: Some(("/mscclpp-1-2-3".into(), 128)),
+            fast_flag: Some(("/mscclpp-1-2-3".into(), 128)),
             ..s.clone()
         };
         assert_eq!(SetupInfo::from_bytes(&with_host.to_bytes()).unwrap(), with_host);

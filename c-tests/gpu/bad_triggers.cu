@@ -179,20 +179,38 @@ struct BadTrigger
   int pad;
 };
 
-__global__ void badTriggerKernel(const BadTrigger* t, int n, DevStatus* st)
+// A Flag on our own connection is counted first, as the header's signalling methods do; the peer's proxy
+// raises such a flag even when it drops the data, so each is matched by one wait.
+__global__ void badTriggerKernel(const BadTrigger* t, int n, DevStatus* st, uint64_t timeoutNs)
 {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   mscclppDevConn_t conn = gConns[0];
+  int ownFlags = 0;
   for (int i = 0; i < n; ++i) {
     devProgress(st, i, 0);
     mscclppConcurrentFifo fifo = conn.fifo;
     if (t[i].connId >= 0) fifo.connId = t[i].connId;
+    if (t[i].connId < 0 && (t[i].type & mscclppFlag)) {
+      conn.epochIncrement();
+      ++ownFlags;
+    }
     fifo.push(t[i].type, t[i].dst, t[i].src, t[i].size);
   }
   devProgress(st, n, 0);
   // The proxy must keep consuming: this returns only once it has passed every trigger above.
   conn.flush();
   devProgress(st, n + 1, 0);
+  for (int k = 0; k < ownFlags; ++k) {
+    if (!boundedWait(conn, st, timeoutNs, n + 2, k)) return;
+  }
+}
+
+// Flags on our own connection among the bad triggers (each counted and waited for once).
+int ownFlags(const std::vector<BadTrigger>& t)
+{
+  int n = 0;
+  for (const BadTrigger& b : t) n += b.connId < 0 && (b.type & mscclppFlag) ? 1 : 0;
+  return n;
 }
 
 __global__ void validPutKernel(uint64_t sendHalf, uint64_t bytes, DevStatus* st, uint64_t timeoutNs)
@@ -233,11 +251,14 @@ std::string caseBadTriggersFlush(Rank& R)
   TC_TRY(barrier(R, "before bad triggers"));
   gBadLogStart = logCount();
   resetStatus(R);
-  badTriggerKernel<<<1, 32, 0, R.stream>>>(d, (int)t.size(), R.dStatus);
+  badTriggerKernel<<<1, 32, 0, R.stream>>>(d, (int)t.size(), R.dStatus, R.waitTimeoutNs);
   TC_CUDA(cudaGetLastError());
-  std::string e = syncBounded(R, fmt("bad-trigger kernel (progress op i < %d: pushing trigger i; op %d: in flush)",
-                                     gBadCount, gBadCount).c_str());
+  std::string e = syncBounded(R, fmt("bad-trigger kernel (progress op i < %d: pushing trigger i; op %d: in flush; "
+                                     "op %d: waiting for the peer's flags)",
+                                     gBadCount, gBadCount, gBadCount + 2).c_str());
   if (!e.empty()) return "the proxy stopped serving the FIFO: " + e;
+  g.sent += ownFlags(t);
+  g.waited += ownFlags(t);
   TC_CUDA(cudaFree(d));
   // Both ranks' proxies have passed all triggers once both flushes returned.
   TC_TRY(barrier(R, "after bad triggers"));

@@ -170,15 +170,15 @@ __global__ void burstKernel(const Job* jobs, int blocksPerConn, uint64_t slice)
   conn.putWithSignal(job.sendHalf + t * slice, slice);
 }
 
-// After burstKernel: the signal count is a plain read-modify-write, so concurrent signallers lose counts.
+// After burstKernel: epochIncrement() is a plain read-modify-write, so concurrent signallers lose counts.
 // Set the counter to the number the peer will wait for (job.arg), signal once more so that the last flag
-// carries it (where a proxy copies the count), flush, then wait for the peer's as many times.
+// carries it, flush, then wait for the peer's as many times.
 __global__ void burstFinishKernel(const Job* jobs, uint64_t waits, DevStatus* st, uint64_t timeoutNs)
 {
   if (threadIdx.x != 0) return;
   const Job job = jobs[blockIdx.x];
   mscclppDevConn_t conn = gConns[job.conn];
-  conn.setSignalEpoch(job.arg);
+  *(volatile uint64_t*)&conn.localSignalEpochId->device = job.arg;
   conn.signal();
   conn.flush();
   for (uint64_t w = 0; w < waits; ++w) {

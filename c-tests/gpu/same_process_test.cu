@@ -285,10 +285,9 @@ void runRank(int rank, Shared* sh)
   if (conn.localSignalEpochId == nullptr || conn.waitEpochId == nullptr) {
     fail("rank %d: the connection has no epoch counters", rank);
   }
-  // P2P: remoteSignalEpochId is the peer's counter block, of which waitEpochId is word 2.
-  if (reinterpret_cast<uint64_t*>(conn.remoteSignalEpochId) != other.waitEpochId - 2) {
-    fail("rank %d: remoteSignalEpochId %p is not the peer's counter block %p", rank, (void*)conn.remoteSignalEpochId,
-         (void*)(other.waitEpochId - 2));
+  if (conn.remoteSignalEpochId != other.localSignalEpochId) {
+    fail("rank %d: remoteSignalEpochId %p is not the peer's counters %p", rank, (void*)conn.remoteSignalEpochId,
+         (void*)other.localSignalEpochId);
   }
 
   MSCCLPP_CHECK(mscclppProxyLaunch(comm));

@@ -211,10 +211,10 @@ __device__ inline bool boundedWait(mscclppDevConn_t& conn, DevStatus* st, uint64
   uint64_t target = *conn.waitEpochId + 1;
   *conn.waitEpochId = target;
   volatile uint64_t* epoch = &conn.localSignalEpochId->proxy;
-  if (*epoch >= target) return true;
+  if (conn.epochReached(target)) return true;
   uint64_t start = globalTimerNs();
   unsigned spins = 0;
-  while (*epoch < target) {
+  while (!conn.epochReached(target)) {
     if ((++spins & 1023) == 0) {
       if (st->failed || globalTimerNs() - start > timeoutNs) {
         devFail(st, kFailWaitTimeout, op, iter, target, *epoch);

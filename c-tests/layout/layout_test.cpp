@@ -280,28 +280,27 @@ static void checkDeviceCode()
     return;
   }
   mscclppTrigger* fifo = nullptr;
-  // head, tail, pushedAt, unused, then the 8-word counter block (waitEpochId is its word 2)
-  uint64_t* counters = nullptr;
+  uint64_t* counters = nullptr; // head, tail, wait epoch, pushedAt
   mscclppDevConnSignalEpochId* epoch = nullptr;
   CHECK(cudaMallocManaged(&fifo, MSCCLPP_PROXY_FIFO_SIZE * sizeof(mscclppTrigger)) == cudaSuccess);
-  CHECK(cudaMallocManaged(&counters, 12 * sizeof(uint64_t)) == cudaSuccess);
+  CHECK(cudaMallocManaged(&counters, 4 * sizeof(uint64_t)) == cudaSuccess);
   CHECK(cudaMallocManaged(&epoch, sizeof(*epoch)) == cudaSuccess);
   if (failed != 0) {
     return;
   }
   std::memset(fifo, 0, MSCCLPP_PROXY_FIFO_SIZE * sizeof(mscclppTrigger));
-  std::memset(counters, 0, 12 * sizeof(uint64_t));
+  std::memset(counters, 0, 4 * sizeof(uint64_t));
   epoch->device = 0;
   epoch->proxy = 1;
   mscclppDevConn conn;
   std::memset(&conn, 0, sizeof(conn));
   conn.localSignalEpochId = epoch;
-  conn.waitEpochId = &counters[6];
+  conn.waitEpochId = &counters[2];
   conn.fifo.triggerFifo = fifo;
   conn.fifo.triggerFifoHead = &counters[0];
   conn.fifo.triggerFifoTail = &counters[1];
   conn.fifo.connId = 0x3ff;
-  pushTriggers<<<1, 1>>>(conn, &counters[2]);
+  pushTriggers<<<1, 1>>>(conn, &counters[3]);
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
   uint64_t words[2];
   readWords(fifo[0], words);
@@ -313,9 +312,8 @@ static void checkDeviceCode()
   readWords(fifo[3], words);
   CHECK(words[0] == ((0x40ULL << 32) | 8) &&
         words[1] == ((uint64_t(mscclppData | mscclppFlag) << 42) | (0x3ffULL << 32) | 0x40));
-  CHECK(counters[0] == 4 && counters[2] == 0);
-  // Two signals counted in the block's word 3 and written into the epoch struct; one wait.
-  CHECK(epoch->device == 2 && counters[7] == 2 && counters[6] == 1);
+  CHECK(counters[0] == 4 && counters[3] == 0);
+  CHECK(epoch->device == 2 && counters[2] == 1);
   cudaFree(fifo);
   cudaFree(counters);
   cudaFree(epoch);

@@ -22,7 +22,7 @@ constexpr int kCopyThreads = 1024;
 template <bool Relaxed>
 __device__ bool boundedDirectWait(mscclppDevConn_t& conn, DevStatus* st, uint64_t timeoutNs, uint64_t iter)
 {
-  uint64_t* mine = conn.counterBlock();
+  uint64_t* mine = reinterpret_cast<uint64_t*>(conn.localSignalEpochId);
   const uint64_t want = mine[6] + 1;
   mine[6] = want;
   uint64_t seen = 0, start = globalTimerNs();

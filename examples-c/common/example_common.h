@@ -109,7 +109,7 @@ __device__ __forceinline__ bool waitWithTimeout(mscclppDevConn& conn, uint64_t t
 {
   const uint64_t expected = *conn.waitEpochId + 1;
   const uint64_t start = globalTimerNs();
-  while (*reinterpret_cast<volatile uint64_t*>(&conn.localSignalEpochId->proxy) < expected) {
+  while (!conn.epochReached(expected)) {
     if (globalTimerNs() - start > timeoutNs) return false;
   }
   conn.wait();

@@ -30,6 +30,21 @@ impl DeviceAllocation {
     pub fn size(&self) -> usize {
         self.size
     }
+    /// Writes one 64-bit word at byte `offset` (synchronously: set-up only).
+    pub fn write_u64(&self, offset: u64, value: u64) -> Result<()> {
+        if offset + 8 > self.size as u64 {
+            return Err(Error::internal(format!(
+                "word at +{offset} is past the end of an allocation of {} bytes",
+                self.size
+            )));
+        }
+        self.ctx.make_current()?;
+        // SAFETY: the 8 bytes lie inside our allocation (checked above); the source is a local.
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, (&value as *const u64).cast(), 8) },
+            || "cuMemcpyHtoD".into(),
+        )
+    }
 }
 
 impl Drop for DeviceAllocation {

@@ -25,10 +25,6 @@ pub trait TriggerHandler: Send {
     fn handle(&mut self, trigger: &Trigger) -> Result<()>;
     /// Completes everything issued so far.
     fn sync(&mut self) -> Result<()>;
-    /// Called while the FIFO is empty: finishes work that waits on the GPU (a transport's deferred flags).
-    fn poll(&mut self) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Writes the proxy's tail where the device reads it.
@@ -278,13 +274,6 @@ impl ProxyThread {
                             idle_spins = 0;
                         }
                         None => {
-                            if let Err(e) = handler.poll() {
-                                // Logged once: a broken stream fails every poll.
-                                if s.failure().is_none() {
-                                    log::error!("proxy poll at FIFO position {tail} failed: {e}");
-                                }
-                                s.fail(e);
-                            }
                             idle_spins += 1;
                             if idle_spins == 1 {
                                 idle_since = std::time::Instant::now();

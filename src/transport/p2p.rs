@@ -1,14 +1,15 @@
 //! The P2P transport: kernels' triggers carried out by the copy engine, between GPUs of one machine.
 //!
-//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC). Flag writes the number of
-//! flags carried out on the connection into the peer's `proxy` epoch, once the data of the triggers
-//! before it has landed: the peer's epoch struct is in host memory shared with us, so when our streams
-//! are idle that is a CPU store; when they are busy the flag waits (`deferred`) until they drain, or,
-//! if too many wait, goes on the stream behind the data as a stream memory operation. A peer whose
-//! struct is in device memory gets its flag from the copy engine, as the legacy library did. Sync waits
-//! for the streams to drain.
+//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC); Flag is an 8-byte copy of our
+//! `device` epoch into the peer's `proxy` epoch on the same stream, so it lands after the data of the
+//! triggers before it; Sync waits for the stream to drain.
+//!
+//! A flag raised while none of our data is in flight is first stored, by the CPU, into the peer's fast
+//! flag (host memory shared with the peer, read by the header's `wait()`): it arrives microseconds
+//! before the copy engine's. With data in flight it cannot be: a CPU store would overtake the data, and
+//! any GPU write into host memory after a copy (a stream write, a copy from host memory, or the wait
+//! for the stream to drain) was measured slower than the copy engine's flag into device memory.
 
-use crate::connection::FlagWord;
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, Event, GpuContext, Stream};
 use crate::proxy::{Trigger, TriggerHandler};
@@ -22,10 +23,12 @@ pub struct P2pRoute {
     pub local_size: u64,
     pub remote_buff: DevicePtr,
     pub remote_size: u64,
-    /// Our `mscclppDevConnSignalEpochId` (its `device` word is the first), for `FlagMode::CopyEpoch`.
+    /// Our `mscclppDevConnSignalEpochId` (its `device` word is the first).
     pub local_epochs: DevicePtr,
-    /// The peer's `proxy` epoch word.
-    pub remote_flag: FlagWord,
+    /// The peer's `mscclppDevConnSignalEpochId` (its `proxy` word is at +8).
+    pub remote_epochs: DevicePtr,
+    /// The peer's fast flag, as our CPU reaches it (the communicator keeps it mapped).
+    pub fast_flag: Option<usize>,
 }
 
 /// Looks up the route of a trigger's connection.
@@ -38,7 +41,7 @@ pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P
     })
 }
 
-/// How the proxy raises the flag of a peer whose epoch struct is in device memory.
+/// How the proxy raises a peer's flag with the copy engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlagMode {
     /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (the legacy way). The
@@ -50,16 +53,15 @@ pub enum FlagMode {
 }
 
 /// Tuning of the P2P proxy, from the environment:
-/// - `MSCCLPP_P2P_EPOCHS=host|device` (default `host`): where a connection's epoch struct lives; in host
-///   memory shared with the peer, the peer's proxy raises the flag with a CPU store
-/// - `MSCCLPP_P2P_FLAG=copy|write` (for epoch structs in device memory) (default `copy`: measured faster when the flag follows data; `write`
+/// - `MSCCLPP_P2P_FAST_FLAGS=1|0` (default 1): give P2P connections fast flags (see the module)
+/// - `MSCCLPP_P2P_FLAG=copy|write` (default `copy`: measured faster when the flag follows data; `write`
 ///   is exact when many threads signal one connection at once)
 /// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
 /// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
 ///   (default 16 MiB)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pOptions {
-    pub host_epochs: bool,
+    pub fast_flags: bool,
     pub flag: FlagMode,
     pub streams: usize,
     pub split_bytes: u64,
@@ -68,7 +70,7 @@ pub struct P2pOptions {
 impl Default for P2pOptions {
     fn default() -> Self {
         P2pOptions {
-            host_epochs: true,
+            fast_flags: true,
             flag: FlagMode::CopyEpoch,
             streams: 1,
             split_bytes: 16 << 20,
@@ -83,10 +85,10 @@ impl P2pOptions {
 
     pub fn parse(var: impl Fn(&str) -> Option<String>) -> P2pOptions {
         let mut o = P2pOptions::default();
-        match var("MSCCLPP_P2P_EPOCHS").as_deref() {
-            None | Some("host") => {}
-            Some("device") => o.host_epochs = false,
-            Some(other) => log::warn!("MSCCLPP_P2P_EPOCHS={other} is not host or device; using host"),
+        match var("MSCCLPP_P2P_FAST_FLAGS").as_deref() {
+            None | Some("1") => {}
+            Some("0") => o.fast_flags = false,
+            Some(other) => log::warn!("MSCCLPP_P2P_FAST_FLAGS={other} is not 1 or 0; using 1"),
         }
         match var("MSCCLPP_P2P_FLAG").as_deref() {
             None | Some("copy") => {}
@@ -126,10 +128,6 @@ pub fn split_chunks(size: u64, parts: usize) -> Vec<(u64, u64)> {
     out
 }
 
-/// At most this many flags wait for the streams to drain; more go on the stream (a kernel that keeps
-/// the proxy busy must not hold its flags back for long).
-const MAX_DEFERRED: usize = 32;
-
 pub struct P2pHandler {
     routes: Vec<Option<P2pRoute>>,
     options: P2pOptions,
@@ -137,17 +135,15 @@ pub struct P2pHandler {
     streams: Vec<Stream>,
     /// One event per extra stream, to order the first stream after it.
     events: Vec<Event>,
-    /// Extra streams holding data the next flag on the stream must wait for.
+    /// Extra streams holding data the next flag must wait for.
     dirty: Vec<bool>,
-    /// Work was queued on the streams since they were last seen idle.
-    busy: bool,
-    /// Host flags (peer's word, count) waiting for the streams to drain, in the order they were raised.
-    deferred: Vec<(FlagWord, u64)>,
-    /// The device can write 64-bit values from a stream.
-    stream_writes: bool,
-    /// Flags carried out per connection (`WriteCount` and host flags); kept by the communicator across
-    /// launches.
+    /// Data was queued since the streams were last seen idle: a fast flag now could overtake it.
+    data_in_flight: bool,
+    /// Flags carried out per connection; kept by the communicator across launches.
     flags_sent: Arc<Vec<AtomicU64>>,
+    /// Flags to peers with a fast flag: (stored at once, left to the copy engine); kept only when they
+    /// will be reported.
+    stats: Option<(u64, u64)>,
 }
 
 impl P2pHandler {
@@ -157,11 +153,9 @@ impl P2pHandler {
         mut options: P2pOptions,
         flags_sent: Arc<Vec<AtomicU64>>,
     ) -> Result<P2pHandler> {
-        let stream_writes = ctx.can_write_u64_from_streams()?;
-        if !stream_writes {
-            // Device flags are then copied; host flags always wait for the streams to drain.
+        if options.flag == FlagMode::WriteCount && !ctx.can_write_u64_from_streams()? {
             log::info!(
-                "GPU {} has no 64-bit stream memory operations; flags are copied or stored instead",
+                "GPU {} has no 64-bit stream memory operations; flags are copied instead",
                 ctx.device
             );
             options.flag = FlagMode::CopyEpoch;
@@ -178,15 +172,14 @@ impl P2pHandler {
             dirty: vec![false; streams.len()],
             streams,
             events,
-            busy: false,
-            deferred: Vec::new(),
-            stream_writes,
+            data_in_flight: false,
             flags_sent,
+            stats: log::log_enabled!(log::Level::Info).then_some((0, 0)),
         })
     }
 
     fn copy_data(&mut self, dst: DevicePtr, src: DevicePtr, size: u64) -> Result<()> {
-        self.busy = true;
+        self.data_in_flight = true;
         if self.streams.len() == 1 || size < self.options.split_bytes {
             return self.streams[0].copy(dst, src, size as usize);
         }
@@ -197,110 +190,65 @@ impl P2pHandler {
         Ok(())
     }
 
-    /// Makes the first stream wait for the data of every other stream.
-    fn join_streams(&mut self) -> Result<()> {
+    /// Whether all data queued so far has landed.
+    fn data_landed(&mut self) -> Result<bool> {
+        if self.data_in_flight {
+            let mut idle = true;
+            for s in &self.streams {
+                idle = idle && s.is_idle()?;
+            }
+            self.data_in_flight = !idle;
+        }
+        Ok(!self.data_in_flight)
+    }
+
+    fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
+        let count = self.flags_sent[conn_id].fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(fast) = route.fast_flag {
+            let landed = self.data_landed()?;
+            if landed {
+                store_flag(fast, count);
+            }
+            if let Some(st) = self.stats.as_mut() {
+                if landed {
+                    st.0 += 1;
+                } else {
+                    st.1 += 1;
+                }
+            }
+        }
+        // The flag goes on the first stream, after the data of every stream.
         for i in 1..self.streams.len() {
             if self.dirty[i] {
                 self.streams[0].wait_for(&self.streams[i], &self.events[i])?;
                 self.dirty[i] = false;
             }
         }
-        Ok(())
-    }
-
-    fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
-        match route.remote_flag {
-            FlagWord::Device(word) => {
-                self.join_streams()?;
-                self.busy = true;
-                match self.options.flag {
-                    FlagMode::CopyEpoch => self.streams[0].copy(word, route.local_epochs, 8),
-                    FlagMode::WriteCount => {
-                        let count = self.flags_sent[conn_id].fetch_add(1, Ordering::Relaxed) + 1;
-                        self.streams[0].write_u64(word, count)
-                    }
-                }
-            }
-            host @ FlagWord::Host { .. } => {
-                let count = self.flags_sent[conn_id].fetch_add(1, Ordering::Relaxed) + 1;
-                match plan_host_flag(self.busy, self.deferred.len(), self.stream_writes) {
-                    HostFlagPlan::Store => {
-                        store_flag(host, count);
-                        Ok(())
-                    }
-                    HostFlagPlan::Defer => {
-                        self.deferred.push((host, count));
-                        Ok(())
-                    }
-                    HostFlagPlan::OnStream => {
-                        // The waiting flags first, so that every word only grows.
-                        self.join_streams()?;
-                        for (word, n) in std::mem::take(&mut self.deferred) {
-                            self.streams[0].write_u64(device_address(word), n)?;
-                        }
-                        self.streams[0].write_u64(device_address(host), count)
-                    }
-                }
-            }
+        let word = route.remote_epochs + 8;
+        match self.options.flag {
+            FlagMode::CopyEpoch => self.streams[0].copy(word, route.local_epochs, 8),
+            FlagMode::WriteCount => self.streams[0].write_u64(word, count),
         }
-    }
-
-    /// Once the streams are idle, raises the flags that waited for them.
-    fn release_if_idle(&mut self) -> Result<()> {
-        if !self.busy {
-            return Ok(());
-        }
-        for s in &self.streams {
-            if !s.is_idle()? {
-                return Ok(());
-            }
-        }
-        self.busy = false;
-        for (word, n) in self.deferred.drain(..) {
-            store_flag(word, n);
-        }
-        Ok(())
     }
 }
 
-/// What to do with a flag for a peer whose epoch struct is in host memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostFlagPlan {
-    /// Nothing of ours is in flight: store it now.
-    Store,
-    /// Data is in flight: store it once the streams drain.
-    Defer,
-    /// Too many wait already: queue it (and those waiting) on the stream behind the data.
-    OnStream,
-}
-
-/// `busy`: work is queued on the streams; `waiting`: flags deferred so far; `stream_writes`: the device
-/// can write flags from a stream.
-pub fn plan_host_flag(busy: bool, waiting: usize, stream_writes: bool) -> HostFlagPlan {
-    if !busy {
-        HostFlagPlan::Store
-    } else if waiting < MAX_DEFERRED || !stream_writes {
-        HostFlagPlan::Defer
-    } else {
-        HostFlagPlan::OnStream
+impl Drop for P2pHandler {
+    fn drop(&mut self) {
+        if let Some((stored, left)) = self.stats
+            && stored + left > 0
+        {
+            log::info!("P2P fast flags: {stored} stored at once, {left} left to the copy engine (data in flight)");
+        }
     }
 }
 
-fn device_address(word: FlagWord) -> DevicePtr {
-    match word {
-        FlagWord::Device(d) | FlagWord::Host { dev: d, .. } => d,
-    }
-}
-
-/// Stores a flag count into a peer's epoch word in shared host memory.
-fn store_flag(word: FlagWord, count: u64) {
-    if let FlagWord::Host { cpu, .. } = word {
-        // SAFETY: `cpu` is an aligned word of shared host memory that the communicator keeps mapped while
-        // its proxy runs (checked to lie inside the object when the connection was set up); the peer's
-        // GPU only reads it, and only this proxy writes it.
-        let w = unsafe { AtomicU64::from_ptr(cpu as *mut u64) };
-        w.store(count, Ordering::Release);
-    }
+/// Stores a flag count into a peer's fast flag.
+fn store_flag(fast: usize, count: u64) {
+    // SAFETY: `fast` is an aligned word of shared host memory that the communicator keeps mapped while
+    // its proxy runs (checked to lie inside the object at set-up); the peer's GPU only reads it, and only
+    // this proxy writes it.
+    let w = unsafe { AtomicU64::from_ptr(fast as *mut u64) };
+    w.store(count, Ordering::Release);
 }
 
 impl TriggerHandler for P2pHandler {
@@ -334,11 +282,8 @@ impl TriggerHandler for P2pHandler {
             s.spin_until_idle()?;
         }
         self.dirty.iter_mut().for_each(|d| *d = false);
-        self.release_if_idle()
-    }
-
-    fn poll(&mut self) -> Result<()> {
-        self.release_if_idle()
+        self.data_in_flight = false;
+        Ok(())
     }
 }
 
@@ -353,7 +298,8 @@ mod tests {
             remote_buff: 0x9000,
             remote_size: 50,
             local_epochs: 0,
-            remote_flag: FlagWord::Device(0),
+            remote_epochs: 0,
+            fast_flag: None,
         }
     }
 
@@ -420,7 +366,7 @@ mod tests {
         };
         assert_eq!(P2pOptions::parse(env(&[])), P2pOptions::default());
         let o = P2pOptions::parse(env(&[
-            ("MSCCLPP_P2P_EPOCHS", "device"),
+            ("MSCCLPP_P2P_FAST_FLAGS", "0"),
             ("MSCCLPP_P2P_FLAG", "write"),
             ("MSCCLPP_P2P_STREAMS", "4"),
             ("MSCCLPP_P2P_SPLIT_BYTES", "1048576"),
@@ -428,7 +374,7 @@ mod tests {
         assert_eq!(
             o,
             P2pOptions {
-                host_epochs: false,
+                fast_flags: false,
                 flag: FlagMode::WriteCount,
                 streams: 4,
                 split_bytes: 1 << 20
@@ -437,32 +383,16 @@ mod tests {
         let o = P2pOptions::parse(env(&[
             ("MSCCLPP_P2P_FLAG", "x"),
             ("MSCCLPP_P2P_STREAMS", "0"),
-            ("MSCCLPP_P2P_EPOCHS", "gpu"),
+            ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
         ]));
         assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
     }
 
     #[test]
-    fn host_flags_wait_for_data_in_flight() {
-        assert_eq!(plan_host_flag(false, 0, true), HostFlagPlan::Store);
-        assert_eq!(plan_host_flag(false, 0, false), HostFlagPlan::Store);
-        assert_eq!(plan_host_flag(true, 0, true), HostFlagPlan::Defer);
-        assert_eq!(plan_host_flag(true, MAX_DEFERRED - 1, true), HostFlagPlan::Defer);
-        assert_eq!(plan_host_flag(true, MAX_DEFERRED, true), HostFlagPlan::OnStream);
-        // Without stream writes a flag can only wait for the streams to drain.
-        assert_eq!(plan_host_flag(true, MAX_DEFERRED, false), HostFlagPlan::Defer);
-    }
-
-    #[test]
-    fn a_host_flag_is_a_plain_store_and_a_device_flag_is_not() {
+    fn a_fast_flag_is_a_plain_store() {
         let mut word = 0u64;
-        let cpu = &mut word as *mut u64 as usize;
-        store_flag(FlagWord::Host { cpu, dev: 0x10 }, 7);
+        store_flag(&mut word as *mut u64 as usize, 7);
         assert_eq!(word, 7);
-        store_flag(FlagWord::Device(cpu as u64), 9);
-        assert_eq!(word, 7, "device words are written by the GPU only");
-        assert_eq!(device_address(FlagWord::Host { cpu, dev: 0x10 }), 0x10);
-        assert_eq!(device_address(FlagWord::Device(0x20)), 0x20);
     }
 
     #[test]
