@@ -204,6 +204,17 @@ __device__ inline void devProgress(DevStatus* st, int op, uint64_t iter)
   if (blockIdx.x < kMaxProgress) st->progress[blockIdx.x] = ((unsigned long long)(op + 1) << 40) | (iter & 0xFFFFFFFFFFull);
 }
 
+// Whether the peer's proxy has published `epoch` signals, as wait() decides it (the legacy header only has
+// the epoch struct).
+__device__ inline bool epochReached(mscclppDevConn_t& conn, uint64_t epoch)
+{
+#ifdef MSCCLPP_HAS_EPOCH_REACHED
+  return conn.epochReached(epoch);
+#else
+  return *reinterpret_cast<volatile uint64_t*>(&conn.localSignalEpochId->proxy) >= epoch;
+#endif
+}
+
 // mscclppDevConn::wait() with a deadline: bumps waitEpochId exactly as wait() does, then spins until the
 // proxy-written epoch reaches it. Gives up (and reports) after timeoutNs or once another block failed.
 __device__ inline bool boundedWait(mscclppDevConn_t& conn, DevStatus* st, uint64_t timeoutNs, int op, uint64_t iter)
@@ -211,10 +222,10 @@ __device__ inline bool boundedWait(mscclppDevConn_t& conn, DevStatus* st, uint64
   uint64_t target = *conn.waitEpochId + 1;
   *conn.waitEpochId = target;
   volatile uint64_t* epoch = &conn.localSignalEpochId->proxy;
-  if (conn.epochReached(target)) return true;
+  if (epochReached(conn, target)) return true;
   uint64_t start = globalTimerNs();
   unsigned spins = 0;
-  while (!conn.epochReached(target)) {
+  while (!epochReached(conn, target)) {
     if ((++spins & 1023) == 0) {
       if (st->failed || globalTimerNs() - start > timeoutNs) {
         devFail(st, kFailWaitTimeout, op, iter, target, *epoch);
