@@ -69,13 +69,20 @@
   }
 
   // True once the peer's proxy has published at least `epoch` signals: in localSignalEpochId->proxy
-  // (written by the copy engine, as the legacy proxy did), or, sooner, in the fast flag. (Legacy device
-  // code reads only the former, which the proxy always writes too.)
+  // (written by the copy engine, as the legacy proxy did, and read by legacy device code), or in the fast
+  // flag. The fast flag is in host memory, about a microsecond away: its read stays in flight while the
+  // epoch struct (device memory) is read MSCCLPP_FAST_FLAG_POLLS times, so that a flag raised by the copy
+  // engine is seen about as soon as it would be without a fast flag. For waits of a program's own.
   __forceinline__ __device__ bool epochReached(uint64_t epoch)
   {
-    if (*reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy) >= epoch) return true;
+    const volatile uint64_t* proxy = reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy);
     const volatile uint64_t* fast = fastFlag();
-    return fast != nullptr && *fast >= epoch;
+    if (fast == nullptr) return *proxy >= epoch;
+    const uint64_t fastSeen = *fast;
+    for (int i = 0; i < MSCCLPP_FAST_FLAG_POLLS; ++i) {
+      if (*proxy >= epoch) return true;
+    }
+    return fastSeen >= epoch;
   }
 
   // The fast flag of a P2P connection: a word in host memory shared with the peer, where the peer's proxy
