@@ -87,7 +87,8 @@
 
   // The fast flag of a P2P connection: a word in host memory shared with the peer, where the peer's proxy
   // stores the epoch with a plain CPU store when none of its data is in flight (no copy engine on the
-  // way); its address is word 3 of the counters after the epoch struct, null where there is none.
+  // way); its address is word 3 of the counter block that starts with the epoch struct (null where there
+  // is none).
   __forceinline__ __device__ const volatile uint64_t* fastFlag()
   {
     return reinterpret_cast<const volatile uint64_t*>(reinterpret_cast<const uint64_t*>(localSignalEpochId)[3]);

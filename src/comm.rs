@@ -339,10 +339,8 @@ impl Communicator {
             }
         };
         for (k, &i) in p2p.iter().enumerate() {
-            let fast = FastFlag {
-                memory: memory.clone(),
-                offset: k * FastFlag::STRIDE,
-            };
+            let fast =
+                FastFlag::at(memory.clone(), k * FastFlag::STRIDE).expect("the object holds a word per connection");
             if let Err(e) = st.connections[i].epochs.set_fast_flag(fast) {
                 log::warn!("connection {i}: no fast flag: {e}");
             }
@@ -375,18 +373,12 @@ impl Communicator {
                         m
                     }
                 };
-                if *offset as usize + 8 > memory.size() || !offset.is_multiple_of(8) {
-                    return Err(Error::remote(format!(
+                let fast = FastFlag::at(memory, *offset as usize).ok_or_else(|| {
+                    Error::remote(format!(
                         "the peer's fast flag at +{offset} does not fit its shared memory {name}"
-                    )));
-                }
-                Some(
-                    FastFlag {
-                        memory,
-                        offset: *offset as usize,
-                    }
-                    .host_address(),
-                )
+                    ))
+                })?;
+                Some(fast.host_address())
             }
         };
         Ok(RemoteSide {

@@ -47,10 +47,19 @@ impl FastFlag {
     /// never share a line.
     pub const STRIDE: usize = 64;
 
+    /// The word at `offset` of `memory`, if it is an aligned word inside it.
+    pub fn at(memory: Arc<SharedHostMemory>, offset: usize) -> Option<FastFlag> {
+        (offset.is_multiple_of(8) && offset + 8 <= memory.size()).then_some(FastFlag { memory, offset })
+    }
+
     /// Where the word is for the CPU of this process.
     pub fn host_address(&self) -> usize {
-        // In range: `Epochs::set_fast_flag` and the peer's set-up checked `offset + 8 <= size`.
         self.memory.host_ptr() as usize + self.offset
+    }
+
+    /// Where the word is for the GPU of the context that registered the memory.
+    pub fn device_address(&self) -> DevicePtr {
+        self.memory.device_ptr() + self.offset as u64
     }
 }
 
@@ -67,15 +76,7 @@ impl Epochs {
     }
     /// Gives the connection a fast flag, whose address the device code then finds in the counters.
     pub fn set_fast_flag(&mut self, fast: FastFlag) -> Result<()> {
-        if !fast.offset.is_multiple_of(8) || fast.offset + 8 > fast.memory.size() {
-            return Err(Error::internal(format!(
-                "fast flag at +{} does not fit shared memory of {} bytes",
-                fast.offset,
-                fast.memory.size()
-            )));
-        }
-        let address = fast.memory.device_ptr() + fast.offset as u64;
-        self.alloc.write_u64(Self::FAST_FLAG_WORD * 8, address)?;
+        self.alloc.write_u64(Self::FAST_FLAG_WORD * 8, fast.device_address())?;
         self.fast = Some(fast);
         Ok(())
     }
@@ -194,14 +195,12 @@ impl SetupInfo {
         v.extend_from_slice(&self.buffer.to_bytes());
         v.extend_from_slice(&self.epochs.to_bytes());
         let (name, offset) = self.fast_flag.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
-        v.push(name.len() as u8);
+        // Our names (`SharedHostMemory::create`) are a few dozen bytes.
+        v.push(u8::try_from(name.len()).expect("a short shared-memory name"));
         v.extend_from_slice(name.as_bytes());
         v.extend_from_slice(&offset.to_le_bytes());
         v
     }
-
-    /// The longest name of a shared host object that fits the message.
-    pub const MAX_NAME: usize = 255;
 
     pub fn from_bytes(b: &[u8]) -> Result<SetupInfo> {
         const HEAD: usize = 4 + 4 + 4 + 2 + 8 + 4 + 4;
@@ -265,12 +264,12 @@ mod tests {
             fast_flag: None,
         };
         assert_eq!(SetupInfo::from_bytes(&s.to_bytes()).unwrap(), s);
-        let with_host = SetupInfo {
+        let with_flag = SetupInfo {
             fast_flag: Some(("/mscclpp-1-2-3".into(), 128)),
             ..s.clone()
         };
-        assert_eq!(SetupInfo::from_bytes(&with_host.to_bytes()).unwrap(), with_host);
-        let mut cut = with_host.to_bytes();
+        assert_eq!(SetupInfo::from_bytes(&with_flag.to_bytes()).unwrap(), with_flag);
+        let mut cut = with_flag.to_bytes();
         cut.pop();
         assert!(SetupInfo::from_bytes(&cut).is_err());
         let mut bad = s.to_bytes();

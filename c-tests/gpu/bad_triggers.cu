@@ -181,6 +181,8 @@ struct BadTrigger
 
 // A Flag on our own connection is counted first, as the header's signalling methods do; the peer's proxy
 // raises such a flag even when it drops the data, so each is matched by one wait.
+__host__ __device__ inline bool isOwnFlag(const BadTrigger& t) { return t.connId < 0 && (t.type & mscclppFlag); }
+
 __global__ void badTriggerKernel(const BadTrigger* t, int n, DevStatus* st, uint64_t timeoutNs)
 {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -190,7 +192,7 @@ __global__ void badTriggerKernel(const BadTrigger* t, int n, DevStatus* st, uint
     devProgress(st, i, 0);
     mscclppConcurrentFifo fifo = conn.fifo;
     if (t[i].connId >= 0) fifo.connId = t[i].connId;
-    if (t[i].connId < 0 && (t[i].type & mscclppFlag)) {
+    if (isOwnFlag(t[i])) {
       conn.epochIncrement();
       ++ownFlags;
     }
@@ -209,7 +211,7 @@ __global__ void badTriggerKernel(const BadTrigger* t, int n, DevStatus* st, uint
 int ownFlags(const std::vector<BadTrigger>& t)
 {
   int n = 0;
-  for (const BadTrigger& b : t) n += b.connId < 0 && (b.type & mscclppFlag) ? 1 : 0;
+  for (const BadTrigger& b : t) n += isOwnFlag(b) ? 1 : 0;
   return n;
 }
 

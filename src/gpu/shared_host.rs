@@ -1,6 +1,6 @@
 //! Host memory shared by the processes of one machine (a POSIX shared-memory object) and mapped into
-//! each one's GPU. A P2P connection's epoch struct lives here, so that the peer's proxy raises a flag
-//! with a CPU store instead of a copy-engine transfer.
+//! each one's GPU. P2P connections' fast flags live here, so that the peer's proxy raises a flag with a
+//! CPU store instead of a copy-engine transfer.
 
 use super::{DevicePtr, GpuContext, check};
 use crate::error::{Error, Result};

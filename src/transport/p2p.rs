@@ -220,12 +220,8 @@ impl P2pHandler {
             if landed {
                 store_flag(fast, count);
             }
-            if let Some(st) = self.stats.as_mut() {
-                if landed {
-                    st.0 += 1;
-                } else {
-                    st.1 += 1;
-                }
+            if let Some((stored, left)) = self.stats.as_mut() {
+                *if landed { stored } else { left } += 1;
             }
         }
         // The flag goes on the first stream, after the data of every stream.
