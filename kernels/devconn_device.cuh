@@ -72,17 +72,40 @@
   // (written by the copy engine, as the legacy proxy did, and read by legacy device code), or in the fast
   // flag. The fast flag is in host memory, about a microsecond away: its read stays in flight while the
   // epoch struct (device memory) is read MSCCLPP_FAST_FLAG_POLLS times, so that a flag raised by the copy
-  // engine is seen about as soon as it would be without a fast flag. For waits of a program's own.
+  // engine is seen about as soon as it would be without a fast flag. The proxy stores a fast flag only for
+  // a signal with none of its data in flight, and reads of host memory slow a GPU that waits for flags
+  // after data; so once the struct has won MSCCLPP_FAST_FLAG_MISSES waits in a row, this side reads the
+  // fast flag only in every MSCCLPP_FAST_FLAG_PROBE-th wait, until the fast flag wins one (waitMode()).
+  // For waits of a program's own; call it for one epoch until it returns true, as wait() does.
   __forceinline__ __device__ bool epochReached(uint64_t epoch)
   {
     const volatile uint64_t* proxy = reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy);
     const volatile uint64_t* fast = fastFlag();
     if (fast == nullptr) return *proxy >= epoch;
+    volatile uint64_t* mode = waitMode();
+    const uint64_t modeSeen = *mode; // in flight with the first read of the struct
+    if (*proxy >= epoch) return true; // arrived before this wait: says nothing about which way is faster
+    if ((modeSeen & kWaitSkipsFastFlag) != 0 && epoch % MSCCLPP_FAST_FLAG_PROBE != 0) return false;
     const uint64_t fastSeen = *fast;
     for (int i = 0; i < MSCCLPP_FAST_FLAG_POLLS; ++i) {
-      if (*proxy >= epoch) return true;
+      if (*proxy >= epoch) {
+        if ((modeSeen & kWaitSkipsFastFlag) == 0)
+          *mode = modeSeen + 1 >= MSCCLPP_FAST_FLAG_MISSES ? kWaitSkipsFastFlag : modeSeen + 1;
+        return true;
+      }
     }
-    return fastSeen >= epoch;
+    if (fastSeen < epoch) return false;
+    if (modeSeen != 0) *mode = 0;
+    return true;
+  }
+
+  // Word 7 of the counter block that starts with the epoch struct, kept by this side's waits alone:
+  // kWaitSkipsFastFlag once the struct has won MSCCLPP_FAST_FLAG_MISSES waits in a row (the fast flag
+  // is then read only in probe waits), else how many waits in a row the struct has won.
+  static constexpr uint64_t kWaitSkipsFastFlag = 1ull << 63;
+  __forceinline__ __device__ volatile uint64_t* waitMode()
+  {
+    return reinterpret_cast<volatile uint64_t*>(localSignalEpochId) + 7;
   }
 
   // The fast flag of a P2P connection: a word in host memory shared with the peer, where the peer's proxy

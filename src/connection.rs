@@ -25,9 +25,9 @@ impl TransportKind {
 }
 
 /// The device memory of one side's counters, as 64-bit words: `mscclppDevConnSignalEpochId` (device,
-/// proxy), `waitEpochId`, the address of the fast flag (or 0), then the proxy-free methods' counters
-/// (direct signals sent, received, waited for), which the header's device code finds from
-/// `localSignalEpochId`.
+/// proxy), `waitEpochId`, the address of the fast flag (or 0), the proxy-free methods' counters (direct
+/// signals sent, received, waited for), and the waits' fast-flag mode (kept by the device code alone),
+/// which the header's device code finds from `localSignalEpochId`.
 pub struct Epochs {
     alloc: DeviceAllocation,
     fast: Option<FastFlag>,

@@ -577,6 +577,27 @@ std::string caseFlushThenOverwrite(Rank& R)
                 512, newSeed);
 }
 
+// After a ping-pong on connections with fast flags (one process per GPU, so that the timing holds): waits
+// for signals that follow data (which the proxy never raises through the fast flag) have stopped reading
+// it; waits for bare signals, which the fast flag carries microseconds before the copy engine, read it
+// again (the signal ping-pong starts where the earlier cases, all with data, left the mode).
+std::string checkWaitMode(Rank& R, const std::vector<Conn*>& cs, bool withData)
+{
+#ifdef MSCCLPP_HAS_EPOCH_REACHED
+  for (Conn* c : cs) {
+    uint64_t words[8];
+    TC_CUDA(cudaMemcpy(words, c->dev.localSignalEpochId, sizeof(words), cudaMemcpyDefault));
+    if (words[3] == 0) continue; // no fast flag (MSCCLPP_P2P_FAST_FLAGS=0)
+    const bool skips = (words[7] & mscclppDevConn::kWaitSkipsFastFlag) != 0;
+    TC_EXPECT(skips == withData, "connection to rank %d: waits %s the fast flag after a ping-pong %s data (mode word 0x%llx)",
+              c->peer, skips ? "skip" : "read", withData ? "with" : "without", (unsigned long long)words[7]);
+  }
+#else
+  (void)R, (void)cs, (void)withData;
+#endif
+  return "";
+}
+
 std::string casePingpong(Rank& R, bool withData, int iters)
 {
   ++g.salt;
@@ -597,6 +618,7 @@ std::string casePingpong(Rank& R, bool withData, int iters)
   }
   TC_TRY(barrier(R, "after kernel"));
   TC_TRY(checkEpochs(R));
+  if (R.nranks == 2) TC_TRY(checkWaitMode(R, cs, withData));
   R.info = fmt("(%d round trips per connection, %.1f us per round trip incl. launch)", iters, dt * 1e6 / iters);
   return "";
 }

@@ -53,6 +53,7 @@ else
 fi
 run_bench allgather_bench 150
 run_bench direct_bench 90
+run_bench peer_copy_ceiling 60
 
 # value KEY LINE: the value of KEY=... in a BENCH line
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
@@ -140,5 +141,23 @@ if [ -n "$direct" ]; then
   done <<<"$direct"
 else
   echo "| proxy-free methods | n/a (failed, see $log_dir/direct_bench.log) |"
+fi
+
+echo
+echo "### The link's ceilings, without this library (1 GiB, one process driving both GPUs, median of 5 repeats)"
+echo
+echo "| copied by | directions | GB/s per direction |"
+echo "| --- | --- | --- |"
+ceiling=$(grep '^BENCH peer_copy ' "$log_dir/peer_copy_ceiling.log" 2>/dev/null)
+if [ -n "$ceiling" ]; then
+  while read -r line; do
+    how=$(value method "$line" | sed 's/copy_engine/copy engine/; s/sm_write/SM writes/; s/sm_read/SM reads/; s/+/ + /')
+    share=$(value sm_share "$line")
+    case $how in *" + "*) how="$how ($(awk -v s="$share" 'BEGIN { printf "%d%%", s * 100 }') by SMs)" ;; esac
+    [ "$(value blocks "$line")" = 0 ] || how="$how, $(value blocks "$line") blocks"
+    echo "| $how | $(value directions "$line") | $(value gbps_per_direction "$line")$(mark "$(value checked "$line")") |"
+  done <<<"$ceiling"
+else
+  echo "| n/a (failed, see $log_dir/peer_copy_ceiling.log) | | |"
 fi
 exit "$status"
