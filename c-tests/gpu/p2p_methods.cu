@@ -161,6 +161,37 @@ __global__ void pingpongKernel(const Job* jobs, int iters, int withData, uint32_
   }
 }
 
+// Both sides putWithSignal region i % kRegions of their half at once, then wait, and check that the
+// peer's region has landed (its first, middle and last word) before zeroing those words for the region's
+// next round. A flag that counted signals whose data is still queued (the legacy copy of the `device`
+// epoch, when the copy engine falls behind) lets wait() return early, and a check fails.
+constexpr int kRegions = 16;
+constexpr uint64_t kRegionBytes = 1 << 20;
+__global__ void bidirCheckedKernel(const Job* jobs, int iters, DevStatus* st, uint64_t timeoutNs)
+{
+  if (threadIdx.x != 0) return;
+  const Job job = jobs[blockIdx.x];
+  mscclppDevConn_t conn = gConns[job.conn];
+  const uint32_t peerSeed = (uint32_t)job.arg;
+  volatile uint32_t* in = (volatile uint32_t*)((char*)conn.localBuff + job.recvHalf);
+  for (int it = 0; it < iters; ++it) {
+    if ((it & 63) == 0) devProgress(st, 0, (uint64_t)it);
+    const uint64_t region = (uint64_t)(it % kRegions) * kRegionBytes;
+    conn.putWithSignal(job.sendHalf + region, kRegionBytes);
+    if (!boundedWait(conn, st, timeoutNs, 1, (uint64_t)it)) return;
+    const uint64_t first = region / 4, words[3] = {first, first + kRegionBytes / 8, first + kRegionBytes / 4 - 1};
+    for (uint64_t w : words) {
+      const uint32_t got = in[w], want = patternWord(peerSeed, w);
+      if (got != want) {
+        devFail(st, kFailDataMismatch, 3, (uint64_t)it, want, got);
+        return;
+      }
+    }
+    for (uint64_t w : words) in[w] = 0;
+    __threadfence_system(); // zeroed before the peer's next copy into the region, which our flag precedes
+  }
+}
+
 // Many threads (blocksPerConn blocks per connection) each putWithSignal their own slice at once.
 __global__ void burstKernel(const Job* jobs, int blocksPerConn, uint64_t slice)
 {
@@ -623,6 +654,32 @@ std::string casePingpong(Rank& R, bool withData, int iters)
   return "";
 }
 
+std::string caseBidirChecked(Rank& R, int iters, int launches)
+{
+  ++g.salt;
+  std::vector<Conn*> cs = connsOf({kTagMain});
+  TC_EXPECT(kRegions * kRegionBytes <= H, "internal: regions too big");
+  TC_TRY(fillAll(R, cs));
+  std::vector<Job> jobs = jobsFor(cs);
+  for (size_t i = 0; i < cs.size(); ++i) jobs[i].arg = srcSeed(cs[i]->peer, R.rank, g.salt, kTagMain);
+  TC_TRY(uploadJobs(R, jobs));
+  for (int l = 0; l < launches; ++l) {
+    TC_TRY(barrier(R, "before kernel"));
+    resetStatus(R);
+    bidirCheckedKernel<<<(unsigned)cs.size(), 32, 0, R.stream>>>(g.dJobs, iters, R.dStatus, R.waitTimeoutNs);
+    TC_CUDA(cudaGetLastError());
+    TC_TRY(syncBounded(R, "bidirectional checked kernel", 2 * R.hostTimeoutS));
+    for (Conn* c : cs) {
+      c->sent += (uint64_t)iters;
+      c->waited += (uint64_t)iters;
+    }
+  }
+  TC_TRY(barrier(R, "after kernel"));
+  TC_TRY(checkEpochs(R));
+  R.info = fmt("(%d launches of %d iterations, 1 MiB each way)", launches, iters);
+  return "";
+}
+
 std::string caseManyThreads(Rank& R, int blocksPerConn, int threads)
 {
   ++g.salt;
@@ -782,6 +839,8 @@ int rankMain(Rank& R)
     if (selected("put_whole_half_32MiB")) runCase(R, "put_whole_half_32MiB", [&] { return caseFullHalf(R); });
     if (selected("flush_then_overwrite_source")) runCase(R, "flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
     if (selected("pingpong_signal_wait")) runCase(R, "pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
+    if (selected("bidir_putWithSignal_checked_each_wait"))
+      runCase(R, "bidir_putWithSignal_checked_each_wait", [&] { return caseBidirChecked(R, shared ? 100 : 2000, shared ? 1 : 10); });
     if (selected("pingpong_putWithSignal_data")) runCase(R, "pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
     // With several processes per GPU their spinning kernels time-slice, and a trigger takes milliseconds:
     // fewer puts, still dozens of times around the FIFO (every rank's connections share its FIFO).

@@ -32,16 +32,21 @@ impl DeviceAllocation {
     }
     /// Writes one 64-bit word at byte `offset` (synchronously: set-up only).
     pub fn write_u64(&self, offset: u64, value: u64) -> Result<()> {
-        if offset + 8 > self.size as u64 {
+        self.write_words(offset, &[value])
+    }
+    /// Writes 64-bit words from byte `offset` on (synchronously: set-up only).
+    pub fn write_words(&self, offset: u64, words: &[u64]) -> Result<()> {
+        let bytes = std::mem::size_of_val(words);
+        if offset + bytes as u64 > self.size as u64 {
             return Err(Error::internal(format!(
-                "word at +{offset} is past the end of an allocation of {} bytes",
+                "{bytes} bytes at +{offset} run past the end of an allocation of {} bytes",
                 self.size
             )));
         }
         self.ctx.make_current()?;
-        // SAFETY: the 8 bytes lie inside our allocation (checked above); the source is a local.
+        // SAFETY: the bytes lie inside our allocation (checked above); the source is the caller's slice.
         check(
-            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, (&value as *const u64).cast(), 8) },
+            unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset, words.as_ptr().cast(), bytes) },
             || "cuMemcpyHtoD".into(),
         )
     }

@@ -48,6 +48,15 @@ impl Stream {
         )
     }
 
+    /// Queues a store of `value` into the 16-bit word at `dst`, `dst + pitch`, ... (`rows` of them).
+    pub fn fill_u16_strided(&self, dst: DevicePtr, pitch: usize, value: u16, rows: usize) -> Result<()> {
+        // SAFETY: the caller owns the `rows` words at `dst + k * pitch` (2-byte aligned).
+        check(
+            unsafe { sys::cuMemsetD2D16Async(dst, pitch, value, 1, rows, self.raw()) },
+            || format!("strided memset of {rows} 16-bit words at {dst:#x}"),
+        )
+    }
+
     /// True once all queued work is done; an error if it failed.
     pub fn is_idle(&self) -> Result<bool> {
         // SAFETY: valid stream.

@@ -1,8 +1,9 @@
 //! The P2P transport: kernels' triggers carried out by the copy engine, between GPUs of one machine.
 //!
-//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC); Flag is an 8-byte copy of our
-//! `device` epoch into the peer's `proxy` epoch on the same stream, so it lands after the data of the
-//! triggers before it; Sync waits for the stream to drain.
+//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC); Flag is an 8-byte copy of the
+//! number of flags carried out on the connection (`flag_counts`; the legacy proxy copied our `device`
+//! epoch, which may run ahead of the data) into the peer's `proxy` epoch on the same stream, so it lands
+//! after the data of the triggers before it; Sync waits for the stream to drain.
 //!
 //! A flag raised while none of our data is in flight is first stored, by the CPU, into the peer's fast
 //! flag (host memory shared with the peer, read by the header's `wait()`): it arrives microseconds
@@ -10,6 +11,7 @@
 //! any GPU write into host memory after a copy (a stream write, a copy from host memory, or the wait
 //! for the stream to drain) was measured slower than the copy engine's flag into device memory.
 
+use super::flag_counts::FlagCounts;
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, Event, GpuContext, Stream};
 use crate::proxy::{Trigger, TriggerHandler};
@@ -42,11 +44,14 @@ pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P
     })
 }
 
-/// How the proxy raises a peer's flag with the copy engine.
+/// How the proxy raises a peer's flag in its epoch struct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlagMode {
+    /// Copy the number of flags this connection has carried out with the copy engine, from a table
+    /// (`flag_counts`): exactly the signals whose data is ordered before it.
+    CopyCount,
     /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (the legacy way). The
-    /// value may count signals of other threads whose data is not issued yet.
+    /// value may count signals whose data is queued behind the flag (`flag_counts` says how that bites).
     CopyEpoch,
     /// Write the number of flags this connection has carried out with a stream memory operation: no copy
     /// engine, and exactly the signals whose data is ordered before it.
@@ -55,8 +60,9 @@ pub enum FlagMode {
 
 /// Tuning of the P2P proxy, from the environment:
 /// - `MSCCLPP_P2P_FAST_FLAGS=1|0` (default 1): give P2P connections fast flags (see the module)
-/// - `MSCCLPP_P2P_FLAG=copy|write` (default `copy`: measured faster when the flag follows data; `write`
-///   is exact when many threads signal one connection at once)
+/// - `MSCCLPP_P2P_FLAG=copy|epoch|write` (default `copy`, the exact count by the copy engine; `epoch`,
+///   the legacy copy of the `device` epoch; `write`, the exact count by a stream memory write, slower
+///   after data)
 /// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
 /// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
 ///   (default 16 MiB)
@@ -72,7 +78,7 @@ impl Default for P2pOptions {
     fn default() -> Self {
         P2pOptions {
             fast_flags: true,
-            flag: FlagMode::CopyEpoch,
+            flag: FlagMode::CopyCount,
             streams: 1,
             split_bytes: 16 << 20,
         }
@@ -93,8 +99,11 @@ impl P2pOptions {
         }
         match var("MSCCLPP_P2P_FLAG").as_deref() {
             None | Some("copy") => {}
+            Some("epoch") => o.flag = FlagMode::CopyEpoch,
             Some("write") => o.flag = FlagMode::WriteCount,
-            Some(other) => log::warn!("MSCCLPP_P2P_FLAG={other} is not copy or write; using copy"),
+            Some(other) => {
+                log::warn!("MSCCLPP_P2P_FLAG={other} is not copy, epoch or write; using copy")
+            }
         }
         if let Some(v) = var("MSCCLPP_P2P_STREAMS") {
             match v.parse::<usize>() {
@@ -134,6 +143,8 @@ const QUERY_AFTER: Duration = Duration::from_micros(20);
 
 pub struct P2pHandler {
     routes: Vec<Option<P2pRoute>>,
+    /// Per connection (`FlagMode::CopyCount`): where the copy engine finds each flag's value.
+    counts: Vec<Option<FlagCounts>>,
     options: P2pOptions,
     /// Copy streams; flags and small copies go on the first.
     streams: Vec<Stream>,
@@ -164,8 +175,18 @@ impl P2pHandler {
                 "GPU {} has no 64-bit stream memory operations; flags are copied instead",
                 ctx.device
             );
-            options.flag = FlagMode::CopyEpoch;
+            options.flag = FlagMode::CopyCount;
         }
+        let counts = routes
+            .iter()
+            .enumerate()
+            .map(|(conn_id, route)| match (route, options.flag) {
+                (Some(_), FlagMode::CopyCount) => {
+                    FlagCounts::new(ctx, flags_sent[conn_id].load(Ordering::Relaxed)).map(Some)
+                }
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let streams = (0..options.streams)
             .map(|_| Stream::new(ctx))
             .collect::<Result<Vec<_>>>()?;
@@ -174,6 +195,7 @@ impl P2pHandler {
             .collect::<Result<Vec<_>>>()?;
         Ok(P2pHandler {
             routes,
+            counts,
             options,
             dirty: vec![false; streams.len()],
             streams,
@@ -233,6 +255,15 @@ impl P2pHandler {
         }
         let word = route.remote_epochs + 8;
         match self.options.flag {
+            FlagMode::CopyCount => {
+                let counts = self
+                    .counts
+                    .get_mut(conn_id)
+                    .and_then(Option::as_mut)
+                    .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count table")))?;
+                let src = counts.source(&self.streams[0], count)?;
+                self.streams[0].copy(word, src, 8)
+            }
             FlagMode::CopyEpoch => self.streams[0].copy(word, route.local_epochs, 8),
             FlagMode::WriteCount => self.streams[0].write_u64(word, count),
         }
@@ -393,6 +424,9 @@ mod tests {
             ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
         ]));
         assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
+        assert_eq!(P2pOptions::default().flag, FlagMode::CopyCount);
+        let o = P2pOptions::parse(env(&[("MSCCLPP_P2P_FLAG", "epoch")]));
+        assert_eq!(o.flag, FlagMode::CopyEpoch);
     }
 
     #[test]
