@@ -131,33 +131,35 @@ echo "### Proxy-free device methods (extension; one thread signals)"
 echo
 echo "| measure | ours |"
 echo "| --- | --- |"
-direct=$(grep '^BENCH direct_' "$log_dir/direct_bench.log" 2>/dev/null)
-if [ -n "$direct" ]; then
-  while read -r line; do
-    case $line in
-      "BENCH direct_pingpong "*) echo "| ping-pong one way, $(value mode "$line") | $(value one_way_us "$line") us |" ;;
-      "BENCH direct_copy "*) echo "| directPutBlock $( [ "$(value directions "$line")" = 1 ] && echo "one way" || echo "both ways at once"), $(size_name "$(value bytes "$line")"), $(value blocks "$line") blocks of $(value threads "$line") | $(value time_us "$line") us, $(value gbps_per_direction "$line") GB/s per direction |" ;;
-    esac
-  done <<<"$direct"
-else
-  echo "| proxy-free methods | n/a (failed, see $log_dir/direct_bench.log) |"
-fi
+# bench_rows LOG PREFIX ROW_FN FAIL_ROW: ROW_FN LINE for each "BENCH PREFIX..." line of LOG, else FAIL_ROW
+bench_rows() {
+  local lines line
+  lines=$(grep "^BENCH $2" "$1" 2>/dev/null)
+  if [ -z "$lines" ]; then
+    echo "$4"
+    return
+  fi
+  while read -r line; do "$3" "$line"; done <<<"$lines"
+}
+direct_row() {
+  case $1 in
+    "BENCH direct_pingpong "*) echo "| ping-pong one way, $(value mode "$1") | $(value one_way_us "$1") us |" ;;
+    "BENCH direct_copy "*) echo "| directPutBlock $( [ "$(value directions "$1")" = 1 ] && echo "one way" || echo "both ways at once"), $(size_name "$(value bytes "$1")"), $(value blocks "$1") blocks of $(value threads "$1") | $(value time_us "$1") us, $(value gbps_per_direction "$1") GB/s per direction |" ;;
+  esac
+}
+bench_rows "$log_dir/direct_bench.log" direct_ direct_row "| proxy-free methods | n/a (failed, see $log_dir/direct_bench.log) |"
 
 echo
 echo "### The link's ceilings, without this library (1 GiB, one process driving both GPUs, median of 5 repeats)"
 echo
 echo "| copied by | directions | GB/s per direction |"
 echo "| --- | --- | --- |"
-ceiling=$(grep '^BENCH peer_copy ' "$log_dir/peer_copy_ceiling.log" 2>/dev/null)
-if [ -n "$ceiling" ]; then
-  while read -r line; do
-    how=$(value method "$line" | sed 's/copy_engine/copy engine/; s/sm_write/SM writes/; s/sm_read/SM reads/; s/+/ + /')
-    share=$(value sm_share "$line")
-    case $how in *" + "*) how="$how ($(awk -v s="$share" 'BEGIN { printf "%d%%", s * 100 }') by SMs)" ;; esac
-    [ "$(value blocks "$line")" = 0 ] || how="$how, $(value blocks "$line") blocks"
-    echo "| $how | $(value directions "$line") | $(value gbps_per_direction "$line")$(mark "$(value checked "$line")") |"
-  done <<<"$ceiling"
-else
-  echo "| n/a (failed, see $log_dir/peer_copy_ceiling.log) | | |"
-fi
+ceiling_row() {
+  local how
+  how=$(value method "$1" | sed 's/copy_engine/copy engine/; s/sm_write/SM writes/; s/sm_read/SM reads/; s/+/ + /')
+  case $how in *" + "*) how="$how ($(awk -v s="$(value sm_share "$1")" 'BEGIN { printf "%d%%", s * 100 }') by SMs)" ;; esac
+  [ "$(value blocks "$1")" = 0 ] || how="$how, $(value blocks "$1") blocks"
+  echo "| $how | $(value directions "$1") | $(value gbps_per_direction "$1")$(mark "$(value checked "$1")") |"
+}
+bench_rows "$log_dir/peer_copy_ceiling.log" "peer_copy " ceiling_row "| n/a (failed, see $log_dir/peer_copy_ceiling.log) | | |"
 exit "$status"
