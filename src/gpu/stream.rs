@@ -48,12 +48,12 @@ impl Stream {
         )
     }
 
-    /// Queues a store of `value` into the 16-bit word at `dst`, `dst + pitch`, ... (`rows` of them).
-    pub fn fill_u16_strided(&self, dst: DevicePtr, pitch: usize, value: u16, rows: usize) -> Result<()> {
-        // SAFETY: the caller owns the `rows` words at `dst + k * pitch` (2-byte aligned).
+    /// Queues a store of `value` into the byte at `dst`, `dst + pitch`, ... (`rows` of them).
+    pub fn fill_u8_strided(&self, dst: DevicePtr, pitch: usize, value: u8, rows: usize) -> Result<()> {
+        // SAFETY: the caller owns the `rows` bytes at `dst + k * pitch`.
         check(
-            unsafe { sys::cuMemsetD2D16Async(dst, pitch, value, 1, rows, self.raw()) },
-            || format!("strided memset of {rows} 16-bit words at {dst:#x}"),
+            unsafe { sys::cuMemsetD2D8Async(dst, pitch, value, 1, rows, self.raw()) },
+            || format!("strided memset of {rows} bytes at {dst:#x}"),
         )
     }
 

@@ -5,9 +5,10 @@
 //! the device pushed since, whose data is queued behind the flag: the peer's `wait()` returns before
 //! that data lands. Measured: in the bidirectional 1 MiB benchmark the kernels' loops ran up to 3 ms ahead
 //! of their data. So the proxy copies the number of flags it has carried out on the connection instead,
-//! from a device table: entry j holds j in its low 16 bits and the count's generation (count >> 16) in
-//! its upper 48; when the count enters a new generation, stream-ordered memsets rewrite the upper 48
-//! bits of every entry, after every copy that read the old ones and before every copy that reads the new.
+//! from a small device table: entry j holds j in its low byte and the count's generation (count >> 8) in
+//! its upper seven bytes. When the count enters a new generation, a stream-ordered memset rewrites each
+//! byte of the entries that changed (one, in 255 of 256 changes), after every copy that read the old
+//! value and before every copy that reads the new.
 
 use crate::error::Result;
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, Stream};
@@ -18,7 +19,7 @@ pub struct FlagCounts {
 }
 
 impl FlagCounts {
-    const INDEX_BITS: u32 = 16;
+    const INDEX_BITS: u32 = 8;
     const ENTRIES: usize = 1 << Self::INDEX_BITS;
 
     /// A table ready for the flag after `flags_so_far`.
@@ -36,14 +37,22 @@ impl FlagCounts {
             .collect()
     }
 
+    /// The bytes (1 to 7, little-endian) that differ between the entries of two generations, with the
+    /// new value of each.
+    fn changed_bytes(old: u64, new: u64) -> impl Iterator<Item = (usize, u8)> {
+        let (old, new) = (
+            (old << Self::INDEX_BITS).to_le_bytes(),
+            (new << Self::INDEX_BITS).to_le_bytes(),
+        );
+        (1..8).filter(move |&b| old[b] != new[b]).map(move |b| (b, new[b]))
+    }
+
     /// The device word that holds `count` when a copy queued on `stream` now reads it.
     pub fn source(&mut self, stream: &Stream, count: u64) -> Result<DevicePtr> {
         let generation = count >> Self::INDEX_BITS;
         if generation != self.generation {
-            // Little-endian: 16-bit lane k of an entry holds bits 16k..16k+16 of its value.
-            for lane in 1..4u32 {
-                let bits = (generation << Self::INDEX_BITS >> (16 * lane)) as u16;
-                stream.fill_u16_strided(self.table.ptr() + 2 * lane as u64, 8, bits, Self::ENTRIES)?;
+            for (byte, value) in Self::changed_bytes(self.generation, generation) {
+                stream.fill_u8_strided(self.table.ptr() + byte as u64, 8, value, Self::ENTRIES)?;
             }
             self.generation = generation;
         }
@@ -58,14 +67,38 @@ mod tests {
     #[test]
     fn an_entry_holds_its_index_and_generation() {
         let e = FlagCounts::entries(3);
-        assert_eq!(e.len(), 1 << 16);
-        assert_eq!(e[0], 3 << 16);
-        assert_eq!(e[0xFFFF], (3 << 16) | 0xFFFF);
-        // What the lane memsets write for a generation, put back together, is the same entry.
-        let generation: u64 = 0x1234_5678_9ABC;
-        let lanes: Vec<u64> = (1..4u32)
-            .map(|lane| ((generation << 16 >> (16 * lane)) as u16 as u64) << (16 * lane))
-            .collect();
-        assert_eq!(lanes.iter().sum::<u64>() | 0x42, generation << 16 | 0x42);
+        assert_eq!(e.len(), 256);
+        assert_eq!(e[0], 3 << 8);
+        assert_eq!(e[0xFF], (3 << 8) | 0xFF);
+    }
+
+    #[test]
+    fn the_byte_memsets_turn_one_generation_into_the_next() {
+        // The transitions of a long run (a carry through several bytes included), and a jump.
+        let steps = [
+            (0u64, 1u64),
+            (1, 2),
+            (0xFF, 0x100),
+            (0xFFFF, 0x1_0000),
+            (0x12_3456, 0xAB_CDEF_0123),
+        ];
+        for (old, new) in steps {
+            let mut table = FlagCounts::entries(old);
+            let changed: Vec<_> = FlagCounts::changed_bytes(old, new).collect();
+            for entry in table.iter_mut() {
+                let mut bytes = entry.to_le_bytes();
+                for &(b, v) in &changed {
+                    bytes[b] = v;
+                }
+                *entry = u64::from_le_bytes(bytes);
+            }
+            assert_eq!(table, FlagCounts::entries(new), "generation {old:#x} -> {new:#x}");
+        }
+        assert_eq!(
+            FlagCounts::changed_bytes(1, 2).count(),
+            1,
+            "one memset in the usual case"
+        );
+        assert_eq!(FlagCounts::changed_bytes(0xFF, 0x100).count(), 2);
     }
 }
