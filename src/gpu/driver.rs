@@ -109,6 +109,15 @@ impl GpuContext {
         })
     }
 
+    /// Frees a resource of this context in a `Drop`: makes the context current, runs `free` (the driver
+    /// call) and logs a failure, since a destructor cannot report it.
+    pub fn free_in_drop(&self, what: &str, free: impl FnOnce() -> CUresult) {
+        let _ = self.make_current();
+        if let Err(e) = check(free(), || what.into()) {
+            log::warn!("{e}");
+        }
+    }
+
     /// Releases the primary context if we retained it; called once, when the communicator goes.
     pub fn release(&self) {
         if self.retained {

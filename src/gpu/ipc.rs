@@ -99,12 +99,9 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        let _ = self.ctx.make_current();
         // SAFETY: opened by cuIpcOpenMemHandle and closed once.
-        let rc = unsafe { sys::cuIpcCloseMemHandle(self.base) };
-        if let Err(e) = check(rc, || "cuIpcCloseMemHandle".into()) {
-            log::warn!("{e}");
-        }
+        self.ctx
+            .free_in_drop("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(self.base) });
     }
 }
 

@@ -54,12 +54,9 @@ impl DeviceAllocation {
 
 impl Drop for DeviceAllocation {
     fn drop(&mut self) {
-        let _ = self.ctx.make_current();
         // SAFETY: allocated by cuMemAlloc in this context and freed once.
-        let rc = unsafe { sys::cuMemFree_v2(self.ptr) };
-        if let Err(e) = check(rc, || "cuMemFree".into()) {
-            log::warn!("{e}");
-        }
+        self.ctx
+            .free_in_drop("cuMemFree", || unsafe { sys::cuMemFree_v2(self.ptr) });
     }
 }
 
@@ -94,13 +91,7 @@ impl PinnedHostBuffer {
         };
         // SAFETY: `host` points at `size` writable bytes we own.
         unsafe { std::ptr::write_bytes(buf.host, 0, size) };
-        let mut device: DevicePtr = 0;
-        // SAFETY: `host` was allocated with DEVICEMAP.
-        check(
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0) },
-            || "cuMemHostGetDevicePointer".into(),
-        )?;
-        buf.device = device;
+        buf.device = mapped_device_pointer(buf.host)?;
         Ok(buf)
     }
     pub fn host_ptr(&self) -> *mut u8 {
@@ -114,14 +105,22 @@ impl PinnedHostBuffer {
     }
 }
 
+/// The device address of page-locked host memory that was allocated or registered with DEVICEMAP.
+pub(super) fn mapped_device_pointer(host: *mut u8) -> Result<DevicePtr> {
+    let mut device: DevicePtr = 0;
+    // SAFETY: out-pointer to a local; the caller passes memory mapped for the current context's device.
+    check(
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) },
+        || "cuMemHostGetDevicePointer".into(),
+    )?;
+    Ok(device)
+}
+
 impl Drop for PinnedHostBuffer {
     fn drop(&mut self) {
-        let _ = self.ctx.make_current();
         // SAFETY: allocated by cuMemHostAlloc and freed once.
-        let rc = unsafe { sys::cuMemFreeHost(self.host.cast()) };
-        if let Err(e) = check(rc, || "cuMemFreeHost".into()) {
-            log::warn!("{e}");
-        }
+        self.ctx
+            .free_in_drop("cuMemFreeHost", || unsafe { sys::cuMemFreeHost(self.host.cast()) });
     }
 }
 

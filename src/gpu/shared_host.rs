@@ -2,6 +2,7 @@
 //! each one's GPU. P2P connections' fast flags live here, so that the peer's proxy raises a flag with a
 //! CPU store instead of a copy-engine transfer.
 
+use super::memory::mapped_device_pointer;
 use super::{DevicePtr, GpuContext, check};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -168,11 +169,8 @@ impl SharedHostMemory {
             ctx: *ctx,
             shm,
         };
-        // SAFETY: registered with DEVICEMAP just above.
-        check(
-            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.device, m.shm.host.cast(), 0) },
-            || "cuMemHostGetDevicePointer".into(),
-        )?;
+        // Set only after `m` exists, so that a failure here still unregisters the memory (`drop`).
+        m.device = mapped_device_pointer(m.shm.host)?;
         Ok(m)
     }
 
@@ -196,12 +194,10 @@ impl SharedHostMemory {
 
 impl Drop for SharedHostMemory {
     fn drop(&mut self) {
-        let _ = self.ctx.make_current();
         // SAFETY: registered in `register` and unregistered once.
-        let rc = unsafe { sys::cuMemHostUnregister(self.shm.host.cast()) };
-        if let Err(e) = check(rc, || "cuMemHostUnregister".into()) {
-            log::warn!("{e}");
-        }
+        self.ctx.free_in_drop("cuMemHostUnregister", || unsafe {
+            sys::cuMemHostUnregister(self.shm.host.cast())
+        });
     }
 }
 
