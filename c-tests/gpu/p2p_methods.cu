@@ -308,6 +308,15 @@ std::vector<Conn*> connsOf(std::initializer_list<int> tags)
   return v;
 }
 
+// Each connection made n more signals and waited for as many (what checkEpochs() then expects).
+void countSignals(const std::vector<Conn*>& cs, uint64_t n)
+{
+  for (Conn* c : cs) {
+    c->sent += n;
+    c->waited += n;
+  }
+}
+
 // Sending half <- source pattern, receiving half <- sentinel.
 std::string fillConn(Rank& R, Conn& c)
 {
@@ -643,10 +652,7 @@ std::string casePingpong(Rank& R, bool withData, int iters)
   TC_CUDA(cudaGetLastError());
   TC_TRY(syncBounded(R, "ping-pong kernel", 2 * R.hostTimeoutS));
   double dt = nowSec() - t0;
-  for (Conn* c : cs) {
-    c->sent += (uint64_t)iters;
-    c->waited += (uint64_t)iters;
-  }
+  countSignals(cs, (uint64_t)iters);
   TC_TRY(barrier(R, "after kernel"));
   TC_TRY(checkEpochs(R));
   if (R.nranks == 2) TC_TRY(checkWaitMode(R, cs, withData));
@@ -669,10 +675,7 @@ std::string caseBidirChecked(Rank& R, int iters, int launches)
     bidirCheckedKernel<<<(unsigned)cs.size(), 32, 0, R.stream>>>(g.dJobs, iters, R.dStatus, R.waitTimeoutNs);
     TC_CUDA(cudaGetLastError());
     TC_TRY(syncBounded(R, "bidirectional checked kernel", 2 * R.hostTimeoutS));
-    for (Conn* c : cs) {
-      c->sent += (uint64_t)iters;
-      c->waited += (uint64_t)iters;
-    }
+    countSignals(cs, (uint64_t)iters);
   }
   TC_TRY(barrier(R, "after kernel"));
   TC_TRY(checkEpochs(R));
@@ -698,10 +701,7 @@ std::string caseManyThreads(Rank& R, int blocksPerConn, int threads)
   burstFinishKernel<<<(unsigned)cs.size(), 32, 0, R.stream>>>(g.dJobs, n + 1, R.dStatus, R.waitTimeoutNs);
   TC_CUDA(cudaGetLastError());
   TC_TRY(syncBounded(R, "burst kernels"));
-  for (Conn* c : cs) {
-    c->sent += n + 1;
-    c->waited += n + 1;
-  }
+  countSignals(cs, n + 1);
   TC_TRY(barrier(R, "after kernel"));
   for (Conn* c : cs) {
     TC_TRY(verifyRecv(R, *c, {Seg{0, 0, n * slice}}));
@@ -730,10 +730,7 @@ std::string caseFifoWrap(Rank& R, uint64_t nPuts)
   TC_CUDA(cudaGetLastError());
   TC_TRY(syncBounded(R, "stream kernel", 3 * R.hostTimeoutS));
   double dt = nowSec() - t0;
-  for (Conn* c : cs) {
-    c->sent += signals;
-    c->waited += signals;
-  }
+  countSignals(cs, signals);
   TC_TRY(barrier(R, "after kernel"));
   for (Conn* c : cs) {
     TC_TRY(verifyRecv(R, *c, {Seg{0, 0, nPuts * stride}}));
@@ -826,32 +823,33 @@ int rankMain(Rank& R)
   const bool shared = R.nranks > 2; // possibly several ranks per GPU: fewer iterations
   int burstBlocks = 4, burstThreads = 256;
   if (const char* b = getenv("P2P_METHODS_BURST")) sscanf(b, "%d,%d", &burstBlocks, &burstThreads);
+  auto runSelected = [&](const char* name, const std::function<std::string()>& body) {
+    if (selected(name)) runCase(R, name, body);
+  };
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
   if (!runCase(R, "setup_connect_all_to_all", [&] { return caseSetup(R); })) return 1;
   if (!runCase(R, "devconn_fields", [&] { return caseDevConnFields(R); })) return 1;
-  if (selected("put3_signal_flush_wait")) runCase(R, "put3_signal_flush_wait", [&] { return casePut3(R); });
-  if (selected("putWithSignal_2arg")) runCase(R, "putWithSignal_2arg", [&] { return casePws2(R); });
+  runSelected("put3_signal_flush_wait", [&] { return casePut3(R); });
+  runSelected("putWithSignal_2arg", [&] { return casePws2(R); });
   if (!g.quick) {
-    if (selected("put2_signal_wait")) runCase(R, "put2_signal_wait", [&] { return casePut2(R); });
-    if (selected("putWithSignal_3arg")) runCase(R, "putWithSignal_3arg", [&] { return casePws3(R); });
-    if (selected("putWithSignalAndFlush_3arg")) runCase(R, "putWithSignalAndFlush_3arg", [&] { return casePwsf3(R); });
-    if (selected("putWithSignalAndFlush_2arg")) runCase(R, "putWithSignalAndFlush_2arg", [&] { return casePwsf2(R); });
-    if (selected("put_whole_half_32MiB")) runCase(R, "put_whole_half_32MiB", [&] { return caseFullHalf(R); });
-    if (selected("flush_then_overwrite_source")) runCase(R, "flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
-    if (selected("pingpong_signal_wait")) runCase(R, "pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
-    if (selected("bidir_putWithSignal_checked_each_wait"))
-      runCase(R, "bidir_putWithSignal_checked_each_wait", [&] { return caseBidirChecked(R, shared ? 100 : 2000, shared ? 1 : 10); });
-    if (selected("pingpong_putWithSignal_data")) runCase(R, "pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
+    runSelected("put2_signal_wait", [&] { return casePut2(R); });
+    runSelected("putWithSignal_3arg", [&] { return casePws3(R); });
+    runSelected("putWithSignalAndFlush_3arg", [&] { return casePwsf3(R); });
+    runSelected("putWithSignalAndFlush_2arg", [&] { return casePwsf2(R); });
+    runSelected("put_whole_half_32MiB", [&] { return caseFullHalf(R); });
+    runSelected("flush_then_overwrite_source", [&] { return caseFlushThenOverwrite(R); });
+    runSelected("pingpong_signal_wait", [&] { return casePingpong(R, false, shared ? 200 : 3000); });
+    runSelected("bidir_putWithSignal_checked_each_wait", [&] { return caseBidirChecked(R, shared ? 100 : 2000, shared ? 1 : 10); });
+    runSelected("pingpong_putWithSignal_data", [&] { return casePingpong(R, true, shared ? 100 : 1000); });
     // With several processes per GPU their spinning kernels time-slice, and a trigger takes milliseconds:
     // fewer puts, still dozens of times around the FIFO (every rank's connections share its FIFO).
-    if (selected("fifo_wraparound"))
-      runCase(R, "fifo_wraparound", [&] { return caseFifoWrap(R, R.nranks > 4 ? 500 : shared ? 30000 : 100000); });
-    if (selected("multi_tag_routing")) runCase(R, "multi_tag_routing", [&] { return caseMultiTag(R); });
-    if (selected("offset_buffer_with_guards")) runCase(R, "offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
-    if (selected("remote_buff_direct_store")) runCase(R, "remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
-    if (selected("many_threads_putWithSignal")) runCase(R, "many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
+    runSelected("fifo_wraparound", [&] { return caseFifoWrap(R, R.nranks > 4 ? 500 : shared ? 30000 : 100000); });
+    runSelected("multi_tag_routing", [&] { return caseMultiTag(R); });
+    runSelected("offset_buffer_with_guards", [&] { return caseOffsetBuffer(R); });
+    runSelected("remote_buff_direct_store", [&] { return caseRemoteBuffDirect(R); });
+    runSelected("many_threads_putWithSignal", [&] { return caseManyThreads(R, burstBlocks, burstThreads); });
     // 1024 threads of one block pushing on one connection at once.
-    if (selected("many_threads_one_block")) runCase(R, "many_threads_one_block", [&] { return caseManyThreads(R, 1, 1024); });
+    runSelected("many_threads_one_block", [&] { return caseManyThreads(R, 1, 1024); });
   }
   bool ok = runCase(R, "teardown", [&] { return caseTeardown(R); });
   freeRank(R);
