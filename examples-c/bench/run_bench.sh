@@ -54,6 +54,7 @@ fi
 run_bench allgather_bench 150
 run_bench direct_bench 90
 run_bench peer_copy_ceiling 60
+run_bench proxy_floor 120
 
 # value KEY LINE: the value of KEY=... in a BENCH line
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
@@ -162,4 +163,14 @@ ceiling_row() {
   echo "| $how | $(value directions "$1") | $(value gbps_per_direction "$1")$(mark "$(value checked "$1")") |"
 }
 bench_rows "$log_dir/peer_copy_ceiling.log" "peer_copy " ceiling_row "| n/a (failed, see $log_dir/peer_copy_ceiling.log) | | |"
+
+echo
+echo "### The floor of a host proxy, without this library (proxy_floor: one put and its flag each way per iteration, median of 5 repeats)"
+echo
+echo "| memory | way | size | time per iteration | GB/s per direction | CPU per request |"
+echo "| --- | --- | --- | --- | --- | --- |"
+floor_row() {
+  echo "| $(value mode "$1") | $(value way "$1") | $(size_name "$(value bytes "$1")") | $(value us_per_iter "$1") us | $(value GBps_per_direction "$1")$(mark "$(value checked "$1")") | $(value cpu_us_per_request "$1") us |"
+}
+bench_rows "$log_dir/proxy_floor.log" "proxy_floor " floor_row "| n/a (failed, see $log_dir/proxy_floor.log) | | | | | |"
 exit "$status"
