@@ -448,7 +448,8 @@ impl Communicator {
         {
             // One proxy per IB device.
             let gpu = Self::gpu(&mut st)?;
-            st.ib.launch(&gpu)?;
+            let flags_sent = st.flags_sent.clone();
+            st.ib.launch(&gpu, &flags_sent)?;
         }
         let routes: Vec<Option<P2pRoute>> = st
             .connections

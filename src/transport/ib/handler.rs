@@ -1,11 +1,28 @@
-//! The IB proxy's trigger handler: Data is an RDMA write of the buffer range, Flag a write of our
-//! `device` epoch word into the peer's `proxy` word on the same queue pair (so it lands after the data
-//! of this and earlier triggers), Sync waits for every write issued so far by this proxy.
+//! The IB proxy's trigger handler: Data is an RDMA write of the buffer range, Flag a write into the
+//! peer's `proxy` word on the same queue pair (so it lands after the data of this and earlier
+//! triggers), Sync waits for every write issued so far by this proxy.
+//!
+//! The flag's value is the number of flags this connection has carried out, carried inline in the work
+//! request, so it is taken when the flag is posted. The legacy proxy wrote our `device` epoch word
+//! instead, which the adapter reads when it runs the write: behind a queue of large writes, that word
+//! already counts signals pushed since, whose data is queued behind the flag, and the peer's `wait()`
+//! returns before that data lands (the race the P2P transport's `flag_counts` describes).
+//! `MSCCLPP_IB_FLAG=epoch`, or a queue pair without inline data, keeps the legacy write.
 
 use super::queue::IbQueue;
 use crate::error::{Error, Result};
 use crate::proxy::{Trigger, TriggerHandler};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What an IB flag writes into the peer's `proxy` word (`MSCCLPP_IB_FLAG`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IbFlagMode {
+    /// The number of flags carried out on the connection, taken when the flag is posted (`count`).
+    Count,
+    /// Our `device` epoch word, as the adapter finds it when it runs the write (`epoch`, the legacy way).
+    Epoch,
+}
 
 /// A local or remote memory range and the key that reaches it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,21 +56,31 @@ pub struct IbHandler {
     pub queues: Vec<Arc<IbQueue>>,
     /// The last write posted on each queue since the last Sync, by index into `queues`.
     pending: Vec<Option<u64>>,
+    mode: IbFlagMode,
+    /// Flags carried out per connection id; kept by the communicator across launches.
+    flags_sent: Arc<Vec<AtomicU64>>,
 }
 
 impl IbHandler {
-    pub fn new(routes: Vec<Option<IbRoute>>) -> IbHandler {
+    pub fn new(routes: Vec<Option<IbRoute>>, mode: IbFlagMode, flags_sent: Arc<Vec<AtomicU64>>) -> IbHandler {
         let mut queues: Vec<Arc<IbQueue>> = Vec::new();
         for r in routes.iter().flatten() {
             if !queues.iter().any(|q| Arc::ptr_eq(q, &r.queue)) {
                 queues.push(r.queue.clone());
             }
         }
+        if mode == IbFlagMode::Count && queues.iter().any(|q| !q.carries_values()) {
+            log::warn!(
+                "a queue pair carries no inline data: its flags write the device epoch word, as the legacy proxy did"
+            );
+        }
         let pending = vec![None; queues.len()];
         IbHandler {
             routes,
             queues,
             pending,
+            mode,
+            flags_sent,
         }
     }
 
@@ -63,14 +90,24 @@ impl IbHandler {
         }
     }
 
-    fn raise_flag(&mut self, route: &IbRoute) -> Result<()> {
-        let seq = route.queue.write(
-            route.local_epochs.addr,
-            route.local_epochs.key,
-            8,
-            route.remote_epochs.addr + PROXY_WORD,
-            route.remote_epochs.key,
-        )?;
+    fn raise_flag(&mut self, route: &IbRoute, conn_id: usize) -> Result<()> {
+        let sent = self
+            .flags_sent
+            .get(conn_id)
+            .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count")))?;
+        let count = sent.fetch_add(1, Ordering::Relaxed) + 1;
+        let remote = route.remote_epochs.addr + PROXY_WORD;
+        let seq = if self.mode == IbFlagMode::Count && route.queue.carries_values() {
+            route.queue.write_value(count, remote, route.remote_epochs.key)?
+        } else {
+            route.queue.write(
+                route.local_epochs.addr,
+                route.local_epochs.key,
+                8,
+                remote,
+                route.remote_epochs.key,
+            )?
+        };
         self.note(&route.queue, seq);
         Ok(())
     }
@@ -104,14 +141,14 @@ impl TriggerHandler for IbHandler {
                     // Drop the data but still raise the flag: the device counted this signal, and a
                     // missing flag would leave the peer waiting forever.
                     log::error!("dropped the data of {t:?}: {e}");
-                    self.raise_flag(&route)?;
+                    self.raise_flag(&route, t.conn_id as usize)?;
                     return Err(e);
                 }
                 Err(e) => return Err(e),
             }
         }
         if t.has_flag() {
-            self.raise_flag(&route)?;
+            self.raise_flag(&route, t.conn_id as usize)?;
         }
         Ok(())
     }

@@ -27,9 +27,10 @@ use crate::gpu::{DevicePtr, GpuContext};
 use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
 use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
-use handler::{IbHandler, IbRoute, KeyedRange};
+use handler::{IbFlagMode, IbHandler, IbRoute, KeyedRange};
 use queue::{IbQueue, QueueLabel};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use verbs::{LinkLayer, MemoryRegion, PortInfo, QpEndpoint, VerbsDevice, VerbsLibrary};
 
@@ -48,6 +49,8 @@ pub struct IbConfig {
     pub qp_depth: u32,
     /// `MSCCLPP_IBV_SO`: the libibverbs to load.
     pub ibv_so: String,
+    /// `MSCCLPP_IB_FLAG=count|epoch`: what a flag writes (`handler`).
+    pub flag: IbFlagMode,
 }
 
 impl Default for IbConfig {
@@ -59,6 +62,7 @@ impl Default for IbConfig {
             poll_batch: 16,
             qp_depth: 256,
             ibv_so: "libibverbs.so.1".into(),
+            flag: IbFlagMode::Count,
         }
     }
 }
@@ -99,6 +103,15 @@ impl IbConfig {
             ibv_so: get("MSCCLPP_IBV_SO")
                 .filter(|s| !s.trim().is_empty())
                 .unwrap_or(d.ibv_so),
+            flag: match get("MSCCLPP_IB_FLAG").as_deref().map(str::trim) {
+                None | Some("") | Some("count") => IbFlagMode::Count,
+                Some("epoch") => IbFlagMode::Epoch,
+                Some(other) => {
+                    return Err(Error::invalid_argument(format!(
+                        "MSCCLPP_IB_FLAG=\"{other}\" is not count or epoch"
+                    )));
+                }
+            },
         })
     }
 }
@@ -509,8 +522,9 @@ impl IbState {
         Ok(fifo.device_view(conn))
     }
 
-    /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id.
-    pub fn handler(&self, d: usize) -> IbHandler {
+    /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id;
+    /// `flags_sent` counts the flags carried out per connection id.
+    pub fn handler(&self, d: usize, flags_sent: Arc<Vec<AtomicU64>>) -> IbHandler {
         let routes = self
             .endpoints
             .iter()
@@ -525,7 +539,8 @@ impl IbState {
                 _ => None,
             })
             .collect();
-        IbHandler::new(routes)
+        let mode = self.config.as_ref().map_or(IbFlagMode::Count, |c| c.flag);
+        IbHandler::new(routes, mode, flags_sent)
     }
 
     pub fn is_running(&self) -> bool {
@@ -537,13 +552,14 @@ impl IbState {
         self.devices.iter().filter_map(|d| d.proxy.failure()).next()
     }
 
-    /// `mscclppProxyLaunch`: one proxy thread per IB device that has connections.
-    pub fn launch(&mut self, gpu: &GpuContext) -> Result<()> {
+    /// `mscclppProxyLaunch`: one proxy thread per IB device that has connections; `flags_sent` as for
+    /// `handler`.
+    pub fn launch(&mut self, gpu: &GpuContext, flags_sent: &Arc<Vec<AtomicU64>>) -> Result<()> {
         for d in 0..self.devices.len() {
             if self.devices[d].proxy.is_running() || !self.endpoints.iter().flatten().any(|e| e.device == d) {
                 continue;
             }
-            let handler = self.handler(d);
+            let handler = self.handler(d, flags_sent.clone());
             let rank = self.rank;
             let dev = &mut self.devices[d];
             let fifo = dev

@@ -40,6 +40,7 @@ pub struct IbQueue {
     poll_batch: usize,
     /// How long a wait may go without any completion before it gives up (the peer is gone).
     stall_timeout: Duration,
+    carries_values: bool,
     state: Mutex<QueueState>,
 }
 
@@ -52,6 +53,7 @@ impl IbQueue {
             depth,
             poll_batch: poll_batch.clamp(1, depth as usize),
             stall_timeout,
+            carries_values: qp.max_inline() >= 8,
             state: Mutex::new(QueueState {
                 qp,
                 posted: 0,
@@ -88,7 +90,16 @@ impl IbQueue {
         let mut done = 0;
         loop {
             let n = (len - done).min(MAX_WRITE);
-            let seq = self.post_one(local + done, lkey, n as u32, remote + done, rkey)?;
+            let seq = self.post_one(RdmaWrite {
+                wr_id: 0,
+                local_addr: local + done,
+                lkey,
+                len: n as u32,
+                remote_addr: remote + done,
+                rkey,
+                signaled: true,
+                inline_value: None,
+            })?;
             done += n;
             if done >= len {
                 return Ok(seq);
@@ -96,7 +107,27 @@ impl IbQueue {
         }
     }
 
-    fn post_one(&self, local: u64, lkey: u32, len: u32, remote: u64, rkey: u32) -> Result<u64> {
+    /// Whether `write_value` may be used: the queue pair carries 8 bytes inline.
+    pub fn carries_values(&self) -> bool {
+        self.carries_values
+    }
+
+    /// Posts a signaled write of `value` (taken now, carried in the work request) to `remote`; as `write`.
+    pub fn write_value(&self, value: u64, remote: u64, rkey: u32) -> Result<u64> {
+        self.post_one(RdmaWrite {
+            wr_id: 0,
+            local_addr: 0,
+            lkey: 0,
+            len: 8,
+            remote_addr: remote,
+            rkey,
+            signaled: true,
+            inline_value: Some(value),
+        })
+    }
+
+    /// Posts `wr` (its `wr_id` becomes the next sequence number) once the send queue has room.
+    fn post_one(&self, mut wr: RdmaWrite) -> Result<u64> {
         let mut st = self.state.lock();
         let mut last_progress = Instant::now();
         loop {
@@ -115,15 +146,7 @@ impl IbQueue {
                 std::hint::spin_loop();
             }
         }
-        let wr = RdmaWrite {
-            wr_id: st.posted,
-            local_addr: local,
-            lkey,
-            len,
-            remote_addr: remote,
-            rkey,
-            signaled: true,
-        };
+        wr.wr_id = st.posted;
         if let Err(e) = st.qp.post_write(&wr) {
             let e = Error::new(
                 e.kind,

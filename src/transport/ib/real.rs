@@ -220,30 +220,42 @@ impl VerbsDevice for RealDevice {
                 last_errno()
             )));
         }
-        let mut init = sys::ibv_qp_init_attr {
-            qp_context: std::ptr::null_mut(),
-            send_cq: cq,
-            recv_cq: cq,
-            srq: std::ptr::null_mut(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: send_depth,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: sys::IBV_QPT_RC,
-            sq_sig_all: 0,
-        };
-        // SAFETY: a live protection domain and CQ; `init` is a complete ibv_qp_init_attr.
-        let qp = unsafe { (d.lib.fns.create_qp)(d.pd, &mut init) };
+        // Room for an 8-byte value inline lets flags carry an exact count (`handler`); a provider that
+        // offers none gets a queue pair without, whose flags copy the epoch word as the legacy proxy did.
+        let mut qp = std::ptr::null_mut();
+        let mut cap = sys::ibv_qp_cap::default();
+        for max_inline_data in [INLINE_VALUE_BYTES, 0] {
+            let mut init = sys::ibv_qp_init_attr {
+                qp_context: std::ptr::null_mut(),
+                send_cq: cq,
+                recv_cq: cq,
+                srq: std::ptr::null_mut(),
+                cap: sys::ibv_qp_cap {
+                    max_send_wr: send_depth,
+                    max_recv_wr: 1,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data,
+                },
+                qp_type: sys::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            // SAFETY: a live protection domain and CQ; `init` is a complete ibv_qp_init_attr.
+            qp = unsafe { (d.lib.fns.create_qp)(d.pd, &mut init) };
+            if !qp.is_null() {
+                // The provider writes back what it granted.
+                cap = init.cap;
+                break;
+            }
+        }
         // SAFETY: `cq` is live and read-only here.
         let granted_cqe = unsafe { (*cq).cqe }.max(0) as u32;
         let mut q = RealQp {
             device: d.clone(),
             qp,
             cq,
-            send_depth: init.cap.max_send_wr,
+            send_depth: cap.max_send_wr,
+            max_inline: cap.max_inline_data,
             cq_size: granted_cqe,
             port,
             wcs: Vec::new(),
@@ -311,11 +323,16 @@ impl Drop for RealRegion {
     }
 }
 
+/// Inline bytes asked of each queue pair: one flag value.
+const INLINE_VALUE_BYTES: u32 = 8;
+
 struct RealQp {
     device: Arc<DeviceInner>,
     qp: *mut sys::ibv_qp,
     cq: *mut sys::ibv_cq,
     send_depth: u32,
+    /// Bytes a work request may carry inline, as granted.
+    max_inline: u32,
     cq_size: u32,
     port: u8,
     wcs: Vec<sys::ibv_wc>,
@@ -350,6 +367,9 @@ impl QueuePair for RealQp {
     }
     fn cq_size(&self) -> u32 {
         self.cq_size
+    }
+    fn max_inline(&self) -> u32 {
+        self.max_inline
     }
 
     fn connect(&mut self, local: &QpEndpoint, remote: &QpEndpoint) -> Result<()> {
@@ -402,10 +422,24 @@ impl QueuePair for RealQp {
     }
 
     fn post_write(&mut self, w: &RdmaWrite) -> Result<()> {
-        let mut sge = sys::ibv_sge {
-            addr: w.local_addr,
-            length: w.len,
-            lkey: w.lkey,
+        let value = w.inline_value.unwrap_or(0);
+        let mut sge = match w.inline_value {
+            // The provider copies the bytes into the work request during the post.
+            Some(_) => sys::ibv_sge {
+                addr: &value as *const u64 as u64,
+                length: 8,
+                lkey: 0,
+            },
+            None => sys::ibv_sge {
+                addr: w.local_addr,
+                length: w.len,
+                lkey: w.lkey,
+            },
+        };
+        let inline = if w.inline_value.is_some() {
+            sys::IBV_SEND_INLINE
+        } else {
+            0
         };
         let mut wr = sys::ibv_send_wr {
             wr_id: w.wr_id,
@@ -413,7 +447,7 @@ impl QueuePair for RealQp {
             sg_list: &mut sge,
             num_sge: 1,
             opcode: sys::IBV_WR_RDMA_WRITE,
-            send_flags: if w.signaled { sys::IBV_SEND_SIGNALED } else { 0 },
+            send_flags: inline | if w.signaled { sys::IBV_SEND_SIGNALED } else { 0 },
             imm_data: 0,
             rdma: sys::ibv_send_wr_rdma {
                 remote_addr: w.remote_addr,

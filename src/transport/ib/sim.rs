@@ -26,6 +26,8 @@ pub struct Faults {
     pub execute_per_poll: usize,
     /// Ports report themselves down.
     pub port_down: bool,
+    /// Queue pairs carry no inline data (as some providers).
+    pub no_inline: bool,
 }
 
 impl Default for Faults {
@@ -36,6 +38,7 @@ impl Default for Faults {
             stall: false,
             execute_per_poll: usize::MAX,
             port_down: false,
+            no_inline: false,
         }
     }
 }
@@ -188,6 +191,7 @@ impl VerbsDevice for SimDevice {
         st.next_qpn += 1;
         st.qps.insert(qpn, self.name.clone());
         Ok(Box::new(SimQp {
+            max_inline: if st.faults.no_inline { 0 } else { 64 },
             fabric: self.fabric.clone(),
             device: self.name.clone(),
             port,
@@ -242,6 +246,8 @@ struct SimQp {
     qpn: u32,
     sq_cap: usize,
     cq_cap: usize,
+    /// Inline bytes a work request may carry.
+    max_inline: u32,
     connected: bool,
     /// The device of the peer queue pair, once connected.
     remote_device: Option<String>,
@@ -263,9 +269,11 @@ impl SimQp {
             WC_WR_FLUSH_ERR
         } else if let Some((_, status)) = st.faults.fail_write.filter(|&(n, _)| n == index) {
             status
-        } else if !st.regions.get(&w.lkey).is_some_and(|r| {
-            r.device == self.device && w.local_addr >= r.addr && w.local_addr + w.len as u64 <= r.addr + r.len
-        }) {
+        } else if w.inline_value.is_none()
+            && !st.regions.get(&w.lkey).is_some_and(|r| {
+                r.device == self.device && w.local_addr >= r.addr && w.local_addr + w.len as u64 <= r.addr + r.len
+            })
+        {
             WC_LOC_PROT_ERR
         } else if !st.regions.get(&(w.rkey ^ RKEY_MASK)).is_some_and(|r| {
             Some(&r.device) == self.remote_device.as_ref()
@@ -274,9 +282,15 @@ impl SimQp {
         }) {
             WC_REM_ACCESS_ERR
         } else {
-            // SAFETY: both ranges lie inside registered regions, which the tests keep alive while
-            // registered (see the module docs); `copy` allows overlap.
-            unsafe { std::ptr::copy(w.local_addr as *const u8, w.remote_addr as *mut u8, w.len as usize) };
+            // The bytes of an inline write were taken when it was posted.
+            let value = w.inline_value.unwrap_or(0);
+            let src = match w.inline_value {
+                Some(_) => &value as *const u64 as *const u8,
+                None => w.local_addr as *const u8,
+            };
+            // SAFETY: both ranges lie inside registered regions (or the source is `value`, and `len` is
+            // 8), which the tests keep alive while registered (see the module docs); `copy` allows overlap.
+            unsafe { std::ptr::copy(src, w.remote_addr as *mut u8, w.len as usize) };
             WC_SUCCESS
         };
         st.log.push(Executed {
@@ -332,9 +346,15 @@ impl QueuePair for SimQp {
         self.connected = true;
         Ok(())
     }
+    fn max_inline(&self) -> u32 {
+        self.max_inline
+    }
     fn post_write(&mut self, w: &RdmaWrite) -> Result<()> {
         if !self.connected {
             return Err(Error::system("ibv_post_send: the queue pair is not in RTS"));
+        }
+        if w.inline_value.is_some() && (w.len != 8 || self.max_inline < 8) {
+            return Err(Error::system("ibv_post_send: Invalid argument (inline data)"));
         }
         let mut st = self.fabric.inner.lock();
         if self.occupied >= self.sq_cap {

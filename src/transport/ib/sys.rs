@@ -15,6 +15,7 @@ pub const IBV_QPS_RTS: c_uint = 3;
 pub const IBV_QPT_RC: c_uint = 2;
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
 pub const IBV_SEND_SIGNALED: c_uint = 2;
+pub const IBV_SEND_INLINE: c_uint = 8;
 pub const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
 pub const IBV_ACCESS_REMOTE_WRITE: c_int = 2;
 pub const IBV_ACCESS_REMOTE_READ: c_int = 4;

@@ -8,6 +8,7 @@ use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG, TYPE_SYNC};
 use crate::proxy::{ProxyShared, ProxyThread, TailPolicy, TailPublisher, Trigger, TriggerHandler, serve_one};
 use std::alloc::Layout;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Zeroed, 16-byte-aligned host memory, touched only through raw pointers (the fabric writes into it).
 struct HostMem {
@@ -65,6 +66,11 @@ const BUFF: usize = 4096;
 
 fn config() -> IbConfig {
     IbConfig::default()
+}
+
+/// Flag counts for a few connection ids, all zero (a communicator's `flags_sent`).
+fn counts() -> Arc<Vec<AtomicU64>> {
+    Arc::new((0..4).map(|_| AtomicU64::new(0)).collect())
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -176,7 +182,7 @@ fn data_trigger_writes_the_range_at_both_offsets() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
     let (a, b) = pair(&fabric, config());
     a.buff.write(0, &pattern(BUFF, 3));
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     h.handle(&trig(TYPE_DATA, 100, 16, 32)).unwrap();
     h.sync().unwrap();
     assert_eq!(b.buff.read(32, 100), a.buff.read(16, 100));
@@ -190,20 +196,94 @@ fn data_trigger_writes_the_range_at_both_offsets() {
 }
 
 #[test]
-fn flag_trigger_writes_the_device_epoch_into_the_peers_proxy_word() {
+fn flag_trigger_writes_the_count_of_flags_into_the_peers_proxy_word() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
     let (a, b) = pair(&fabric, config());
     a.epochs.set_u64(0, 5);
     b.epochs.set_u64(0, 99);
-    let mut h = a.ib.handler(0);
+    let sent = counts();
+    sent[0].store(6, Ordering::Relaxed); // flags of an earlier launch
+    let mut h = a.ib.handler(0, sent.clone());
     h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
     h.sync().unwrap();
-    assert_eq!(b.epochs.u64_at(8), 5, "peer's proxy word = our device word");
+    assert_eq!(
+        b.epochs.u64_at(8),
+        7,
+        "peer's proxy word = flags carried out on the connection"
+    );
+    assert_eq!(sent[0].load(Ordering::Relaxed), 7);
     assert_eq!(b.epochs.u64_at(0), 99, "peer's device word untouched");
     let log = fabric.log();
     assert_eq!(log.len(), 1);
     assert_eq!((log[0].remote_addr, log[0].len), (b.epochs.addr() + 8, 8));
     assert!(b.buff.read(0, BUFF).iter().all(|&x| x == 0), "Flag alone moves no data");
+}
+
+#[test]
+fn with_the_legacy_flag_the_peers_proxy_word_is_our_device_word() {
+    let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
+    let cfg = IbConfig {
+        flag: IbFlagMode::Epoch,
+        ..config()
+    };
+    let (a, b) = pair(&fabric, cfg);
+    a.epochs.set_u64(0, 5);
+    let mut h = a.ib.handler(0, counts());
+    h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
+    h.sync().unwrap();
+    assert_eq!(b.epochs.u64_at(8), 5, "peer's proxy word = our device word");
+}
+
+#[test]
+fn a_queue_pair_without_inline_data_falls_back_to_the_legacy_flag() {
+    let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
+    fabric.set_faults(Faults {
+        no_inline: true,
+        ..Faults::default()
+    });
+    let (a, b) = pair(&fabric, config());
+    a.epochs.set_u64(0, 5);
+    let mut h = a.ib.handler(0, counts());
+    assert!(!h.queues[0].carries_values());
+    h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
+    h.sync().unwrap();
+    assert_eq!(b.epochs.u64_at(8), 5, "the device word, as the legacy proxy wrote");
+}
+
+/// The legacy race, on a queue whose adapter runs one write per poll: the device pushes a second
+/// signal (its `device` word becomes 2) while the first flag still waits behind its data. Once the
+/// first data and flag have run (and not the second data), the peer may see 1 and no more.
+fn proxy_word_after_the_first_put_lands(mode: IbFlagMode) -> (u64, bool) {
+    let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
+    fabric.set_faults(Faults {
+        execute_per_poll: 1,
+        ..Faults::default()
+    });
+    let (a, b) = pair(&fabric, IbConfig { flag: mode, ..config() });
+    a.buff.write(0, &pattern(BUFF, 6));
+    let mut h = a.ib.handler(0, counts());
+    a.epochs.set_u64(0, 1);
+    h.handle(&trig(TYPE_DATA | TYPE_FLAG, 1024, 0, 0)).unwrap();
+    a.epochs.set_u64(0, 2);
+    h.handle(&trig(TYPE_DATA | TYPE_FLAG, 1024, 1024, 1024)).unwrap();
+    let q = h.queues[0].clone();
+    q.wait_for(1).unwrap(); // writes 0 (data) and 1 (flag) have run
+    assert_eq!(q.in_flight(), 2, "the second put has not run");
+    assert_eq!(b.buff.read(0, 1024), a.buff.read(0, 1024));
+    let second_landed = b.buff.read(1024, 1024) == a.buff.read(1024, 1024);
+    let word = b.epochs.u64_at(8);
+    h.sync().unwrap();
+    assert_eq!(b.buff.read(1024, 1024), a.buff.read(1024, 1024));
+    assert_eq!(b.epochs.u64_at(8), 2, "both flags raised in the end");
+    (word, second_landed)
+}
+
+#[test]
+fn a_flag_never_counts_a_signal_whose_data_is_still_queued() {
+    assert_eq!(proxy_word_after_the_first_put_lands(IbFlagMode::Count), (1, false));
+    // The legacy flag reads the device word when the adapter runs it: it says 2 while the second
+    // put's data has not landed, so the peer's wait() for it would return early.
+    assert_eq!(proxy_word_after_the_first_put_lands(IbFlagMode::Epoch), (2, false));
 }
 
 #[test]
@@ -215,7 +295,7 @@ fn sync_returns_only_after_every_earlier_write_completed() {
     });
     let (a, b) = pair(&fabric, config());
     a.buff.write(0, &pattern(BUFF, 9));
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     for i in 0..3 {
         h.handle(&trig(TYPE_DATA, 64, i * 64, i * 64)).unwrap();
     }
@@ -234,7 +314,7 @@ fn data_with_flag_lands_the_data_before_the_flag() {
     let (a, b) = pair(&fabric, config());
     a.buff.write(0, &pattern(BUFF, 1));
     a.epochs.set_u64(0, 1);
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     h.handle(&trig(TYPE_DATA | TYPE_FLAG, 256, 0, 512)).unwrap();
     h.sync().unwrap();
     let log = fabric.log();
@@ -264,14 +344,14 @@ fn data_flag_sync_through_the_fifo_completes_before_the_tail_is_published() {
     let (a, b) = pair(&fabric, config());
     a.buff.write(0, &pattern(BUFF, 5));
     a.epochs.set_u64(0, 3);
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     let mut f = Fifo::new();
     f.push(trig(TYPE_DATA | TYPE_FLAG | TYPE_SYNC, 1000, 100, 200));
     f.serve(&mut h);
     assert_eq!(f.tails.0, vec![1], "the tail is published after the Sync");
     assert_eq!(h.queues[0].in_flight(), 0, "the Sync waited for both writes");
     assert_eq!(b.buff.read(200, 1000), a.buff.read(100, 1000));
-    assert_eq!(b.epochs.u64_at(8), 3);
+    assert_eq!(b.epochs.u64_at(8), 1, "one flag carried out");
     assert_eq!(f.slots.u64_at(0), 0, "the slot was released");
     assert_eq!(f.shared.processed(), 1);
     assert!(f.shared.failure().is_none());
@@ -282,7 +362,7 @@ fn malformed_triggers_are_dropped_and_a_flag_is_still_raised() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
     let (a, b) = pair(&fabric, config());
     a.epochs.set_u64(0, 4);
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     let mut f = Fifo::new();
     f.push(trig(TYPE_DATA, 16, BUFF as u32 - 8, 0)); // source past the end
     f.push(trig(TYPE_DATA | TYPE_FLAG, 16, 0, BUFF as u32 - 8)); // destination past the end, with a flag
@@ -296,13 +376,13 @@ fn malformed_triggers_are_dropped_and_a_flag_is_still_raised() {
     assert_eq!(f.shared.dropped(), 4);
     assert!(f.shared.failure().is_none(), "a malformed trigger is not a failure");
     assert!(b.buff.read(0, BUFF).iter().all(|&x| x == 0), "no data moved");
-    assert_eq!(b.epochs.u64_at(8), 4, "the flag of the dropped Data|Flag was raised");
+    assert_eq!(b.epochs.u64_at(8), 1, "the flag of the dropped Data|Flag was raised");
     assert_eq!(fabric.log().len(), 1);
 
     // A connection id that belongs to another transport (no IB route) is dropped too.
     let mut routes = h.routes.clone();
     routes.insert(0, None);
-    let mut h2 = IbHandler::new(routes);
+    let mut h2 = IbHandler::new(routes, IbFlagMode::Count, counts());
     let e = h2.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidUsage);
     h2.handle(&Trigger {
@@ -320,7 +400,7 @@ fn failed_completion_is_logged_with_rank_peer_and_status_and_reported_later() {
         ..Faults::default()
     });
     let (a, _b) = pair(&fabric, config());
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     let mut f = Fifo::new();
     f.push(trig(TYPE_DATA, 8, 0, 0));
     f.push(trig(TYPE_DATA | TYPE_SYNC, 8, 8, 8)); // its write fails
@@ -348,7 +428,7 @@ fn peer_unreachable_during_transfer_is_a_retry_exceeded_failure() {
         ..Faults::default()
     });
     let (a, _b) = pair(&fabric, config());
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
     let e = h.sync().unwrap_err();
     assert!(e.message.contains("transport retry counter exceeded"), "{}", e.message);
@@ -369,7 +449,7 @@ fn full_send_queue_is_never_overrun() {
     };
     let (a, b) = pair(&fabric, cfg);
     a.buff.write(0, &pattern(BUFF, 7));
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     assert_eq!(h.queues[0].depth(), 4);
     let mut f = Fifo::new();
     // Far more writes than the queue holds, pushed in FIFO-sized rounds.
@@ -404,7 +484,7 @@ fn a_completion_queue_smaller_than_the_send_queue_bounds_the_writes_in_flight() 
         ..config()
     };
     let (a, _b) = pair(&fabric, cfg);
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     for i in 0..50 {
         h.handle(&trig(TYPE_DATA | TYPE_FLAG, 8, i * 8, i * 8)).unwrap();
     }
@@ -421,7 +501,7 @@ fn a_stalled_peer_fails_the_sync_instead_of_hanging() {
         stall: true,
         ..Faults::default()
     });
-    let mut h = a.ib.handler(0);
+    let mut h = a.ib.handler(0, counts());
     h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
     let t = std::time::Instant::now();
     let e = h.sync().unwrap_err();
@@ -565,7 +645,7 @@ fn a_proxy_thread_serves_ib_triggers_until_stopped() {
         0,
         ring,
         0,
-        Box::new(a.ib.handler(0)),
+        Box::new(a.ib.handler(0, counts())),
         Box::new(Tails::default()),
         Box::new(|| Ok(())),
     )
@@ -650,7 +730,8 @@ fn settings_come_from_the_environment_with_defaults_and_named_errors() {
             cq_size: 64,
             poll_batch: 8,
             qp_depth: 32,
-            ibv_so: "/opt/rdma/lib/libibverbs.so.1".into()
+            ibv_so: "/opt/rdma/lib/libibverbs.so.1".into(),
+            flag: IbFlagMode::Count,
         }
     );
     for (var, value) in [
@@ -658,11 +739,24 @@ fn settings_come_from_the_environment_with_defaults_and_named_errors() {
         ("MSCCLPP_IB_GID_INDEX", "-2"),
         ("MSCCLPP_IB_CQ_SIZE", "many"),
         ("MSCCLPP_IB_QP_DEPTH", "0"),
+        ("MSCCLPP_IB_FLAG", "exact"),
     ] {
         let e = IbConfig::from_lookup(|k| (k == var).then(|| value.to_string())).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains(var), "{}", e.message);
     }
+}
+
+#[test]
+fn the_flag_setting_reads_count_or_epoch() {
+    let flag = |v: &'static str| {
+        IbConfig::from_lookup(move |k| (k == "MSCCLPP_IB_FLAG").then(|| v.to_string()))
+            .unwrap()
+            .flag
+    };
+    assert_eq!(flag("count"), IbFlagMode::Count);
+    assert_eq!(flag(" epoch "), IbFlagMode::Epoch);
+    assert_eq!(flag(""), IbFlagMode::Count);
 }
 
 #[test]

@@ -55,6 +55,8 @@ pub trait QueuePair: Send {
     fn cq_size(&self) -> u32;
     /// Moves the queue pair through RTR to RTS, towards `remote`.
     fn connect(&mut self, local: &QpEndpoint, remote: &QpEndpoint) -> Result<()>;
+    /// Bytes a work request may carry inline (copied into it at post time); 0 if none.
+    fn max_inline(&self) -> u32;
     /// Posts one RDMA write. The caller keeps the send queue from overflowing.
     fn post_write(&mut self, wr: &RdmaWrite) -> Result<()>;
     /// Appends up to `max` completions to `out`; returns how many.
@@ -93,7 +95,8 @@ pub struct QpEndpoint {
     pub mtu: u8,
 }
 
-/// An RDMA write: `len` bytes from local `[addr, +len)` (covered by `lkey`) to the peer's `remote_addr`.
+/// An RDMA write: `len` bytes from local `[addr, +len)` (covered by `lkey`) to the peer's `remote_addr`,
+/// or, with `inline_value`, those 8 bytes carried in the work request itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RdmaWrite {
     pub wr_id: u64,
@@ -103,6 +106,9 @@ pub struct RdmaWrite {
     pub remote_addr: u64,
     pub rkey: u32,
     pub signaled: bool,
+    /// The value to write, copied into the work request when it is posted (`len` is 8; `local_addr` and
+    /// `lkey` are unused): the peer receives what it was at post time, not when the adapter runs it.
+    pub inline_value: Option<u64>,
 }
 
 /// A work completion.
