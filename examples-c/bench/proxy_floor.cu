@@ -9,6 +9,8 @@
 //   write   the data copy, then a stream memory write of the value
 //   query   the data copy, then the host thread asks the stream until it is idle and stores the value
 //           into host memory that the peer's kernel polls
+//   fifo    copy2, with the request pushed as this library's FIFO pushes a trigger: a device atomic claims
+//           a position, then one 16-byte store writes the slot (what the legacy protocol adds on the device)
 //   flush   copy2, then the host thread asks the stream until it is idle and stores the request number
 //           into host memory that its own kernel polls: the kernel goes on once its own data has landed
 //           and the peer's flag has come (the step of the all-gather benchmark's kernel 0:
@@ -87,11 +89,17 @@ __device__ uint64_t globalNs()
 
 // One request per iteration; the next only once the peer's flag has reached this one.
 // With `done`, also until the host thread has seen this request's data land.
+// With `head`, each request is pushed as a FIFO trigger (claim, then a 16-byte store).
 __global__ void loopKernel(volatile uint64_t* request, const volatile uint64_t* flag, const volatile uint64_t* done,
-                           uint64_t iters, int* timedOut)
+                           unsigned long long* head, uint64_t iters, int* timedOut)
 {
   for (uint64_t i = 1; i <= iters; ++i) {
-    *request = i;
+    if (head != nullptr) {
+      const uint64_t pos = atomicAdd(head, 1ull);
+      asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(request), "l"(i), "l"(pos) : "memory");
+    } else {
+      *request = i;
+    }
     const uint64_t t0 = globalNs();
     while (*flag < i || (done != nullptr && *done < i)) {
       if (globalNs() - t0 > kSpinLimitNs) {
@@ -110,8 +118,8 @@ __global__ void fillKernel(uint32_t* p, uint64_t n, int rank)
     p[i] = patternWord(rank, i);
 }
 
-enum class Way { Flag, Copy2, Write, Query, Flush };
-const char* const kWayNames[] = {"flag", "copy2", "write", "query", "flush"};
+enum class Way { Flag, Copy2, Fifo, Write, Query, Flush };
+const char* const kWayNames[] = {"flag", "copy2", "fifo", "write", "query", "flush"};
 
 // Memory both sides see: a barrier, the IPC handles, and each side's host flag (query way). Mapped
 // shared and anonymous before any fork, so threads and processes use it alike.
@@ -143,7 +151,8 @@ struct Side
   uint64_t* flagDev;      // written by the peer's copy engine
   uint64_t* flagHostDev;  // our host flag, as our kernel reads it (query way)
   uint64_t* table;        // table[k] = k on our GPU: the flag values copied from
-  uint64_t* request;      // page-locked, mapped: our kernel's request number
+  uint64_t* request;      // page-locked, mapped, 16 bytes: our kernel's request number (and a position)
+  unsigned long long* head; // device memory: the positions the fifo way claims
   uint64_t* done;         // page-locked, mapped: the last request whose data has landed (flush way)
   int* timedOut;
   cudaStream_t kernelStream, proxyStream;
@@ -183,6 +192,7 @@ double serve(Way way, Side& me, uint64_t bytes, uint64_t iters)
     switch (way) {
       case Way::Flag: CHECK_CU(pMemcpyDtoDAsync(flag, value, 8, s)); break;
       case Way::Copy2:
+      case Way::Fifo:
         CHECK_CU(pMemcpyDtoDAsync(data, from, bytes, s));
         CHECK_CU(pMemcpyDtoDAsync(flag, value, 8, s));
         break;
@@ -218,7 +228,8 @@ std::pair<double, double> runOnce(Side& me, Way way, uint64_t bytes, uint64_t it
   barrier(me.sh, me.gen); // both flags are zero before either side can raise the other's
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t* flag = way == Way::Query ? me.flagHostDev : me.flagDev;
-  loopKernel<<<1, 1, 0, me.kernelStream>>>(me.request, flag, way == Way::Flush ? me.done : nullptr, iters, me.timedOut);
+  loopKernel<<<1, 1, 0, me.kernelStream>>>(me.request, flag, way == Way::Flush ? me.done : nullptr,
+                                           way == Way::Fifo ? me.head : nullptr, iters, me.timedOut);
   CHECK(cudaGetLastError());
   const double busy = serve(way, me, bytes, iters);
   CHECK(cudaStreamSynchronize(me.kernelStream));
@@ -255,6 +266,8 @@ int sideMain(Side& me)
   for (uint64_t k = 0; k <= kMaxIters; ++k) values[k] = k;
   CHECK(cudaMemcpy(me.table, values.data(), 8 * values.size(), cudaMemcpyHostToDevice));
   CHECK(cudaHostAlloc(&me.request, 64, cudaHostAllocMapped));
+  CHECK(cudaMalloc(&me.head, 8));
+  CHECK(cudaMemset(me.head, 0, 8));
   CHECK(cudaHostAlloc(&me.done, 64, cudaHostAllocMapped));
   CHECK(cudaHostAlloc(&me.timedOut, 64, cudaHostAllocMapped));
   *me.timedOut = 0;
@@ -290,7 +303,7 @@ int sideMain(Side& me)
   } sizes[] = {{1 << 10, 5000}, {32 << 10, 5000}, {512 << 10, 2000}, {1 << 20, 2000}};
   int failed = 0;
   for (const auto& sz : sizes) {
-    for (Way way : {Way::Flag, Way::Copy2, Way::Write, Way::Query, Way::Flush}) {
+    for (Way way : {Way::Flag, Way::Copy2, Way::Fifo, Way::Write, Way::Query, Way::Flush}) {
       if (way == Way::Flag && sz.bytes != (1 << 10)) continue;
       CHECK(cudaMemset(me.dst, 0, sz.bytes));
       runOnce(me, way, sz.bytes, sz.iters / 10); // warm-up
