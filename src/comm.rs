@@ -365,14 +365,9 @@ impl Communicator {
         let fast_flag = match &info.fast_flag {
             None => None,
             Some((name, offset)) => {
-                let memory = match st.peer_flags.get(name) {
-                    Some(m) => m.clone(),
-                    None => {
-                        let m = Arc::new(SharedHostMemory::open(gpu, name, *offset as usize + 8)?);
-                        st.peer_flags.insert(name.clone(), m.clone());
-                        m
-                    }
-                };
+                let memory = opened_once(&mut st.peer_flags, name.clone(), || {
+                    SharedHostMemory::open(gpu, name, *offset as usize + 8)
+                })?;
                 let fast = FastFlag::at(memory, *offset as usize).ok_or_else(|| {
                     Error::remote(format!(
                         "the peer's fast flag at +{offset} does not fit its shared memory {name}"
@@ -390,13 +385,9 @@ impl Communicator {
     }
 
     fn open_ipc(st: &mut CommState, gpu: &GpuContext, peer: ProcessId, e: &IpcExport) -> Result<Arc<IpcMapping>> {
-        let key = (peer, e.address - e.offset);
-        if let Some(m) = st.ipc.get(&key) {
-            return Ok(m.clone());
-        }
-        let m = Arc::new(IpcMapping::open(gpu, &e.handle)?);
-        st.ipc.insert(key, m.clone());
-        Ok(m)
+        opened_once(&mut st.ipc, (peer, e.address - e.offset), || {
+            IpcMapping::open(gpu, &e.handle)
+        })
     }
 
     /// `mscclppGetAllDeviceConnections`: the device view of every connection, in connect order.
@@ -680,6 +671,20 @@ fn current_context_if_any() -> Option<GpuContext> {
         return None;
     }
     GpuContext::current().ok()
+}
+
+/// The peer resource under `key` in `cache`, opened by `open` the first time (several connections and
+/// registered buffers share a peer's allocation or shared memory; each is opened once and kept until
+/// destroy).
+fn opened_once<K: std::hash::Hash + Eq, T>(
+    cache: &mut HashMap<K, Arc<T>>,
+    key: K,
+    open: impl FnOnce() -> Result<T>,
+) -> Result<Arc<T>> {
+    match cache.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => Ok(e.get().clone()),
+        std::collections::hash_map::Entry::Vacant(e) => Ok(e.insert(Arc::new(open()?)).clone()),
+    }
 }
 
 /// Lets our context reach a peer GPU's memory in this process directly; best effort, since the copy
