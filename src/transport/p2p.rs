@@ -236,7 +236,7 @@ impl P2pHandler {
     }
 
     fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
-        let count = self.flags_sent[conn_id].fetch_add(1, Ordering::Relaxed) + 1;
+        let count = super::count_flag(&self.flags_sent, conn_id)?;
         if let Some(fast) = route.fast_flag {
             let landed = self.data_landed()?;
             if landed {

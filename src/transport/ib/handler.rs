@@ -13,7 +13,7 @@ use super::queue::IbQueue;
 use crate::error::{Error, Result};
 use crate::proxy::{Trigger, TriggerHandler};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 /// What an IB flag writes into the peer's `proxy` word (`MSCCLPP_IB_FLAG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,11 +91,7 @@ impl IbHandler {
     }
 
     fn raise_flag(&mut self, route: &IbRoute, conn_id: usize) -> Result<()> {
-        let sent = self
-            .flags_sent
-            .get(conn_id)
-            .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count")))?;
-        let count = sent.fetch_add(1, Ordering::Relaxed) + 1;
+        let count = crate::transport::count_flag(&self.flags_sent, conn_id)?;
         let remote = route.remote_epochs.addr + PROXY_WORD;
         let seq = if self.mode == IbFlagMode::Count && route.queue.carries_values() {
             route.queue.write_value(count, remote, route.remote_epochs.key)?
