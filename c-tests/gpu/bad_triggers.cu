@@ -259,8 +259,9 @@ std::string caseBadTriggersFlush(Rank& R)
                                      "op %d: waiting for the peer's flags)",
                                      gBadCount, gBadCount, gBadCount + 2).c_str());
   if (!e.empty()) return "the proxy stopped serving the FIFO: " + e;
-  g.sent += ownFlags(t);
-  g.waited += ownFlags(t);
+  const int own = ownFlags(t);
+  g.sent += own;
+  g.waited += own;
   TC_CUDA(cudaFree(d));
   // Both ranks' proxies have passed all triggers once both flushes returned.
   TC_TRY(barrier(R, "after bad triggers"));
