@@ -108,6 +108,7 @@ impl Communicator {
             bootstrap.rank(),
             bootstrap.nranks()
         );
+        crate::settings::log_in_effect();
         Communicator {
             rank: bootstrap.rank(),
             nranks: bootstrap.nranks(),

@@ -9,9 +9,12 @@
 //! - `transport/`: how a connection moves data (P2P over CUDA IPC; InfiniBand).
 //! - `proxy/`: the host thread that serves the device FIFO.
 //! - `gpu/`: the CUDA driver, loaded at run time.
+//! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
+//! - `codec.rs`: the byte codec of set-up and bootstrap messages.
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
 
 pub mod bootstrap;
+pub mod codec;
 pub mod comm;
 pub mod connection;
 pub mod error;
@@ -20,5 +23,6 @@ pub mod gpu;
 pub mod logging;
 pub mod proxy;
 pub mod registered_memory;
+pub mod settings;
 pub mod transport;
 pub mod types;

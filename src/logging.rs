@@ -41,7 +41,7 @@ pub fn set_thread_rank(rank: usize) {
 
 static HANDLER: RwLock<mscclppLogHandler_t> = RwLock::new(None);
 static DEBUG_FILE: Lazy<Option<Mutex<File>>> = Lazy::new(|| {
-    let pattern = std::env::var("MSCCLPP_DEBUG_FILE").ok().filter(|p| !p.is_empty())?;
+    let pattern = crate::settings::DEBUG_FILE.text()?;
     let path = debug_file_path(&pattern, &hostname(), std::process::id());
     match File::create(&path) {
         Ok(f) => Some(Mutex::new(f)),
@@ -147,11 +147,13 @@ pub fn default_handler(line: &str) {
 pub fn init() {
     static INIT: OnceCell<()> = OnceCell::new();
     INIT.get_or_init(|| {
-        let level = parse_level(std::env::var("MSCCLPP_DEBUG").ok().as_deref());
         // Another logger may already be installed when we are linked into a Rust program; then that
-        // one receives our records and we only set nothing.
+        // one receives our records and we only set nothing. Ours is installed before the level is read,
+        // so that a bad `MSCCLPP_DEBUG` is reported.
         if log::set_logger(&Logger).is_ok() {
-            log::set_max_level(level);
+            log::set_max_level(LevelFilter::Warn);
+            let level = crate::settings::DEBUG.choice().unwrap_or("WARN");
+            log::set_max_level(parse_level(Some(level)));
         }
     });
 }

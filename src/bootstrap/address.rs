@@ -6,9 +6,6 @@ use crate::error::{Error, Result};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, ToSocketAddrs};
 
-/// Environment variable naming the interface a unique id's root listens on.
-pub const SOCKET_IFNAME_ENV: &str = "MSCCLPP_SOCKET_IFNAME";
-
 /// Linux limit on interface names (IFNAMSIZ less the NUL).
 const MAX_IFNAME_LEN: usize = 15;
 
@@ -180,7 +177,7 @@ fn is_link_local(ip: &Ipv6Addr) -> bool {
 /// The address (port 0) a unique id's root listens on: the interface named by `MSCCLPP_SOCKET_IFNAME`,
 /// else the first non-loopback IPv4 interface that is up, else 127.0.0.1.
 pub fn unique_id_root_addr() -> Result<SocketAddr> {
-    let wanted = std::env::var(SOCKET_IFNAME_ENV).ok().filter(|v| !v.trim().is_empty());
+    let wanted = crate::settings::SOCKET_IFNAME.text();
     let all = sys::interfaces().map_err(|e| Error::io("listing network interfaces", e))?;
     choose_root_addr(&all, wanted.as_deref())
 }
@@ -209,7 +206,8 @@ pub fn choose_root_addr(all: &[sys::Interface], wanted: Option<&str>) -> Result<
             .or_else(|| named.first());
         return pick.map(|i| to_addr(i)).ok_or_else(|| {
             Error::invalid_argument(format!(
-                "{SOCKET_IFNAME_ENV}={name}: no interface of that name is up with an address"
+                "{}={name}: no interface of that name is up with an address",
+                crate::settings::SOCKET_IFNAME.name
             ))
         });
     }

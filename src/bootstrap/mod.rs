@@ -32,7 +32,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use address::{RootAddress, SOCKET_IFNAME_ENV};
+pub use address::RootAddress;
 pub use endpoint::Bootstrap;
 pub use root::Root;
 pub use unique_id::UniqueId;

@@ -8,8 +8,8 @@ use crate::gpu::GpuContext;
 /// Binds the calling (proxy) thread. Best effort: GPUs that report no NUMA node (-1) are common, and
 /// neither that nor a failed binding is an error.
 pub fn bind_proxy_thread(ctx: &GpuContext) {
-    match std::env::var("MSCCLPP_PROXY_CPUS") {
-        Ok(list) => {
+    match crate::settings::PROXY_CPUS.text() {
+        Some(list) => {
             let cpus = parse_cpu_list(&list);
             if cpus.is_empty() {
                 log::warn!("MSCCLPP_PROXY_CPUS={list:?} names no CPU; the proxy thread is not bound");
@@ -17,7 +17,7 @@ pub fn bind_proxy_thread(ctx: &GpuContext) {
                 bind_to(&cpus, "MSCCLPP_PROXY_CPUS");
             }
         }
-        Err(_) => match numa_cpus(ctx) {
+        None => match numa_cpus(ctx) {
             Ok(Some(cpus)) => bind_to(&cpus, "its GPU's NUMA node"),
             Ok(None) => log::info!(
                 "GPU {} reports no NUMA node; the proxy thread is not bound (MSCCLPP_PROXY_CPUS can bind it)",

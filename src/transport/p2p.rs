@@ -87,40 +87,23 @@ impl Default for P2pOptions {
 
 impl P2pOptions {
     pub fn from_env() -> P2pOptions {
-        Self::parse(|k| std::env::var(k).ok())
+        Self::parse(&crate::settings::Source::process())
     }
 
-    pub fn parse(var: impl Fn(&str) -> Option<String>) -> P2pOptions {
-        let mut o = P2pOptions::default();
-        match var("MSCCLPP_P2P_FAST_FLAGS").as_deref() {
-            None | Some("1") => {}
-            Some("0") => o.fast_flags = false,
-            Some(other) => log::warn!("MSCCLPP_P2P_FAST_FLAGS={other} is not 1 or 0; using 1"),
+    /// Reads the options; bad values warn and keep the defaults (`settings`).
+    pub fn parse(env: &crate::settings::Source) -> P2pOptions {
+        use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG, P2P_SPLIT_BYTES, P2P_STREAMS};
+        let d = P2pOptions::default();
+        P2pOptions {
+            fast_flags: env.flag(&P2P_FAST_FLAGS).unwrap_or(d.fast_flags),
+            flag: match env.choice(&P2P_FLAG).unwrap_or("copy") {
+                "epoch" => FlagMode::CopyEpoch,
+                "write" => FlagMode::WriteCount,
+                _ => FlagMode::CopyCount,
+            },
+            streams: env.int(&P2P_STREAMS).unwrap_or(d.streams),
+            split_bytes: env.int(&P2P_SPLIT_BYTES).unwrap_or(d.split_bytes),
         }
-        match var("MSCCLPP_P2P_FLAG").as_deref() {
-            None | Some("copy") => {}
-            Some("epoch") => o.flag = FlagMode::CopyEpoch,
-            Some("write") => o.flag = FlagMode::WriteCount,
-            Some(other) => {
-                log::warn!("MSCCLPP_P2P_FLAG={other} is not copy, epoch or write; using copy")
-            }
-        }
-        if let Some(v) = var("MSCCLPP_P2P_STREAMS") {
-            match v.parse::<usize>() {
-                Ok(n @ 1..=8) => o.streams = n,
-                _ => log::warn!("MSCCLPP_P2P_STREAMS={v} is not in 1..=8; using {}", o.streams),
-            }
-        }
-        if let Some(v) = var("MSCCLPP_P2P_SPLIT_BYTES") {
-            match v.parse::<u64>() {
-                Ok(b) if b > 0 => o.split_bytes = b,
-                _ => log::warn!(
-                    "MSCCLPP_P2P_SPLIT_BYTES={v} is not a positive number; using {}",
-                    o.split_bytes
-                ),
-            }
-        }
-        o
     }
 }
 
@@ -402,8 +385,9 @@ mod tests {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
         };
-        assert_eq!(P2pOptions::parse(env(&[])), P2pOptions::default());
-        let o = P2pOptions::parse(env(&[
+        let env = |pairs| crate::settings::Source::from_fn(env(pairs));
+        assert_eq!(P2pOptions::parse(&env(&[])), P2pOptions::default());
+        let o = P2pOptions::parse(&env(&[
             ("MSCCLPP_P2P_FAST_FLAGS", "0"),
             ("MSCCLPP_P2P_FLAG", "write"),
             ("MSCCLPP_P2P_STREAMS", "4"),
@@ -418,14 +402,14 @@ mod tests {
                 split_bytes: 1 << 20
             }
         );
-        let o = P2pOptions::parse(env(&[
+        let o = P2pOptions::parse(&env(&[
             ("MSCCLPP_P2P_FLAG", "x"),
             ("MSCCLPP_P2P_STREAMS", "0"),
             ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
         ]));
         assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
         assert_eq!(P2pOptions::default().flag, FlagMode::CopyCount);
-        let o = P2pOptions::parse(env(&[("MSCCLPP_P2P_FLAG", "epoch")]));
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(o.flag, FlagMode::CopyEpoch);
     }
 

@@ -69,50 +69,30 @@ impl Default for IbConfig {
 
 impl IbConfig {
     pub fn from_env() -> Result<IbConfig> {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        Self::from_source(&crate::settings::Source::process())
     }
 
-    /// Reads the settings through `get`; a value that does not parse or is out of range is an error naming
-    /// the variable.
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<IbConfig> {
-        fn num<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
-            get: &impl Fn(&str) -> Option<String>,
-            var: &str,
-            default: T,
-            min: T,
-            max: T,
-        ) -> Result<T> {
-            match get(var) {
-                None => Ok(default),
-                Some(s) if s.trim().is_empty() => Ok(default),
-                Some(s) => match s.trim().parse::<T>() {
-                    Ok(v) if v >= min && v <= max => Ok(v),
-                    _ => Err(Error::invalid_argument(format!(
-                        "{var}=\"{s}\" is not a number in [{min}, {max}]"
-                    ))),
-                },
-            }
-        }
-        let d = IbConfig::default();
+    /// Reads the settings; a value that does not parse or is out of range is an error naming the
+    /// variable (`settings`: a mismatch between ranks would fail later, far from its cause).
+    pub fn from_source(env: &crate::settings::Source) -> Result<IbConfig> {
+        use crate::settings::{IB_CQ_POLL_BATCH, IB_CQ_SIZE, IB_FLAG, IB_GID_INDEX, IB_PORT, IB_QP_DEPTH, IBV_SO};
         Ok(IbConfig {
-            port: num(&get, "MSCCLPP_IB_PORT", d.port, 1, 255)?,
-            gid_index: num(&get, "MSCCLPP_IB_GID_INDEX", d.gid_index, -1, 255)?,
-            cq_size: num(&get, "MSCCLPP_IB_CQ_SIZE", d.cq_size, 1, 1 << 22)?,
-            poll_batch: num(&get, "MSCCLPP_IB_CQ_POLL_BATCH", d.poll_batch, 1, 4096)?,
-            qp_depth: num(&get, "MSCCLPP_IB_QP_DEPTH", d.qp_depth, 1, 1 << 16)?,
-            ibv_so: get("MSCCLPP_IBV_SO")
-                .filter(|s| !s.trim().is_empty())
-                .unwrap_or(d.ibv_so),
-            flag: match get("MSCCLPP_IB_FLAG").as_deref().map(str::trim) {
-                None | Some("") | Some("count") => IbFlagMode::Count,
-                Some("epoch") => IbFlagMode::Epoch,
-                Some(other) => {
-                    return Err(Error::invalid_argument(format!(
-                        "MSCCLPP_IB_FLAG=\"{other}\" is not count or epoch"
-                    )));
-                }
+            port: env.int(&IB_PORT)?,
+            gid_index: env.int(&IB_GID_INDEX)?,
+            cq_size: env.int(&IB_CQ_SIZE)?,
+            poll_batch: env.int(&IB_CQ_POLL_BATCH)?,
+            qp_depth: env.int(&IB_QP_DEPTH)?,
+            ibv_so: env.text(&IBV_SO).unwrap_or_else(|| IbConfig::default().ibv_so),
+            flag: match env.choice(&IB_FLAG)? {
+                "epoch" => IbFlagMode::Epoch,
+                _ => IbFlagMode::Count,
             },
         })
+    }
+
+    /// `from_source` over a lookup function (tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<IbConfig> {
+        Self::from_source(&crate::settings::Source::from_fn(get))
     }
 }
 
