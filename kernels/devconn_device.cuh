@@ -60,12 +60,27 @@
 
   // Blocks until the peer's next signal() has arrived: the expected epoch goes up by one, then this thread
   // spins until epochReached() says the peer's proxy has published at least that epoch.
+  // Returns early, without the signal, once the communicator is aborted (see aborted()); with
+  // MSCCLPP_WAIT_TIMEOUT set, a wait that spins longer is reported and aborts the communicator.
   __forceinline__ __device__ void wait()
   {
     (*waitEpochId) += 1;
     const uint64_t expected = *waitEpochId;
+    mscclppSpinWatch watch;
     while (!epochReached(expected)) {
+      if (watch.due() &&
+          fifo.spinTooLong(watch, mscclppStuckWait, expected,
+                           *reinterpret_cast<volatile uint64_t*>(&localSignalEpochId->proxy)))
+        return;
     }
+  }
+
+  // True once the communicator of this connection is aborted (a rank died or went silent,
+  // mscclppCommAbort was called, or a wait was stuck past MSCCLPP_WAIT_TIMEOUT): waits return without
+  // their signal and data is undefined from then on. An extension of this library (MSCCLPP_HAS_ABORT).
+  __forceinline__ __device__ bool aborted() const
+  {
+    return fifo.aborted();
   }
 
   // True once the peer's proxy has published at least `epoch` signals: in localSignalEpochId->proxy

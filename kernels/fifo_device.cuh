@@ -75,12 +75,60 @@
 
   // Waits until the trigger pushed at pos has been carried out: the proxy has zeroed its slot's first word,
   // or its tail has passed pos (when the slot already holds a newer trigger; the host copy of the tail is
-  // always current).
-  __forceinline__ __device__ void waitDone(uint64_t pos) const
+  // always current). Returns early once the communicator is aborted.
+  __forceinline__ __device__ void waitDone(uint64_t pos)
   {
+    mscclppSpinWatch watch;
     while (*reinterpret_cast<volatile uint64_t*>(&triggerFifo[pos % MSCCLPP_PROXY_FIFO_SIZE].value[0]) != 0 &&
            hostTail() <= pos) {
+      if (watch.due() && spinTooLong(watch, mscclppStuckFlush, pos, hostTail())) return;
     }
+  }
+
+  // ---- Failures: an extension of this library, not in MSCCL++ 0.1.0 --------------------------------------
+  // After the slots and the host tail, the FIFO's pinned memory holds the proxy's control words:
+  //   [0] non-zero once the communicator is aborted (a peer died, mscclppCommAbort, a stuck wait);
+  //   [1] MSCCLPP_WAIT_TIMEOUT in nanoseconds (0: off), written by the library when it made the FIFO;
+  //   [2] a stuck wait's report: bit 63 set, the kind (mscclppStuckKind) in bits 32-39, connId below;
+  //   [3] the epoch or FIFO position it waited for; [4] the last value it saw.
+  // The proxy reads the report, logs it and aborts the communicator.
+  __forceinline__ __device__ volatile uint64_t* control() const
+  {
+    return reinterpret_cast<volatile uint64_t*>(&triggerFifo[MSCCLPP_PROXY_FIFO_SIZE + 1].value[0]);
+  }
+
+  // True once the communicator is aborted: the proxy no longer moves data, waits return without their
+  // data, and what arrived after the failure is undefined. A read of host memory (about a microsecond).
+  __forceinline__ __device__ bool aborted() const
+  {
+    return control()[0] != 0;
+  }
+
+  // The slow path of a wait that has spun a while (kept out of line so that the spin loops stay small):
+  // true once the communicator is aborted, so the wait should return; past MSCCLPP_WAIT_TIMEOUT it also
+  // reports the wait once, where the proxy finds it.
+  __noinline__ __device__ bool spinTooLong(mscclppSpinWatch& watch, uint64_t kind, uint64_t expected, uint64_t seen)
+  {
+    const uint64_t now = mscclppGlobalTimerNs();
+    if (watch.since == 0) {
+      watch.since = now;
+      return false;
+    }
+    // Host memory is read only after a millisecond of spinning, so short waits never leave the GPU.
+    if (now - watch.since < 1000000ull) return false;
+    volatile uint64_t* c = control();
+    if (c[0] != 0) return true;
+    const uint64_t timeout = c[1];
+    if (timeout != 0 && !watch.reported && now - watch.since > timeout) {
+      watch.reported = true;
+      if (c[2] == 0) {
+        c[3] = expected;
+        c[4] = seen;
+        __threadfence_system();
+        c[2] = (1ull << 63) | ((kind & 0xff) << 32) | static_cast<uint64_t>(static_cast<uint32_t>(connId));
+      }
+    }
+    return false;
   }
 
   // The proxy's tail as it keeps it in host memory, right after the slots (this library's layout; the

@@ -21,9 +21,42 @@ pub const FIFO_SIZE: u64 = 128;
 /// The device's copy of the tail is refreshed at least this often (`MSCCLPP_PROXY_FIFO_FLUSH_COUNTER`).
 pub const FLUSH_COUNTER: u64 = 4;
 
-/// Bytes of the pinned part of a FIFO: the slots, then the host copy of the tail (in a 16-byte slot of
-/// its own).
-pub const HOST_BYTES: usize = (FIFO_SIZE as usize + 1) * 16;
+/// 16-byte slots of control words after the host tail (the header's `mscclppConcurrentFifo::control()`):
+/// [0] aborted, [1] the wait timeout in ns, [2] a stuck wait's report header, [3] its expected value,
+/// [4] the value it saw last.
+pub const CONTROL_SLOTS: usize = 3;
+
+/// Bytes of the pinned part of a FIFO: the slots, the host copy of the tail (in a 16-byte slot of its
+/// own), then the control words.
+pub const HOST_BYTES: usize = (FIFO_SIZE as usize + 1 + CONTROL_SLOTS) * 16;
+
+/// What a kernel's wait that spun past `MSCCLPP_WAIT_TIMEOUT` reported (header: `mscclppStuckKind`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StuckWait {
+    pub conn_id: u32,
+    /// `true`: a `wait()` (expected epoch, last epoch seen); `false`: a flush (FIFO position, tail seen).
+    pub is_wait: bool,
+    pub expected: u64,
+    pub seen: u64,
+}
+
+impl std::fmt::Display for StuckWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        if self.is_wait {
+            write!(
+                f,
+                "wait() on connection {} for epoch {} spun past MSCCLPP_WAIT_TIMEOUT; the last epoch it saw was {}",
+                self.conn_id, self.expected, self.seen
+            )
+        } else {
+            write!(
+                f,
+                "flush() on connection {} for FIFO position {} spun past MSCCLPP_WAIT_TIMEOUT; the proxy's tail it saw was {}",
+                self.conn_id, self.expected, self.seen
+            )
+        }
+    }
+}
 
 /// A ring of 16-byte slots in memory the device writes (pinned host memory in production, a plain
 /// buffer in tests), followed by the host copy of the tail.
@@ -37,8 +70,8 @@ unsafe impl Send for TriggerRing {}
 
 impl TriggerRing {
     /// # Safety
-    /// `slots` points at `FIFO_SIZE + 1` 16-byte-aligned slots (the last holds the host tail) that
-    /// outlive the ring.
+    /// `slots` points at `FIFO_SIZE + 1 + CONTROL_SLOTS` 16-byte-aligned slots (the host tail, then the
+    /// control words, after the ring) that outlive the ring.
     pub unsafe fn new(slots: *mut [u64; 2]) -> TriggerRing {
         TriggerRing { slots }
     }
@@ -69,6 +102,49 @@ impl TriggerRing {
         (0..FIFO_SIZE).filter(|&i| load16(self.slot(i))[0] != 0).collect()
     }
 
+    /// Control word `i` (see `CONTROL_SLOTS`).
+    fn control(&self, i: usize) -> *mut u64 {
+        debug_assert!(i < CONTROL_SLOTS * 2);
+        // SAFETY: the control slots follow the host tail (see `new`); `i` is within them.
+        unsafe { self.slots.add(FIFO_SIZE as usize + 1).cast::<u64>().add(i) }
+    }
+
+    /// Tells kernels built on this library's header that the communicator is aborted (their waits return).
+    pub fn set_aborted(&self) {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: an aligned control word; volatile because the device reads it.
+        unsafe { std::ptr::write_volatile(self.control(0), 1) };
+    }
+
+    /// Sets how long a kernel's wait may spin before it reports itself (0: never).
+    pub fn set_wait_timeout_ns(&self, ns: u64) {
+        // SAFETY: an aligned control word; volatile because the device reads it.
+        unsafe { std::ptr::write_volatile(self.control(1), ns) };
+    }
+
+    /// A stuck wait's report, if a kernel wrote one.
+    pub fn stuck_wait(&self) -> Option<StuckWait> {
+        // SAFETY: aligned control words the device writes (header last, after a system fence).
+        let header = unsafe { std::ptr::read_volatile(self.control(2)) };
+        if header >> 63 == 0 {
+            return None;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: as above.
+        let (expected, seen) = unsafe {
+            (
+                std::ptr::read_volatile(self.control(3)),
+                std::ptr::read_volatile(self.control(4)),
+            )
+        };
+        Some(StuckWait {
+            conn_id: (header & 0xffff_ffff) as u32,
+            is_wait: (header >> 32) & 0xff == 1,
+            expected,
+            seen,
+        })
+    }
+
     /// Publishes the tail to the host copy, where the device can always see it.
     pub fn set_host_tail(&self, tail: u64) {
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
@@ -86,11 +162,15 @@ pub struct DeviceFifo {
 
 impl DeviceFifo {
     pub fn new(ctx: &GpuContext) -> Result<DeviceFifo> {
-        Ok(DeviceFifo {
+        let fifo = DeviceFifo {
             host: PinnedHostBuffer::zeroed(ctx, HOST_BYTES)?,
             head: DeviceAllocation::zeroed(ctx, 8)?,
             tail: DeviceAllocation::zeroed(ctx, 8)?,
-        })
+        };
+        let timeout_s: u64 = crate::settings::WAIT_TIMEOUT.int()?;
+        // SAFETY: the ring is used here only, while `fifo` lives.
+        unsafe { fifo.ring() }.set_wait_timeout_ns(timeout_s.saturating_mul(1_000_000_000));
+        Ok(fifo)
     }
 
     /// The device's handle on this FIFO for the connection with index `conn_id`.
@@ -113,7 +193,7 @@ impl DeviceFifo {
     /// # Safety
     /// The ring must not be used after this FIFO is dropped: stop the proxy first.
     pub unsafe fn ring(&self) -> TriggerRing {
-        // SAFETY: the pinned allocation holds FIFO_SIZE + 1 aligned slots; the caller keeps it alive.
+        // SAFETY: the pinned allocation holds HOST_BYTES of aligned slots; the caller keeps it alive.
         unsafe { TriggerRing::new(self.host.host_ptr().cast()) }
     }
 }

@@ -25,7 +25,25 @@ pub trait TriggerHandler: Send {
     fn handle(&mut self, trigger: &Trigger) -> Result<()>;
     /// Completes everything issued so far.
     fn sync(&mut self) -> Result<()>;
+    /// The communicator is aborted: stop moving data, and release the kernels waiting on this proxy's
+    /// connections by raising the epochs they wait on past anything they can expect (legacy device code
+    /// knows no other way out of `wait()`). Called once, on the proxy thread; the FIFO is drained after.
+    fn abort(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
+
+/// Why a proxy asks its communicator to abort.
+#[derive(Clone, Debug)]
+pub enum AbortCause {
+    /// A kernel's wait spun past `MSCCLPP_WAIT_TIMEOUT` and reported itself.
+    StuckWait(fifo::StuckWait),
+    /// The proxy's machinery failed (a CUDA or verbs error): its data can no longer be trusted.
+    Failure(Error),
+}
+
+/// What the communicator does when one of its proxies asks it to abort (called on the proxy thread).
+pub type AbortHook = Arc<dyn Fn(AbortCause) + Send + Sync>;
 
 /// Writes the proxy's tail where the device reads it.
 pub trait TailPublisher: Send {
@@ -36,6 +54,10 @@ pub trait TailPublisher: Send {
 #[derive(Default)]
 pub struct ProxyShared {
     stop: AtomicBool,
+    /// Set when the communicator aborts: the proxy stops moving data and drains the FIFO until stopped.
+    abort: AtomicBool,
+    /// Told when this proxy wants the communicator aborted (a stuck wait, a failure).
+    abort_hook: Mutex<Option<AbortHook>>,
     /// The first error that makes the proxy's work unreliable (a CUDA failure); reported by later calls.
     failure: Mutex<Option<Error>>,
     /// Triggers dropped because they were malformed (bad connection id, out-of-bounds range).
@@ -57,7 +79,27 @@ impl ProxyShared {
     fn fail(&self, e: Error) {
         let mut f = self.failure.lock();
         if f.is_none() {
-            *f = Some(e);
+            *f = Some(e.clone());
+            drop(f);
+            self.ask_abort(AbortCause::Failure(e));
+        }
+    }
+    /// Makes the proxy stop moving data, release the kernels' waits and drain the FIFO.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Relaxed);
+    }
+    pub fn is_aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
+    }
+    pub fn set_abort_hook(&self, hook: AbortHook) {
+        *self.abort_hook.lock() = Some(hook);
+    }
+    fn ask_abort(&self, cause: AbortCause) {
+        let hook = self.abort_hook.lock().clone();
+        match hook {
+            Some(h) => h(cause),
+            // No communicator listens (tests): abort this proxy alone.
+            None => self.abort(),
         }
     }
 }
@@ -137,6 +179,36 @@ pub fn serve_one(
         times.add(&trigger, started.elapsed());
     }
     Some(tail)
+}
+
+/// One step of an aborted proxy: releases the trigger at `tail`, if there is one, without carrying it out,
+/// and publishes the new tail at once, so that kernels pushing into a full FIFO and flushing move on.
+pub fn drain_one(
+    ring: &TriggerRing,
+    tail: u64,
+    publisher: &mut dyn TailPublisher,
+    policy: &mut TailPolicy,
+    shared: &ProxyShared,
+) -> Option<u64> {
+    ring.poll(tail)?;
+    ring.release(tail);
+    let tail = tail + 1;
+    ring.set_host_tail(tail);
+    policy.publish(tail, publisher, shared);
+    Some(tail)
+}
+
+/// What an aborting proxy does once: tells its handler (which raises the epochs kernels wait on) and the
+/// kernels built on this library's header (the FIFO's control word).
+fn begin_abort(ring: &TriggerRing, tail: u64, handler: &mut dyn TriggerHandler) {
+    ring.set_aborted();
+    if let Err(e) = handler.abort() {
+        log::error!("releasing the kernels' waits failed: {e}");
+    }
+    log::warn!(
+        "proxy aborted at FIFO position {tail}: it moves no more data and drains the FIFO until stopped; \
+         data from here on is undefined"
+    );
 }
 
 /// A proxy that has seen no trigger for a while says where it stands (at DEBUG level), and what the
@@ -258,7 +330,20 @@ impl ProxyThread {
                 let mut policy = TailPolicy::new(tail);
                 // Time spent serving triggers (issuing copies, syncs), measured only when it will be reported.
                 let mut serving = log::log_enabled!(log::Level::Info).then(ServeTimes::default);
+                let mut draining = false;
+                let mut stuck_reported = false;
                 while !s.stop.load(Ordering::Relaxed) {
+                    if s.is_aborted() {
+                        if !draining {
+                            draining = true;
+                            begin_abort(&ring, tail, handler.as_mut());
+                        }
+                        match drain_one(&ring, tail, publisher.as_mut(), &mut policy, &s) {
+                            Some(t) => tail = t,
+                            None => std::thread::sleep(std::time::Duration::from_micros(50)),
+                        }
+                        continue;
+                    }
                     let times = serving.as_mut();
                     match serve_one(
                         &ring,
@@ -284,12 +369,24 @@ impl ProxyThread {
                                 policy.publish(tail, publisher.as_mut(), &s);
                             } else if idle_spins.is_multiple_of(1 << 22) {
                                 report_idle(&ring, tail, idle_since.elapsed());
+                            } else if !stuck_reported
+                                && idle_spins.is_multiple_of(1 << 12)
+                                && let Some(stuck) = ring.stuck_wait()
+                            {
+                                stuck_reported = true;
+                                s.ask_abort(AbortCause::StuckWait(stuck));
                             }
                             std::hint::spin_loop();
                         }
                     }
                 }
-                if let Err(e) = handler.sync().and_then(|_| publisher.publish(tail)) {
+                // An aborted proxy completes nothing more: its peers may be gone.
+                let finish = if draining {
+                    publisher.publish(tail)
+                } else {
+                    handler.sync().and_then(|_| publisher.publish(tail))
+                };
+                if let Err(e) = finish {
                     log::error!("final flush at FIFO position {tail} failed: {e}");
                     s.fail(e);
                 }
@@ -338,6 +435,8 @@ pub struct ProxySlot {
     thread: Option<ProxyThread>,
     tail: u64,
     shared: Option<Arc<ProxyShared>>,
+    abort_hook: Option<AbortHook>,
+    aborted: bool,
 }
 
 impl ProxySlot {
@@ -378,9 +477,32 @@ impl ProxySlot {
                 Ok(())
             }),
         )?;
+        if let Some(hook) = &self.abort_hook {
+            thread.shared().set_abort_hook(hook.clone());
+        }
+        if self.aborted {
+            thread.shared().abort();
+        }
         self.shared = Some(thread.shared().clone());
         self.thread = Some(thread);
         Ok(())
+    }
+
+    /// What the proxies launched from here on call when they want the communicator aborted.
+    pub fn set_abort_hook(&mut self, hook: AbortHook) {
+        if let Some(s) = &self.shared {
+            s.set_abort_hook(hook.clone());
+        }
+        self.abort_hook = Some(hook);
+    }
+
+    /// Aborts the running proxy (it stops moving data, releases the kernels' waits and drains the FIFO)
+    /// and any launched later.
+    pub fn abort(&mut self) {
+        self.aborted = true;
+        if let Some(s) = &self.shared {
+            s.abort();
+        }
     }
 
     /// Stops the thread, if it runs, and warns if `what` (the proxy, for the log) dropped triggers.
@@ -406,7 +528,7 @@ mod tests {
     use fifo::FIFO_SIZE;
 
     #[repr(align(16))]
-    struct Slots([[u64; 2]; FIFO_SIZE as usize + 1]);
+    struct Slots([[u64; 2]; FIFO_SIZE as usize + 1 + fifo::CONTROL_SLOTS]);
 
     #[derive(Default)]
     struct Recorder {
@@ -452,7 +574,7 @@ mod tests {
 
     /// A FIFO holding `n` flag triggers from position 0.
     fn flags(n: u64) -> Box<Slots> {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1 + fifo::CONTROL_SLOTS]));
         for pos in 0..n {
             push(&mut slots, pos, flag());
         }
@@ -461,7 +583,7 @@ mod tests {
 
     #[test]
     fn tail_is_published_every_flush_counter_and_after_sync() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1 + fifo::CONTROL_SLOTS]));
         let data = Trigger {
             data_size: 8,
             src_offset: 0,
@@ -524,7 +646,7 @@ mod tests {
 
     #[test]
     fn bad_triggers_are_dropped_and_released() {
-        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1]));
+        let mut slots = Box::new(Slots([[0; 2]; FIFO_SIZE as usize + 1 + fifo::CONTROL_SLOTS]));
         let bad = Trigger {
             data_size: 8,
             src_offset: 0,
@@ -613,6 +735,118 @@ mod tests {
             "3 triggers are fewer than FLUSH_COUNTER: refreshed when idle"
         );
         assert_eq!(p.stop().unwrap(), 3);
+    }
+
+    /// A recorder whose `abort` is seen from outside the thread.
+    struct Aborting(Arc<AtomicU64>);
+    impl TriggerHandler for Aborting {
+        fn handle(&mut self, _: &Trigger) -> Result<()> {
+            Err(Error::internal("an aborted proxy must not carry triggers out"))
+        }
+        fn sync(&mut self) -> Result<()> {
+            Err(Error::internal("an aborted proxy must not sync"))
+        }
+        fn abort(&mut self) -> Result<()> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn an_aborted_proxy_releases_waits_once_and_drains_without_carrying_out() {
+        let mut slots = flags(5);
+        let slots_ptr = slots.0.as_mut_ptr();
+        // SAFETY: `slots` outlives the thread, which is stopped below.
+        let ring = unsafe { TriggerRing::new(slots_ptr) };
+        let aborts = Arc::new(AtomicU64::new(0));
+        let tails = Arc::new(Mutex::new(Vec::new()));
+        struct Shared(Arc<Mutex<Vec<u64>>>);
+        impl TailPublisher for Shared {
+            fn publish(&mut self, tail: u64) -> Result<()> {
+                self.0.lock().push(tail);
+                Ok(())
+            }
+        }
+        let p = ProxyThread::spawn(
+            "test-proxy".into(),
+            0,
+            ring,
+            0,
+            Box::new(Aborting(aborts.clone())),
+            Box::new(Shared(tails.clone())),
+            Box::new(|| Ok(())),
+        )
+        .unwrap();
+        p.shared().abort();
+        wait_until("the aborted proxy did not drain the FIFO", || {
+            tails.lock().last() == Some(&5)
+        });
+        // A kernel pushing after the abort still gets its slot back.
+        // SAFETY: the slot is written as the device would, while the proxy polls it.
+        unsafe { std::ptr::write_volatile(slots_ptr.add(5), flag().encode()) };
+        wait_until("a trigger pushed after the abort was not drained", || {
+            tails.lock().last() == Some(&6)
+        });
+        assert_eq!(p.stop().unwrap(), 6);
+        assert_eq!(aborts.load(Ordering::Relaxed), 1, "the handler releases the waits once");
+        assert!(all_released(&slots), "every slot released");
+        assert_ne!(
+            slots.0[FIFO_SIZE as usize + 1][0],
+            0,
+            "kernels see the abort in the control word"
+        );
+        assert_eq!(slots.0[FIFO_SIZE as usize][0], 6, "the host tail follows the drain");
+    }
+
+    fn all_released(slots: &Slots) -> bool {
+        slots.0[..FIFO_SIZE as usize].iter().all(|s| s[0] == 0)
+    }
+
+    #[test]
+    fn a_stuck_wait_report_reaches_the_abort_hook_once() {
+        let mut slots = flags(0);
+        let base = FIFO_SIZE as usize + 1;
+        // What the header writes: expected epoch 7, last seen 5, connection 3, kind wait.
+        slots.0[base + 1] = [(1 << 63) | (1 << 32) | 3, 7];
+        slots.0[base + 2] = [5, 0];
+        // SAFETY: `slots` outlives the thread, which is stopped below.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let causes = Arc::new(Mutex::new(Vec::new()));
+        let p = ProxyThread::spawn(
+            "test-proxy".into(),
+            0,
+            ring,
+            0,
+            Box::new(Recorder::default()),
+            Box::new(Tails::default()),
+            Box::new(|| Ok(())),
+        )
+        .unwrap();
+        let seen = causes.clone();
+        let shared = p.shared().clone();
+        p.shared().set_abort_hook(Arc::new(move |c| {
+            seen.lock().push(c);
+            shared.abort();
+        }));
+        wait_until("the stuck wait was not reported", || !causes.lock().is_empty());
+        p.stop().unwrap();
+        let causes = causes.lock();
+        assert_eq!(causes.len(), 1, "reported once");
+        match &causes[0] {
+            AbortCause::StuckWait(w) => {
+                assert_eq!((w.conn_id, w.is_wait, w.expected, w.seen), (3, true, 7, 5), "{w}");
+                assert!(w.to_string().contains("epoch 7"), "{w}");
+            }
+            other => panic!("expected a stuck wait, got {other:?}"),
+        }
     }
 
     #[test]
