@@ -7,7 +7,7 @@
 #   build/lib/pkgconfig/mscclpp.pc              relocatable (prefix from the .pc file's own place)
 #   build/lib/libcudart.so.13                   only for the GPU programs below (-cudart shared)
 #   build/tests/host/<name>     from c-tests/host/<name>.cpp     (g++)
-#   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc)
+#   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc; helpers from examples-c/common/)
 #   build/tests/layout/layout_test, layout_test_cuda from c-tests/layout/layout_test.cpp (g++, nvcc)
 #   build/bench/<name>          from examples-c/bench/<name>.cu  (nvcc)
 #   build/examples/<dir>/<name> from examples-c/<dir>/<name>.cu  (nvcc; every <dir> but bench)
@@ -135,8 +135,8 @@ build/tests/host/%: c-tests/host/%.cpp $(LINK_DEPS) | $(LINK_ORDER)
 
 build/tests/gpu/%: c-tests/gpu/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Ic-tests -MMD -MP $< \
-	  -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
+	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
+	  $< -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 build/bench/%: examples-c/bench/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	@mkdir -p $(@D)

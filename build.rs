@@ -60,6 +60,7 @@ fn main() {
         println!("cargo:rerun-if-changed={INCLUDE_OUT}/{header}");
     }
 
+    // After the headers are written: the C++ part includes mscclpp.h for its structs.
     compile_cxx(&cxx_dir, &out_dir);
 
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as

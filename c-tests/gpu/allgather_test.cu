@@ -6,8 +6,9 @@
 //
 // Per size and kernel: two launches on fresh data (each checked), then three launches back to back on the
 // same data (checked after the last), which also exercises epoch counters that persist across launches.
-#include "test_common.h"
+// From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
 #include "allgather_kernels.cuh"
+#include "case_runner.h"
 
 using namespace tc;
 

@@ -8,7 +8,8 @@
 //   - mscclppProxyStop twice is harmless; mscclppCommDestroy without mscclppProxyStop is safe.
 //
 //   bad_triggers 2
-#include "test_common.h"
+// From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
+#include "case_runner.h"
 
 using namespace tc;
 

@@ -15,8 +15,9 @@ LEGACY_HEADER ?= ../shared/reference/mscclpp-0.1.0.h
 LEGACY_INCLUDE_DIR := build/legacy-include
 LEGACY_ABI_BIN := build/tests/gpu/legacy_allgather
 LEGACY_ABI_SRC := c-tests/legacy-abi/legacy_allgather.cu
-LEGACY_ABI_DEPS := $(LEGACY_ABI_SRC) c-tests/legacy-abi/include/mscclppfifo.h c-tests/gpu/test_common.h \
-                   c-tests/gpu/allgather_kernels.cuh $(LINK_DEPS)
+# The helpers the GPU tests and benchmarks share (examples-c/common/).
+LEGACY_COMMON := $(wildcard examples-c/common/*.h examples-c/common/*.cuh)
+LEGACY_ABI_DEPS := $(LEGACY_ABI_SRC) c-tests/legacy-abi/include/mscclppfifo.h $(LEGACY_COMMON) $(LINK_DEPS)
 # Built first (order only): the library and its links, the bundled CUDA runtime, the compiler.
 LEGACY_ABI_ORDER ?= $(if $(CUDA_ORDER),$(CUDA_ORDER),build/lib/libmscclpp.so)
 NVCC ?= nvcc
@@ -39,10 +40,11 @@ $(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
 # sees only the 0.1.0 header and the FIFO header written for it.
 $(LEGACY_ABI_BIN): $(LEGACY_ABI_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $(LEGACY_ABI_SRC) -o $@ \
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I examples-c/common \
+	  $(LEGACY_ABI_SRC) -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
 
-build/bench/legacy/%: examples-c/bench/%.cu c-tests/gpu/test_common.h $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
+build/bench/legacy/%: examples-c/bench/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
                       | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
 	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $< -o $@ \

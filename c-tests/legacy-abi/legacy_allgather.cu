@@ -7,8 +7,9 @@
 //   legacy_allgather 2
 #include <cstddef>
 
-#include "../gpu/test_common.h"
-#include "../gpu/allgather_kernels.cuh"
+// From examples-c/common/ (legacy.mk adds it to the include path): shared with the benchmarks.
+#include "allgather_kernels.cuh"
+#include "case_runner.h"
 
 using namespace tc;
 

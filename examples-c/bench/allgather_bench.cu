@@ -1,11 +1,11 @@
-// All-gather benchmark with the legacy test's two patterns (see c-tests/gpu/allgather_kernels.cuh), whole
+// All-gather benchmark with the legacy test's two patterns (see ../common/allgather_kernels.cuh), whole
 // buffers of 1 MiB to 1 GiB. As the legacy test did, a CUDA graph of 10 kernel launches is captured and
 // launched 10 times per measurement (100 times up to 16 MiB); the time per kernel is the median over repeats and
 // algBW = whole buffer / time per kernel. Every size is checked word by word before and after timing.
 //
 //   allgather_bench [nranks] [--port P]
-#include "../../c-tests/gpu/test_common.h"
-#include "../../c-tests/gpu/allgather_kernels.cuh"
+#include "../common/allgather_kernels.cuh"
+#include "../common/case_runner.h"
 
 using namespace tc;
 

@@ -4,7 +4,7 @@
 // direction. Each size is checked word by word once before it is timed.
 //
 //   bidir_put [--port P]
-#include "../../c-tests/gpu/test_common.h"
+#include "../common/case_runner.h"
 
 using namespace tc;
 

@@ -3,7 +3,7 @@
 // block-wide directPut in both directions at once. Checked before timed.
 //
 //   direct_bench [--port P]
-#include "../../c-tests/gpu/test_common.h"
+#include "../common/case_runner.h"
 
 using namespace tc;
 

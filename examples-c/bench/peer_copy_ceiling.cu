@@ -18,6 +18,9 @@ constexpr size_t kBytes = 1ull << 30;
 constexpr int kRepeats = 5;
 constexpr int kThreads = 1024;
 
+// This file's own check, not those of ../common/: the program measures the link without this library, so
+// it uses nothing of it and a reader sees all it does here; a failure is a `FAIL peer_copy_ceiling: ...`
+// line on stdout, where run_bench.sh looks for it.
 #define CHECK(call)                                                                                        \
   do {                                                                                                     \
     cudaError_t e_ = (call);                                                                               \

@@ -3,7 +3,7 @@
 // 2 / iterations), median of repeats, timed with CUDA events after a checked run and a warm-up.
 //
 //   pingpong [--port P]
-#include "../../c-tests/gpu/test_common.h"
+#include "../common/case_runner.h"
 
 using namespace tc;
 

@@ -45,6 +45,11 @@ constexpr uint64_t kSpinLimitNs = 2000000000ull; // a kernel that waits 2 s give
 constexpr uint64_t kMaxBytes = 1ull << 20;
 constexpr uint64_t kMaxIters = 5000;
 
+// This file's own checks, not those of ../common/: the program measures a proxy without this library, so it
+// uses nothing of it and a reader sees all it does here; a failure is a `FAIL proxy_floor: ...` line on
+// stdout, where run_bench.sh looks for it. They end the process with _exit(): they run in forked children
+// and in one of two threads, where exit() would run exit handlers and destructors while the other side
+// still runs.
 #define CHECK(call)                                                                                        \
   do {                                                                                                     \
     cudaError_t e_ = (call);                                                                               \

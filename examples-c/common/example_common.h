@@ -1,7 +1,10 @@
 // example_common.h: the helpers every example shares: error checks, whole-line printing, time-outs
 // (so that a broken set-up ends with a message instead of a hang), and one child process per rank.
 //
-// Not a library interface: each example includes it as "../common/example_common.h".
+// Not a library interface: each example includes it as "../common/example_common.h". The GPU tests and
+// the benchmarks share it too, through case_runner.h beside it. Some of them are also built against the
+// MSCCL++ 0.1.0 header, so nothing here may need more than that header has (see epochReached()).
+// bench/proxy_floor.cu and bench/peer_copy_ceiling.cu use none of it: they measure without the library.
 #ifndef MSCCLPP_EXAMPLE_COMMON_H_
 #define MSCCLPP_EXAMPLE_COMMON_H_
 
@@ -103,13 +106,24 @@ __device__ __forceinline__ uint64_t globalTimerNs()
   return t;
 }
 
+// Whether the peer's proxy has published `epoch` signals, as wait() decides it: conn.epochReached(). The
+// 0.1.0 header has no such method; its wait() reads only the epoch struct, so that is what counts there.
+__device__ __forceinline__ bool epochReached(mscclppDevConn& conn, uint64_t epoch)
+{
+#ifdef MSCCLPP_HAS_EPOCH_REACHED
+  return conn.epochReached(epoch);
+#else
+  return *reinterpret_cast<volatile uint64_t*>(&conn.localSignalEpochId->proxy) >= epoch;
+#endif
+}
+
 // conn.wait() with a watchdog: spins until the peer's next signal has arrived, as wait() does, but gives
 // up after timeoutNs and returns false. Once the signal is there, wait() itself records it and returns.
 __device__ __forceinline__ bool waitWithTimeout(mscclppDevConn& conn, uint64_t timeoutNs = kWaitTimeoutNs)
 {
   const uint64_t expected = *conn.waitEpochId + 1;
   const uint64_t start = globalTimerNs();
-  while (!conn.epochReached(expected)) {
+  while (!epochReached(conn, expected)) {
     if (globalTimerNs() - start > timeoutNs) return false;
   }
   conn.wait();
@@ -164,6 +178,19 @@ inline void preloadKernel(Kernel* kernel)
 
 // ---- one process per rank ----
 
+// fork() for the process of one rank: the child dies with the parent (for example when `timeout` kills
+// the parent) and ends at once if the parent is already gone. Returns what fork() returned.
+inline pid_t forkRankProcess()
+{
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+  }
+  return pid;
+}
+
 // Runs body(rank) in one child process per rank and waits for all of them for at most `seconds`. The
 // parent touches no CUDA (CUDA does not survive fork()), so each child starts CUDA afresh. When a child
 // fails, the others are killed at once. Returns true if every child exited with 0.
@@ -171,19 +198,15 @@ inline bool runRanks(int nranks, double seconds, const std::function<int(int)>& 
 {
   fflush(stdout);
   fflush(stderr);
-  const pid_t parent = getpid();
   std::vector<pid_t> pids(nranks, -1);
   for (int rank = 0; rank < nranks; ++rank) {
-    pid_t pid = fork();
+    pid_t pid = forkRankProcess();
     if (pid < 0) {
       perror("fork");
       for (int r = 0; r < rank; ++r) kill(pids[r], SIGKILL);
       return false;
     }
     if (pid == 0) {
-      // Die with the parent (for example when `timeout` kills it).
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);
       int rc = body(rank);
       fflush(stdout);
       fflush(stderr);

@@ -1,17 +1,13 @@
 // The one part of the library in C++: mscclppRegisteredMemory holds a std::vector owned by the
 // application, so appending to it and reading it must be done by C++ code built with the same
 // standard library.
+//
+// The structs come from the public header that build.rs has just generated (it writes the headers before
+// it compiles this file), so the layout seen here is the one applications see.
+#include <mscclpp.h>
+
 #include <cstddef>
 #include <vector>
-
-struct mscclppIbMr;
-struct mscclppRegisteredMemoryP2P {
-  void* remoteBuff;
-  mscclppIbMr* IbMr;
-};
-struct mscclppRegisteredMemory {
-  std::vector<mscclppRegisteredMemoryP2P> p2p;
-};
 
 extern "C" int mscclpp_regmem_append(mscclppRegisteredMemory* mem, void* remoteBuff, mscclppIbMr* ibMr) noexcept {
   try {

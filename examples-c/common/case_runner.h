@@ -1,4 +1,11 @@
-// Shared helpers of the GPU test programs and benchmarks.
+// case_runner.h: how the GPU tests and the benchmarks run their cases, built on example_common.h (whose
+// clocks, epoch check and forking it uses). Tests include it through the Makefile's -I of this folder,
+// benchmarks as "../common/case_runner.h". It also compiles against the MSCCL++ 0.1.0 header (the legacy-ABI
+// test and the legacy builds of two benchmarks).
+//
+// Where example_common.h ends the process on the first error (CUDA_CHECK, MSCCLPP_CHECK), the functions
+// here return the reason as a string (TC_CUDA, TC_MSCCLPP, TC_TRY, TC_EXPECT), so that a failed case becomes
+// a FAIL line and the rank goes on with the next case where it can.
 //
 // Process model: the parent forks one child per rank and never touches CUDA itself (CUDA state does not
 // survive fork()). Each child picks its GPU, joins the communicator and runs a fixed sequence of test
@@ -8,8 +15,10 @@
 // Nothing may hang: device-side waits give up after a timeout and report it, every kernel is waited for
 // with a host-side deadline, blocking library calls can be run under a deadline, and each child has an
 // alarm() as a last resort. A timeout is a failure.
-#ifndef MSCCLPP_TEST_COMMON_H_
-#define MSCCLPP_TEST_COMMON_H_
+#ifndef MSCCLPP_CASE_RUNNER_H_
+#define MSCCLPP_CASE_RUNNER_H_
+
+#include "example_common.h"
 
 #include <cuda_runtime.h>
 #include <mscclpp.h>
@@ -18,7 +27,6 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -42,6 +50,10 @@
 
 namespace tc {
 
+using example::epochReached;
+using example::globalTimerNs;
+using example::nowSec;
+
 constexpr int kMaxRanks = 16;
 constexpr int kMaxCases = 128;
 constexpr int kNameLen = 96;
@@ -62,13 +74,6 @@ inline std::string fmt(const char* f, ...)
   vsnprintf(buf, sizeof(buf), f, ap);
   va_end(ap);
   return buf;
-}
-
-inline double nowSec()
-{
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 // All deadlines are multiplied by MSCCLPP_TEST_TIMEOUT_SCALE (e.g. under compute-sanitizer).
@@ -179,13 +184,6 @@ struct DevStatus
 // The connections a kernel may use, copied from mscclppGetAllDeviceConnections().
 __constant__ mscclppDevConn_t gConns[kMaxConns];
 
-__device__ __forceinline__ uint64_t globalTimerNs()
-{
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ inline void devFail(DevStatus* st, int code, int op, uint64_t iter, uint64_t expected, uint64_t observed)
 {
   if (st->failed) return; // keep the first report (best effort; only diagnostics race here)
@@ -202,17 +200,6 @@ __device__ inline void devFail(DevStatus* st, int code, int op, uint64_t iter, u
 __device__ inline void devProgress(DevStatus* st, int op, uint64_t iter)
 {
   if (blockIdx.x < kMaxProgress) st->progress[blockIdx.x] = ((unsigned long long)(op + 1) << 40) | (iter & 0xFFFFFFFFFFull);
-}
-
-// Whether the peer's proxy has published `epoch` signals, as wait() decides it (the legacy header only has
-// the epoch struct).
-__device__ inline bool epochReached(mscclppDevConn_t& conn, uint64_t epoch)
-{
-#ifdef MSCCLPP_HAS_EPOCH_REACHED
-  return conn.epochReached(epoch);
-#else
-  return *reinterpret_cast<volatile uint64_t*>(&conn.localSignalEpochId->proxy) >= epoch;
-#endif
 }
 
 // mscclppDevConn::wait() with a deadline: bumps waitEpochId exactly as wait() does, then spins until the
@@ -709,6 +696,8 @@ static int gAlarmRank = -1;
 
 inline void onStopSignal(int) { gStopRequested = 1; }
 
+// A rank's last resort against a hang, as example::onAlarm is a program's; this one names the rank, and its
+// exit code 3 tells the parent that the alarm fired (describeStatus()).
 inline void onAlarm(int)
 {
   char msg[96];
@@ -747,20 +736,17 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
 
   signal(SIGTERM, onStopSignal);
   signal(SIGINT, onStopSignal);
-  const pid_t parent = getpid();
   std::vector<pid_t> pids(nranks, -1);
   std::vector<int> statuses(nranks, 0);
   std::vector<bool> done(nranks, false), killed(nranks, false);
   for (int r = 0; r < nranks; ++r) {
-    pid_t pid = fork();
+    pid_t pid = example::forkRankProcess();
     if (pid < 0) {
       printf("FAIL %s: fork failed: %s\n", progName, strerror(errno));
       for (int k = 0; k < r; ++k) kill(pids[k], SIGKILL);
       return 1;
     }
     if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(5);
       signal(SIGTERM, SIG_DFL);
       signal(SIGINT, SIG_DFL);
       gAlarmRank = r;
@@ -891,4 +877,4 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
 
 } // namespace tc
 
-#endif // MSCCLPP_TEST_COMMON_H_
+#endif // MSCCLPP_CASE_RUNNER_H_

@@ -1,5 +1,6 @@
 // The two all-gather patterns of the legacy all-gather test, and their set-up and checking, shared by the
-// all-gather test, the legacy-ABI test and the all-gather benchmark. Include after test_common.h.
+// all-gather test, the legacy-ABI test and the all-gather benchmark (which so measures exactly the kernels
+// the test checks).
 //
 // The buffer holds nranks chunks; rank q owns chunk q. Every rank connects once (tag 0) to every peer with
 // the whole buffer, in ascending peer order, so connection i serves peer (i < rank ? i : i + 1).
@@ -10,6 +11,8 @@
 // follow each other (the wait counters persist in device memory).
 #ifndef MSCCLPP_ALLGATHER_KERNELS_CUH_
 #define MSCCLPP_ALLGATHER_KERNELS_CUH_
+
+#include "case_runner.h"
 
 namespace tc {
 
