@@ -16,6 +16,7 @@
 #include <mscclpp.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -129,6 +130,18 @@ static std::string whole_log() {
   return g_log;
 }
 
+// The threads of this process (Linux: the entries of /proc/self/task).
+static int thread_count() {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
 // ---- processes ----
 template <typename F>
 static pid_t spawn(F body) {
@@ -218,6 +231,8 @@ static int calls_after_failure(mscclppComm_t comm, mscclppResult_t want, int cul
   r = mscclppCommDestroy(comm);
   CHECK(r == mscclppSuccess, "destroy after the failure: %s", mscclppGetErrorString(r));
   CHECK(now_s() - t < 5, "destroy took %.2f s", now_s() - t);
+  // No thread of the library is left behind.
+  CHECK(thread_count() == 1, "%d threads left after destroy", thread_count());
   return 0;
 }
 
@@ -307,6 +322,7 @@ static int idle_rank(int rank, int nranks, const char* addr) {
   CHECK(r == mscclppSuccess, "barrier after idling: %s", mscclppGetErrorString(r));
   r = mscclppCommDestroy(comm);
   CHECK(r == mscclppSuccess, "destroy: %s", mscclppGetErrorString(r));
+  CHECK(thread_count() == 1, "%d threads left after destroy", thread_count());
   // Ranks that destroy their communicators one after the other do not take each other for dead.
   sleep_s(0.3);
   CHECK(log_line_with({"WARN"}).empty(), "a warning in a healthy job:\n%s", whole_log().c_str());
