@@ -1,8 +1,9 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
-use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
+use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, FastFlag, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
+use crate::failure::FailureState;
 use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
 use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
@@ -79,6 +80,8 @@ pub struct Communicator {
     nranks: usize,
     bootstrap: Bootstrap,
     state: Mutex<CommState>,
+    /// Failures besides the bootstrap's (see `failure.rs`).
+    failures: FailureState,
 }
 
 impl Communicator {
@@ -114,6 +117,7 @@ impl Communicator {
             nranks: bootstrap.nranks(),
             bootstrap,
             state: Mutex::new(state),
+            failures: FailureState::default(),
         }
     }
 
@@ -125,6 +129,27 @@ impl Communicator {
     }
     pub fn bootstrap(&self) -> &Bootstrap {
         &self.bootstrap
+    }
+    pub(crate) fn failures(&self) -> &FailureState {
+        &self.failures
+    }
+
+    /// The proxies' failure, if one can be seen now: never waits for the state, which another call may
+    /// hold for long (`mscclppCommGetAsyncError` must not block).
+    pub(crate) fn proxy_failure_now(&self) -> Option<Error> {
+        let st = self.state.try_lock()?;
+        st.proxy.failure().or_else(|| st.ib.failure())
+    }
+
+    /// Tells the transports and their proxies to abort, after a peer failed or `mscclppCommAbort`: the one
+    /// place where a failure reaches them. For now the proxies stop as at destroy (no barrier, and no wait
+    /// on any peer); a transport-level abort that also ends kernels' waits goes here.
+    pub(crate) fn abort_transports(&self, failure: &PeerFailure) {
+        let mut st = self.state.lock();
+        if let Err(e) = Self::stop_proxy(&mut st) {
+            log::info!("stopping the proxies after the failure ({}): {e}", failure.how());
+        }
+        log::info!("transports aborted after the failure ({})", failure.how());
     }
 
     /// The proxy's first failure, if any; later calls report it instead of going on.
@@ -154,6 +179,7 @@ impl Communicator {
         size: u64,
         transport: TransportKind,
     ) -> Result<()> {
+        self.check_usable()?;
         let mut st = self.state.lock();
         if st.proxy.is_running() || st.ib.is_running() {
             return Err(Error::invalid_usage(
@@ -204,6 +230,7 @@ impl Communicator {
 
     /// `mscclppConnectionSetup`: exchanges what each pair needs, maps peers' memory, ends with a barrier.
     pub fn setup(&self) -> Result<()> {
+        self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         if st.proxy.is_running() || st.ib.is_running() {
@@ -423,6 +450,7 @@ impl Communicator {
 
     /// `mscclppProxyLaunch`: starts the proxy thread that serves the P2P connections.
     pub fn proxy_launch(&self) -> Result<()> {
+        self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         if st.proxy.is_running() || st.ib.is_running() {
@@ -497,15 +525,19 @@ impl Communicator {
         Self::check_proxy(st).and(ib)
     }
 
-    /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop.
+    /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop. The
+    /// proxies stop even when the barrier fails (after a failure it fails at once), and its error is
+    /// returned.
     pub fn proxy_stop(&self) -> Result<()> {
-        self.bootstrap.barrier()?;
-        Self::stop_proxy(&mut self.state.lock())
+        let barrier = self.bootstrap.barrier();
+        let stop = Self::stop_proxy(&mut self.state.lock());
+        barrier.and(stop)
     }
 
     /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection; returns
     /// one entry per connection, in connect order.
     pub fn register_buffer(&self, ptr: DevicePtr, size: u64) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
+        self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         if st.connections.is_empty() || st.set_up < st.connections.len() {
@@ -574,6 +606,7 @@ impl Communicator {
         dst_offset: u64,
         stream: u64,
     ) -> Result<()> {
+        self.check_usable()?;
         let stream = stream as usize as cudarc::driver::sys::CUstream;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;

@@ -5,6 +5,7 @@
 //! - `types.rs`: the ABI structs and enums the header is generated from.
 //! - `bootstrap/`: TCP rendezvous, all-gather, barrier and point-to-point messages between ranks.
 //! - `comm.rs`: the communicator, which owns a bootstrap, connections and proxies.
+//! - `failure.rs`: what the communicator does when a peer fails or it is aborted, and what it reports.
 //! - `connection.rs`: a connection between two ranks, as recorded by `mscclppConnect`.
 //! - `transport/`: how a connection moves data (P2P over CUDA IPC; InfiniBand).
 //! - `proxy/`: the host thread that serves the device FIFO.
@@ -18,6 +19,7 @@ pub mod codec;
 pub mod comm;
 pub mod connection;
 pub mod error;
+pub mod failure;
 pub mod ffi;
 pub mod gpu;
 pub mod logging;

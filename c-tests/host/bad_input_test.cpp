@@ -133,6 +133,13 @@ int main() {
   CASE("GetDeviceConnection(remoteRank 9)", mscclppGetDeviceConnection(comm, 9, 0, &conns), ARG, "remoteRank");
   CASE("ProxyLaunch(comm NULL)", mscclppProxyLaunch(nullptr), ARG, "comm");
   CASE("ProxyStop(comm NULL)", mscclppProxyStop(nullptr), ARG, "comm");
+  mscclppResult_t asyncErr = mscclppInProgress;
+  CASE("CommAbort(comm NULL)", mscclppCommAbort(nullptr), ARG, "comm");
+  CASE("CommAbort(made-up handle)", mscclppCommAbort((mscclppComm_t)0x1234), USAGE, "not a live communicator");
+  CASE("CommGetAsyncError(comm NULL)", mscclppCommGetAsyncError(nullptr, &asyncErr), ARG, "comm");
+  CASE("CommGetAsyncError(asyncError NULL)", mscclppCommGetAsyncError(comm, nullptr), ARG, "asyncError");
+  CASE("CommGetAsyncError", mscclppCommGetAsyncError(comm, &asyncErr), OK, nullptr);
+  expect("CommGetAsyncError of a healthy communicator", asyncErr, OK, nullptr, mark());
   mscclppRegisteredMemory reg;
   CASE("RegisterBuffer(comm NULL)", mscclppRegisterBuffer(nullptr, fake, 8, &reg), ARG, "comm");
   CASE("RegisterBuffer(local_memory NULL)", mscclppRegisterBuffer(comm, nullptr, 8, &reg), ARG, "local_memory");
@@ -160,6 +167,9 @@ int main() {
   CASE("CommRank after destroy", mscclppCommRank(comm, &value), USAGE, "not a live communicator");
   CASE("BootstrapBarrier after destroy", mscclppBootstrapBarrier(comm), USAGE, "not a live communicator");
   CASE("CommDestroy twice", mscclppCommDestroy(comm), USAGE, "not a live communicator");
+  CASE("CommGetAsyncError after destroy", mscclppCommGetAsyncError(comm, &asyncErr), USAGE,
+       "not a live communicator");
+  CASE("CommAbort after destroy", mscclppCommAbort(comm), USAGE, "not a live communicator");
   CASE("SetLogHandler(NULL) restores default", mscclppSetLogHandler(nullptr), OK, nullptr);
 
   printf("bad input: %d passed, %d failed\n", passed, failed);

@@ -151,6 +151,12 @@ SAME(decltype(&mscclppSetLogHandler), mscclppResult_t (*)(mscclppLogHandler_t));
 SAME(decltype(&mscclppRegisterBuffer), mscclppResult_t (*)(mscclppComm_t, void*, size_t, mscclppRegisteredMemory*));
 SAME(decltype(&mscclppRegisteredBufferWrite), mscclppResult_t (*)(mscclppComm_t, mscclppRegisteredMemory*, void*,
                                                                   size_t, uint32_t, uint32_t, int64_t));
+// ---- mscclpp.h: our extensions ----
+#ifndef MSCCLPP_HAS_ABORT
+#error "mscclpp.h does not define MSCCLPP_HAS_ABORT"
+#endif
+SAME(decltype(&mscclppCommAbort), mscclppResult_t (*)(mscclppComm_t));
+SAME(decltype(&mscclppCommGetAsyncError), mscclppResult_t (*)(mscclppComm_t, mscclppResult_t*));
 // The default argument: legacy callers leave ibDev out.
 SAME(decltype(mscclppConnect(std::declval<mscclppComm_t>(), 1, 0, std::declval<void*>(), 8, mscclppTransportP2P)),
      mscclppResult_t);
@@ -247,6 +253,8 @@ static void checkSymbols()
     reinterpret_cast<const void*>(&mscclppSetLogHandler),
     reinterpret_cast<const void*>(&mscclppRegisterBuffer),
     reinterpret_cast<const void*>(&mscclppRegisteredBufferWrite),
+    reinterpret_cast<const void*>(&mscclppCommAbort),
+    reinterpret_cast<const void*>(&mscclppCommGetAsyncError),
   };
   for (const void* symbol : symbols) {
     CHECK(symbol != nullptr);

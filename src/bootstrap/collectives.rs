@@ -1,5 +1,6 @@
 //! All-gather and barrier over the bootstrap's point-to-point messages. Every rank must call them in the
-//! same order; each has its own message space, so they never mix with user tags.
+//! same order; each has its own message space, so they never mix with user tags. After a failure both
+//! fail at once, even in a job of one rank.
 
 use super::endpoint::Bootstrap;
 use super::wire::{Key, Space};
@@ -22,6 +23,7 @@ impl Bootstrap {
                 data.len()
             )));
         }
+        self.check_alive()?;
         if n == 1 {
             return Ok(());
         }
@@ -52,6 +54,7 @@ impl Bootstrap {
     /// Dissemination: in round k each rank signals the rank 2^k after it and waits for the rank 2^k
     /// before it; after ceil(log2 nranks) rounds every rank has heard, indirectly, from all.
     pub fn barrier(&self) -> Result<()> {
+        self.check_alive()?;
         let (rank, n) = (self.rank(), self.nranks());
         let mut distance = 1;
         let mut round = 0;
@@ -66,5 +69,13 @@ impl Bootstrap {
             round += 1;
         }
         Ok(())
+    }
+
+    /// The first failure's error, if there was one.
+    fn check_alive(&self) -> Result<()> {
+        match self.failure() {
+            Some(f) => Err(f.error()),
+            None => Ok(()),
+        }
     }
 }

@@ -7,11 +7,12 @@
 //! connection per pair of ranks, used both ways.
 
 use super::address::RootAddress;
+use super::health::Liveness;
 use super::receiver::{Receiver, Shared};
 use super::root::Root;
 use super::unique_id::UniqueId;
 use super::wire::{self, ADDR_LEN, Greeting, Key, Kind, MAX_RANKS, Refusal};
-use super::{PROTOCOL_MAGIC, handshake_timeout};
+use super::{PROTOCOL_MAGIC, handshake_timeout, list_ranks};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use log::{debug, info, trace};
@@ -69,6 +70,20 @@ impl Bootstrap {
         nranks: usize,
         timeout: Duration,
     ) -> Result<Bootstrap> {
+        let liveness = Liveness::from_settings();
+        Self::connect_watching(root, local_ip, magic, rank, nranks, timeout, liveness)
+    }
+
+    /// `connect_from`, with the peers watched as `liveness` says (`MSCCLPP_PEER_TIMEOUT` elsewhere).
+    pub(super) fn connect_watching(
+        root: SocketAddr,
+        local_ip: Option<IpAddr>,
+        magic: u64,
+        rank: usize,
+        nranks: usize,
+        timeout: Duration,
+        liveness: Liveness,
+    ) -> Result<Bootstrap> {
         ensure_arg!(
             (1..=MAX_RANKS).contains(&nranks),
             "nranks {nranks} out of range 1-{MAX_RANKS}"
@@ -96,7 +111,7 @@ impl Bootstrap {
         let listen_addr = listener
             .local_addr()
             .map_err(|e| Error::io(format!("rank {rank}: reading the listen address"), e))?;
-        let receiver = Receiver::start(listener, rank, nranks, magic, handshake_timeout(timeout))?;
+        let receiver = Receiver::start(listener, rank, nranks, magic, handshake_timeout(timeout), liveness)?;
 
         let mut hello = Greeting::new(Kind::RootHello, magic, rank, nranks);
         hello.addr = Some(listen_addr);
@@ -139,18 +154,26 @@ impl Bootstrap {
             let writer = stream
                 .try_clone()
                 .map_err(|e| Error::io(format!("rank {rank}: duplicating the socket to peer {peer}"), e))?;
-            *bootstrap.shared().writers[peer].lock() = Some(writer);
+            bootstrap.shared().outboxes[peer].connect(writer);
             bootstrap.receiver.add_outgoing(peer, stream);
         }
         bootstrap
             .shared()
             .mailbox
             .wait_all_connected(deadline)
-            .map_err(|missing| {
-                Error::remote(format!(
+            .map_err(|missing| match bootstrap.failure() {
+                Some(f) => Error::new(
+                    f.error().kind,
+                    format!(
+                        "rank {rank}: waiting for {} to connect: {}",
+                        list_ranks(&missing),
+                        f.error()
+                    ),
+                ),
+                None => Error::remote(format!(
                     "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
                     list_ranks(&missing)
-                ))
+                )),
             })?;
         info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)
@@ -217,37 +240,32 @@ impl Bootstrap {
 
     pub(super) fn send_frame(&self, peer: usize, key: Key, data: &[u8]) -> Result<()> {
         let rank = self.rank;
+        if let Some(f) = self.failure() {
+            return Err(f.error());
+        }
         if peer == rank {
             self.shared().mailbox.deliver(rank, key, data.to_vec());
             return Ok(());
         }
-        let mut writer = self.shared().writers[peer].lock();
-        let Some(stream) = writer.as_mut() else {
-            return Err(Error::remote(format!(
-                "rank {rank}: the connection to peer {peer} is closed"
-            )));
-        };
         let header = wire::encode_frame_header(key, data.len() as u64);
-        // Never `write_vectored`: std's plain `write` passes MSG_NOSIGNAL, so a closed peer is an error and
-        // not a SIGPIPE that kills the application.
-        let sent = if data.len() <= COALESCE_LIMIT {
-            let mut frame = Vec::with_capacity(header.len() + data.len());
-            frame.extend_from_slice(&header);
-            frame.extend_from_slice(data);
-            stream.write_all(&frame)
-        } else {
-            stream.write_all(&header).and_then(|()| stream.write_all(data))
-        };
-        if let Err(e) = sent {
-            // A partly written frame leaves the stream unusable: later sends must fail, not garble.
-            *writer = None;
-            return Err(Error::remote(format!(
-                "rank {rank}: sending {} bytes ({:?} tag {}) to peer {peer} at {} failed: {e}",
-                data.len(),
-                key.space,
-                key.tag,
-                self.peers[peer]
-            )));
+        match self.shared().outboxes[peer].send_frame(&header, data, data.len() <= COALESCE_LIMIT) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
+                return Err(Error::remote(format!(
+                    "rank {rank}: the connection to peer {peer} is closed"
+                )));
+            }
+            // A send that failed because the job failed (the socket of a silent peer is shut down) says so.
+            Err(_) if self.failure().is_some() => return Err(self.failure().expect("checked").error()),
+            Err(e) => {
+                return Err(Error::remote(format!(
+                    "rank {rank}: sending {} bytes ({:?} tag {}) to peer {peer} at {} failed: {e}",
+                    data.len(),
+                    key.space,
+                    key.tag,
+                    self.peers[peer]
+                )));
+            }
         }
         trace!(
             "sent {} bytes ({:?} tag {}) to peer {peer}",
@@ -262,7 +280,7 @@ impl Bootstrap {
         self.shared()
             .mailbox
             .take(peer, key)
-            .map_err(|e| Error::remote(format!("rank {}: {}", self.rank, e.message)))
+            .map_err(|e| Error::new(e.kind, format!("rank {}: {}", self.rank, e.message)))
     }
 }
 
@@ -324,28 +342,9 @@ fn with_scope_of(addr: SocketAddr, via: SocketAddr) -> SocketAddr {
     }
 }
 
-/// "rank 2", "ranks 1, 2, 5", or the first few and a count for a long list.
-pub(super) fn list_ranks(ranks: &[usize]) -> String {
-    const SHOWN: usize = 16;
-    let mut s: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
-    if ranks.len() > SHOWN {
-        s.push(format!("and {} more", ranks.len() - SHOWN));
-    }
-    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
-    format!("{noun} {}", s.join(", "))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rank_lists_stay_short() {
-        assert_eq!(list_ranks(&[2]), "rank 2");
-        assert_eq!(list_ranks(&[1, 2, 5]), "ranks 1, 2, 5");
-        let many: Vec<usize> = (0..40).collect();
-        assert!(list_ranks(&many).ends_with("15, and 24 more"));
-    }
 
     #[test]
     fn link_local_addresses_take_the_local_scope() {

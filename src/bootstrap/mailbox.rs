@@ -1,5 +1,5 @@
-//! Messages that arrived from peers, waiting for `recv`: one FIFO per (peer, key), and what we know about
-//! each peer's connection.
+//! Messages that arrived from peers, waiting for `recv`: one FIFO per (peer, key), what we know about
+//! each peer's connection, and whether the job has failed (then every wait fails at once).
 
 use super::wire::Key;
 use crate::error::{Error, Result};
@@ -20,6 +20,8 @@ enum Link {
 struct State {
     queues: HashMap<(usize, Key), VecDeque<Vec<u8>>>,
     links: Vec<Link>,
+    /// The error of the first failure (a peer declared dead, or an abort).
+    failure: Option<Error>,
 }
 
 /// Shared by the receive thread, which delivers, and the rank's threads, which wait.
@@ -37,6 +39,7 @@ impl Mailbox {
             state: Mutex::new(State {
                 queues: HashMap::new(),
                 links,
+                failure: None,
             }),
             changed: Condvar::new(),
         }
@@ -74,7 +77,18 @@ impl Mailbox {
         self.changed.notify_all();
     }
 
-    /// Waits until every peer has connected, or returns the ranks still missing at `deadline`.
+    /// Records the job's failure: every wait, now and later, fails with `error`.
+    pub fn fail(&self, error: Error) {
+        let mut state = self.state.lock();
+        if state.failure.is_none() {
+            state.failure = Some(error);
+        }
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Waits until every peer has connected, or returns the ranks still missing at `deadline` (or as soon
+    /// as the job fails).
     pub fn wait_all_connected(&self, deadline: Instant) -> std::result::Result<(), Vec<usize>> {
         let mut state = self.state.lock();
         loop {
@@ -83,6 +97,9 @@ impl Mailbox {
                 .collect();
             if missing.is_empty() {
                 return Ok(());
+            }
+            if state.failure.is_some() {
+                return Err(missing);
             }
             if self.changed.wait_until(&mut state, deadline).timed_out() {
                 let missing = (0..state.links.len())
@@ -94,10 +111,20 @@ impl Mailbox {
     }
 
     /// Takes the oldest message from `peer` under `key`, waiting for one as long as the peer's connection
-    /// is open. Messages that arrived before a connection closed are still delivered.
+    /// is open. Messages that arrived before a connection closed are still delivered; once the job has
+    /// failed, nothing is: the failure's error comes back at once.
     pub fn take(&self, peer: usize, key: Key) -> Result<Vec<u8>> {
         let mut state = self.state.lock();
         loop {
+            if let Some(e) = &state.failure {
+                return Err(Error::new(
+                    e.kind,
+                    format!(
+                        "waiting for a message from peer {peer} ({:?} tag {}): {}",
+                        key.space, key.tag, e.message
+                    ),
+                ));
+            }
             if let Some(queue) = state.queues.get_mut(&(peer, key))
                 && let Some(message) = queue.pop_front()
             {
@@ -155,6 +182,32 @@ mod tests {
             "{}",
             e.message
         );
+    }
+
+    #[test]
+    fn a_failure_ends_every_wait_at_once() {
+        let m = Arc::new(Mailbox::new(0, 3));
+        m.deliver(2, Key::user(1), b"queued".to_vec());
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            m2.fail(Error::remote("rank 1 failed (connection closed)"));
+        });
+        let start = Instant::now();
+        let e = m.take(1, Key::user(1)).unwrap_err();
+        t.join().unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("rank 1 failed"), "{}", e.message);
+        // Even a message already there: the job is over.
+        assert!(m.take(2, Key::user(1)).is_err());
+        assert_eq!(
+            m.wait_all_connected(Instant::now() + Duration::from_secs(30)),
+            Err(vec![1, 2])
+        );
+        // The first failure stays.
+        m.fail(Error::invalid_usage("later"));
+        assert!(m.take(1, Key::user(1)).unwrap_err().message.contains("rank 1 failed"));
     }
 
     #[test]

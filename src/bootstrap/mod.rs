@@ -7,6 +7,9 @@
 //! - `Bootstrap::connect(root, magic, rank, nranks, timeout)`; rank 0 of an `ip:port` job first calls
 //!   `Root::listen(addr, magic, timeout)`. `Bootstrap::connect_to_address` and `connect_to_id` do both.
 //! - `all_gather`, `barrier`, `send(peer, tag, bytes)`, `recv(peer, tag) -> bytes`.
+//! - Failures: `failure() -> Option<PeerFailure>` (the first: a peer declared dead, how and when, or a
+//!   local abort), `on_failure(hook)` (called once with it, on a library thread), `abort()` (a local
+//!   abort that tells the peers). After a failure every call above fails at once with its error.
 //!
 //! Where things are:
 //! - `address.rs`: parsing root addresses; which local address a unique id's root uses.
@@ -14,7 +17,9 @@
 //! - `root.rs`: the root thread that introduces the ranks to each other.
 //! - `endpoint.rs`: a rank's `Bootstrap`: set-up, `send` and `recv`.
 //! - `collectives.rs`: `all_gather` and `barrier`.
-//! - `receiver.rs`: the thread that accepts peers and reads their messages into the `mailbox.rs`.
+//! - `receiver.rs`: the thread that accepts peers, reads their messages into the `mailbox.rs`, and watches
+//!   over them (`health.rs`: heartbeats, timeouts, the first failure); `outbox.rs`: each connection's
+//!   sending side, shared by the rank's threads and that thread.
 //! - `handshake.rs`: accepted connections until their greeting is in (for the root and the receivers).
 //! - `wire.rs`: the bytes on the wire; `sys.rs`: the system calls std lacks (all the unsafe code).
 
@@ -22,7 +27,9 @@ mod address;
 mod collectives;
 mod endpoint;
 mod handshake;
+mod health;
 mod mailbox;
+mod outbox;
 mod receiver;
 mod root;
 mod sys;
@@ -34,6 +41,7 @@ mod tests;
 
 pub use address::RootAddress;
 pub use endpoint::Bootstrap;
+pub use health::{Cause, Liveness, PeerFailure};
 pub use root::Root;
 pub use unique_id::UniqueId;
 pub use wire::MAX_RANKS;
@@ -50,4 +58,28 @@ pub const PROTOCOL_MAGIC: u64 = 0x4d53_4343_4c50_5030;
 /// limits how long a silent stranger holds a slot.
 fn handshake_timeout(timeout: Duration) -> Duration {
     timeout.min(Duration::from_secs(10))
+}
+
+/// "rank 2", "ranks 1, 2, 5", or the first few and a count for a long list.
+pub(crate) fn list_ranks(ranks: &[usize]) -> String {
+    const SHOWN: usize = 16;
+    let mut s: Vec<String> = ranks.iter().take(SHOWN).map(|r| r.to_string()).collect();
+    if ranks.len() > SHOWN {
+        s.push(format!("and {} more", ranks.len() - SHOWN));
+    }
+    let noun = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{noun} {}", s.join(", "))
+}
+
+#[cfg(test)]
+mod list_tests {
+    use super::list_ranks;
+
+    #[test]
+    fn rank_lists_stay_short() {
+        assert_eq!(list_ranks(&[2]), "rank 2");
+        assert_eq!(list_ranks(&[1, 2, 5]), "ranks 1, 2, 5");
+        let many: Vec<usize> = (0..40).collect();
+        assert!(list_ranks(&many).ends_with("15, and 24 more"));
+    }
 }

@@ -2,16 +2,22 @@
 //! reads frames from every peer into the mailbox. Reading everything as it arrives is what keeps sends
 //! from deadlocking: a sender blocks only until the peer's receive thread drains its socket, which never
 //! waits on anything else.
+//!
+//! The same thread keeps watch over the peers (see `health.rs`): it sends the heartbeats and abort
+//! notices (never blocking, see `outbox.rs`), declares a peer dead when its connection closes without a
+//! goodbye or stays silent too long, and acts on the notices peers send.
 
 use super::handshake::{Greeted, Label, PendingHandshakes};
+use super::health::{Cause, Health, Liveness, PeerFailure};
 use super::mailbox::Mailbox;
+use super::outbox::Outbox;
 use super::sys::{self, PollEntry};
-use super::wire::{self, FRAME_HEADER_LEN, Greeting, Key, Kind, PROTOCOL_VERSION};
+use super::wire::{self, FRAME_HEADER_LEN, Greeting, Key, Kind, Notice, PROTOCOL_VERSION, Space};
 use crate::error::{Error, Result};
 use log::{debug, trace, warn};
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +29,9 @@ const READ_BUDGET: usize = 8 << 20;
 /// A message buffer grows by this much at a time, so a length read from the wire never allocates more
 /// than this ahead of the bytes that actually arrive.
 const ALLOC_STEP: usize = 256 << 20;
+/// How long closing the endpoint waits for the goodbyes (and any notices before them) to fit into the
+/// sockets: only a peer that stopped reading makes it wait at all.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// What the rank's own threads and its receive thread share.
 pub struct Shared {
@@ -30,17 +39,76 @@ pub struct Shared {
     pub nranks: usize,
     pub magic: u64,
     pub mailbox: Mailbox,
-    /// The sending half of each peer connection; `None` before it exists and after a send failed.
-    pub writers: Vec<Mutex<Option<TcpStream>>>,
+    /// The sending side of each peer connection (none for this rank itself).
+    pub outboxes: Vec<Outbox>,
+    /// The first failure, and the hook waiting for it.
+    pub health: Health,
+    pub liveness: Liveness,
     stop: AtomicBool,
     /// Connections this rank opened to lower ranks, waiting to be read by the receive thread.
     outgoing: Mutex<Vec<(usize, TcpStream)>>,
+    /// Wakes the receive thread.
+    waker: UnixStream,
+    /// The thread that runs the failure hook.
+    hook_thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Owns the receive thread; dropping it stops the thread and closes the listener.
+impl Shared {
+    /// Wakes the receive thread, which then sends what is queued.
+    pub fn wake(&self) {
+        // A full wake-up socket already holds a pending wake-up, so a failed write loses nothing.
+        let _ = (&self.waker).write(&[1]);
+    }
+
+    /// Records a failure. The first one is logged, fails every wait, is passed on to every other peer
+    /// when this rank saw it first-hand, and runs the failure hook on a thread of its own; later ones are
+    /// only noted.
+    pub fn fail(&self, failure: PeerFailure) {
+        let Some(hook) = self.health.record(failure.clone()) else {
+            debug!("also: {failure}");
+            return;
+        };
+        warn!("{failure}");
+        self.mailbox.fail(failure.error());
+        let notice = match &failure.cause {
+            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => Some(Notice::Dead {
+                rank: failure.rank as u32,
+                how: failure.how(),
+                silent_ms: failure.silent_for.map(|d| d.as_millis() as u64),
+            }),
+            Cause::LocalAbort => Some(Notice::Aborted),
+            // Whoever saw it first-hand tells everyone.
+            Cause::ReportedBy { .. } | Cause::Aborted => None,
+        };
+        if let Some(notice) = notice {
+            let frame = notice.frame();
+            for (peer, outbox) in self.outboxes.iter().enumerate() {
+                if peer != self.rank && peer != failure.rank {
+                    outbox.queue(&frame);
+                }
+            }
+            self.wake();
+        }
+        if let Some(hook) = hook {
+            let rank = self.rank;
+            let spawned = std::thread::Builder::new()
+                .name(format!("mscclpp-failure-{rank}"))
+                .spawn(move || {
+                    crate::logging::set_thread_rank(rank);
+                    hook(&failure);
+                });
+            match spawned {
+                Ok(thread) => *self.hook_thread.lock() = Some(thread),
+                Err(e) => warn!("could not start a thread for the failure hook: {e}"),
+            }
+        }
+    }
+}
+
+/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer and closes the
+/// connections.
 pub struct Receiver {
     shared: Arc<Shared>,
-    waker: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -53,23 +121,30 @@ impl Receiver {
         nranks: usize,
         magic: u64,
         handshake_timeout: Duration,
+        liveness: Liveness,
     ) -> Result<Receiver> {
-        let shared = Arc::new(Shared {
-            rank,
-            nranks,
-            magic,
-            mailbox: Mailbox::new(rank, nranks),
-            writers: (0..nranks).map(|_| Mutex::new(None)).collect(),
-            stop: AtomicBool::new(false),
-            outgoing: Mutex::new(Vec::new()),
-        });
         let context = |what: &str| format!("rank {rank}: {what} for the bootstrap receive thread");
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the listener"), e))?;
         let (waker, wake) = UnixStream::pair().map_err(|e| Error::io(context("creating a wake-up socket"), e))?;
-        wake.set_nonblocking(true)
-            .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
+        for end in [&waker, &wake] {
+            end.set_nonblocking(true)
+                .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
+        }
+        let shared = Arc::new(Shared {
+            rank,
+            nranks,
+            magic,
+            mailbox: Mailbox::new(rank, nranks),
+            outboxes: (0..nranks).map(|_| Outbox::default()).collect(),
+            health: Health::default(),
+            liveness,
+            stop: AtomicBool::new(false),
+            outgoing: Mutex::new(Vec::new()),
+            waker,
+            hook_thread: Mutex::new(None),
+        });
         let listen_addr = listener
             .local_addr()
             .map_err(|e| Error::io(context("reading the listen address"), e))?;
@@ -98,7 +173,6 @@ impl Receiver {
             .map_err(|e| Error::io(context("spawning a thread"), e))?;
         Ok(Receiver {
             shared,
-            waker,
             thread: Some(thread),
         })
     }
@@ -110,29 +184,36 @@ impl Receiver {
     /// Hands a connection this rank opened (and finished the handshake of) to the receive thread.
     pub fn add_outgoing(&self, peer: usize, stream: TcpStream) {
         self.shared.outgoing.lock().push((peer, stream));
-        self.wake();
+        self.shared.wake();
     }
+}
 
-    fn wake(&self) {
-        // A full wake-up socket already holds a pending wake-up, so a failed write loses nothing.
-        let _ = (&self.waker).write(&[1]);
+/// Joins `thread` unless it is the calling thread (the last owner of an endpoint may be one of its own
+/// threads: that one finishes on its own once it returns).
+fn join_unless_current(thread: JoinHandle<()>, what: &str, rank: usize) {
+    if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+        warn!("rank {rank}: the {what} panicked");
     }
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
+        let rank = self.shared.rank;
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.wake();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            warn!("rank {}: the bootstrap receive thread panicked", self.shared.rank);
+        self.shared.wake();
+        if let Some(thread) = self.thread.take() {
+            join_unless_current(thread, "bootstrap receive thread", rank);
         }
-        // Close the sending halves now rather than when the last reference goes, so peers see the end.
-        for writer in &self.shared.writers {
-            if let Some(stream) = writer.lock().take() {
-                let _ = stream.shutdown(std::net::Shutdown::Both);
-            }
+        let hook_thread = self.shared.hook_thread.lock().take();
+        if let Some(thread) = hook_thread {
+            join_unless_current(thread, "failure hook", rank);
+        }
+        // Close the connections now rather than when the last reference goes, with a goodbye first, so
+        // that peers see an orderly end and not a failure.
+        let deadline = Instant::now() + CLOSE_WAIT;
+        let goodbye = wire::control_frame(Space::Goodbye);
+        for outbox in &self.shared.outboxes {
+            outbox.close_by(&goodbye, deadline);
         }
     }
 }
@@ -150,6 +231,8 @@ struct Loop {
 
 impl Loop {
     fn run(mut self) {
+        let liveness = self.shared.liveness;
+        let mut next_tick = Instant::now() + liveness.period;
         loop {
             if self.shared.stop.load(Ordering::SeqCst) {
                 debug!("bootstrap receive thread stopping");
@@ -178,11 +261,8 @@ impl Loop {
             entries.extend(self.pending.poll_entries());
             let first_reader = entries.len();
             entries.extend(self.readers.iter().map(|r| PollEntry::readable(&r.stream)));
-            let wait = self
-                .pending
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(Instant::now()));
-            if let Err(e) = sys::poll(&mut entries, wait) {
+            let wake_at = self.pending.next_deadline().map_or(next_tick, |d| d.min(next_tick));
+            if let Err(e) = sys::poll(&mut entries, Some(wake_at.saturating_duration_since(Instant::now()))) {
                 warn!("bootstrap poll failed: {e}");
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
@@ -194,13 +274,8 @@ impl Loop {
             }
             // Readers first: their indices refer to the list as polled.
             for i in (0..self.readers.len()).rev() {
-                if !entries[first_reader + i].ready {
-                    continue;
-                }
-                if let Err(reason) = self.readers[i].on_readable(&self.shared.mailbox) {
-                    let reader = self.readers.swap_remove(i);
-                    debug!("connection from peer {} ended: {reason}", reader.peer);
-                    self.shared.mailbox.close(reader.peer, reason);
+                if entries[first_reader + i].ready {
+                    self.read_from(i);
                 }
             }
             let greeted = self
@@ -213,6 +288,81 @@ impl Loop {
                 && entries[1].ready
             {
                 self.pending.accept_from(listener);
+            }
+
+            // After reading, so that what arrived while this thread was held up counts as a sign of life.
+            let now = Instant::now();
+            let tick = now >= next_tick;
+            if tick {
+                next_tick = now + liveness.period;
+                self.check_silence();
+            }
+            for r in &self.readers {
+                if let Err(e) = self.shared.outboxes[r.peer].pump(tick) {
+                    debug!("sending a control frame to peer {} failed: {e}", r.peer);
+                }
+            }
+        }
+    }
+
+    /// Reads what reader `i` has; removes it if its connection ended, which is a failure unless the peer
+    /// said goodbye.
+    fn read_from(&mut self, i: usize) {
+        let Err(reason) = self.readers[i].on_readable(&self.shared) else {
+            return;
+        };
+        let reader = self.readers.swap_remove(i);
+        let peer = reader.peer;
+        if reader.left {
+            debug!("peer {peer} left");
+            self.shared
+                .mailbox
+                .close(peer, format!("rank {peer} left (it destroyed its communicator)"));
+            return;
+        }
+        debug!("connection from peer {peer} ended: {reason}");
+        self.shared.mailbox.close(peer, reason.clone());
+        let now = Instant::now();
+        self.shared.fail(PeerFailure {
+            rank: peer,
+            observer: self.shared.rank,
+            cause: Cause::ConnectionClosed(reason),
+            silent_for: Some(now.saturating_duration_since(reader.last_heard)),
+            detected: now,
+        });
+    }
+
+    /// Declares the first peer silent for too long dead (one failure is enough: the communicator is
+    /// aborted either way).
+    fn check_silence(&mut self) {
+        if self.shared.health.has_failed() {
+            return;
+        }
+        let liveness = self.shared.liveness;
+        for i in (0..self.readers.len()).rev() {
+            let r = &self.readers[i];
+            if r.left || liveness.overdue(r.last_heard, Instant::now()).is_none() {
+                continue;
+            }
+            // One more look, in case this thread itself was held up: what is there counts.
+            let before = self.readers.len();
+            self.read_from(i);
+            if self.readers.len() < before || self.shared.health.has_failed() {
+                return;
+            }
+            let r = &self.readers[i];
+            let now = Instant::now();
+            if let Some(silence) = liveness.overdue(r.last_heard, now) {
+                // Shutting the socket down also ends a send blocked on it (a stopped peer does not read).
+                let _ = r.stream.shutdown(Shutdown::Both);
+                self.shared.fail(PeerFailure {
+                    rank: r.peer,
+                    observer: self.shared.rank,
+                    cause: Cause::NoHeartbeat(silence),
+                    silent_for: Some(silence),
+                    detected: now,
+                });
+                return;
             }
         }
     }
@@ -277,7 +427,7 @@ impl Loop {
             return;
         }
         let _ = p.stream.set_nodelay(true);
-        *shared.writers[peer].lock() = Some(writer);
+        shared.outboxes[peer].connect(writer);
         shared.mailbox.connect(peer);
         debug!("peer {peer} connected from {}", p.from);
         self.readers.push(FrameReader::new(peer, p.stream));
@@ -299,6 +449,10 @@ struct FrameReader {
     header: [u8; FRAME_HEADER_LEN],
     header_filled: usize,
     body: Option<Body>,
+    /// When the last byte arrived (or the connection was made): the peer's last sign of life.
+    last_heard: Instant,
+    /// The peer said goodbye: its connection closes on purpose.
+    left: bool,
 }
 
 impl FrameReader {
@@ -309,12 +463,14 @@ impl FrameReader {
             header: [0; FRAME_HEADER_LEN],
             header_filled: 0,
             body: None,
+            last_heard: Instant::now(),
+            left: false,
         }
     }
 
-    /// Reads what is available (up to a budget), delivering complete messages. An error ends the
-    /// connection; its text says why.
-    fn on_readable(&mut self, mailbox: &Mailbox) -> std::result::Result<(), String> {
+    /// Reads what is available (up to a budget), delivering complete messages and acting on control
+    /// frames. An error ends the connection; its text says why.
+    fn on_readable(&mut self, shared: &Shared) -> std::result::Result<(), String> {
         let mut budget = READ_BUDGET;
         while budget > 0 {
             let result = match &mut self.body {
@@ -336,6 +492,7 @@ impl FrameReader {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(format!("receive failed: {e}")),
             };
+            self.last_heard = Instant::now();
             budget = budget.saturating_sub(n);
             match &mut self.body {
                 None => {
@@ -361,9 +518,40 @@ impl FrameReader {
                     "received {} bytes ({:?} tag {}) from peer {}",
                     body.len, body.key.space, body.key.tag, self.peer
                 );
-                mailbox.deliver(self.peer, body.key, body.data);
+                match body.key.space {
+                    Space::Heartbeat => {}
+                    Space::Goodbye => self.left = true,
+                    Space::Abort => self.on_notice(&body.data, shared)?,
+                    _ => shared.mailbox.deliver(self.peer, body.key, body.data),
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Acts on an abort notice from the peer.
+    fn on_notice(&self, payload: &[u8], shared: &Shared) -> std::result::Result<(), String> {
+        let (cause, rank, silent_for) = match Notice::decode(payload)? {
+            Notice::Dead { rank, how, silent_ms } => {
+                let rank = rank as usize;
+                if rank >= shared.nranks {
+                    return Err(format!("abort notice about rank {rank} of {}", shared.nranks));
+                }
+                let cause = Cause::ReportedBy {
+                    reporter: self.peer,
+                    how,
+                };
+                (cause, rank, silent_ms.map(Duration::from_millis))
+            }
+            Notice::Aborted => (Cause::Aborted, self.peer, None),
+        };
+        shared.fail(PeerFailure {
+            rank,
+            observer: shared.rank,
+            cause,
+            silent_for,
+            detected: Instant::now(),
+        });
         Ok(())
     }
 }

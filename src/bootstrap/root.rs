@@ -6,11 +6,10 @@
 //! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If no
 //! new rank arrives for `timeout`, the root tells the waiting ranks and exits.
 
-use super::endpoint::list_ranks;
 use super::handshake::{Greeted, Label, PendingHandshakes};
-use super::handshake_timeout;
 use super::sys::{self, PollEntry};
 use super::wire::{self, Greeting, Kind, MAX_RANKS, PROTOCOL_VERSION};
+use super::{handshake_timeout, list_ranks};
 use crate::error::{Error, Result};
 use log::{debug, info, warn};
 use std::io::{self, Read, Write};

@@ -1,5 +1,5 @@
-//! The few system calls the bootstrap needs that std does not offer: `poll`, a receive that does not block
-//! on an otherwise blocking socket, and the list of network interfaces. All of the bootstrap's unsafe code
+//! The few system calls the bootstrap needs that std does not offer: `poll`, a receive and a send that do
+//! not block on an otherwise blocking socket, and the list of network interfaces. All of the bootstrap's unsafe code
 //! is in this file.
 
 use std::ffi::{CStr, CString};
@@ -12,7 +12,8 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug)]
 pub struct PollEntry {
     fd: RawFd,
-    /// True once `poll` returned with this descriptor readable, closed or failed.
+    events: libc::c_short,
+    /// True once `poll` returned with this descriptor ready (as asked), closed or failed.
     pub ready: bool,
 }
 
@@ -21,19 +22,29 @@ impl PollEntry {
     pub fn readable(fd: &impl AsRawFd) -> PollEntry {
         PollEntry {
             fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            ready: false,
+        }
+    }
+
+    /// Waits for room to write (or hang-up / error) on `fd`.
+    pub fn writable(fd: &impl AsRawFd) -> PollEntry {
+        PollEntry {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLOUT,
             ready: false,
         }
     }
 }
 
-/// Waits until one of `entries` is readable or `timeout` passes (`None`: no limit). Interrupted waits
+/// Waits until one of `entries` is ready or `timeout` passes (`None`: no limit). Interrupted waits
 /// return with nothing ready; callers loop anyway.
 pub fn poll(entries: &mut [PollEntry], timeout: Option<Duration>) -> io::Result<()> {
     let mut fds: Vec<libc::pollfd> = entries
         .iter()
         .map(|e| libc::pollfd {
             fd: e.fd,
-            events: libc::POLLIN,
+            events: e.events,
             revents: 0,
         })
         .collect();
@@ -71,6 +82,30 @@ pub fn recv_now(socket: &impl AsRawFd, buf: &mut [u8]) -> io::Result<usize> {
                 buf.as_mut_ptr().cast(),
                 buf.len(),
                 libc::MSG_DONTWAIT,
+            )
+        };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Writes what fits into a socket's buffer without waiting, even when the socket is in blocking mode (see
+/// `recv_now`); a closed peer is an error, never a SIGPIPE. Returns `ErrorKind::WouldBlock` when nothing
+/// fits, else the bytes written, which may be fewer than `buf.len()`.
+pub fn send_now(socket: &impl AsRawFd, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the duration of the call.
+        let rc = unsafe {
+            libc::send(
+                socket.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
             )
         };
         if rc >= 0 {
@@ -193,5 +228,54 @@ mod tests {
         poll(&mut set, Some(Duration::from_secs(5))).unwrap();
         assert!(set[0].ready);
         assert_eq!(recv_now(&b, &mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn send_now_fills_a_socket_without_blocking_and_poll_sees_room() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (b, _) = listener.accept().unwrap();
+        let chunk = vec![7u8; 1 << 16];
+        let mut total = 0;
+        // Nobody reads `b`: the buffers fill, and then a send says so instead of waiting.
+        let start = Instant::now();
+        loop {
+            match send_now(&a, &chunk) {
+                Ok(n) => total += n,
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+                    break;
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "never filled");
+        }
+        assert!(total > 0);
+        let mut set = [PollEntry::writable(&a)];
+        poll(&mut set, Some(Duration::from_millis(20))).unwrap();
+        assert!(!set[0].ready);
+        // Reading makes room.
+        let mut sink = vec![0u8; 1 << 20];
+        let mut drained = 0;
+        while drained < total {
+            match recv_now(&b, &mut sink) {
+                Ok(n) => drained += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        poll(&mut set, Some(Duration::from_secs(5))).unwrap();
+        assert!(set[0].ready);
+        // A closed peer is an error, not a SIGPIPE.
+        drop(b);
+        std::thread::sleep(Duration::from_millis(20));
+        let mut failed = false;
+        for _ in 0..100 {
+            if send_now(&a, b"x").is_err() {
+                failed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(failed);
     }
 }

@@ -543,6 +543,8 @@ fn a_closed_peer_fails_recv_and_drop_is_prompt() {
     assert!(e.message.contains("peer 1"), "{e}");
     assert_eq!(b0.barrier().unwrap_err().kind, ErrorKind::Remote);
     assert!(start.elapsed() < Duration::from_secs(3));
+    // It said goodbye: an orderly close, not a failure.
+    assert_eq!(b0.failure(), None);
 }
 
 #[test]
@@ -557,4 +559,251 @@ fn endpoints_and_roots_can_be_shared_between_threads() {
     fn shareable<T: Send + Sync>() {}
     shareable::<Bootstrap>();
     shareable::<Root>();
+}
+
+// ---- failures: a peer that dies or goes silent, aborts ----
+
+/// The last rank of an `n`-rank job, played by the test with raw sockets: it joins at the root and
+/// connects to every lower rank, and then does only what the test makes it do.
+struct FakeRank {
+    /// The connection to each lower rank.
+    conns: Vec<TcpStream>,
+    _listener: TcpListener,
+}
+
+fn fake_last_rank(root: SocketAddr, n: usize) -> FakeRank {
+    let rank = n - 1;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut to_root = wire::connect_by(root, Instant::now() + T).unwrap();
+    let hello = greeting(
+        Kind::RootHello,
+        PROTOCOL_MAGIC,
+        rank,
+        n,
+        0,
+        Some(listener.local_addr().unwrap()),
+    );
+    to_root.write_all(&hello).unwrap();
+    let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, n * wire::ADDR_LEN).unwrap();
+    let conns = (0..rank)
+        .map(|peer| {
+            let entry = &table[peer * wire::ADDR_LEN..(peer + 1) * wire::ADDR_LEN];
+            let addr = wire::decode_addr(entry.try_into().unwrap()).unwrap().unwrap();
+            let mut s = wire::connect_by(addr, Instant::now() + T).unwrap();
+            s.write_all(&greeting(Kind::PeerHello, PROTOCOL_MAGIC, rank, n, peer as u32, None))
+                .unwrap();
+            wire::read_reply(&mut s, Instant::now() + T, 0).unwrap();
+            s
+        })
+        .collect();
+    FakeRank {
+        conns,
+        _listener: listener,
+    }
+}
+
+/// Ranks `0..n-1` of an `n`-rank job watched as `liveness` says, and the fake last rank.
+fn job_with_fake_last_rank(n: usize, liveness: Liveness) -> (Vec<Bootstrap>, FakeRank) {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    thread::scope(|s| {
+        let real: Vec<_> = (0..n - 1)
+            .map(|r| {
+                s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, r, n, T, liveness).unwrap())
+            })
+            .collect();
+        let fake = fake_last_rank(addr, n);
+        (real.into_iter().map(|h| h.join().unwrap()).collect(), fake)
+    })
+}
+
+/// Waits up to `limit` for `b`'s first failure.
+fn failure_within(b: &Bootstrap, limit: Duration) -> PeerFailure {
+    let start = Instant::now();
+    loop {
+        if let Some(f) = b.failure() {
+            return f;
+        }
+        assert!(start.elapsed() < limit, "rank {}: no failure after {limit:?}", b.rank());
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A timeout that never fires in these tests, so that only a closed connection or a notice can.
+fn patient() -> Liveness {
+    Liveness::new(Duration::from_secs(60))
+}
+
+#[test]
+fn a_killed_peer_is_detected_at_once_by_every_rank_and_runs_the_hook_once() {
+    let (ranks, fake) = job_with_fake_last_rank(3, patient());
+    let calls = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for b in &ranks {
+        let calls = calls.clone();
+        b.on_failure(move |f| {
+            let thread = thread::current().name().unwrap_or("").to_string();
+            calls.lock().push((f.observer, f.rank, thread));
+        });
+    }
+    // Closing without a goodbye is what the kernel does for a killed process.
+    let killed = Instant::now();
+    drop(fake);
+    for b in &ranks {
+        let f = failure_within(b, Duration::from_secs(5));
+        assert_eq!(f.rank, 2);
+        assert!(matches!(f.cause, Cause::ConnectionClosed(_)), "{f:?}");
+        assert!(
+            f.detected - killed < Duration::from_secs(2),
+            "{:?}",
+            f.detected - killed
+        );
+        // Every later call fails at once, naming the dead rank.
+        let start = Instant::now();
+        let e = b.barrier().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("rank 2 failed (connection closed"), "{e}");
+        assert!(b.send(0, 1, b"x").is_err() && b.recv(0, 1).is_err());
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+    let start = Instant::now();
+    while calls.lock().len() < 2 && start.elapsed() < Duration::from_secs(5) {
+        thread::sleep(Duration::from_millis(5));
+    }
+    let mut calls = calls.lock().clone();
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![
+            (0, 2, "mscclpp-failure-0".to_string()),
+            (1, 2, "mscclpp-failure-1".to_string())
+        ]
+    );
+    // A hook registered after the failure runs at once, on the caller's thread.
+    let late = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let l = late.clone();
+    ranks[0].on_failure(move |_| l.store(true, std::sync::atomic::Ordering::SeqCst));
+    assert!(late.load(std::sync::atomic::Ordering::SeqCst));
+    let start = Instant::now();
+    drop(ranks);
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+}
+
+#[test]
+fn a_silent_peer_gets_heartbeats_and_is_declared_dead_after_the_timeout() {
+    let liveness = Liveness::new(Duration::from_secs(1));
+    let (mut ranks, mut fake) = job_with_fake_last_rank(2, liveness);
+    let silent_since = Instant::now();
+    let b0 = ranks.pop().unwrap();
+    thread::scope(|s| {
+        // A barrier waiting on the silent rank ends when it is declared dead, not later.
+        let waiting = s.spawn(|| (b0.barrier(), Instant::now()));
+        // Rank 0 sends heartbeats every 250 ms meanwhile.
+        let mut beats = 0;
+        let mut header = [0u8; wire::FRAME_HEADER_LEN];
+        while beats < 2 {
+            wire::read_exact_by(&mut fake.conns[0], &mut header, Instant::now() + T)
+                .unwrap_or_else(|e| panic!("{e} after {:?}: {:?}", silent_since.elapsed(), b0.failure()));
+            let (key, len) = wire::decode_frame_header(&header).unwrap();
+            if key.space == wire::Space::Heartbeat {
+                assert_eq!(len, 0);
+                beats += 1;
+            } else {
+                let mut body = vec![0u8; len as usize];
+                wire::read_exact_by(&mut fake.conns[0], &mut body, Instant::now() + T).unwrap();
+            }
+        }
+        assert!(
+            silent_since.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            silent_since.elapsed()
+        );
+        let f = failure_within(&b0, Duration::from_secs(5));
+        let after = f.detected - silent_since;
+        assert_eq!(f.rank, 1);
+        assert!(
+            matches!(f.cause, Cause::NoHeartbeat(d) if d >= liveness.timeout),
+            "{f:?}"
+        );
+        assert!(after >= liveness.timeout && after < Duration::from_secs(3), "{after:?}");
+        let (result, ended) = waiting.join().unwrap();
+        let e = result.unwrap_err();
+        assert!(e.message.contains("rank 1 failed (no heartbeat for"), "{e}");
+        assert!(ended - f.detected < Duration::from_millis(500));
+    });
+}
+
+#[test]
+fn a_failure_seen_by_one_rank_is_reported_to_the_others() {
+    let (ranks, mut fake) = job_with_fake_last_rank(3, patient());
+    // Rank 2 drops only its connection to rank 0; rank 1 still has its own, so only rank 0 sees it.
+    drop(fake.conns.remove(0));
+    let f0 = failure_within(&ranks[0], Duration::from_secs(5));
+    assert_eq!((f0.rank, matches!(f0.cause, Cause::ConnectionClosed(_))), (2, true));
+    let f1 = failure_within(&ranks[1], Duration::from_secs(5));
+    assert_eq!(f1.rank, 2);
+    match &f1.cause {
+        Cause::ReportedBy { reporter, how } => {
+            assert_eq!(*reporter, 0);
+            assert!(how.starts_with("connection closed"), "{how}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        f1.to_string().contains("peer rank 2 failed: rank 0 reported it"),
+        "{f1}"
+    );
+    assert!(ranks[1].barrier().unwrap_err().message.contains("rank 2 failed"));
+}
+
+#[test]
+fn a_local_abort_fails_every_rank_promptly() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let ranks = on_ranks(3, |r| {
+        Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, r, 3, T, patient()).unwrap()
+    });
+    thread::scope(|s| {
+        // Rank 1 waits in a barrier that rank 0 never joins; the abort ends it.
+        let waiting = s.spawn(|| ranks[1].barrier());
+        thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        ranks[0].abort();
+        let f = ranks[0].failure().unwrap();
+        assert!(f.is_local_abort());
+        assert_eq!(ranks[0].barrier().unwrap_err().kind, ErrorKind::InvalidUsage);
+        for b in &ranks[1..] {
+            let f = failure_within(b, Duration::from_secs(2));
+            assert_eq!((f.rank, f.cause.clone()), (0, Cause::Aborted));
+        }
+        let e = waiting.join().unwrap().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("rank 0 failed (it aborted its communicator)"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+        // A second abort changes nothing.
+        ranks[0].abort();
+        assert!(ranks[0].failure().unwrap().is_local_abort());
+    });
+}
+
+#[test]
+fn idle_ranks_are_alive_and_an_orderly_close_is_no_failure() {
+    let liveness = Liveness::new(Duration::from_secs(2));
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let mut ranks = on_ranks(3, |r| {
+        Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, r, 3, T, liveness).unwrap()
+    });
+    // No call for more than twice the timeout: the receive threads keep the peers informed.
+    thread::sleep(liveness.timeout * 2 + Duration::from_millis(500));
+    for b in &ranks {
+        assert_eq!(b.failure(), None, "rank {}", b.rank());
+    }
+    on_ranks(3, |r| ranks[r].barrier()).into_iter().for_each(|r| r.unwrap());
+    drop(ranks.pop());
+    thread::sleep(Duration::from_millis(200));
+    for b in &ranks {
+        assert_eq!(b.failure(), None, "rank {}", b.rank());
+    }
+    let e = ranks[0].recv(2, 5).unwrap_err();
+    assert!(e.message.contains("rank 2 left"), "{e}");
 }

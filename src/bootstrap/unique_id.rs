@@ -7,6 +7,7 @@ use super::PROTOCOL_MAGIC;
 use super::address::unique_id_root_addr;
 use super::root::Root;
 use super::wire;
+use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use log::info;
 use std::io::Read;
@@ -14,6 +15,8 @@ use std::time::Duration;
 
 const ID_TAG: [u8; 8] = *b"MSCLPPID";
 const ID_VERSION: u32 = 1;
+const ID_LEN: usize = 128;
+/// Where the root's address starts.
 const ADDR_AT: usize = 24;
 
 /// The 128 bytes of `mscclppUniqueId`: the root's address and the job's magic.
@@ -41,34 +44,41 @@ impl UniqueId {
     }
 
     pub fn to_bytes(&self) -> [u8; 128] {
-        let mut b = [0u8; 128];
-        b[0..8].copy_from_slice(&ID_TAG);
-        b[8..12].copy_from_slice(&ID_VERSION.to_le_bytes());
-        b[16..24].copy_from_slice(&self.magic.to_le_bytes());
-        b[ADDR_AT..ADDR_AT + wire::ADDR_LEN].copy_from_slice(&wire::encode_addr(Some(self.root)));
-        b
+        let mut w = Writer::with_capacity(ID_LEN);
+        w.bytes(&ID_TAG)
+            .u32(ID_VERSION)
+            .u32(0)
+            .u64(self.magic)
+            .bytes(&wire::encode_addr(Some(self.root)))
+            .bytes(&[0; ID_LEN - ADDR_AT - wire::ADDR_LEN]);
+        w.into_bytes().try_into().expect("an id is 128 bytes")
     }
 
     /// Reads an id made by `to_bytes`; anything else (an uninitialised or foreign id) is an
     /// `InvalidArgument` error.
     pub fn from_bytes(b: &[u8; 128]) -> Result<UniqueId> {
         let bad = |why: &str| Error::invalid_argument(format!("unique id: {why} (was it made by mscclppGetUniqueId?)"));
-        if b[0..8] != ID_TAG {
+        // The id is 128 bytes, so none of these reads runs past its end.
+        let mut r = Reader::new(b, "unique id");
+        if r.take::<8>()? != ID_TAG {
             return Err(bad("unknown format tag"));
         }
-        let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        let version = r.u32()?;
         if version != ID_VERSION {
             return Err(bad(&format!("format version {version}, expected {ID_VERSION}")));
         }
-        let end = ADDR_AT + wire::ADDR_LEN;
-        if b[12..16].iter().chain(&b[end..]).any(|&x| x != 0) {
+        let reserved = r.u32()?;
+        let magic = r.u64()?;
+        let addr = r.take::<{ wire::ADDR_LEN }>()?;
+        let tail = r.slice(ID_LEN - ADDR_AT - wire::ADDR_LEN)?;
+        r.finish()?;
+        if reserved != 0 || tail.iter().any(|&x| x != 0) {
             return Err(bad("reserved bytes are not zero"));
         }
-        let magic = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
         if magic == 0 {
             return Err(bad("zero magic"));
         }
-        let root = match wire::decode_addr(b[ADDR_AT..end].try_into().expect("ADDR_LEN bytes")) {
+        let root = match wire::decode_addr(&addr) {
             Ok(Some(addr)) => addr,
             Ok(None) => return Err(bad("no root address")),
             Err(why) => return Err(bad(&why)),

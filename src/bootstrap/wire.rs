@@ -3,17 +3,20 @@
 //! Every connection starts with a fixed-size greeting: a rank to the root (`RootHello`), a rank to a peer
 //! (`PeerHello`), and the answer to either (`Reply`, followed by `payload_len` bytes: the address table,
 //! or the reason for turning the connection away). After a peer handshake, each side sends frames: a
-//! 24-byte header (space, tag, length) and the payload. All integers are little-endian.
+//! 24-byte header (space, tag, length) and the payload. Besides messages (user, all-gather, barrier),
+//! frames carry the connection's control: heartbeats, a goodbye before an orderly close, and abort notices
+//! (see `Notice`). All integers are little-endian, written and read with the library's codec.
 
 use super::sys;
+use crate::codec::{Reader, Writer};
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpStream};
 use std::time::{Duration, Instant};
 
 /// First bytes of every greeting; anything else is a stranger.
 pub const GREETING_TAG: [u8; 8] = *b"MSCLBOOT";
-/// Bumped whenever the wire format changes.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames).
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const GREETING_LEN: usize = 72;
 pub const ADDR_LEN: usize = 28;
 pub const FRAME_HEADER_LEN: usize = 24;
@@ -23,6 +26,8 @@ pub const MAX_REASON_LEN: usize = 1024;
 pub const MAX_RANKS: usize = 1 << 16;
 /// Longest frame payload we accept (far above any real all-gather block).
 pub const MAX_FRAME_LEN: u64 = 1 << 40;
+/// Longest payload of a control frame (heartbeat, goodbye, abort notice).
+pub const MAX_CONTROL_LEN: u64 = 4096;
 
 /// What a greeting is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,87 +75,111 @@ impl Greeting {
     }
 
     pub fn encode(&self) -> [u8; GREETING_LEN] {
-        let mut b = [0u8; GREETING_LEN];
-        b[0..8].copy_from_slice(&GREETING_TAG);
-        b[8..12].copy_from_slice(&self.version.to_le_bytes());
-        b[12..16].copy_from_slice(&(self.kind as u32).to_le_bytes());
-        b[16..24].copy_from_slice(&self.magic.to_le_bytes());
-        b[24..28].copy_from_slice(&self.rank.to_le_bytes());
-        b[28..32].copy_from_slice(&self.nranks.to_le_bytes());
-        b[32..36].copy_from_slice(&self.aux.to_le_bytes());
-        b[36..40].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[40..68].copy_from_slice(&encode_addr(self.addr));
-        b
+        let mut w = Writer::with_capacity(GREETING_LEN);
+        w.bytes(&GREETING_TAG)
+            .u32(self.version)
+            .u32(self.kind as u32)
+            .u64(self.magic)
+            .u32(self.rank)
+            .u32(self.nranks)
+            .u32(self.aux)
+            .u32(self.payload_len)
+            .bytes(&encode_addr(self.addr))
+            .u32(0);
+        fixed(w)
     }
 
     /// Decodes a greeting; the error says why the bytes are not one (a stranger).
     pub fn decode(b: &[u8; GREETING_LEN]) -> Result<Greeting, String> {
-        if b[0..8] != GREETING_TAG {
+        let mut r = Reader::new(b, "bootstrap greeting");
+        if r.take::<8>().map_err(why)? != GREETING_TAG {
             return Err("not a bootstrap greeting".into());
         }
-        let kind = match u32_at(b, 12) {
+        let version = r.u32().map_err(why)?;
+        let kind = match r.u32().map_err(why)? {
             1 => Kind::RootHello,
             2 => Kind::PeerHello,
             3 => Kind::Reply,
             k => return Err(format!("unknown greeting kind {k}")),
         };
-        if b[68..72] != [0; 4] {
+        let magic = r.u64().map_err(why)?;
+        let rank = r.u32().map_err(why)?;
+        let nranks = r.u32().map_err(why)?;
+        let aux = r.u32().map_err(why)?;
+        let payload_len = r.u32().map_err(why)?;
+        let addr = decode_addr(&r.take::<ADDR_LEN>().map_err(why)?)?;
+        if r.u32().map_err(why)? != 0 {
             return Err("reserved greeting bytes are not zero".into());
         }
-        let addr = decode_addr(b[40..68].try_into().expect("28 bytes"))?;
+        r.finish().map_err(why)?;
         Ok(Greeting {
             kind,
-            version: u32_at(b, 8),
-            magic: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-            rank: u32_at(b, 24),
-            nranks: u32_at(b, 28),
-            aux: u32_at(b, 32),
-            payload_len: u32_at(b, 36),
+            version,
+            magic,
+            rank,
+            nranks,
+            aux,
+            payload_len,
             addr,
         })
     }
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+/// The bytes of a fixed-size message, written by a `Writer` that wrote exactly `N` of them.
+fn fixed<const N: usize>(w: Writer) -> [u8; N] {
+    w.into_bytes()
+        .try_into()
+        .unwrap_or_else(|b: Vec<u8>| panic!("a fixed-size message of {N} bytes came out as {}", b.len()))
 }
 
-/// Encodes an address in 28 bytes: family (0 none, 4, 6), zero, port, 16 address bytes, scope, flow.
+/// The text of a codec error, for the decoders here that report why as a string.
+fn why(e: crate::error::Error) -> String {
+    e.message
+}
+
+/// Encodes an address in 28 bytes: family (0 none, 4, 6), zero, port, 16 address bytes (an IPv4
+/// address in the first 4), scope, flow.
 pub fn encode_addr(addr: Option<SocketAddr>) -> [u8; ADDR_LEN] {
-    let mut b = [0u8; ADDR_LEN];
+    let mut w = Writer::with_capacity(ADDR_LEN);
     match addr {
-        None => {}
+        None => {
+            w.bytes(&[0; ADDR_LEN]);
+        }
         Some(SocketAddr::V4(a)) => {
-            b[0] = 4;
-            b[2..4].copy_from_slice(&a.port().to_le_bytes());
-            b[4..8].copy_from_slice(&a.ip().octets());
+            w.u8(4)
+                .u8(0)
+                .u16(a.port())
+                .bytes(&a.ip().octets())
+                .bytes(&[0; 12])
+                .u32(0)
+                .u32(0);
         }
         Some(SocketAddr::V6(a)) => {
-            b[0] = 6;
-            b[2..4].copy_from_slice(&a.port().to_le_bytes());
-            b[4..20].copy_from_slice(&a.ip().octets());
-            b[20..24].copy_from_slice(&a.scope_id().to_le_bytes());
-            b[24..28].copy_from_slice(&a.flowinfo().to_le_bytes());
+            w.u8(6)
+                .u8(0)
+                .u16(a.port())
+                .bytes(&a.ip().octets())
+                .u32(a.scope_id())
+                .u32(a.flowinfo());
         }
     }
-    b
+    fixed(w)
 }
 
 /// Decodes `encode_addr`'s bytes; anything it would not have written is an error.
 pub fn decode_addr(b: &[u8; ADDR_LEN]) -> Result<Option<SocketAddr>, String> {
-    let port = u16::from_le_bytes([b[2], b[3]]);
-    let addr = match b[0] {
+    let mut r = Reader::new(b, "socket address");
+    let (family, zero, port) = (r.u8().map_err(why)?, r.u8().map_err(why)?, r.u16().map_err(why)?);
+    let ip: [u8; 16] = r.take().map_err(why)?;
+    let (scope, flow) = (r.u32().map_err(why)?, r.u32().map_err(why)?);
+    r.finish().map_err(why)?;
+    let addr = match family {
         0 if b.iter().all(|&x| x == 0) => return Ok(None),
-        4 if b[1] == 0 && b[8..].iter().all(|&x| x == 0) => {
-            let ip = Ipv4Addr::new(b[4], b[5], b[6], b[7]);
+        4 if zero == 0 && ip[4..].iter().all(|&x| x == 0) && scope == 0 && flow == 0 => {
+            let ip = Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]);
             SocketAddr::V4(SocketAddrV4::new(ip, port))
         }
-        6 if b[1] == 0 => {
-            let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&b[4..20]).expect("16 bytes"));
-            let scope = u32_at(b, 20);
-            let flow = u32_at(b, 24);
-            SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope))
-        }
+        6 if zero == 0 => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, flow, scope)),
         _ => return Err("malformed socket address".into()),
     };
     if port == 0 || addr.ip().is_unspecified() {
@@ -165,6 +194,19 @@ pub enum Space {
     User = 0,
     AllGather = 1,
     Barrier = 2,
+    /// A sign of life, without payload.
+    Heartbeat = 3,
+    /// The sender closes the connection on purpose (it destroys its endpoint); without payload.
+    Goodbye = 4,
+    /// An abort notice (`Notice`).
+    Abort = 5,
+}
+
+impl Space {
+    /// Control frames are handled by the receive thread and never reach the mailbox.
+    pub fn is_control(self) -> bool {
+        matches!(self, Space::Heartbeat | Space::Goodbye | Space::Abort)
+    }
 }
 
 /// The mailbox key of a message: its space and tag.
@@ -184,30 +226,107 @@ impl Key {
 }
 
 pub fn encode_frame_header(key: Key, len: u64) -> [u8; FRAME_HEADER_LEN] {
-    let mut b = [0u8; FRAME_HEADER_LEN];
-    b[0..4].copy_from_slice(&(key.space as u32).to_le_bytes());
-    b[8..16].copy_from_slice(&key.tag.to_le_bytes());
-    b[16..24].copy_from_slice(&len.to_le_bytes());
-    b
+    let mut w = Writer::with_capacity(FRAME_HEADER_LEN);
+    w.u32(key.space as u32).u32(0).u64(key.tag).u64(len);
+    fixed(w)
 }
 
 /// Decodes a frame header, refusing unknown spaces and lengths past `MAX_FRAME_LEN`.
 pub fn decode_frame_header(b: &[u8; FRAME_HEADER_LEN]) -> Result<(Key, u64), String> {
-    let space = match u32_at(b, 0) {
+    let mut r = Reader::new(b, "bootstrap frame header");
+    let space = match r.u32().map_err(why)? {
         0 => Space::User,
         1 => Space::AllGather,
         2 => Space::Barrier,
+        3 => Space::Heartbeat,
+        4 => Space::Goodbye,
+        5 => Space::Abort,
         s => return Err(format!("frame of unknown kind {s}")),
     };
-    if u32_at(b, 4) != 0 {
+    if r.u32().map_err(why)? != 0 {
         return Err("reserved frame bytes are not zero".into());
     }
-    let tag = u64::from_le_bytes(b[8..16].try_into().expect("8 bytes"));
-    let len = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+    let tag = r.u64().map_err(why)?;
+    let len = r.u64().map_err(why)?;
+    r.finish().map_err(why)?;
     if len > MAX_FRAME_LEN {
         return Err(format!("frame of {len} bytes exceeds the limit of {MAX_FRAME_LEN}"));
     }
+    if space.is_control() && len > MAX_CONTROL_LEN {
+        return Err(format!(
+            "{space:?} frame of {len} bytes exceeds the limit of {MAX_CONTROL_LEN}"
+        ));
+    }
     Ok((Key { space, tag }, len))
+}
+
+/// A whole frame without payload (heartbeat, goodbye).
+pub fn control_frame(space: Space) -> Vec<u8> {
+    encode_frame_header(Key { space, tag: 0 }, 0).to_vec()
+}
+
+/// What an abort notice says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The sender declared rank `rank` dead: `how` says how it noticed, `silent_ms` how long it had not
+    /// heard from it then.
+    Dead {
+        rank: u32,
+        how: String,
+        silent_ms: Option<u64>,
+    },
+    /// The sender's application aborted its communicator.
+    Aborted,
+}
+
+const NOTICE_DEAD: u32 = 1;
+const NOTICE_ABORTED: u32 = 2;
+/// Longest `how` of a notice.
+const MAX_NOTICE_TEXT: usize = 1024;
+
+impl Notice {
+    /// The whole frame: header and payload (kind, rank, milliseconds of silence or `u64::MAX`, text).
+    pub fn frame(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        match self {
+            Notice::Dead { rank, how, silent_ms } => {
+                let mut end = how.len().min(MAX_NOTICE_TEXT);
+                while !how.is_char_boundary(end) {
+                    end -= 1;
+                }
+                w.u32(NOTICE_DEAD)
+                    .u32(*rank)
+                    .u64(silent_ms.unwrap_or(u64::MAX))
+                    .string(&how.as_bytes()[..end]);
+            }
+            Notice::Aborted => {
+                w.u32(NOTICE_ABORTED).u32(0).u64(u64::MAX).string(&[]);
+            }
+        }
+        let payload = w.into_bytes();
+        let key = Key {
+            space: Space::Abort,
+            tag: 0,
+        };
+        let mut frame = encode_frame_header(key, payload.len() as u64).to_vec();
+        frame.extend_from_slice(&payload);
+        frame
+    }
+
+    /// Decodes a notice's payload.
+    pub fn decode(payload: &[u8]) -> Result<Notice, String> {
+        let mut r = Reader::new(payload, "abort notice");
+        let kind = r.u32().map_err(why)?;
+        let rank = r.u32().map_err(why)?;
+        let silent_ms = Some(r.u64().map_err(why)?).filter(|&ms| ms != u64::MAX);
+        let how = String::from_utf8_lossy(r.string(MAX_NOTICE_TEXT).map_err(why)?).into_owned();
+        r.finish().map_err(why)?;
+        match kind {
+            NOTICE_DEAD => Ok(Notice::Dead { rank, how, silent_ms }),
+            NOTICE_ABORTED => Ok(Notice::Aborted),
+            k => Err(format!("abort notice of unknown kind {k}")),
+        }
+    }
 }
 
 /// The time left until `deadline`, or a `TimedOut` error once it has passed.
@@ -413,6 +532,41 @@ mod tests {
     }
 
     #[test]
+    fn the_bytes_are_where_the_format_puts_them() {
+        let mut g = Greeting::new(Kind::PeerHello, 0x0102_0304_0506_0708, 9, 10);
+        g.aux = 11;
+        g.payload_len = 12;
+        g.addr = Some("1.2.3.4:258".parse().unwrap());
+        let b = g.encode();
+        assert_eq!(&b[0..8], b"MSCLBOOT");
+        assert_eq!(b[8..12], PROTOCOL_VERSION.to_le_bytes());
+        assert_eq!(b[12..16], 2u32.to_le_bytes());
+        assert_eq!(b[16..24], 0x0102_0304_0506_0708u64.to_le_bytes());
+        for (at, v) in [(24, 9u32), (28, 10), (32, 11), (36, 12)] {
+            assert_eq!(b[at..at + 4], v.to_le_bytes(), "offset {at}");
+        }
+        assert_eq!(b[40..48], [4, 0, 2, 1, 1, 2, 3, 4]);
+        assert!(b[48..].iter().all(|&x| x == 0));
+        let v6 = SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 7, 0x0a0b, 0x0c0d));
+        let a = encode_addr(Some(v6));
+        assert_eq!(a[0..4], [6, 0, 7, 0]);
+        assert_eq!(a[4], 0xfe);
+        assert_eq!(a[19], 1);
+        assert_eq!(a[20..24], 0x0c0du32.to_le_bytes());
+        assert_eq!(a[24..28], 0x0a0bu32.to_le_bytes());
+        let h = encode_frame_header(
+            Key {
+                space: Space::Barrier,
+                tag: 0x1122,
+            },
+            0x33,
+        );
+        assert_eq!(h[0..8], [2, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(h[8..16], 0x1122u64.to_le_bytes());
+        assert_eq!(h[16..24], 0x33u64.to_le_bytes());
+    }
+
+    #[test]
     fn garbage_greetings_are_refused() {
         let good = Greeting::new(Kind::PeerHello, 1, 0, 2).encode();
         let mut b = good;
@@ -465,6 +619,61 @@ mod tests {
         let mut b = encode_frame_header(key, 1);
         b[5] = 1;
         assert!(decode_frame_header(&b).is_err());
+    }
+
+    #[test]
+    fn control_frames_and_notices_round_trip() {
+        for space in [Space::Heartbeat, Space::Goodbye] {
+            let f = control_frame(space);
+            let (key, len) = decode_frame_header(f.as_slice().try_into().unwrap()).unwrap();
+            assert_eq!((key.space, len), (space, 0));
+            assert!(space.is_control());
+        }
+        assert!(!Space::User.is_control());
+        for notice in [
+            Notice::Dead {
+                rank: 7,
+                how: "no heartbeat for 2.0 s".into(),
+                silent_ms: Some(2000),
+            },
+            Notice::Dead {
+                rank: 0,
+                how: String::new(),
+                silent_ms: None,
+            },
+            Notice::Aborted,
+        ] {
+            let f = notice.frame();
+            let (key, len) = decode_frame_header(f[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+            assert_eq!((key.space, len as usize), (Space::Abort, f.len() - FRAME_HEADER_LEN));
+            assert_eq!(Notice::decode(&f[FRAME_HEADER_LEN..]).unwrap(), notice);
+        }
+        // A long account is cut at a character boundary; garbage is refused.
+        let long = Notice::Dead {
+            rank: 1,
+            how: "é".repeat(2000),
+            silent_ms: None,
+        };
+        match Notice::decode(&long.frame()[FRAME_HEADER_LEN..]).unwrap() {
+            Notice::Dead { how, .. } => assert_eq!(how.len(), MAX_NOTICE_TEXT),
+            other => panic!("{other:?}"),
+        }
+        assert!(Notice::decode(&[1, 2, 3]).is_err());
+        let mut bad = Notice::Aborted.frame();
+        bad[FRAME_HEADER_LEN] = 9;
+        assert!(
+            Notice::decode(&bad[FRAME_HEADER_LEN..])
+                .unwrap_err()
+                .contains("unknown kind")
+        );
+        let big = encode_frame_header(
+            Key {
+                space: Space::Abort,
+                tag: 0,
+            },
+            MAX_CONTROL_LEN + 1,
+        );
+        assert!(decode_frame_header(&big).unwrap_err().contains("exceeds"));
     }
 
     #[test]

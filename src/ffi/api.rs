@@ -254,10 +254,40 @@ pub unsafe extern "C" fn mscclppProxyLaunch(comm: mscclppComm_t) -> mscclppResul
     with_comm("mscclppProxyLaunch", comm, |c| c.proxy_launch())
 }
 
-/// A barrier, then stops the proxy thread(s). Safe to call twice.
+/// A barrier, then stops the proxy thread(s). Safe to call twice. The proxies stop even when the barrier
+/// fails (on an aborted communicator it fails at once), and its error is returned.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppProxyStop(comm: mscclppComm_t) -> mscclppResult_t {
     with_comm("mscclppProxyStop", comm, |c| c.proxy_stop())
+}
+
+/// Extension (MSCCLPP_HAS_ABORT). Aborts the communicator: its proxies stop moving data, every later
+/// call that needs the peers fails at once (mscclppInvalidUsage on this rank), and every peer is told, so
+/// that its communicator aborts too (it sees mscclppRemoteError naming this rank). Data in flight is
+/// undefined. Returns at once, from any thread, also while another thread waits in a call on the same
+/// communicator; mscclppCommDestroy must still be called.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommAbort(comm: mscclppComm_t) -> mscclppResult_t {
+    with_comm("mscclppCommAbort", comm, |c| c.abort())
+}
+
+/// Extension (MSCCLPP_HAS_ABORT). Writes the communicator's asynchronous error to *asyncError without
+/// ever blocking: mscclppSuccess; mscclppRemoteError once a peer was declared dead (its connection closed,
+/// or it sent nothing for MSCCLPP_PEER_TIMEOUT seconds) or aborted, which aborts this communicator;
+/// mscclppInvalidUsage after this rank's own mscclppCommAbort; mscclppInternalError or
+/// mscclppUnhandledCudaError after a proxy failed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mscclppCommGetAsyncError(
+    comm: mscclppComm_t,
+    asyncError: *mut mscclppResult_t,
+) -> mscclppResult_t {
+    with_comm("mscclppCommGetAsyncError", comm, |c| {
+        non_null(asyncError, "asyncError")?;
+        let error = c.async_error();
+        // SAFETY: checked non-null; the caller provides a writable mscclppResult_t.
+        unsafe { *asyncError = error };
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -424,6 +454,27 @@ mod tests {
     }
 
     #[test]
+    fn abort_and_async_error_check_their_arguments() {
+        let mut code = mscclppResult_t::mscclppInProgress;
+        // SAFETY: null and made-up handles are what is being tested; the out-pointer is valid.
+        unsafe {
+            assert_eq!(
+                mscclppCommAbort(std::ptr::null_mut()),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            assert_eq!(
+                mscclppCommGetAsyncError(std::ptr::null_mut(), &mut code),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            assert_eq!(
+                mscclppCommAbort(0x4d53_0000_0000_1230 as mscclppComm_t),
+                mscclppResult_t::mscclppInvalidUsage
+            );
+        }
+        assert_eq!(code, mscclppResult_t::mscclppInProgress, "left alone on error");
+    }
+
+    #[test]
     fn a_one_rank_communicator_lives_and_dies() {
         let mut comm: mscclppComm_t = std::ptr::null_mut();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -449,6 +500,25 @@ mod tests {
             );
             assert_eq!(data, [7u8; 4]);
             assert_eq!(mscclppBootstrapBarrier(comm), mscclppResult_t::mscclppSuccess);
+            let mut code = mscclppResult_t::mscclppInProgress;
+            assert_eq!(
+                mscclppCommGetAsyncError(comm, std::ptr::null_mut()),
+                mscclppResult_t::mscclppInvalidArgument
+            );
+            assert_eq!(
+                mscclppCommGetAsyncError(comm, &mut code),
+                mscclppResult_t::mscclppSuccess
+            );
+            assert_eq!(code, mscclppResult_t::mscclppSuccess);
+            // An abort makes later calls fail, and the async error says it was this rank's own.
+            assert_eq!(mscclppCommAbort(comm), mscclppResult_t::mscclppSuccess);
+            assert_eq!(
+                mscclppCommGetAsyncError(comm, &mut code),
+                mscclppResult_t::mscclppSuccess
+            );
+            assert_eq!(code, crate::failure::LOCAL_ABORT_RESULT);
+            assert_eq!(mscclppBootstrapBarrier(comm), mscclppResult_t::mscclppInvalidUsage);
+            assert_eq!(mscclppCommAbort(comm), mscclppResult_t::mscclppSuccess);
             assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppSuccess);
             assert_eq!(mscclppCommRank(comm, &mut rank), mscclppResult_t::mscclppInvalidUsage);
             assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppInvalidUsage);

@@ -16,9 +16,12 @@ const TOKEN_TAG: u64 = 0x4d53_0000_0000_0000;
 static COMMS: Lazy<Mutex<HashMap<u64, Arc<Communicator>>>> = Lazy::new(Default::default);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
+/// Makes `comm` reachable through a new handle; from now on a failure the bootstrap detects aborts it.
 pub fn register(comm: Communicator) -> mscclppComm_t {
     let token = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
-    COMMS.lock().insert(token, Arc::new(comm));
+    let comm = Arc::new(comm);
+    comm.watch_failures();
+    COMMS.lock().insert(token, comm);
     token as mscclppComm_t
 }
 
