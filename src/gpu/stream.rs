@@ -74,18 +74,6 @@ impl Stream {
         }
         Ok(())
     }
-
-    /// Makes work queued on `self` after this call wait for the work queued on `other` so far.
-    pub fn wait_for(&self, other: &Stream, event: &Event) -> Result<()> {
-        // SAFETY: valid event and streams of one context.
-        check(unsafe { sys::cuEventRecord(event.raw(), other.raw()) }, || {
-            "cuEventRecord".into()
-        })?;
-        // SAFETY: as above.
-        check(unsafe { sys::cuStreamWaitEvent(self.raw(), event.raw(), 0) }, || {
-            "cuStreamWaitEvent".into()
-        })
-    }
 }
 
 impl Drop for Stream {
@@ -93,39 +81,5 @@ impl Drop for Stream {
         let _ = self.ctx.make_current();
         // SAFETY: valid stream, destroyed once; pending work completes first per CUDA semantics.
         unsafe { sys::cuStreamDestroy_v2(self.raw()) };
-    }
-}
-
-/// An event used only to order streams (no timing).
-pub struct Event {
-    raw: usize,
-    ctx: GpuContext,
-}
-
-impl Event {
-    pub fn new(ctx: &GpuContext) -> Result<Event> {
-        ctx.make_current()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: out-pointer to a local; a context is current.
-        check(unsafe { sys::cuEventCreate(&mut raw, flags) }, || {
-            "cuEventCreate".into()
-        })?;
-        Ok(Event {
-            raw: raw as usize,
-            ctx: *ctx,
-        })
-    }
-
-    fn raw(&self) -> sys::CUevent {
-        self.raw as sys::CUevent
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        let _ = self.ctx.make_current();
-        // SAFETY: valid event, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.raw()) };
     }
 }

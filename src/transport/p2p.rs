@@ -13,7 +13,7 @@
 
 use super::flag_counts::FlagCounts;
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, Event, GpuContext, Stream};
+use crate::gpu::{DevicePtr, GpuContext, Stream};
 use crate::proxy::{Trigger, TriggerHandler};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,34 +44,26 @@ pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P
     })
 }
 
-/// How the proxy raises a peer's flag in its epoch struct.
+/// How the proxy raises a peer's flag in its epoch struct (`MSCCLPP_P2P_FLAG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlagMode {
     /// Copy the number of flags this connection has carried out with the copy engine, from a table
-    /// (`flag_counts`): exactly the signals whose data is ordered before it.
+    /// (`flag_counts`): exactly the signals whose data is ordered before it (`copy`).
     CopyCount,
-    /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (the legacy way). The
-    /// value may count signals whose data is queued behind the flag (`flag_counts` says how that bites).
+    /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (`epoch`, the legacy
+    /// way). The value may count signals whose data is queued behind the flag (`flag_counts` says how
+    /// that bites).
     CopyEpoch,
-    /// Write the number of flags this connection has carried out with a stream memory operation: no copy
-    /// engine, and exactly the signals whose data is ordered before it.
-    WriteCount,
 }
 
 /// Tuning of the P2P proxy, from the environment:
 /// - `MSCCLPP_P2P_FAST_FLAGS=1|0` (default 1): give P2P connections fast flags (see the module)
-/// - `MSCCLPP_P2P_FLAG=copy|epoch|write` (default `copy`, the exact count by the copy engine; `epoch`,
-///   the legacy copy of the `device` epoch; `write`, the exact count by a stream memory write, slower
-///   after data)
-/// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
-/// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
-///   (default 16 MiB)
+/// - `MSCCLPP_P2P_FLAG=copy|epoch` (default `copy`, the exact count by the copy engine; `epoch`, the
+///   legacy copy of the `device` epoch)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pOptions {
     pub fast_flags: bool,
     pub flag: FlagMode,
-    pub streams: usize,
-    pub split_bytes: u64,
 }
 
 impl Default for P2pOptions {
@@ -79,8 +71,6 @@ impl Default for P2pOptions {
         P2pOptions {
             fast_flags: true,
             flag: FlagMode::CopyCount,
-            streams: 1,
-            split_bytes: 16 << 20,
         }
     }
 }
@@ -92,33 +82,16 @@ impl P2pOptions {
 
     /// Reads the options; bad values warn and keep the defaults (`settings`).
     pub fn parse(env: &crate::settings::Source) -> P2pOptions {
-        use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG, P2P_SPLIT_BYTES, P2P_STREAMS};
+        use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG};
         let d = P2pOptions::default();
         P2pOptions {
             fast_flags: env.flag(&P2P_FAST_FLAGS).unwrap_or(d.fast_flags),
             flag: match env.choice(&P2P_FLAG).unwrap_or("copy") {
                 "epoch" => FlagMode::CopyEpoch,
-                "write" => FlagMode::WriteCount,
                 _ => FlagMode::CopyCount,
             },
-            streams: env.int(&P2P_STREAMS).unwrap_or(d.streams),
-            split_bytes: env.int(&P2P_SPLIT_BYTES).unwrap_or(d.split_bytes),
         }
     }
-}
-
-/// Splits `size` bytes into at most `parts` chunks of whole 64 KiB units: `(offset, len)` pairs.
-pub fn split_chunks(size: u64, parts: usize) -> Vec<(u64, u64)> {
-    const UNIT: u64 = 64 << 10;
-    let per = size.div_ceil(parts as u64).div_ceil(UNIT) * UNIT;
-    let mut out = Vec::with_capacity(parts);
-    let mut off = 0;
-    while off < size {
-        let len = per.min(size - off);
-        out.push((off, len));
-        off += len;
-    }
-    out
 }
 
 /// How long after queuing data the proxy first asks whether it has landed.
@@ -129,13 +102,9 @@ pub struct P2pHandler {
     /// Per connection (`FlagMode::CopyCount`): where the copy engine finds each flag's value.
     counts: Vec<Option<FlagCounts>>,
     options: P2pOptions,
-    /// Copy streams; flags and small copies go on the first.
-    streams: Vec<Stream>,
-    /// One event per extra stream, to order the first stream after it.
-    events: Vec<Event>,
-    /// Extra streams holding data the next flag must wait for.
-    dirty: Vec<bool>,
-    /// Data was queued since the streams were last seen idle: a fast flag now could overtake it.
+    /// The copy stream: data and flags, in trigger order.
+    stream: Stream,
+    /// Data was queued since the stream was last seen idle: a fast flag now could overtake it.
     data_in_flight: bool,
     /// When the last data was queued.
     data_queued_at: Instant,
@@ -150,16 +119,9 @@ impl P2pHandler {
     pub fn new(
         ctx: &GpuContext,
         routes: Vec<Option<P2pRoute>>,
-        mut options: P2pOptions,
+        options: P2pOptions,
         flags_sent: Arc<Vec<AtomicU64>>,
     ) -> Result<P2pHandler> {
-        if options.flag == FlagMode::WriteCount && !ctx.can_write_u64_from_streams()? {
-            log::info!(
-                "GPU {} has no 64-bit stream memory operations; flags are copied instead",
-                ctx.device
-            );
-            options.flag = FlagMode::CopyCount;
-        }
         let counts = routes
             .iter()
             .enumerate()
@@ -170,19 +132,11 @@ impl P2pHandler {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        let streams = (0..options.streams)
-            .map(|_| Stream::new(ctx))
-            .collect::<Result<Vec<_>>>()?;
-        let events = (0..options.streams)
-            .map(|_| Event::new(ctx))
-            .collect::<Result<Vec<_>>>()?;
         Ok(P2pHandler {
             routes,
             counts,
             options,
-            dirty: vec![false; streams.len()],
-            streams,
-            events,
+            stream: Stream::new(ctx)?,
             data_in_flight: false,
             data_queued_at: Instant::now(),
             flags_sent,
@@ -193,27 +147,16 @@ impl P2pHandler {
     fn copy_data(&mut self, dst: DevicePtr, src: DevicePtr, size: u64) -> Result<()> {
         self.data_in_flight = true;
         self.data_queued_at = Instant::now();
-        if self.streams.len() == 1 || size < self.options.split_bytes {
-            return self.streams[0].copy(dst, src, size as usize);
-        }
-        for (i, (off, len)) in split_chunks(size, self.streams.len()).into_iter().enumerate() {
-            self.streams[i].copy(dst + off, src + off, len as usize)?;
-            self.dirty[i] = i > 0;
-        }
-        Ok(())
+        self.stream.copy(dst, src, size as usize)
     }
 
-    /// Whether all data queued so far has landed. The streams are asked only once the data has had
+    /// Whether all data queued so far has landed. The stream is asked only once the data has had
     /// `QUERY_AFTER` to land: a stream was measured to report a 1 KiB copy done ~14 us after it was
     /// queued (in a loop whose stream carried a backlog), and asking sooner only costs (a proxy that
     /// queried on every flag made the 1 MiB bidirectional benchmark slower).
     fn data_landed(&mut self) -> Result<bool> {
         if self.data_in_flight && self.data_queued_at.elapsed() >= QUERY_AFTER {
-            let mut idle = true;
-            for s in &self.streams {
-                idle = idle && s.is_idle()?;
-            }
-            self.data_in_flight = !idle;
+            self.data_in_flight = !self.stream.is_idle()?;
         }
         Ok(!self.data_in_flight)
     }
@@ -229,13 +172,7 @@ impl P2pHandler {
                 *if landed { stored } else { left } += 1;
             }
         }
-        // The flag goes on the first stream, after the data of every stream.
-        for i in 1..self.streams.len() {
-            if self.dirty[i] {
-                self.streams[0].wait_for(&self.streams[i], &self.events[i])?;
-                self.dirty[i] = false;
-            }
-        }
+        // The flag goes on the copy stream, after the data of the triggers before it.
         let word = route.remote_epochs + 8;
         match self.options.flag {
             FlagMode::CopyCount => {
@@ -244,11 +181,10 @@ impl P2pHandler {
                     .get_mut(conn_id)
                     .and_then(Option::as_mut)
                     .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count table")))?;
-                let src = counts.source(&self.streams[0], count)?;
-                self.streams[0].copy(word, src, 8)
+                let src = counts.source(&self.stream, count)?;
+                self.stream.copy(word, src, 8)
             }
-            FlagMode::CopyEpoch => self.streams[0].copy(word, route.local_epochs, 8),
-            FlagMode::WriteCount => self.streams[0].write_u64(word, count),
+            FlagMode::CopyEpoch => self.stream.copy(word, route.local_epochs, 8),
         }
     }
 }
@@ -299,10 +235,7 @@ impl TriggerHandler for P2pHandler {
     }
 
     fn sync(&mut self) -> Result<()> {
-        for s in &self.streams {
-            s.spin_until_idle()?;
-        }
-        self.dirty.iter_mut().for_each(|d| *d = false);
+        self.stream.spin_until_idle()?;
         self.data_in_flight = false;
         Ok(())
     }
@@ -387,27 +320,22 @@ mod tests {
         };
         let env = |pairs| crate::settings::Source::from_fn(env(pairs));
         assert_eq!(P2pOptions::parse(&env(&[])), P2pOptions::default());
-        let o = P2pOptions::parse(&env(&[
-            ("MSCCLPP_P2P_FAST_FLAGS", "0"),
-            ("MSCCLPP_P2P_FLAG", "write"),
-            ("MSCCLPP_P2P_STREAMS", "4"),
-            ("MSCCLPP_P2P_SPLIT_BYTES", "1048576"),
-        ]));
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FAST_FLAGS", "0"), ("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(
             o,
             P2pOptions {
                 fast_flags: false,
-                flag: FlagMode::WriteCount,
-                streams: 4,
-                split_bytes: 1 << 20
+                flag: FlagMode::CopyEpoch,
             }
         );
-        let o = P2pOptions::parse(&env(&[
-            ("MSCCLPP_P2P_FLAG", "x"),
-            ("MSCCLPP_P2P_STREAMS", "0"),
-            ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
-        ]));
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "x"), ("MSCCLPP_P2P_FAST_FLAGS", "yes")]));
         assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "write")]));
+        assert_eq!(
+            o.flag,
+            FlagMode::CopyCount,
+            "the removed stream-write flag is a bad value now"
+        );
         assert_eq!(P2pOptions::default().flag, FlagMode::CopyCount);
         let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(o.flag, FlagMode::CopyEpoch);
@@ -418,15 +346,5 @@ mod tests {
         let mut word = 0u64;
         store_flag(&mut word as *mut u64 as usize, 7);
         assert_eq!(word, 7);
-    }
-
-    #[test]
-    fn chunks_cover_the_range_in_64k_units() {
-        assert_eq!(split_chunks(1 << 20, 2), vec![(0, 1 << 19), (1 << 19, 1 << 19)]);
-        let c = split_chunks((1 << 20) + 5, 4);
-        assert_eq!(c.iter().map(|(_, l)| l).sum::<u64>(), (1 << 20) + 5);
-        assert!(c.iter().all(|(o, _)| o % (64 << 10) == 0));
-        assert!(c.len() <= 4);
-        assert_eq!(split_chunks(100, 3), vec![(0, 100)]);
     }
 }
