@@ -3,7 +3,7 @@
 use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
 use crate::connection::{Connection, Epochs, FastFlag, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
+use crate::gpu::{AppStream, DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
 use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::trigger::MAX_CONNECTIONS;
@@ -98,7 +98,7 @@ impl Communicator {
     fn with_bootstrap(bootstrap: Bootstrap) -> Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
-        let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
+        let gpu = GpuContext::current_if_any();
         let state = CommState {
             gpu,
             ..Default::default()
@@ -353,7 +353,7 @@ impl Communicator {
     /// our process).
     fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
         let (buff, epochs) = if info.process == me {
-            enable_peer_access(gpu, info.buffer.address);
+            gpu.enable_peer_access_to(info.buffer.address);
             (info.buffer.address, info.epochs.address)
         } else {
             let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
@@ -545,7 +545,7 @@ impl Communicator {
             }
             let info = RegisterInfo::from_bytes(&bytes)?;
             let remote = if info.process == me {
-                enable_peer_access(&gpu, info.buffer.address);
+                gpu.enable_peer_access_to(info.buffer.address);
                 info.buffer.address
             } else {
                 let m = Self::open_ipc(&mut st, &gpu, info.process, &info.buffer)?;
@@ -572,9 +572,8 @@ impl Communicator {
         size: u64,
         src_offset: u64,
         dst_offset: u64,
-        stream: u64,
+        stream: AppStream,
     ) -> Result<()> {
-        let stream = stream as usize as cudarc::driver::sys::CUstream;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         Self::gpu(&mut st)?;
@@ -583,7 +582,7 @@ impl Communicator {
             if st.ib.owns(e.IbMr) {
                 // An IB peer: an RDMA write into its registered buffer.
                 st.ib
-                    .registered_write(e.IbMr, src, size, src_offset, dst_offset, stream as usize)?;
+                    .registered_write(e.IbMr, src, size, src_offset, dst_offset, stream)?;
                 continue;
             }
             let dst = e.remoteBuff as DevicePtr;
@@ -598,13 +597,11 @@ impl Communicator {
                     reg.size
                 )));
             }
-            // SAFETY: both ranges were checked above; the stream is the application's.
-            crate::gpu::check(
-                unsafe {
-                    cudarc::driver::sys::cuMemcpyAsync(dst + dst_offset, src + src_offset, size as usize, stream)
-                },
-                || format!("copy to peer buffer {i}"),
-            )?;
+            // SAFETY: the source range lies in one allocation of the application (`pointer_info` above),
+            // the destination inside the peer's registered buffer (checked above), which stays mapped
+            // until the communicator is destroyed.
+            unsafe { stream.copy(dst + dst_offset, src + src_offset, size as usize) }
+                .map_err(|e| Error::new(e.kind, format!("copy to peer buffer {i}: {}", e.message)))?;
         }
         Ok(())
     }
@@ -663,17 +660,6 @@ impl RegisterInfo {
     }
 }
 
-/// The context current on this thread, without creating one.
-fn current_context_if_any() -> Option<GpuContext> {
-    let mut ctx: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; the driver is initialized.
-    let rc = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) };
-    if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
-        return None;
-    }
-    GpuContext::current().ok()
-}
-
 /// The peer resource under `key` in `cache`, opened by `open` the first time (several connections and
 /// registered buffers share a peer's allocation or shared memory; each is opened once and kept until
 /// destroy).
@@ -685,35 +671,6 @@ fn opened_once<K: std::hash::Hash + Eq, T>(
     match cache.entry(key) {
         std::collections::hash_map::Entry::Occupied(e) => Ok(e.get().clone()),
         std::collections::hash_map::Entry::Vacant(e) => Ok(e.insert(Arc::new(open()?)).clone()),
-    }
-}
-
-/// Lets our context reach a peer GPU's memory in this process directly; best effort, since the copy
-/// engine also reaches it without.
-fn enable_peer_access(gpu: &GpuContext, peer_ptr: DevicePtr) {
-    use cudarc::driver::sys;
-    let mut peer_ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: the attribute is a context handle written to a local.
-    let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut peer_ctx as *mut sys::CUcontext).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-            peer_ptr,
-        )
-    };
-    if rc != sys::CUresult::CUDA_SUCCESS || peer_ctx.is_null() {
-        return;
-    }
-    let _ = gpu.make_current();
-    // SAFETY: both contexts are alive; enabling twice returns an error we ignore.
-    let rc = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
-    if rc != sys::CUresult::CUDA_SUCCESS && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-        // Same device (no peer access needed) or no peer path: copies still work through the driver.
-        log::info!(
-            "peer access from GPU {} not enabled: {}",
-            gpu.device,
-            crate::gpu::check(rc, String::new).unwrap_err()
-        );
     }
 }
 

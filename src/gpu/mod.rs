@@ -15,7 +15,7 @@ pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
 pub use shared_host::SharedHostMemory;
-pub use stream::Stream;
+pub use stream::{AppStream, Stream};
 
 /// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
 /// elsewhere.

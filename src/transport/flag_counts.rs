@@ -52,7 +52,7 @@ impl FlagCounts {
         let generation = count >> Self::INDEX_BITS;
         if generation != self.generation {
             for (byte, value) in Self::changed_bytes(self.generation, generation) {
-                stream.fill_u8_strided(self.table.ptr() + byte as u64, 8, value, Self::ENTRIES)?;
+                stream.fill_u8_strided(&self.table, byte as u64, 8, value, Self::ENTRIES)?;
             }
             self.generation = generation;
         }

@@ -144,10 +144,18 @@ impl P2pHandler {
         })
     }
 
-    fn copy_data(&mut self, dst: DevicePtr, src: DevicePtr, size: u64) -> Result<()> {
+    /// Queues the data of a trigger whose ranges `handle` checked against the route's buffers.
+    fn copy_data(&mut self, route: &P2pRoute, t: &Trigger) -> Result<()> {
         self.data_in_flight = true;
         self.data_queued_at = Instant::now();
-        self.stream.copy(dst, src, size as usize)
+        let (dst, src) = (
+            route.remote_buff + t.dst_offset as u64,
+            route.local_buff + t.src_offset as u64,
+        );
+        // SAFETY: both ranges lie inside the connection's buffers (`Trigger::check_ranges`, called by
+        // `handle` before this); our buffer is the application's, kept while the proxy runs, and the
+        // peer's is mapped by the transport until it is cleared, after the proxy has stopped.
+        unsafe { self.stream.copy(dst, src, t.data_size as usize) }
     }
 
     /// Whether all data queued so far has landed. The stream is asked only once the data has had
@@ -182,9 +190,14 @@ impl P2pHandler {
                     .and_then(Option::as_mut)
                     .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count table")))?;
                 let src = counts.source(&self.stream, count)?;
-                self.stream.copy(word, src, 8)
+                // SAFETY: `src` is a word of the flag count table, which lives as long as this handler
+                // and its stream; `word` is the peer's `proxy` word, in its epoch block, mapped until the
+                // transport is cleared (after the proxy has stopped), and written only by this proxy.
+                unsafe { self.stream.copy(word, src, 8) }
             }
-            FlagMode::CopyEpoch => self.stream.copy(word, route.local_epochs, 8),
+            // SAFETY: our epoch block lives until the connection goes, after the proxy has stopped; the
+            // peer's word as above.
+            FlagMode::CopyEpoch => unsafe { self.stream.copy(word, route.local_epochs, 8) },
         }
     }
 }
@@ -213,11 +226,7 @@ impl TriggerHandler for P2pHandler {
         let route = *route_of(&self.routes, t)?;
         if t.has_data() {
             match t.check_ranges(route.local_size, route.remote_size) {
-                Ok(()) => self.copy_data(
-                    route.remote_buff + t.dst_offset as u64,
-                    route.local_buff + t.src_offset as u64,
-                    t.data_size as u64,
-                )?,
+                Ok(()) => self.copy_data(&route, t)?,
                 Err(e) if t.has_flag() => {
                     // Drop the data but still raise the flag: the device counted this signal, and a
                     // missing flag would leave the peer waiting forever.

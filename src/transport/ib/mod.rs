@@ -23,7 +23,7 @@ mod tests;
 pub mod verbs;
 
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext};
+use crate::gpu::{AppStream, DevicePtr, GpuContext};
 use crate::proxy::ProxySlot;
 use crate::proxy::fifo::DeviceFifo;
 use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
@@ -647,14 +647,10 @@ impl IbState {
         size: u64,
         src_offset: u64,
         dst_offset: u64,
-        stream: usize,
+        stream: AppStream,
     ) -> Result<()> {
         let info = crate::gpu::pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
-        let stream = stream as cudarc::driver::sys::CUstream;
-        // SAFETY: a stream handle of the application (0 for the default stream) in our current context.
-        crate::gpu::check(unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) }, || {
-            "waiting for the stream of mscclppRegisteredBufferWrite".into()
-        })?;
+        stream.synchronize()?;
         self.write_registered(
             ib_mr,
             src + src_offset,
