@@ -1,6 +1,7 @@
 //! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
 
 use crate::bootstrap::{Bootstrap, RootAddress, UniqueId};
+use crate::codec::{Reader, Writer};
 use crate::connection::{Connection, Epochs, FastFlag, ProcessId, RemoteSide, SetupInfo, TransportKind};
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
@@ -635,28 +636,27 @@ struct RegisterInfo {
     buffer: IpcExport,
 }
 
+const REGISTER_MAGIC: u32 = 0x4d53_5052; // "MSPR"
+
 impl RegisterInfo {
     fn to_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(12 + IpcExport::BYTES);
-        v.extend_from_slice(&self.process.host.to_le_bytes());
-        v.extend_from_slice(&self.process.pid.to_le_bytes());
-        v.extend_from_slice(&self.buffer.to_bytes());
-        v
+        let mut w = Writer::with_capacity(128);
+        w.u32(REGISTER_MAGIC).u64(self.process.host).u32(self.process.pid);
+        self.buffer.write(&mut w);
+        w.into_bytes()
     }
     fn from_bytes(b: &[u8]) -> Result<RegisterInfo> {
-        if b.len() != 12 + IpcExport::BYTES {
-            return Err(Error::remote(format!(
-                "registered-buffer message of {} bytes is malformed",
-                b.len()
-            )));
-        }
-        Ok(RegisterInfo {
+        let mut r = Reader::new(b, "registered-buffer message");
+        r.magic(REGISTER_MAGIC)?;
+        let info = RegisterInfo {
             process: ProcessId {
-                host: u64::from_le_bytes(b[..8].try_into().unwrap()),
-                pid: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+                host: r.u64()?,
+                pid: r.u32()?,
             },
-            buffer: IpcExport::from_bytes(&b[12..])?,
-        })
+            buffer: IpcExport::read(&mut r)?,
+        };
+        r.finish()?;
+        Ok(info)
     }
 }
 

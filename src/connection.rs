@@ -1,7 +1,8 @@
 //! A connection: one side of a (rank, peer, tag) pairing, as `mscclppConnect` records it and
 //! `mscclppConnectionSetup` completes it.
 
-use crate::error::{Error, Result};
+use crate::codec::{Reader, Writer};
+use crate::error::Result;
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, SharedHostMemory};
 use crate::types::{mscclppBaseConn, mscclppDevConnSignalEpochId};
 use std::sync::Arc;
@@ -182,58 +183,57 @@ pub struct SetupInfo {
 
 const SETUP_MAGIC: u32 = 0x4d53_4331; // "MSC1"
 
+/// The longest shared-memory name a set-up message may carry (POSIX names are at most `NAME_MAX`).
+const MAX_SHM_NAME: usize = 255;
+
 impl SetupInfo {
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&SETUP_MAGIC.to_le_bytes());
-        v.extend_from_slice(&self.rank.to_le_bytes());
-        v.extend_from_slice(&self.tag.to_le_bytes());
-        v.extend_from_slice(&self.transport.to_le_bytes());
-        v.extend_from_slice(&self.process.host.to_le_bytes());
-        v.extend_from_slice(&self.process.pid.to_le_bytes());
-        v.extend_from_slice(&self.device.to_le_bytes());
-        v.extend_from_slice(&self.buffer.to_bytes());
-        v.extend_from_slice(&self.epochs.to_bytes());
+        let mut w = Writer::with_capacity(256);
+        w.u32(SETUP_MAGIC)
+            .u32(self.rank)
+            .i32(self.tag)
+            .u16(self.transport)
+            .u64(self.process.host)
+            .u32(self.process.pid)
+            .i32(self.device);
+        self.buffer.write(&mut w);
+        self.epochs.write(&mut w);
         let (name, offset) = self.fast_flag.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
-        // Our names (`SharedHostMemory::create`) are a few dozen bytes.
-        v.push(u8::try_from(name.len()).expect("a short shared-memory name"));
-        v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(&offset.to_le_bytes());
-        v
+        w.string(name.as_bytes()).u32(offset);
+        w.into_bytes()
     }
 
     pub fn from_bytes(b: &[u8]) -> Result<SetupInfo> {
-        const HEAD: usize = 4 + 4 + 4 + 2 + 8 + 4 + 4;
-        const FIXED: usize = HEAD + 2 * IpcExport::BYTES;
-        let name_len = b.get(FIXED).map_or(0, |&n| n as usize);
-        if b.len() != FIXED + 1 + name_len + 4 {
-            return Err(Error::remote(format!(
-                "connection set-up message of {} bytes is malformed",
-                b.len()
-            )));
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-        if u32_at(0) != SETUP_MAGIC {
-            return Err(Error::remote("connection set-up message has a wrong magic"));
-        }
+        let mut r = Reader::new(b, "connection set-up message");
+        r.magic(SETUP_MAGIC)?;
+        let rank = r.u32()?;
+        let tag = r.i32()?;
+        let transport = r.u16()?;
+        let process = ProcessId {
+            host: r.u64()?,
+            pid: r.u32()?,
+        };
+        let device = r.i32()?;
+        let buffer = IpcExport::read(&mut r)?;
+        let epochs = IpcExport::read(&mut r)?;
+        let name = r.string(MAX_SHM_NAME)?;
+        let offset = r.u32()?;
+        let fast_flag = if name.is_empty() {
+            None
+        } else {
+            let name = std::str::from_utf8(name).map_err(|_| r.malformed("names shared memory in non-UTF-8"))?;
+            Some((name.to_string(), offset))
+        };
+        r.finish()?;
         Ok(SetupInfo {
-            rank: u32_at(4),
-            tag: u32_at(8) as i32,
-            transport: u16::from_le_bytes(b[12..14].try_into().unwrap()),
-            process: ProcessId {
-                host: u64::from_le_bytes(b[14..22].try_into().unwrap()),
-                pid: u32_at(22),
-            },
-            device: u32_at(26) as i32,
-            buffer: IpcExport::from_bytes(&b[HEAD..HEAD + IpcExport::BYTES])?,
-            epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..FIXED])?,
-            fast_flag: if name_len == 0 {
-                None
-            } else {
-                let name = std::str::from_utf8(&b[FIXED + 1..FIXED + 1 + name_len])
-                    .map_err(|_| Error::remote("connection set-up message names shared memory in non-UTF-8"))?;
-                Some((name.to_string(), u32_at(FIXED + 1 + name_len)))
-            },
+            rank,
+            tag,
+            transport,
+            process,
+            device,
+            buffer,
+            epochs,
+            fast_flag,
         })
     }
 }

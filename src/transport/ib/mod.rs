@@ -22,6 +22,7 @@ pub mod sys;
 mod tests;
 pub mod verbs;
 
+use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext};
 use crate::proxy::ProxySlot;
@@ -109,89 +110,47 @@ pub struct IbConnInfo {
 const CONN_MAGIC: u32 = 0x4d53_4942; // "MSIB"
 const REGISTER_MAGIC: u32 = 0x4d53_4952; // "MSIR"
 
-struct Writer(Vec<u8>);
-impl Writer {
-    fn put(&mut self, b: &[u8]) -> &mut Self {
-        self.0.extend_from_slice(b);
-        self
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
-        if self.0.len() < N {
-            return Err(Error::remote("IB set-up message is truncated"));
-        }
-        let (a, b) = self.0.split_at(N);
-        self.0 = b;
-        Ok(a.try_into().expect("length checked"))
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take()?))
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take()?))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take()?))
-    }
-    fn range(&mut self) -> Result<KeyedRange> {
-        Ok(KeyedRange {
-            addr: self.u64()?,
-            size: self.u64()?,
-            key: self.u32()?,
-        })
-    }
-    fn end(&self) -> Result<()> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::remote("IB set-up message has trailing bytes"))
-        }
-    }
-}
-
 fn put_range(w: &mut Writer, r: &KeyedRange) {
-    w.put(&r.addr.to_le_bytes())
-        .put(&r.size.to_le_bytes())
-        .put(&r.key.to_le_bytes());
+    w.u64(r.addr).u64(r.size).u32(r.key);
+}
+
+fn read_range(r: &mut Reader) -> Result<KeyedRange> {
+    Ok(KeyedRange {
+        addr: r.u64()?,
+        size: r.u64()?,
+        key: r.u32()?,
+    })
 }
 
 impl IbConnInfo {
     pub fn to_bytes(&self) -> Vec<u8> {
         let e = &self.endpoint;
-        let mut w = Writer(Vec::with_capacity(96));
-        w.put(&CONN_MAGIC.to_le_bytes())
-            .put(&self.rank.to_le_bytes())
-            .put(&self.tag.to_le_bytes())
-            .put(&[e.port])
-            .put(&e.lid.to_le_bytes())
-            .put(&e.gid)
-            .put(&e.gid_index.to_le_bytes())
-            .put(&e.qpn.to_le_bytes())
-            .put(&e.psn.to_le_bytes())
-            .put(&[e.mtu]);
+        let mut w = Writer::with_capacity(96);
+        w.u32(CONN_MAGIC)
+            .u32(self.rank)
+            .i32(self.tag)
+            .u8(e.port)
+            .u16(e.lid)
+            .bytes(&e.gid)
+            .i32(e.gid_index)
+            .u32(e.qpn)
+            .u32(e.psn)
+            .u8(e.mtu);
         put_range(&mut w, &self.buff);
         put_range(&mut w, &self.epochs);
-        w.0
+        w.into_bytes()
     }
 
     pub fn from_bytes(b: &[u8]) -> Result<IbConnInfo> {
-        let mut r = Reader(b);
-        if r.u32()? != CONN_MAGIC {
-            return Err(Error::remote("IB connection set-up message has a wrong magic"));
-        }
+        let mut r = Reader::new(b, "IB connection set-up message");
+        r.magic(CONN_MAGIC)?;
         let rank = r.u32()?;
-        let tag = r.u32()? as i32;
+        let tag = r.i32()?;
         let endpoint = QpEndpoint {
             port: r.u8()?,
             lid: r.u16()?,
             gid: r.take()?,
-            gid_index: r.u32()? as i32,
+            gid_index: r.i32()?,
             qpn: r.u32()?,
             psn: r.u32()?,
             mtu: r.u8()?,
@@ -200,28 +159,26 @@ impl IbConnInfo {
             rank,
             tag,
             endpoint,
-            buff: r.range()?,
-            epochs: r.range()?,
+            buff: read_range(&mut r)?,
+            epochs: read_range(&mut r)?,
         };
-        r.end()?;
+        r.finish()?;
         Ok(info)
     }
 }
 
-fn register_to_bytes(r: &KeyedRange) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(24));
-    w.put(&REGISTER_MAGIC.to_le_bytes());
-    put_range(&mut w, r);
-    w.0
+fn register_to_bytes(range: &KeyedRange) -> Vec<u8> {
+    let mut w = Writer::with_capacity(24);
+    w.u32(REGISTER_MAGIC);
+    put_range(&mut w, range);
+    w.into_bytes()
 }
 
 fn register_from_bytes(b: &[u8]) -> Result<KeyedRange> {
-    let mut r = Reader(b);
-    if r.u32()? != REGISTER_MAGIC {
-        return Err(Error::remote("IB registered-buffer message has a wrong magic"));
-    }
-    let range = r.range()?;
-    r.end()?;
+    let mut r = Reader::new(b, "IB registered-buffer message");
+    r.magic(REGISTER_MAGIC)?;
+    let range = read_range(&mut r)?;
+    r.finish()?;
     Ok(range)
 }
 
