@@ -1,9 +1,7 @@
-//! The P2P transport: kernels' triggers carried out by the copy engine, between GPUs of one machine.
-//!
-//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC); Flag is an 8-byte copy of the
-//! number of flags carried out on the connection (`flag_counts`; the legacy proxy copied our `device`
-//! epoch, which may run ahead of the data) into the peer's `proxy` epoch on the same stream, so it lands
-//! after the data of the triggers before it; Sync waits for the stream to drain.
+//! The P2P proxy's trigger handler: Data is a copy from our buffer into the peer's (mapped with CUDA IPC);
+//! Flag is an 8-byte copy of the number of flags carried out on the connection (`flag_counts`; the legacy
+//! proxy copied our `device` epoch, which may run ahead of the data) into the peer's `proxy` epoch on the
+//! same stream, so it lands after the data of the triggers before it; Sync waits for the stream to drain.
 //!
 //! A flag raised while none of our data is in flight is first stored, by the CPU, into the peer's fast
 //! flag (host memory shared with the peer, read by the header's `wait()`): it arrives microseconds
@@ -11,11 +9,11 @@
 //! any GPU write into host memory after a copy (a stream write, a copy from host memory, or the wait
 //! for the stream to drain) was measured slower than the copy engine's flag into device memory.
 
-use super::flag_counts::FlagCounts;
+use super::flag_counts::FlagCountTable;
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, GpuContext, Stream};
 use crate::proxy::{Trigger, TriggerHandler};
-use std::sync::Arc;
+use crate::transport::FlagsCarried;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,7 +28,7 @@ pub struct P2pRoute {
     pub local_epochs: DevicePtr,
     /// The peer's `mscclppDevConnSignalEpochId` (its `proxy` word is at +8).
     pub remote_epochs: DevicePtr,
-    /// The peer's fast flag, as our CPU reaches it (the communicator keeps it mapped).
+    /// The peer's fast flag, as our CPU reaches it (the transport keeps it mapped).
     pub fast_flag: Option<usize>,
 }
 
@@ -100,7 +98,7 @@ const QUERY_AFTER: Duration = Duration::from_micros(20);
 pub struct P2pHandler {
     routes: Vec<Option<P2pRoute>>,
     /// Per connection (`FlagMode::CopyCount`): where the copy engine finds each flag's value.
-    counts: Vec<Option<FlagCounts>>,
+    counts: Vec<Option<FlagCountTable>>,
     options: P2pOptions,
     /// The copy stream: data and flags, in trigger order.
     stream: Stream,
@@ -109,7 +107,7 @@ pub struct P2pHandler {
     /// When the last data was queued.
     data_queued_at: Instant,
     /// Flags carried out per connection; kept by the communicator across launches.
-    flags_sent: Arc<Vec<AtomicU64>>,
+    flags: FlagsCarried,
     /// Flags to peers with a fast flag: (stored at once, left to the copy engine); kept only when they
     /// will be reported.
     stats: Option<(u64, u64)>,
@@ -120,15 +118,13 @@ impl P2pHandler {
         ctx: &GpuContext,
         routes: Vec<Option<P2pRoute>>,
         options: P2pOptions,
-        flags_sent: Arc<Vec<AtomicU64>>,
+        flags: FlagsCarried,
     ) -> Result<P2pHandler> {
         let counts = routes
             .iter()
             .enumerate()
             .map(|(conn_id, route)| match (route, options.flag) {
-                (Some(_), FlagMode::CopyCount) => {
-                    FlagCounts::new(ctx, flags_sent[conn_id].load(Ordering::Relaxed)).map(Some)
-                }
+                (Some(_), FlagMode::CopyCount) => FlagCountTable::new(ctx, flags.count(conn_id)).map(Some),
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -139,7 +135,7 @@ impl P2pHandler {
             stream: Stream::new(ctx)?,
             data_in_flight: false,
             data_queued_at: Instant::now(),
-            flags_sent,
+            flags,
             stats: log::log_enabled!(log::Level::Info).then_some((0, 0)),
         })
     }
@@ -170,7 +166,7 @@ impl P2pHandler {
     }
 
     fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
-        let count = super::count_flag(&self.flags_sent, conn_id)?;
+        let count = self.flags.carry_one(conn_id)?;
         if let Some(fast) = route.fast_flag {
             let landed = self.data_landed()?;
             if landed {
