@@ -204,7 +204,7 @@ struct Endpoint {
     local: QpEndpoint,
     buff: Box<dyn MemoryRegion>,
     epochs: Box<dyn MemoryRegion>,
-    /// The peer's buffer and epoch counters, once set up.
+    /// The peer's buffer and epoch block (its first 16 bytes), once set up.
     remote: Option<(KeyedRange, KeyedRange)>,
 }
 

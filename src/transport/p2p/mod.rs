@@ -258,7 +258,7 @@ impl Transport for P2pTransport {
             process: ProcessId::this(),
             device: gpu.device,
             buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
-            epochs: IpcExport::new(c.local_epochs, EpochBlock::BYTES as u64, "epoch counters")?,
+            epochs: IpcExport::new(c.local_epochs, EpochBlock::BYTES as u64, "epoch block")?,
             fast_flag: c
                 .fast_flag
                 .as_ref()
