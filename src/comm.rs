@@ -81,6 +81,17 @@ struct CommState {
 }
 
 impl CommState {
+    /// The index of the transport of connections of `kind`, made with the first of them.
+    fn transport_for(&mut self, kind: &TransportKind, rank: usize) -> usize {
+        match self.transports.iter().position(|t| t.carries(kind)) {
+            Some(t) => t,
+            None => {
+                self.transports.push(new_transport(kind, rank));
+                self.transports.len() - 1
+            }
+        }
+    }
+
     /// The index of the transport of connections of `kind`.
     fn transport_of(&self, kind: &TransportKind) -> Result<usize> {
         self.transports
@@ -192,13 +203,7 @@ impl Communicator {
                 "a communicator holds at most {MAX_CONNECTIONS} connections (the trigger's connId has 10 bits)"
             )));
         }
-        let t = match st.transport_of(&transport) {
-            Ok(t) => t,
-            Err(_) => {
-                st.transports.push(new_transport(&transport, self.rank));
-                st.transports.len() - 1
-            }
-        };
+        let t = st.transport_for(&transport, self.rank);
         // Fails first, naming what is missing (IB: libibverbs or the device), before any GPU work.
         st.transports[t].check_connect(&transport)?;
         let gpu = Self::gpu(&mut st)?;
@@ -252,7 +257,7 @@ impl Communicator {
                     transport.prepare_setup(&mine)?;
                 }
             }
-            // Every message is made before any is sent, so that a failure here leaves peers no half set-up.
+            // Every message is made before any is sent: a rank that fails to make one sends none.
             let mut messages = Vec::with_capacity(pending.len());
             for i in pending.clone() {
                 let c = &st.connections[i];

@@ -94,6 +94,8 @@ struct RegisteredRemote {
 pub struct P2pTransport {
     /// The communicator's rank (names the proxy thread).
     rank: usize,
+    /// This process, as peers see it.
+    process: ProcessId,
     /// The proxy (serving `fifo`; declared first, so that a dropped transport stops it first).
     proxy: ProxySlot,
     fifo: Option<DeviceFifo>,
@@ -118,6 +120,7 @@ impl P2pTransport {
     pub fn new(rank: usize) -> P2pTransport {
         P2pTransport {
             rank,
+            process: ProcessId::this(),
             proxy: ProxySlot::default(),
             fifo: None,
             gpu: None,
@@ -160,7 +163,7 @@ impl P2pTransport {
     /// (with peer access to its GPU enabled, best effort), else its place in our mapping of the
     /// allocation.
     fn reach(&mut self, gpu: &GpuContext, peer: ProcessId, e: &IpcExport) -> Result<DevicePtr> {
-        if peer == ProcessId::this() {
+        if peer == self.process {
             gpu.enable_peer_access_to(e.address);
             return Ok(e.address);
         }
@@ -171,7 +174,7 @@ impl P2pTransport {
     /// Maps a peer's buffer, epoch block and fast flag into our context.
     fn map_peer(&mut self, gpu: &GpuContext, info: &P2pSetupInfo) -> Result<PeerSide> {
         let buff = self.reach(gpu, info.process, &info.buffer)?;
-        let epochs = if info.process == ProcessId::this() {
+        let epochs = if info.process == self.process {
             info.epochs.address
         } else {
             self.reach(gpu, info.process, &info.epochs)?
@@ -255,7 +258,7 @@ impl Transport for P2pTransport {
         let gpu = self.gpu()?;
         let c = self.connection(conn)?;
         Ok(P2pSetupInfo {
-            process: ProcessId::this(),
+            process: self.process,
             device: gpu.device,
             buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
             epochs: IpcExport::new(c.local_epochs, EpochBlock::BYTES as u64, "epoch block")?,
@@ -349,7 +352,7 @@ impl Transport for P2pTransport {
 
     fn register_message(&mut self, _conn: usize, ptr: DevicePtr, size: u64) -> Result<Vec<u8>> {
         Ok(RegisterInfo {
-            process: ProcessId::this(),
+            process: self.process,
             buffer: IpcExport::new(ptr, size, "local_memory")?,
         }
         .to_bytes())
