@@ -1,35 +1,49 @@
-//! The communicator: one rank's bootstrap, its connections, their FIFO and the proxy that serves it.
+//! The communicator: one rank's bootstrap, its connections and the transports that carry them.
+//!
+//! What is common to every transport lives here: the bootstrap, the connection list (in connect order:
+//! a connection's index is the `connId` of its triggers and its place in `mscclppGetAllDeviceConnections`),
+//! the epoch blocks, the count of flags carried out per connection, the device views handed to kernels,
+//! and the communicator's state machine:
+//!
+//! - `connect` records connections (never while a proxy runs);
+//! - `setup` completes the connections recorded since the last set-up and ends with a barrier (more
+//!   `connect` and `setup` calls may follow, while no proxy runs);
+//! - `proxy_launch` and `proxy_stop` start and stop the transports' proxies, any number of times;
+//! - `register_buffer` and `registered_write` need set-up connections;
+//! - `destroy` stops the proxies and releases everything.
+//!
+//! Everything else is the transports' (`transport::Transport`): the communicator loops over them and
+//! names a transport kind only in `new_transport`, where the transport of a new connection is chosen.
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
-use crate::connection::{Connection, Epochs, FastFlag, ProcessId, RemoteSide, SetupInfo, TransportKind};
+use crate::connection::{Connection, EpochBlock, SetupMessage, TransportKind};
 use crate::error::{Error, Result};
 use crate::failure::FailureState;
-use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory, pointer_info};
-use crate::proxy::ProxySlot;
-use crate::proxy::fifo::DeviceFifo;
+use crate::gpu::{AppStream, DevicePtr, GpuContext, pointer_info};
 use crate::proxy::trigger::MAX_CONNECTIONS;
-use crate::transport::ib::IbState;
-use crate::transport::p2p::{P2pHandler, P2pOptions, P2pRoute};
+use crate::transport::ib::IbTransport;
+use crate::transport::p2p::P2pTransport;
+use crate::transport::{FlagsCarried, RegisteredWrite, Transport};
 use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 /// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
 const TAG_CONNECTION: u64 = 1 << 32;
 const TAG_REGISTER: u64 = 2 << 32;
-const TAG_IB_CONNECTION: u64 = 3 << 32;
 
 fn message_tag(kind: u64, tag: i32) -> u64 {
     kind | tag as u32 as u64
 }
 
-/// A peer's buffer registered with `mscclppRegisterBuffer`, as we see it.
-struct RegisteredRemote {
-    ptr: DevicePtr,
-    size: u64,
+/// The transport that carries connections of `kind` in a new communicator of rank `rank`: the one place
+/// that names transport kinds. A new transport adds its arm here (and its folder under `transport/`).
+fn new_transport(kind: &TransportKind, rank: usize) -> Box<dyn Transport> {
+    match kind {
+        TransportKind::P2p => Box::new(P2pTransport::new(rank)),
+        TransportKind::Ib { .. } => Box::new(IbTransport::new(rank)),
+    }
 }
 
 /// The device views handed to the application. They hold device addresses only, which this process
@@ -55,24 +69,42 @@ impl std::ops::DerefMut for DevConnTable {
 #[derive(Default)]
 struct CommState {
     gpu: Option<GpuContext>,
-    /// IB devices, queue pairs, memory regions and proxies. Declared before `connections` so that, when
-    /// dropped, memory regions are released before the memory they cover.
-    ib: IbState,
+    /// One transport per kind of connection in use, made with the first connection of its kind.
+    /// Declared before `connections` so that, when dropped, they release what covers the connections'
+    /// memory (IB memory regions) before that memory is freed.
+    transports: Vec<Box<dyn Transport>>,
     connections: Vec<Connection>,
     /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
     set_up: usize,
     dev_conns: DevConnTable,
-    /// The P2P proxy (serving `p2p_fifo`; declared first, so that a dropped state stops it first).
-    proxy: ProxySlot,
-    p2p_fifo: Option<DeviceFifo>,
-    /// Peers' allocations mapped into our context, by (peer process, allocation base). They back the
-    /// connections' and registered buffers' peer addresses, so they are kept until destroy.
-    ipc: HashMap<(ProcessId, DevicePtr), Arc<IpcMapping>>,
-    /// Peers' shared host memory (their fast flags), by name; kept until destroy, like `ipc`.
-    peer_flags: HashMap<String, Arc<SharedHostMemory>>,
-    registered: Vec<RegisteredRemote>,
-    /// Flags the P2P proxy has carried out, per connection; they outlive a proxy's stop.
-    flags_sent: Arc<Vec<AtomicU64>>,
+    /// The number of flags carried out on each set-up connection, by every transport's proxies; it
+    /// outlives a proxy's stop, so that a relaunched proxy goes on counting.
+    flags: FlagsCarried,
+}
+
+impl CommState {
+    /// The index of the transport of connections of `kind`, made with the first of them.
+    fn transport_for(&mut self, kind: &TransportKind, rank: usize) -> usize {
+        match self.transports.iter().position(|t| t.carries(kind)) {
+            Some(t) => t,
+            None => {
+                self.transports.push(new_transport(kind, rank));
+                self.transports.len() - 1
+            }
+        }
+    }
+
+    /// The index of the transport of connections of `kind`.
+    fn transport_of(&self, kind: &TransportKind) -> Result<usize> {
+        self.transports
+            .iter()
+            .position(|t| t.carries(kind))
+            .ok_or_else(|| Error::internal(format!("no transport carries {kind:?}")))
+    }
+
+    fn proxy_running(&self) -> bool {
+        self.transports.iter().any(|t| t.proxy_running())
+    }
 }
 
 pub struct Communicator {
@@ -81,7 +113,7 @@ pub struct Communicator {
     bootstrap: Bootstrap,
     state: Mutex<CommState>,
     /// Failures besides the bootstrap's (see `failure.rs`).
-    failures: FailureState,
+    failures: Arc<FailureState>,
 }
 
 impl Communicator {
@@ -101,7 +133,7 @@ impl Communicator {
     fn with_bootstrap(bootstrap: Bootstrap) -> Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
-        let gpu = crate::gpu::ensure_driver().ok().and_then(|_| current_context_if_any());
+        let gpu = GpuContext::current_if_any();
         let state = CommState {
             gpu,
             ..Default::default()
@@ -117,7 +149,7 @@ impl Communicator {
             nranks: bootstrap.nranks(),
             bootstrap,
             state: Mutex::new(state),
-            failures: FailureState::default(),
+            failures: Arc::default(),
         }
     }
 
@@ -138,24 +170,32 @@ impl Communicator {
     /// hold for long (`mscclppCommGetAsyncError` must not block).
     pub(crate) fn proxy_failure_now(&self) -> Option<Error> {
         let st = self.state.try_lock()?;
-        st.proxy.failure().or_else(|| st.ib.failure())
+        st.transports.iter().find_map(|t| t.proxy_failure())
     }
 
-    /// Tells the transports and their proxies to abort, after a peer failed or `mscclppCommAbort`: the one
-    /// place where a failure reaches them. For now the proxies stop as at destroy (no barrier, and no wait
-    /// on any peer); a transport-level abort that also ends kernels' waits goes here.
+    /// Tells the transports and their proxies to abort, after a peer failed, `mscclppCommAbort` or a proxy's
+    /// own report: the one place where a failure reaches them. Their proxies stop moving data, release the
+    /// kernels' waits and drain their FIFOs until stopped (`Transport::abort_proxy`; nothing here waits on
+    /// a peer or a thread).
     pub(crate) fn abort_transports(&self, failure: &PeerFailure) {
         let mut st = self.state.lock();
-        if let Err(e) = Self::stop_proxy(&mut st) {
-            log::info!("stopping the proxies after the failure ({}): {e}", failure.how());
+        for t in st.transports.iter_mut() {
+            t.abort_proxy();
         }
         log::info!("transports aborted after the failure ({})", failure.how());
     }
 
-    /// The proxy's first failure, if any; later calls report it instead of going on.
+    /// The first failure of any transport's proxy; later calls report it instead of going on.
     fn check_proxy(st: &CommState) -> Result<()> {
-        match st.proxy.failure().or_else(|| st.ib.failure()) {
-            Some(e) => Err(Error::new(e.kind, format!("the proxy failed earlier: {}", e.message))),
+        match st
+            .transports
+            .iter()
+            .find_map(|t| t.proxy_failure().map(|e| (t.name(), e)))
+        {
+            Some((name, e)) => Err(Error::new(
+                e.kind,
+                format!("the {name} proxy failed earlier: {}", e.message),
+            )),
             None => Ok(()),
         }
     }
@@ -170,7 +210,7 @@ impl Communicator {
         Ok(g)
     }
 
-    /// `mscclppConnect`: records a connection and allocates its epoch counters.
+    /// `mscclppConnect`: records a connection, allocates its epoch block and hands it to its transport.
     pub fn connect(
         &self,
         remote_rank: usize,
@@ -181,7 +221,7 @@ impl Communicator {
     ) -> Result<()> {
         self.check_usable()?;
         let mut st = self.state.lock();
-        if st.proxy.is_running() || st.ib.is_running() {
+        if st.proxy_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnect called while the proxy runs; call mscclppProxyStop first",
             ));
@@ -191,10 +231,9 @@ impl Communicator {
                 "a communicator holds at most {MAX_CONNECTIONS} connections (the trigger's connId has 10 bits)"
             )));
         }
-        if let TransportKind::Ib { device } = &transport {
-            // Fails first, naming the devices found, when libibverbs or the device is missing.
-            st.ib.open_device(device)?;
-        }
+        let t = st.transport_for(&transport, self.rank);
+        // Fails first, naming what is missing (IB: libibverbs or the device), before any GPU work.
+        st.transports[t].check_connect(&transport)?;
         let gpu = Self::gpu(&mut st)?;
         let info = pointer_info(buff, size, "localBuff")?;
         if info.device != gpu.device {
@@ -206,216 +245,91 @@ impl Communicator {
         if size > u32::MAX as u64 {
             log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
         }
-        let epochs = Epochs::new(&gpu)?;
-        if let TransportKind::Ib { device } = &transport {
-            let conn = st.connections.len();
-            st.ib
-                .connect(self.rank, conn, device, remote_rank, tag, buff, size, epochs.signal())?;
-        }
-        st.connections.push(Connection {
+        let conn = st.connections.len();
+        let c = Connection {
             remote_rank,
             tag,
             transport,
             local_buff: buff,
             local_size: size,
-            epochs,
-            remote: None,
-        });
-        log::info!(
-            "connection {} recorded: peer {remote_rank}, tag {tag}, {size} bytes",
-            st.connections.len() - 1
-        );
+            epochs: EpochBlock::new(&gpu)?,
+        };
+        st.transports[t].connect(&gpu, conn, &c)?;
+        st.connections.push(c);
+        log::info!("connection {conn} recorded: peer {remote_rank}, tag {tag}, {size} bytes");
         Ok(())
     }
 
-    /// `mscclppConnectionSetup`: exchanges what each pair needs, maps peers' memory, ends with a barrier.
+    /// `mscclppConnectionSetup`: each pending connection's transport makes a message for the peer, sent
+    /// through the bootstrap, and completes the connection with the peer's; then the device views are
+    /// rebuilt, and a barrier ends it.
     pub fn setup(&self) -> Result<()> {
         self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_running() || st.ib.is_running() {
+        if st.proxy_running() {
             return Err(Error::invalid_usage(
                 "mscclppConnectionSetup called while the proxy runs",
             ));
         }
         let pending = st.set_up..st.connections.len();
-        let mut own_segment = None;
         if !pending.is_empty() {
-            let gpu = Self::gpu(&mut st)?;
-            if st.p2p_fifo.is_none() {
-                st.p2p_fifo = Some(DeviceFifo::new(&gpu)?);
+            Self::gpu(&mut st)?;
+            let st = &mut *st; // the transports and the connections are borrowed apart below
+            for transport in st.transports.iter_mut() {
+                let mine: Vec<(usize, &Connection)> = pending
+                    .clone()
+                    .map(|i| (i, &st.connections[i]))
+                    .filter(|(_, c)| transport.carries(&c.transport))
+                    .collect();
+                if !mine.is_empty() {
+                    transport.prepare_setup(&mine)?;
+                }
             }
-            let me = ProcessId::this();
-            own_segment = Self::place_fast_flags(&mut st, &gpu, pending.clone());
-            for c in &st.connections[pending.clone()] {
-                let info = SetupInfo {
+            // Every message is made before any is sent: a rank that fails to make one sends none.
+            let mut messages = Vec::with_capacity(pending.len());
+            for i in pending.clone() {
+                let c = &st.connections[i];
+                let t = st.transport_of(&c.transport)?;
+                let message = SetupMessage {
                     rank: self.rank as u32,
                     tag: c.tag,
                     transport: c.transport.code(),
-                    process: me,
-                    device: gpu.device,
-                    buffer: IpcExport::new(c.local_buff, c.local_size, "localBuff")?,
-                    epochs: IpcExport::new(c.epochs.signal(), Epochs::BYTES as u64, "epoch counters")?,
-                    fast_flag: c
-                        .epochs
-                        .fast_flag()
-                        .map(|f| (f.memory.name().to_string(), f.offset as u32)),
+                    payload: st.transports[t].setup_message(i)?,
                 };
-                self.bootstrap
-                    .send(c.remote_rank, message_tag(TAG_CONNECTION, c.tag), &info.to_bytes())?;
+                messages.push((c.remote_rank, c.tag, message.to_bytes()));
             }
-            // IB connections also send their queue pair and memory regions, in a message of their own.
+            for (peer, tag, bytes) in messages {
+                self.bootstrap.send(peer, message_tag(TAG_CONNECTION, tag), &bytes)?;
+            }
             for i in pending.clone() {
                 let c = &st.connections[i];
-                if matches!(c.transport, TransportKind::Ib { .. }) {
-                    let msg = st.ib.setup_message(i)?;
-                    self.bootstrap
-                        .send(c.remote_rank, message_tag(TAG_IB_CONNECTION, c.tag), &msg)?;
-                }
-            }
-            for i in pending.clone() {
-                let (peer, tag, kind) = {
-                    let c = &st.connections[i];
-                    (c.remote_rank, c.tag, c.transport.clone())
-                };
-                let bytes = self.bootstrap.recv(peer, message_tag(TAG_CONNECTION, tag))?;
-                let info = SetupInfo::from_bytes(&bytes)?;
-                if info.rank as usize != peer || info.tag != tag {
-                    return Err(Error::remote(format!(
-                        "rank {peer} answered set-up of tag {tag} with rank {} tag {}",
-                        info.rank, info.tag
-                    )));
-                }
-                if info.transport != kind.code() {
-                    return Err(Error::invalid_usage(format!(
-                        "connection to rank {peer} tag {tag}: this side uses transport {} but the peer uses {}",
-                        kind.code(),
-                        info.transport
-                    )));
-                }
-                let remote = if matches!(kind, TransportKind::Ib { .. }) {
-                    let bytes = self.bootstrap.recv(peer, message_tag(TAG_IB_CONNECTION, tag))?;
-                    let (buff, size, epochs) = st.ib.complete_setup(i, &bytes)?;
-                    RemoteSide {
-                        buff,
-                        size,
-                        epochs,
-                        fast_flag: None,
-                    }
-                } else {
-                    self.map_remote(&mut st, &gpu, &info, me)?
-                };
-                st.connections[i].remote = Some(remote);
+                let bytes = self.bootstrap.recv(c.remote_rank, message_tag(TAG_CONNECTION, c.tag))?;
+                let message = SetupMessage::from_bytes(&bytes)?;
+                message.check(c.remote_rank, c.tag, &c.transport)?;
+                let t = st.transport_of(&c.transport)?;
+                st.transports[t].complete_setup(i, &message.payload)?;
             }
             st.set_up = st.connections.len();
-            let counts = (0..st.set_up)
-                .map(|i| {
-                    AtomicU64::new(
-                        st.flags_sent
-                            .get(i)
-                            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed)),
-                    )
-                })
-                .collect();
-            st.flags_sent = Arc::new(counts);
+            st.flags = st.flags.for_connections(st.set_up);
             let mut dev_conns = Vec::with_capacity(st.connections.len());
-            for i in 0..st.connections.len() {
-                // IB connections use the FIFO of their device's proxy.
-                let fifo = if matches!(st.connections[i].transport, TransportKind::Ib { .. }) {
-                    st.ib.fifo_view(&gpu, i)?
-                } else {
-                    st.p2p_fifo.as_ref().expect("allocated above").device_view(i)
-                };
-                dev_conns.push(mscclppDevConn {
-                    base: st.connections[i].base_conn(),
-                    fifo,
-                });
+            for (i, c) in st.connections.iter().enumerate() {
+                let mut dev = c.device_view(i);
+                let t = st.transport_of(&c.transport)?;
+                st.transports[t].fill_device_connection(i, &mut dev)?;
+                dev_conns.push(dev);
             }
             st.dev_conns = DevConnTable(dev_conns);
         }
         drop(st);
         self.bootstrap.barrier()?;
-        // Every peer has opened our shared memory now: its name may go, so that nothing is left behind
-        // if the job dies.
-        if let Some(m) = own_segment {
-            m.unlink();
+        // Every peer has completed its side (P2P removes the name of the shared memory every peer has
+        // opened now, so that nothing is left behind if the job dies).
+        for t in self.state.lock().transports.iter_mut() {
+            t.setup_finished();
         }
         log::info!("connection set-up done");
         Ok(())
-    }
-
-    /// Gives the pending P2P connections fast flags, in one new object of shared host memory (unless
-    /// `MSCCLPP_P2P_FAST_FLAGS=0`). Best effort: without them only the copy engine raises flags, which is
-    /// slower. Returns the object, whose name goes once every peer has opened it.
-    fn place_fast_flags(
-        st: &mut CommState,
-        gpu: &GpuContext,
-        pending: std::ops::Range<usize>,
-    ) -> Option<Arc<SharedHostMemory>> {
-        let p2p: Vec<usize> = pending
-            .filter(|&i| st.connections[i].transport == TransportKind::P2p)
-            .collect();
-        if p2p.is_empty() || !P2pOptions::from_env().fast_flags {
-            return None;
-        }
-        let size = (p2p.len() * FastFlag::STRIDE).next_multiple_of(4096);
-        let memory = match SharedHostMemory::create(gpu, size) {
-            Ok(m) => Arc::new(m),
-            Err(e) => {
-                log::warn!("no fast flags (only the copy engine raises flags, which is slower): {e}");
-                return None;
-            }
-        };
-        for (k, &i) in p2p.iter().enumerate() {
-            let fast =
-                FastFlag::at(memory.clone(), k * FastFlag::STRIDE).expect("the object holds a word per connection");
-            if let Err(e) = st.connections[i].epochs.set_fast_flag(fast) {
-                log::warn!("connection {i}: no fast flag: {e}");
-            }
-        }
-        Some(memory)
-    }
-
-    /// Maps a peer's buffer, epoch counters and fast flag into our context (directly, if the peer shares
-    /// our process).
-    fn map_remote(&self, st: &mut CommState, gpu: &GpuContext, info: &SetupInfo, me: ProcessId) -> Result<RemoteSide> {
-        let (buff, epochs) = if info.process == me {
-            enable_peer_access(gpu, info.buffer.address);
-            (info.buffer.address, info.epochs.address)
-        } else {
-            let buf_map = Self::open_ipc(st, gpu, info.process, &info.buffer)?;
-            let epoch_map = Self::open_ipc(st, gpu, info.process, &info.epochs)?;
-            (
-                buf_map.base() + info.buffer.offset,
-                epoch_map.base() + info.epochs.offset,
-            )
-        };
-        let fast_flag = match &info.fast_flag {
-            None => None,
-            Some((name, offset)) => {
-                let memory = opened_once(&mut st.peer_flags, name.clone(), || {
-                    SharedHostMemory::open(gpu, name, *offset as usize + 8)
-                })?;
-                let fast = FastFlag::at(memory, *offset as usize).ok_or_else(|| {
-                    Error::remote(format!(
-                        "the peer's fast flag at +{offset} does not fit its shared memory {name}"
-                    ))
-                })?;
-                Some(fast.host_address())
-            }
-        };
-        Ok(RemoteSide {
-            buff,
-            size: info.buffer.size,
-            epochs,
-            fast_flag,
-        })
-    }
-
-    fn open_ipc(st: &mut CommState, gpu: &GpuContext, peer: ProcessId, e: &IpcExport) -> Result<Arc<IpcMapping>> {
-        opened_once(&mut st.ipc, (peer, e.address - e.offset), || {
-            IpcMapping::open(gpu, &e.handle)
-        })
     }
 
     /// `mscclppGetAllDeviceConnections`: the device view of every connection, in connect order.
@@ -448,12 +362,12 @@ impl Communicator {
         Ok(unsafe { ptr.add(i) })
     }
 
-    /// `mscclppProxyLaunch`: starts the proxy thread that serves the P2P connections.
+    /// `mscclppProxyLaunch`: starts every transport's proxies.
     pub fn proxy_launch(&self) -> Result<()> {
         self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
-        if st.proxy.is_running() || st.ib.is_running() {
+        if st.proxy_running() {
             return Err(Error::invalid_usage("the proxy is already running"));
         }
         if st.set_up < st.connections.len() {
@@ -461,54 +375,19 @@ impl Communicator {
                 "call mscclppConnectionSetup before mscclppProxyLaunch",
             ));
         }
-        if st
-            .connections
-            .iter()
-            .any(|c| matches!(c.transport, TransportKind::Ib { .. }))
-        {
-            // One proxy per IB device.
-            let gpu = Self::gpu(&mut st)?;
-            let flags_sent = st.flags_sent.clone();
-            st.ib.launch(&gpu, &flags_sent)?;
-        }
-        let routes: Vec<Option<P2pRoute>> = st
-            .connections
-            .iter()
-            .map(|c| match (&c.transport, &c.remote) {
-                (TransportKind::P2p, Some(r)) => Some(P2pRoute {
-                    local_buff: c.local_buff,
-                    local_size: c.local_size,
-                    remote_buff: r.buff,
-                    remote_size: r.size,
-                    local_epochs: c.epochs.signal(),
-                    remote_epochs: r.epochs,
-                    fast_flag: r.fast_flag,
-                }),
-                _ => None,
-            })
-            .collect();
-        if routes.iter().all(|r| r.is_none()) {
-            log::info!("no P2P connections; no proxy to launch");
+        if st.connections.is_empty() {
+            log::info!("no connections; no proxy to launch");
             return Ok(());
         }
-        let gpu = Self::gpu(&mut st)?;
-        let st = &mut *st; // the FIFO and the proxy are borrowed apart below
-        let fifo = st.p2p_fifo.as_ref().expect("set-up allocates the FIFO");
-        let options = P2pOptions::from_env();
-        log::info!("P2P proxy options: {options:?}");
-        let handler = P2pHandler::new(&gpu, routes, options, st.flags_sent.clone())?;
-        // SAFETY: `st.p2p_fifo` is dropped only after the proxy is stopped (destroy stops it first).
-        unsafe {
-            st.proxy.launch(
-                format!("mscclpp-proxy-{}", self.rank),
-                self.rank,
-                gpu,
-                fifo,
-                Box::new(handler),
-            )?
-        };
-        log::info!("P2P proxy launched");
-        if crate::gpu::lazy_loading() {
+        Self::gpu(&mut st)?;
+        let st = &mut *st; // the transports and the flag counts are borrowed apart below
+        let peers = st.connections.iter().map(|c| (c.remote_rank, c.tag)).collect();
+        let on_abort =
+            crate::failure::proxy_abort_hook(self.rank, self.failures.clone(), self.bootstrap.abort_handle(), peers);
+        for t in st.transports.iter_mut() {
+            t.launch_proxy(&st.flags, &on_abort)?;
+        }
+        if st.proxy_running() && crate::gpu::lazy_loading() {
             log::info!(
                 "CUDA loads kernels lazily: launch each kernel once (or call cudaFuncGetAttributes) before one \
                  waits on the proxy, or set CUDA_MODULE_LOADING=EAGER; a first launch while a kernel waits on \
@@ -518,11 +397,19 @@ impl Communicator {
         Ok(())
     }
 
-    /// Stops the proxy, if it runs. Returns the proxy's failure, if it had one.
-    fn stop_proxy(st: &mut CommState) -> Result<()> {
-        let ib = st.ib.stop();
-        st.proxy.stop("the proxy")?;
-        Self::check_proxy(st).and(ib)
+    /// Stops every transport's proxies, if they run. Returns the first error of a stop, or else the
+    /// first failure a proxy had.
+    fn stop_proxies(st: &mut CommState) -> Result<()> {
+        let mut first = None;
+        for t in st.transports.iter_mut() {
+            if let Err(e) = t.stop_proxy() {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Self::check_proxy(st),
+        }
     }
 
     /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop. The
@@ -530,12 +417,12 @@ impl Communicator {
     /// returned.
     pub fn proxy_stop(&self) -> Result<()> {
         let barrier = self.bootstrap.barrier();
-        let stop = Self::stop_proxy(&mut self.state.lock());
+        let stop = Self::stop_proxies(&mut self.state.lock());
         barrier.and(stop)
     }
 
-    /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection; returns
-    /// one entry per connection, in connect order.
+    /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection, through the
+    /// connection's transport; returns one entry per connection, in connect order.
     pub fn register_buffer(&self, ptr: DevicePtr, size: u64) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
         self.check_usable()?;
         let mut st = self.state.lock();
@@ -545,58 +432,31 @@ impl Communicator {
                 "mscclppRegisterBuffer needs set-up connections: call mscclppConnectionSetup first",
             ));
         }
-        let gpu = Self::gpu(&mut st)?;
-        let export = IpcExport::new(ptr, size, "local_memory")?;
-        let me = ProcessId::this();
-        let msg = RegisterInfo {
-            process: me,
-            buffer: export,
+        Self::gpu(&mut st)?;
+        pointer_info(ptr, size, "local_memory")?;
+        let st = &mut *st;
+        // Every message is made before any is sent, as at set-up.
+        let mut messages = Vec::with_capacity(st.connections.len());
+        for (i, c) in st.connections.iter().enumerate() {
+            let t = st.transport_of(&c.transport)?;
+            messages.push(st.transports[t].register_message(i, ptr, size)?);
         }
-        .to_bytes();
-        let peers: Vec<(usize, i32, bool)> = st
-            .connections
-            .iter()
-            .map(|c| (c.remote_rank, c.tag, matches!(c.transport, TransportKind::Ib { .. })))
-            .collect();
-        for (i, &(peer, tag, ib)) in peers.iter().enumerate() {
-            // IB peers get our memory region's address and rkey instead of an IPC handle.
-            let ib_msg = if ib {
-                Some(st.ib.register_message(i, ptr, size)?)
-            } else {
-                None
-            };
+        for (c, message) in st.connections.iter().zip(&messages) {
             self.bootstrap
-                .send(peer, message_tag(TAG_REGISTER, tag), ib_msg.as_deref().unwrap_or(&msg))?;
+                .send(c.remote_rank, message_tag(TAG_REGISTER, c.tag), message)?;
         }
-        let mut entries = Vec::with_capacity(peers.len());
-        for (i, &(peer, tag, ib)) in peers.iter().enumerate() {
-            let bytes = self.bootstrap.recv(peer, message_tag(TAG_REGISTER, tag))?;
-            if ib {
-                entries.push(st.ib.register_remote(i, ptr, size, &bytes)?);
-                continue;
-            }
-            let info = RegisterInfo::from_bytes(&bytes)?;
-            let remote = if info.process == me {
-                enable_peer_access(&gpu, info.buffer.address);
-                info.buffer.address
-            } else {
-                let m = Self::open_ipc(&mut st, &gpu, info.process, &info.buffer)?;
-                m.base() + info.buffer.offset
-            };
-            st.registered.push(RegisteredRemote {
-                ptr: remote,
-                size: info.buffer.size,
-            });
-            entries.push(mscclppRegisteredMemoryP2P {
-                remoteBuff: remote as *mut _,
-                IbMr: std::ptr::null_mut(),
-            });
+        let mut entries = Vec::with_capacity(st.connections.len());
+        for (i, c) in st.connections.iter().enumerate() {
+            let bytes = self.bootstrap.recv(c.remote_rank, message_tag(TAG_REGISTER, c.tag))?;
+            let t = st.transport_of(&c.transport)?;
+            entries.push(st.transports[t].register_remote(i, ptr, size, &bytes)?);
         }
         Ok(entries)
     }
 
     /// `mscclppRegisteredBufferWrite`: copies `[src+src_offset, +size)` to every peer's registered
-    /// buffer at `dst_offset`, on the application's stream (a `cudaStream_t`, 0 for the default).
+    /// buffer at `dst_offset`, ordered after the work queued on the application's stream, each entry by
+    /// the transport that made it.
     pub fn registered_write(
         &self,
         entries: &[mscclppRegisteredMemoryP2P],
@@ -604,149 +464,52 @@ impl Communicator {
         size: u64,
         src_offset: u64,
         dst_offset: u64,
-        stream: u64,
+        stream: AppStream,
     ) -> Result<()> {
         self.check_usable()?;
-        let stream = stream as usize as cudarc::driver::sys::CUstream;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         Self::gpu(&mut st)?;
         pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
         for (i, e) in entries.iter().enumerate() {
-            if st.ib.owns(e.IbMr) {
-                // An IB peer: an RDMA write into its registered buffer.
-                st.ib
-                    .registered_write(e.IbMr, src, size, src_offset, dst_offset, stream as usize)?;
-                continue;
-            }
-            let dst = e.remoteBuff as DevicePtr;
-            let reg = st.registered.iter().find(|r| r.ptr == dst).ok_or_else(|| {
+            let transport = st.transports.iter_mut().find(|t| t.owns_registered(e)).ok_or_else(|| {
                 Error::invalid_argument(format!(
                     "regMem->p2p[{i}] was not made by mscclppRegisterBuffer on this communicator"
                 ))
             })?;
-            if dst_offset.checked_add(size).is_none_or(|end| end > reg.size) {
-                return Err(Error::invalid_argument(format!(
-                    "dstOffset {dst_offset} + size {size} is past the end of peer buffer {i} ({} bytes)",
-                    reg.size
-                )));
-            }
-            // SAFETY: both ranges were checked above; the stream is the application's.
-            crate::gpu::check(
-                unsafe {
-                    cudarc::driver::sys::cuMemcpyAsync(dst + dst_offset, src + src_offset, size as usize, stream)
-                },
-                || format!("copy to peer buffer {i}"),
-            )?;
+            let write = RegisteredWrite {
+                index: i,
+                src,
+                size,
+                src_offset,
+                dst_offset,
+                stream,
+            };
+            transport.registered_write(e, &write)?;
         }
         Ok(())
     }
 
-    /// Releases everything: stops the proxy (no barrier: peers may be gone), waits for pending copies,
-    /// unmaps peers' memory, frees ours. Safe to call after `proxy_stop`.
+    /// Releases everything: stops the proxies (no barrier: peers may be gone), then the transports
+    /// release what they hold (peers' mappings, queue pairs, memory registrations) before the
+    /// connections' memory is freed. Safe to call after `proxy_stop`.
     pub fn destroy(&self) -> Result<()> {
         let mut st = self.state.lock();
-        let stop = Self::stop_proxy(&mut st);
+        let stop = Self::stop_proxies(&mut st);
         if let Some(g) = st.gpu {
             let _ = g.make_current();
         }
         st.dev_conns.clear();
-        // IB memory regions go before the memory they cover; a failure was reported by the stop above.
-        let _ = st.ib.clear();
+        for t in st.transports.iter_mut() {
+            // A failure was reported by the stop above.
+            let _ = t.clear();
+        }
+        st.transports.clear();
         st.connections.clear();
-        st.registered.clear();
-        st.ipc.clear();
-        st.peer_flags.clear();
-        st.p2p_fifo = None;
         if let Some(g) = st.gpu.take() {
             g.release();
         }
         stop
-    }
-}
-
-/// One registered buffer, as sent to a peer.
-struct RegisterInfo {
-    process: ProcessId,
-    buffer: IpcExport,
-}
-
-impl RegisterInfo {
-    fn to_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(12 + IpcExport::BYTES);
-        v.extend_from_slice(&self.process.host.to_le_bytes());
-        v.extend_from_slice(&self.process.pid.to_le_bytes());
-        v.extend_from_slice(&self.buffer.to_bytes());
-        v
-    }
-    fn from_bytes(b: &[u8]) -> Result<RegisterInfo> {
-        if b.len() != 12 + IpcExport::BYTES {
-            return Err(Error::remote(format!(
-                "registered-buffer message of {} bytes is malformed",
-                b.len()
-            )));
-        }
-        Ok(RegisterInfo {
-            process: ProcessId {
-                host: u64::from_le_bytes(b[..8].try_into().unwrap()),
-                pid: u32::from_le_bytes(b[8..12].try_into().unwrap()),
-            },
-            buffer: IpcExport::from_bytes(&b[12..])?,
-        })
-    }
-}
-
-/// The context current on this thread, without creating one.
-fn current_context_if_any() -> Option<GpuContext> {
-    let mut ctx: cudarc::driver::sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: out-pointer to a local; the driver is initialized.
-    let rc = unsafe { cudarc::driver::sys::cuCtxGetCurrent(&mut ctx) };
-    if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
-        return None;
-    }
-    GpuContext::current().ok()
-}
-
-/// The peer resource under `key` in `cache`, opened by `open` the first time (several connections and
-/// registered buffers share a peer's allocation or shared memory; each is opened once and kept until
-/// destroy).
-fn opened_once<K: std::hash::Hash + Eq, T>(
-    cache: &mut HashMap<K, Arc<T>>,
-    key: K,
-    open: impl FnOnce() -> Result<T>,
-) -> Result<Arc<T>> {
-    match cache.entry(key) {
-        std::collections::hash_map::Entry::Occupied(e) => Ok(e.get().clone()),
-        std::collections::hash_map::Entry::Vacant(e) => Ok(e.insert(Arc::new(open()?)).clone()),
-    }
-}
-
-/// Lets our context reach a peer GPU's memory in this process directly; best effort, since the copy
-/// engine also reaches it without.
-fn enable_peer_access(gpu: &GpuContext, peer_ptr: DevicePtr) {
-    use cudarc::driver::sys;
-    let mut peer_ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: the attribute is a context handle written to a local.
-    let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut peer_ctx as *mut sys::CUcontext).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-            peer_ptr,
-        )
-    };
-    if rc != sys::CUresult::CUDA_SUCCESS || peer_ctx.is_null() {
-        return;
-    }
-    let _ = gpu.make_current();
-    // SAFETY: both contexts are alive; enabling twice returns an error we ignore.
-    let rc = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
-    if rc != sys::CUresult::CUDA_SUCCESS && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-        // Same device (no peer access needed) or no peer path: copies still work through the driver.
-        log::info!(
-            "peer access from GPU {} not enabled: {}",
-            gpu.device,
-            crate::gpu::check(rc, String::new).unwrap_err()
-        );
     }
 }
 
@@ -762,18 +525,19 @@ mod tests {
     }
 
     #[test]
-    fn register_info_round_trips_and_rejects_garbage() {
-        let r = RegisterInfo {
-            process: ProcessId { host: 9, pid: 7 },
-            buffer: IpcExport {
-                handle: [4; 64],
-                offset: 1,
-                size: 2,
-                address: 3,
-            },
+    fn each_kind_gets_a_transport_that_carries_it_and_no_other() {
+        let ib = TransportKind::Ib {
+            device: "mlx5_0".into(),
         };
-        let back = RegisterInfo::from_bytes(&r.to_bytes()).unwrap();
-        assert_eq!((back.process, back.buffer), (r.process, r.buffer));
-        assert!(RegisterInfo::from_bytes(&[1, 2, 3]).is_err());
+        let p2p = new_transport(&TransportKind::P2p, 0);
+        assert!(p2p.carries(&TransportKind::P2p) && !p2p.carries(&ib));
+        let ib_transport = new_transport(&ib, 0);
+        assert!(ib_transport.carries(&ib) && !ib_transport.carries(&TransportKind::P2p));
+        assert!(
+            ib_transport.carries(&TransportKind::Ib {
+                device: "mlx5_1".into()
+            }),
+            "one IB transport serves every device"
+        );
     }
 }

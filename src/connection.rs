@@ -1,10 +1,12 @@
 //! A connection: one side of a (rank, peer, tag) pairing, as `mscclppConnect` records it and
-//! `mscclppConnectionSetup` completes it.
+//! `mscclppConnectionSetup` completes it. What is common to every transport lives here: the peer, the
+//! tag, the local buffer, the epoch block and the set-up message's envelope; what a transport adds lives
+//! in its folder under `transport/`.
 
+use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, SharedHostMemory};
-use crate::types::{mscclppBaseConn, mscclppDevConnSignalEpochId};
-use std::sync::Arc;
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext};
+use crate::types::{mscclppBaseConn, mscclppConcurrentFifo, mscclppDevConn, mscclppDevConnSignalEpochId};
 
 /// How a connection moves data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +18,8 @@ pub enum TransportKind {
 }
 
 impl TransportKind {
+    /// The kind's `mscclppTransport_t`, also sent in set-up messages so that a peer that chose another
+    /// transport for the connection is caught.
     pub fn code(&self) -> u16 {
         match self {
             TransportKind::P2p => 0,
@@ -24,217 +28,144 @@ impl TransportKind {
     }
 }
 
-/// The device memory of one side's counters, as 64-bit words: `mscclppDevConnSignalEpochId` (device,
-/// proxy), `waitEpochId`, the address of the fast flag (or 0), the proxy-free methods' counters (direct
-/// signals sent, received, waited for), and the waits' fast-flag mode (kept by the device code alone),
-/// which the header's device code finds from `localSignalEpochId`.
-pub struct Epochs {
+/// A connection's epoch block: eight 64-bit words of device memory, the counters of one side of the
+/// connection. `localSignalEpochId` and `waitEpochId` point into it, and this header's device code finds
+/// the other words from `localSignalEpochId`:
+///
+/// | word | what | written by |
+/// | --- | --- | --- |
+/// | 0 | `device`: signals this side raised (`mscclppDevConnSignalEpochId::device`) | our kernels |
+/// | 1 | `proxy`: flags the peer's proxy has landed here (`mscclppDevConnSignalEpochId::proxy`) | the peer's proxy |
+/// | 2 | `waitEpochId`: the waits this side has done | our kernels |
+/// | 3 | address of the fast flag (P2P; 0 without one) | set-up |
+/// | 4 | direct signals sent (the proxy-free methods) | our kernels |
+/// | 5 | direct signals received | the peer's kernels |
+/// | 6 | direct waits done | our kernels |
+/// | 7 | the waits' fast-flag mode | our kernels' `wait()` |
+pub struct EpochBlock {
     alloc: DeviceAllocation,
-    fast: Option<FastFlag>,
 }
 
-/// A P2P connection's fast flag: a word in host memory shared with the peer, where the peer's proxy
-/// stores the epoch with a CPU store when none of its data is in flight; the header's `wait()` reads it
-/// beside the epoch struct's `proxy` word (which the proxy always writes too, for legacy device code).
-#[derive(Clone)]
-pub struct FastFlag {
-    pub memory: Arc<SharedHostMemory>,
-    pub offset: usize,
-}
-
-impl FastFlag {
-    /// Bytes per word in a shared object: a cache line each, so that flags of different connections
-    /// never share a line.
-    pub const STRIDE: usize = 64;
-
-    /// The word at `offset` of `memory`, if it is an aligned word inside it.
-    pub fn at(memory: Arc<SharedHostMemory>, offset: usize) -> Option<FastFlag> {
-        (offset.is_multiple_of(8) && offset + 8 <= memory.size()).then_some(FastFlag { memory, offset })
-    }
-
-    /// Where the word is for the CPU of this process.
-    pub fn host_address(&self) -> usize {
-        self.memory.host_ptr() as usize + self.offset
-    }
-
-    /// Where the word is for the GPU of the context that registered the memory.
-    pub fn device_address(&self) -> DevicePtr {
-        self.memory.device_ptr() + self.offset as u64
-    }
-}
-
-impl Epochs {
+impl EpochBlock {
     pub const BYTES: usize = 64;
+    /// Word index of the peer's proxy's published epoch (`mscclppDevConnSignalEpochId::proxy`).
+    pub const PROXY_WORD: u64 = 1;
     /// Word index of the fast flag's address.
     const FAST_FLAG_WORD: u64 = 3;
+    /// Word index of the direct signals received from the peer.
+    pub const DIRECT_RECEIVED_WORD: u64 = 5;
 
-    pub fn new(ctx: &GpuContext) -> Result<Epochs> {
-        Ok(Epochs {
+    /// A zeroed block on `ctx`'s GPU.
+    pub fn new(ctx: &GpuContext) -> Result<EpochBlock> {
+        Ok(EpochBlock {
             alloc: DeviceAllocation::zeroed(ctx, Self::BYTES)?,
-            fast: None,
         })
     }
-    /// Gives the connection a fast flag, whose address the device code then finds in the counters.
-    pub fn set_fast_flag(&mut self, fast: FastFlag) -> Result<()> {
-        self.alloc.write_u64(Self::FAST_FLAG_WORD * 8, fast.device_address())?;
-        self.fast = Some(fast);
-        Ok(())
+    /// Writes the device address of the connection's fast flag (P2P), where the device code finds it.
+    pub fn set_fast_flag_address(&self, address: DevicePtr) -> Result<()> {
+        self.alloc.write_u64(Self::FAST_FLAG_WORD * 8, address)
     }
-    pub fn fast_flag(&self) -> Option<&FastFlag> {
-        self.fast.as_ref()
-    }
-    /// Address of `mscclppDevConnSignalEpochId`.
+    /// Address of `mscclppDevConnSignalEpochId` (words 0 and 1), the start of the block.
     pub fn signal(&self) -> DevicePtr {
         self.alloc.ptr()
     }
-    /// Address of `waitEpochId`.
+    /// Address of `waitEpochId` (word 2).
     pub fn wait(&self) -> DevicePtr {
         self.alloc.ptr() + std::mem::size_of::<mscclppDevConnSignalEpochId>() as u64
     }
 }
 
-/// Where the peer's side of a connection is, once set up.
-pub struct RemoteSide {
-    pub buff: DevicePtr,
-    pub size: u64,
-    /// The peer's `mscclppDevConnSignalEpochId` (the communicator keeps its IPC mapping, if any).
-    pub epochs: DevicePtr,
-    /// P2P: the peer's fast flag, if it has one, as our CPU reaches it.
-    pub fast_flag: Option<usize>,
-}
-
+/// One connection, as the communicator records it.
 pub struct Connection {
     pub remote_rank: usize,
     pub tag: i32,
     pub transport: TransportKind,
     pub local_buff: DevicePtr,
     pub local_size: u64,
-    pub epochs: Epochs,
-    pub remote: Option<RemoteSide>,
+    pub epochs: EpochBlock,
 }
 
 impl Connection {
-    pub fn base_conn(&self) -> mscclppBaseConn {
-        let p2p_remote = match (&self.transport, &self.remote) {
-            (TransportKind::P2p, Some(r)) => Some(r),
-            _ => None,
-        };
-        mscclppBaseConn {
-            remoteRank: self.remote_rank as i32,
-            tag: self.tag,
-            localBuff: self.local_buff as *mut _,
-            localSignalEpochId: self.epochs.signal() as *mut _,
-            remoteSignalEpochId: p2p_remote.map_or(std::ptr::null_mut(), |r| r.epochs as *mut _),
-            waitEpochId: self.epochs.wait() as *mut _,
-            remoteBuff: p2p_remote.map_or(std::ptr::null_mut(), |r| r.buff as *mut _),
+    /// The connection's device view with its common part filled: the rank, the tag, our buffer and epoch
+    /// block. The transport fills the rest (`Transport::fill_device_connection`); the peer's buffer and
+    /// epoch block stay null where kernels cannot reach them, the FIFO is the transport's.
+    pub fn device_view(&self, conn: usize) -> mscclppDevConn {
+        mscclppDevConn {
+            base: mscclppBaseConn {
+                remoteRank: self.remote_rank as i32,
+                tag: self.tag,
+                localBuff: self.local_buff as *mut _,
+                localSignalEpochId: self.epochs.signal() as *mut _,
+                remoteSignalEpochId: std::ptr::null_mut(),
+                waitEpochId: self.epochs.wait() as *mut _,
+                remoteBuff: std::ptr::null_mut(),
+            },
+            fifo: mscclppConcurrentFifo {
+                triggerFifo: std::ptr::null_mut(),
+                triggerFifoTail: std::ptr::null_mut(),
+                triggerFifoHead: std::ptr::null_mut(),
+                connId: conn as i32,
+            },
         }
     }
 }
 
-/// Identifies this process, so that a peer in the same process is reached without CUDA IPC (which
-/// cannot open a process's own allocations).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ProcessId {
-    pub host: u64,
-    pub pid: u32,
-}
-
-impl ProcessId {
-    pub fn this() -> ProcessId {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let mut host: u64 = 0xcbf29ce484222325;
-        for b in boot.trim().bytes().chain(hostname_bytes()) {
-            host = (host ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-        ProcessId {
-            host,
-            pid: std::process::id(),
-        }
-    }
-}
-
-fn hostname_bytes() -> impl Iterator<Item = u8> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = if ok {
-        buf.iter().position(|&b| b == 0).unwrap_or(buf.len())
-    } else {
-        0
-    };
-    buf.into_iter().take(end)
-}
-
-/// What one side sends its peer during set-up, per connection.
+/// The set-up message of one connection, as the communicator sends it through the bootstrap: who sends
+/// it (rank and tag, checked against the connection), the transport it chose, and the transport's own
+/// message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetupInfo {
+pub struct SetupMessage {
     pub rank: u32,
     pub tag: i32,
     pub transport: u16,
-    pub process: ProcessId,
-    pub device: i32,
-    pub buffer: IpcExport,
-    /// The device block of the sender's counters.
-    pub epochs: IpcExport,
-    /// The sender's fast flag, if it has one: the shared host object's name and the word's offset.
-    pub fast_flag: Option<(String, u32)>,
+    pub payload: Vec<u8>,
 }
 
 const SETUP_MAGIC: u32 = 0x4d53_4331; // "MSC1"
 
-impl SetupInfo {
+/// The largest transport message a set-up message may carry.
+const MAX_PAYLOAD: usize = 1 << 16;
+
+impl SetupMessage {
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::new();
-        v.extend_from_slice(&SETUP_MAGIC.to_le_bytes());
-        v.extend_from_slice(&self.rank.to_le_bytes());
-        v.extend_from_slice(&self.tag.to_le_bytes());
-        v.extend_from_slice(&self.transport.to_le_bytes());
-        v.extend_from_slice(&self.process.host.to_le_bytes());
-        v.extend_from_slice(&self.process.pid.to_le_bytes());
-        v.extend_from_slice(&self.device.to_le_bytes());
-        v.extend_from_slice(&self.buffer.to_bytes());
-        v.extend_from_slice(&self.epochs.to_bytes());
-        let (name, offset) = self.fast_flag.as_ref().map_or(("", 0), |(n, o)| (n.as_str(), *o));
-        // Our names (`SharedHostMemory::create`) are a few dozen bytes.
-        v.push(u8::try_from(name.len()).expect("a short shared-memory name"));
-        v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(&offset.to_le_bytes());
-        v
+        let mut w = Writer::with_capacity(16 + self.payload.len());
+        w.u32(SETUP_MAGIC)
+            .u32(self.rank)
+            .i32(self.tag)
+            .u16(self.transport)
+            .string(&self.payload);
+        w.into_bytes()
     }
 
-    pub fn from_bytes(b: &[u8]) -> Result<SetupInfo> {
-        const HEAD: usize = 4 + 4 + 4 + 2 + 8 + 4 + 4;
-        const FIXED: usize = HEAD + 2 * IpcExport::BYTES;
-        let name_len = b.get(FIXED).map_or(0, |&n| n as usize);
-        if b.len() != FIXED + 1 + name_len + 4 {
+    pub fn from_bytes(b: &[u8]) -> Result<SetupMessage> {
+        let mut r = Reader::new(b, "connection set-up message");
+        r.magic(SETUP_MAGIC)?;
+        let m = SetupMessage {
+            rank: r.u32()?,
+            tag: r.i32()?,
+            transport: r.u16()?,
+            payload: r.string(MAX_PAYLOAD)?.to_vec(),
+        };
+        r.finish()?;
+        Ok(m)
+    }
+
+    /// Checks that the message is the peer's side of connection (`peer`, `tag`) over `transport`.
+    pub fn check(&self, peer: usize, tag: i32, transport: &TransportKind) -> Result<()> {
+        if self.rank as usize != peer || self.tag != tag {
             return Err(Error::remote(format!(
-                "connection set-up message of {} bytes is malformed",
-                b.len()
+                "rank {peer} answered set-up of tag {tag} with rank {} tag {}",
+                self.rank, self.tag
             )));
         }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
-        if u32_at(0) != SETUP_MAGIC {
-            return Err(Error::remote("connection set-up message has a wrong magic"));
+        if self.transport != transport.code() {
+            return Err(Error::invalid_usage(format!(
+                "connection to rank {peer} tag {tag}: this side uses transport {} but the peer uses {}",
+                transport.code(),
+                self.transport
+            )));
         }
-        Ok(SetupInfo {
-            rank: u32_at(4),
-            tag: u32_at(8) as i32,
-            transport: u16::from_le_bytes(b[12..14].try_into().unwrap()),
-            process: ProcessId {
-                host: u64::from_le_bytes(b[14..22].try_into().unwrap()),
-                pid: u32_at(22),
-            },
-            device: u32_at(26) as i32,
-            buffer: IpcExport::from_bytes(&b[HEAD..HEAD + IpcExport::BYTES])?,
-            epochs: IpcExport::from_bytes(&b[HEAD + IpcExport::BYTES..FIXED])?,
-            fast_flag: if name_len == 0 {
-                None
-            } else {
-                let name = std::str::from_utf8(&b[FIXED + 1..FIXED + 1 + name_len])
-                    .map_err(|_| Error::remote("connection set-up message names shared memory in non-UTF-8"))?;
-                Some((name.to_string(), u32_at(FIXED + 1 + name_len)))
-            },
-        })
+        Ok(())
     }
 }
 
@@ -242,44 +173,52 @@ impl SetupInfo {
 mod tests {
     use super::*;
 
-    fn export(x: u8) -> IpcExport {
-        IpcExport {
-            handle: [x; 64],
-            offset: x as u64,
-            size: 1000 + x as u64,
-            address: 0x1000 * x as u64,
-        }
-    }
-
     #[test]
-    fn setup_info_round_trips() {
-        let s = SetupInfo {
+    fn setup_messages_round_trip_and_garbage_is_refused() {
+        let m = SetupMessage {
             rank: 3,
             tag: -7,
             transport: 0,
-            process: ProcessId::this(),
-            device: 1,
-            buffer: export(1),
-            epochs: export(2),
-            fast_flag: None,
+            payload: vec![1, 2, 3],
         };
-        assert_eq!(SetupInfo::from_bytes(&s.to_bytes()).unwrap(), s);
-        let with_flag = SetupInfo {
-            fast_flag: Some(("/mscclpp-1-2-3".into(), 128)),
-            ..s.clone()
-        };
-        assert_eq!(SetupInfo::from_bytes(&with_flag.to_bytes()).unwrap(), with_flag);
-        let mut cut = with_flag.to_bytes();
+        assert_eq!(SetupMessage::from_bytes(&m.to_bytes()).unwrap(), m);
+        let mut cut = m.to_bytes();
         cut.pop();
-        assert!(SetupInfo::from_bytes(&cut).is_err());
-        let mut bad = s.to_bytes();
+        assert!(SetupMessage::from_bytes(&cut).is_err());
+        let mut long = m.to_bytes();
+        long.push(0);
+        assert!(SetupMessage::from_bytes(&long).is_err());
+        let mut bad = m.to_bytes();
         bad[0] ^= 1;
-        assert!(SetupInfo::from_bytes(&bad).is_err());
-        assert!(SetupInfo::from_bytes(&bad[..20]).is_err());
+        assert!(SetupMessage::from_bytes(&bad).is_err());
+        assert!(SetupMessage::from_bytes(&bad[..10]).is_err());
     }
 
     #[test]
-    fn process_id_is_stable_within_a_process() {
-        assert_eq!(ProcessId::this(), ProcessId::this());
+    fn a_setup_message_must_come_from_the_peer_and_tag_over_the_same_transport() {
+        let m = SetupMessage {
+            rank: 3,
+            tag: -7,
+            transport: 0,
+            payload: Vec::new(),
+        };
+        m.check(3, -7, &TransportKind::P2p).unwrap();
+        assert!(
+            m.check(2, -7, &TransportKind::P2p)
+                .unwrap_err()
+                .message
+                .contains("rank 3 tag -7")
+        );
+        assert!(m.check(3, 7, &TransportKind::P2p).is_err());
+        let ib = TransportKind::Ib {
+            device: "mlx5_0".into(),
+        };
+        let e = m.check(3, -7, &ib).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
+        assert!(
+            e.message.contains("this side uses transport 2 but the peer uses 0"),
+            "{}",
+            e.message
+        );
     }
 }

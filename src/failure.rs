@@ -43,9 +43,47 @@ impl FailureState {
     }
 }
 
-/// The async error for the bootstrap's failure (if any) and a proxy's failure (if any).
+/// What a proxy of this communicator calls when it wants the communicator aborted (on the proxy thread,
+/// so it takes no lock the application may hold): records why, logs it with the connection's peer and
+/// tag (`peers`, by connection index), and aborts the bootstrap, whose failure hook then aborts every
+/// transport and whose peers are told.
+pub fn proxy_abort_hook(
+    rank: usize,
+    failures: Arc<FailureState>,
+    bootstrap: crate::bootstrap::AbortHandle,
+    peers: Vec<(usize, i32)>,
+) -> crate::proxy::AbortHook {
+    Arc::new(move |cause| {
+        let error = match cause {
+            crate::proxy::AbortCause::StuckWait(w) => {
+                let whose = peers
+                    .get(w.conn_id as usize)
+                    .map_or(String::from("an unknown peer"), |(peer, tag)| {
+                        format!("peer rank {peer}, tag {tag}")
+                    });
+                Error::invalid_usage(format!(
+                    "rank {rank}: a kernel's {w} ({whose}); the communicator is aborted"
+                ))
+            }
+            crate::proxy::AbortCause::Failure(e) => Error::new(
+                e.kind,
+                format!(
+                    "rank {rank}: a proxy failed ({}); the communicator is aborted",
+                    e.message
+                ),
+            ),
+        };
+        log::warn!("{}", error.message);
+        failures.report_proxy_failure(error);
+        bootstrap.abort();
+    })
+}
+
+/// The async error for the bootstrap's failure (if any) and a proxy's failure (if any). A proxy's own
+/// failure (or a stuck wait it reported) aborts the bootstrap locally, so its code comes first then.
 pub fn async_error(peer: Option<&crate::bootstrap::PeerFailure>, proxy: Option<&Error>) -> mscclppResult_t {
     match (peer, proxy) {
+        (Some(f), Some(e)) if f.is_local_abort() => e.code(),
         (Some(f), _) if f.is_local_abort() => LOCAL_ABORT_RESULT,
         (Some(_), _) => mscclppResult_t::mscclppRemoteError,
         (None, Some(e)) => e.code(),
@@ -125,9 +163,11 @@ mod tests {
         assert_eq!(async_error(Some(&dead), None), mscclppRemoteError);
         assert_eq!(async_error(Some(&dead), Some(&cuda)), mscclppRemoteError);
         assert_eq!(async_error(Some(&failure(Cause::Aborted)), None), mscclppRemoteError);
+        assert_eq!(async_error(Some(&failure(Cause::LocalAbort)), None), LOCAL_ABORT_RESULT);
         assert_eq!(
             async_error(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
-            LOCAL_ABORT_RESULT
+            mscclppUnhandledCudaError,
+            "a proxy's failure aborts locally: its code is the one to report"
         );
     }
 

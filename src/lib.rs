@@ -4,12 +4,19 @@
 //! - `ffi/`: the `extern "C"` functions of `mscclpp.h`, each behind a panic boundary.
 //! - `types.rs`: the ABI structs and enums the header is generated from.
 //! - `bootstrap/`: TCP rendezvous, all-gather, barrier and point-to-point messages between ranks.
-//! - `comm.rs`: the communicator, which owns a bootstrap, connections and proxies.
+//! - `comm.rs`: the communicator: its bootstrap, connection list, state machine and transports, which
+//!   it loops over (`comm::new_transport` picks the transport of a new connection).
 //! - `failure.rs`: what the communicator does when a peer fails or it is aborted, and what it reports.
-//! - `connection.rs`: a connection between two ranks, as recorded by `mscclppConnect`.
-//! - `transport/`: how a connection moves data (P2P over CUDA IPC; InfiniBand).
-//! - `proxy/`: the host thread that serves the device FIFO.
-//! - `gpu/`: the CUDA driver, loaded at run time.
+//! - `connection.rs`: what every connection has: peer, tag, buffer, epoch block, set-up message envelope.
+//! - `transport/`: the `Transport` interface and one folder per transport, holding all of its code:
+//!   - `transport/p2p/`: GPUs of one machine: copy engine into peers' memory mapped with CUDA IPC, fast
+//!     flags in shared host memory, the P2P proxy's trigger handler;
+//!   - `transport/ib/`: InfiniBand: libibverbs loaded at run time, queue pairs, memory regions, one proxy
+//!     per device.
+//!
+//!   A new transport is one more folder there and one line in `comm::new_transport`.
+//! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.
+//! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
 //! - `codec.rs`: the byte codec of set-up and bootstrap messages.
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.

@@ -124,25 +124,9 @@ setting!(
     P2P_FLAG,
     "MSCCLPP_P2P_FLAG",
     "copy",
-    Values::Choice(&["copy", "epoch", "write"]),
+    Values::Choice(&["copy", "epoch"]),
     Warn,
     "what a P2P flag writes: `copy`, the exact count by the copy engine; `epoch`, the legacy copy of the device epoch"
-);
-setting!(
-    P2P_STREAMS,
-    "MSCCLPP_P2P_STREAMS",
-    "1",
-    Values::Int { min: 1, max: 8 },
-    Warn,
-    "copy streams of the P2P proxy"
-);
-setting!(
-    P2P_SPLIT_BYTES,
-    "MSCCLPP_P2P_SPLIT_BYTES",
-    "16777216",
-    Values::Int { min: 1, max: i64::MAX },
-    Warn,
-    "a copy at least this large is split across the P2P proxy's streams"
 );
 // ---- InfiniBand ----
 setting!(
@@ -212,8 +196,6 @@ pub static ALL: &[&Setting] = &[
     &PROXY_CPUS,
     &P2P_FAST_FLAGS,
     &P2P_FLAG,
-    &P2P_STREAMS,
-    &P2P_SPLIT_BYTES,
     &IB_PORT,
     &IB_GID_INDEX,
     &IB_CQ_SIZE,

@@ -238,6 +238,10 @@ impl Bootstrap {
         self.receiver.shared()
     }
 
+    pub(super) fn receiver_shared(&self) -> std::sync::Arc<Shared> {
+        self.receiver.shared_arc()
+    }
+
     pub(super) fn send_frame(&self, peer: usize, key: Key, data: &[u8]) -> Result<()> {
         let rank = self.rank;
         if let Some(f) = self.failure() {

@@ -214,14 +214,35 @@ impl Bootstrap {
     /// Aborts locally (for `mscclppCommAbort`): records a local-abort failure unless a failure is already
     /// recorded, fails every wait, and tells every peer, which then aborts as well.
     pub fn abort(&self) {
-        let failure = PeerFailure {
+        self.abort_handle().abort();
+    }
+
+    /// What aborts this bootstrap from elsewhere (a proxy thread): `Bootstrap::abort` without the
+    /// bootstrap. Never blocks.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
             rank: self.rank(),
-            observer: self.rank(),
+            shared: self.receiver_shared(),
+        }
+    }
+}
+
+/// A local abort of one bootstrap, to be done from another thread (see `Bootstrap::abort_handle`).
+#[derive(Clone)]
+pub struct AbortHandle {
+    rank: usize,
+    shared: std::sync::Arc<super::receiver::Shared>,
+}
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.shared.fail(PeerFailure {
+            rank: self.rank,
+            observer: self.rank,
             cause: Cause::LocalAbort,
             silent_for: None,
             detected: Instant::now(),
-        };
-        self.shared().fail(failure);
+        });
     }
 }
 

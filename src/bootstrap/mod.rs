@@ -41,7 +41,7 @@ mod tests;
 
 pub use address::RootAddress;
 pub use endpoint::Bootstrap;
-pub use health::{Cause, Liveness, PeerFailure};
+pub use health::{AbortHandle, Cause, Liveness, PeerFailure};
 pub use root::Root;
 pub use unique_id::UniqueId;
 pub use wire::MAX_RANKS;

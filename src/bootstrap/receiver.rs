@@ -181,6 +181,10 @@ impl Receiver {
         &self.shared
     }
 
+    pub fn shared_arc(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
     /// Hands a connection this rank opened (and finished the handshake of) to the receive thread.
     pub fn add_outgoing(&self, peer: usize, stream: TcpStream) {
         self.shared.outgoing.lock().push((peer, stream));

@@ -9,6 +9,7 @@ use crate::comm::Communicator;
 use crate::connection::TransportKind;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
+use crate::gpu::AppStream;
 use crate::logging::RankScope;
 use crate::registered_memory;
 use crate::types::*;
@@ -380,13 +381,15 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
             !entries.is_empty(),
             "regMem has no entries: call mscclppRegisterBuffer first"
         );
+        // SAFETY: the header's contract: `stream` is 0 or a live stream of the communicator's GPU.
+        let stream = unsafe { AppStream::from_raw(stream as u64) };
         c.registered_write(
             &entries,
             srcBuff as u64,
             size as u64,
             srcOffset as u64,
             dstOffset as u64,
-            stream as u64,
+            stream,
         )
     })
 }

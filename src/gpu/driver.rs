@@ -1,5 +1,6 @@
 //! Loading the driver, checking its results, and the context a communicator works in.
 
+use super::DevicePtr;
 use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUresult};
 use once_cell::sync::OnceCell;
@@ -100,6 +101,19 @@ impl GpuContext {
         Ok(GpuContext { device: dev, ..g })
     }
 
+    /// The calling thread's current context, if it has one (none is created or retained), or `None`
+    /// when the driver is missing or no context is current.
+    pub fn current_if_any() -> Option<GpuContext> {
+        ensure_driver().ok()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the driver is initialized.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        if rc != CUresult::CUDA_SUCCESS || ctx.is_null() {
+            return None;
+        }
+        GpuContext::current().ok()
+    }
+
     /// Makes this context current on the calling thread (proxy threads, and API calls made from
     /// threads other than the creator's).
     pub fn make_current(&self) -> Result<()> {
@@ -124,6 +138,50 @@ impl GpuContext {
             // SAFETY: balanced with the retain in `current`.
             unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.device) };
         }
+    }
+
+    /// Lets this context reach directly the memory of the GPU that holds `peer_ptr` (an allocation of
+    /// another context of this process). Best effort, and logged at INFO when it fails: on the same
+    /// device no peer access is needed, and without a peer path the copy engine still reaches the memory
+    /// through the driver.
+    pub fn enable_peer_access_to(&self, peer_ptr: DevicePtr) {
+        let mut peer_ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the attribute is a context handle, written to a local.
+        let rc = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut peer_ctx as *mut CUcontext).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                peer_ptr,
+            )
+        };
+        if rc != CUresult::CUDA_SUCCESS || peer_ctx.is_null() {
+            return;
+        }
+        let _ = self.make_current();
+        // SAFETY: both contexts are alive (ours is held by the communicator, the peer's holds a live
+        // allocation); enabling twice returns an error we accept.
+        let rc = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+        if rc != CUresult::CUDA_SUCCESS && rc != CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            log::info!("peer access from GPU {} not enabled: {}", self.device, error_name(rc));
+        }
+    }
+
+    /// The PCI bus id of this context's device, as the driver writes it (`0000:17:00.0`), in lower case
+    /// as sysfs names it.
+    pub fn pci_bus_id(&self) -> Result<String> {
+        let mut bus = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is valid for the length passed.
+        check(
+            unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, self.device) },
+            || "cuDeviceGetPCIBusId".into(),
+        )?;
+        // The driver NUL-terminates within the length it was given; a missing NUL is an error, not a
+        // read past the buffer.
+        let id = CStr::from_bytes_until_nul(&bus.map(|c| c as u8))
+            .map_err(|_| Error::cuda("cuDeviceGetPCIBusId returned an unterminated string"))?
+            .to_string_lossy()
+            .to_lowercase();
+        Ok(id)
     }
 
     /// Whether streams of this device can write 64-bit values (`cuStreamWriteValue64`).

@@ -4,7 +4,8 @@
 //! the importer adds it back (the legacy library did not, and its peers saw the allocation's base).
 
 use super::{DevicePtr, GpuContext, check, pointer_info};
-use crate::error::{Error, Result};
+use crate::codec::{Reader, Writer};
+use crate::error::Result;
 use cudarc::driver::sys;
 
 /// What a peer needs to map one of our buffers. Serialized into set-up messages.
@@ -20,8 +21,6 @@ pub struct IpcExport {
 }
 
 impl IpcExport {
-    pub const BYTES: usize = 64 + 8 * 3;
-
     /// Exports `[ptr, ptr+size)`, which must be device memory inside one allocation.
     pub fn new(ptr: DevicePtr, size: u64, what: &str) -> Result<IpcExport> {
         let info = pointer_info(ptr, size, what)?;
@@ -42,31 +41,18 @@ impl IpcExport {
         })
     }
 
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(Self::BYTES);
-        v.extend_from_slice(&self.handle);
-        v.extend_from_slice(&self.offset.to_le_bytes());
-        v.extend_from_slice(&self.size.to_le_bytes());
-        v.extend_from_slice(&self.address.to_le_bytes());
-        v
+    /// Writes the export into a set-up message.
+    pub fn write(&self, w: &mut Writer) {
+        w.bytes(&self.handle).u64(self.offset).u64(self.size).u64(self.address);
     }
 
-    pub fn from_bytes(b: &[u8]) -> Result<IpcExport> {
-        if b.len() != Self::BYTES {
-            return Err(Error::remote(format!(
-                "IPC export of {} bytes, expected {}",
-                b.len(),
-                Self::BYTES
-            )));
-        }
-        let word = |i: usize| u64::from_le_bytes(b[64 + 8 * i..72 + 8 * i].try_into().unwrap());
-        let mut handle = [0u8; 64];
-        handle.copy_from_slice(&b[..64]);
+    /// Reads an export written by `write`.
+    pub fn read(r: &mut Reader) -> Result<IpcExport> {
         Ok(IpcExport {
-            handle,
-            offset: word(0),
-            size: word(1),
-            address: word(2),
+            handle: r.take()?,
+            offset: r.u64()?,
+            size: r.u64()?,
+            address: r.u64()?,
         })
     }
 }
@@ -119,7 +105,13 @@ mod tests {
             size: 1 << 20,
             address: 0x7f00_0000_1000,
         };
-        assert_eq!(IpcExport::from_bytes(&e.to_bytes()).unwrap(), e);
-        assert!(IpcExport::from_bytes(&[0u8; 10]).is_err());
+        let mut w = Writer::new();
+        e.write(&mut w);
+        let bytes = w.into_bytes();
+        assert_eq!(bytes.len(), 64 + 3 * 8);
+        let mut r = Reader::new(&bytes, "test export");
+        assert_eq!(IpcExport::read(&mut r).unwrap(), e);
+        r.finish().unwrap();
+        assert!(IpcExport::read(&mut Reader::new(&[0u8; 10], "test export")).is_err());
     }
 }

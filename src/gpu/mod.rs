@@ -1,9 +1,11 @@
 //! The CUDA driver, loaded at run time through cudarc, so that the library loads, and its host-only
 //! parts work, on machines without a GPU or a driver.
 //!
-//! Everything the library does on a GPU goes through the RAII types here: a `GpuContext` that the
-//! application's thread had current when it made the communicator, device and pinned host buffers,
-//! streams, CUDA IPC handles, and host memory shared between processes.
+//! Everything the library does on a GPU goes through the types here; no other module calls the driver:
+//! a `GpuContext` that the application's thread had current when it made the communicator (with peer
+//! access and the device's PCI bus id), device and pinned host buffers, our streams and the
+//! application's (`AppStream`), CUDA IPC handles, and host memory shared between processes. A function
+//! whose safety rests on a range it cannot check (a peer's mapped memory) is an `unsafe fn` that says so.
 
 mod driver;
 mod ipc;
@@ -15,7 +17,7 @@ pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
 pub use shared_host::SharedHostMemory;
-pub use stream::{Event, Stream};
+pub use stream::{AppStream, Stream};
 
 /// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
 /// elsewhere.

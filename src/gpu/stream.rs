@@ -1,7 +1,8 @@
-//! CUDA streams owned by the library (the proxy's copy streams).
+//! CUDA streams: those the library owns (the proxies' copy streams), and the application's, which
+//! `mscclppRegisteredBufferWrite` is given.
 
-use super::{DevicePtr, GpuContext, check};
-use crate::error::Result;
+use super::{DeviceAllocation, DevicePtr, GpuContext, check};
+use crate::error::{Error, Result};
 use cudarc::driver::sys::{self, CUresult, CUstream};
 
 pub struct Stream {
@@ -31,8 +32,13 @@ impl Stream {
 
     /// Queues a copy between two device addresses (peer memory included). Device-to-device, so the
     /// driver need not look up what kind of memory each address is.
-    pub fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        // SAFETY: the caller checked both ranges against the buffers they belong to.
+    ///
+    /// # Safety
+    /// `[src, +bytes)` and `[dst, +bytes)` are device memory (or mapped memory) that this context
+    /// reaches and that stays allocated until the stream has run the copy; nothing else writes
+    /// `[dst, +bytes)` meanwhile unless the protocol allows it (a peer's epoch word, written only by us).
+    pub unsafe fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the caller's contract.
         check(
             unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw()) },
             || format!("copy of {bytes} bytes {src:#x} -> {dst:#x}"),
@@ -40,17 +46,38 @@ impl Stream {
     }
 
     /// Queues a 64-bit write of `value` to `dst` (a stream memory operation: no copy engine).
-    pub fn write_u64(&self, dst: DevicePtr, value: u64) -> Result<()> {
-        // SAFETY: `dst` is an 8-byte aligned device word the library owns.
+    ///
+    /// # Safety
+    /// `dst` is an 8-byte aligned word of device memory this context reaches, allocated until the
+    /// stream has run the write.
+    pub unsafe fn write_u64(&self, dst: DevicePtr, value: u64) -> Result<()> {
+        // SAFETY: the caller's contract.
         check(
             unsafe { sys::cuStreamWriteValue64_v2(self.raw(), dst, value, 0) },
             || format!("stream write to {dst:#x}"),
         )
     }
 
-    /// Queues a store of `value` into the byte at `dst`, `dst + pitch`, ... (`rows` of them).
-    pub fn fill_u8_strided(&self, dst: DevicePtr, pitch: usize, value: u8, rows: usize) -> Result<()> {
-        // SAFETY: the caller owns the `rows` bytes at `dst + k * pitch`.
+    /// Queues a store of `value` into the bytes at `offset`, `offset + pitch`, ... (`rows` of them) of
+    /// `alloc`. Fails, queuing nothing, unless all of them lie inside the allocation.
+    pub fn fill_u8_strided(
+        &self,
+        alloc: &DeviceAllocation,
+        offset: u64,
+        pitch: usize,
+        value: u8,
+        rows: usize,
+    ) -> Result<()> {
+        if !strided_bytes_fit(alloc.size() as u64, offset, pitch as u64, rows as u64) {
+            return Err(Error::internal(format!(
+                "a strided memset of {rows} bytes {pitch} apart from +{offset} runs past an allocation of {} \
+                 bytes",
+                alloc.size()
+            )));
+        }
+        let dst = alloc.ptr() + offset;
+        // SAFETY: every byte written lies inside `alloc` (checked above), which this context allocated;
+        // the allocation is freed with cuMemFree, which waits for work on it to complete.
         check(
             unsafe { sys::cuMemsetD2D8Async(dst, pitch, value, 1, rows, self.raw()) },
             || format!("strided memset of {rows} bytes at {dst:#x}"),
@@ -74,18 +101,6 @@ impl Stream {
         }
         Ok(())
     }
-
-    /// Makes work queued on `self` after this call wait for the work queued on `other` so far.
-    pub fn wait_for(&self, other: &Stream, event: &Event) -> Result<()> {
-        // SAFETY: valid event and streams of one context.
-        check(unsafe { sys::cuEventRecord(event.raw(), other.raw()) }, || {
-            "cuEventRecord".into()
-        })?;
-        // SAFETY: as above.
-        check(unsafe { sys::cuStreamWaitEvent(self.raw(), event.raw(), 0) }, || {
-            "cuStreamWaitEvent".into()
-        })
-    }
 }
 
 impl Drop for Stream {
@@ -96,36 +111,66 @@ impl Drop for Stream {
     }
 }
 
-/// An event used only to order streams (no timing).
-pub struct Event {
-    raw: usize,
-    ctx: GpuContext,
+/// Whether `rows` bytes at `offset`, `offset + pitch`, ... lie inside `size` bytes (no overflow).
+fn strided_bytes_fit(size: u64, offset: u64, pitch: u64, rows: u64) -> bool {
+    let Some(last_row) = rows.checked_sub(1) else {
+        return true;
+    };
+    last_row
+        .checked_mul(pitch)
+        .and_then(|r| r.checked_add(offset))
+        .is_some_and(|last| last < size)
 }
 
-impl Event {
-    pub fn new(ctx: &GpuContext) -> Result<Event> {
-        ctx.make_current()?;
-        let mut raw: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: out-pointer to a local; a context is current.
-        check(unsafe { sys::cuEventCreate(&mut raw, flags) }, || {
-            "cuEventCreate".into()
-        })?;
-        Ok(Event {
-            raw: raw as usize,
-            ctx: *ctx,
+/// A stream of the application (a `cudaStream_t` passed to `mscclppRegisteredBufferWrite`; 0 is the
+/// legacy default stream): borrowed, never destroyed by us.
+#[derive(Clone, Copy, Debug)]
+pub struct AppStream(usize);
+
+impl AppStream {
+    /// # Safety
+    /// `handle` is 0 or a stream of the context current when the stream is used, alive while this value
+    /// is used (the header's contract for the stream arguments of its functions).
+    pub unsafe fn from_raw(handle: u64) -> AppStream {
+        AppStream(handle as usize)
+    }
+
+    fn raw(&self) -> CUstream {
+        self.0 as CUstream
+    }
+
+    /// Waits until the work queued on the stream so far is done.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: a live stream of the current context, or the default stream (`from_raw`'s contract).
+        check(unsafe { sys::cuStreamSynchronize(self.raw()) }, || {
+            "waiting for the application's stream".into()
         })
     }
 
-    fn raw(&self) -> sys::CUevent {
-        self.raw as sys::CUevent
+    /// Queues a copy of `bytes` bytes from `src` to `dst`, after the work already queued on the stream.
+    ///
+    /// # Safety
+    /// As `Stream::copy`: both ranges are memory this context reaches, allocated until the stream has
+    /// run the copy.
+    pub unsafe fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the ranges are the caller's contract; the stream is `from_raw`'s.
+        check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, self.raw()) }, || {
+            format!("copy of {bytes} bytes {src:#x} -> {dst:#x} on the application's stream")
+        })
     }
 }
 
-impl Drop for Event {
-    fn drop(&mut self) {
-        let _ = self.ctx.make_current();
-        // SAFETY: valid event, destroyed once.
-        unsafe { sys::cuEventDestroy_v2(self.raw()) };
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_memsets_must_stay_inside_the_allocation() {
+        // The flag count table: 256 words, one byte lane of each.
+        assert!(strided_bytes_fit(2048, 7, 8, 256));
+        assert!(!strided_bytes_fit(2048, 8, 8, 256), "the last row would be byte 2048");
+        assert!(!strided_bytes_fit(2048, 0, 8, 257));
+        assert!(strided_bytes_fit(2048, 5000, 8, 0), "nothing written");
+        assert!(!strided_bytes_fit(u64::MAX, 1, u64::MAX, 3), "no overflow");
     }
 }

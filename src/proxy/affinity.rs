@@ -48,16 +48,7 @@ fn bind_to(cpus: &[usize], what: &str) {
 }
 
 fn numa_cpus(ctx: &GpuContext) -> Result<Option<Vec<usize>>> {
-    let mut bus = [0 as std::ffi::c_char; 32];
-    // SAFETY: the buffer is valid for its length.
-    crate::gpu::check(
-        unsafe { cudarc::driver::sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, ctx.device) },
-        || "cuDeviceGetPCIBusId".into(),
-    )?;
-    // SAFETY: the driver wrote a NUL-terminated string.
-    let bus = unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }
-        .to_string_lossy()
-        .to_lowercase();
+    let bus = ctx.pci_bus_id()?;
     let node_path = format!("/sys/bus/pci/devices/{bus}/numa_node");
     let node: i64 = std::fs::read_to_string(&node_path)
         .map_err(|e| Error::io(&node_path, e))?

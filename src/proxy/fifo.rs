@@ -209,12 +209,16 @@ pub struct DeviceTailPublisher {
 impl TailPublisher for DeviceTailPublisher {
     fn publish(&mut self, tail: u64) -> Result<()> {
         match &self.staging {
-            None => self.stream.write_u64(self.device_tail, tail),
+            // SAFETY: the device tail is an aligned word of the FIFO's device memory, which the
+            // communicator frees only after the proxy (and so this publisher) has stopped.
+            None => unsafe { self.stream.write_u64(self.device_tail, tail) },
             Some(buf) => {
                 // SAFETY: an aligned u64 in pinned memory we own; the DMA may read it at any time,
                 // and tails only grow, so a later value is as good as this one.
                 unsafe { std::ptr::write_volatile(buf.host_ptr().cast::<u64>(), tail) };
-                self.stream.copy(self.device_tail, buf.device_ptr(), 8)
+                // SAFETY: the staging word is ours, freed (by cuMemFreeHost, which waits for the
+                // device's pending work) only with this publisher; the device tail as above.
+                unsafe { self.stream.copy(self.device_tail, buf.device_ptr(), 8) }
             }
         }
     }

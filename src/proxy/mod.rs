@@ -94,12 +94,12 @@ impl ProxyShared {
     pub fn set_abort_hook(&self, hook: AbortHook) {
         *self.abort_hook.lock() = Some(hook);
     }
+    /// Aborts this proxy at once and tells the communicator (which aborts the others and the peers).
     fn ask_abort(&self, cause: AbortCause) {
+        self.abort();
         let hook = self.abort_hook.lock().clone();
-        match hook {
-            Some(h) => h(cause),
-            // No communicator listens (tests): abort this proxy alone.
-            None => self.abort(),
+        if let Some(h) = hook {
+            h(cause);
         }
     }
 }

@@ -6,14 +6,15 @@
 //! request, so it is taken when the flag is posted. The legacy proxy wrote our `device` epoch word
 //! instead, which the adapter reads when it runs the write: behind a queue of large writes, that word
 //! already counts signals pushed since, whose data is queued behind the flag, and the peer's `wait()`
-//! returns before that data lands (the race the P2P transport's `flag_counts` describes).
+//! returns before that data lands (the race the P2P transport's `p2p::flag_counts` describes).
 //! `MSCCLPP_IB_FLAG=epoch`, or a queue pair without inline data, keeps the legacy write.
 
 use super::queue::IbQueue;
 use crate::error::{Error, Result};
+use crate::gpu::Stream;
 use crate::proxy::{Trigger, TriggerHandler};
+use crate::transport::FlagsCarried;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 /// What an IB flag writes into the peer's `proxy` word (`MSCCLPP_IB_FLAG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,11 +59,19 @@ pub struct IbHandler {
     pending: Vec<Option<u64>>,
     mode: IbFlagMode,
     /// Flags carried out per connection id; kept by the communicator across launches.
-    flags_sent: Arc<Vec<AtomicU64>>,
+    flags: FlagsCarried,
+    /// A stream of the proxy's own on the communicator's GPU, for releasing the kernels' waits when the
+    /// communicator aborts (`None` in tests without a GPU).
+    release: Option<Stream>,
 }
 
 impl IbHandler {
-    pub fn new(routes: Vec<Option<IbRoute>>, mode: IbFlagMode, flags_sent: Arc<Vec<AtomicU64>>) -> IbHandler {
+    /// The stream `abort` releases the kernels' waits on.
+    pub fn set_release_stream(&mut self, stream: Stream) {
+        self.release = Some(stream);
+    }
+
+    pub fn new(routes: Vec<Option<IbRoute>>, mode: IbFlagMode, flags: FlagsCarried) -> IbHandler {
         let mut queues: Vec<Arc<IbQueue>> = Vec::new();
         for r in routes.iter().flatten() {
             if !queues.iter().any(|q| Arc::ptr_eq(q, &r.queue)) {
@@ -80,7 +89,8 @@ impl IbHandler {
             queues,
             pending,
             mode,
-            flags_sent,
+            flags,
+            release: None,
         }
     }
 
@@ -91,7 +101,7 @@ impl IbHandler {
     }
 
     fn raise_flag(&mut self, route: &IbRoute, conn_id: usize) -> Result<()> {
-        let count = crate::transport::count_flag(&self.flags_sent, conn_id)?;
+        let count = self.flags.carry_one(conn_id)?;
         let remote = route.remote_epochs.addr + PROXY_WORD;
         let seq = if self.mode == IbFlagMode::Count && route.queue.carries_values() {
             route.queue.write_value(count, remote, route.remote_epochs.key)?
@@ -164,5 +174,16 @@ impl TriggerHandler for IbHandler {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Raises the epochs our kernels wait on (the peer will not raise them any more).
+    fn abort(&mut self) -> Result<()> {
+        let Some(stream) = &self.release else {
+            return Ok(());
+        };
+        let blocks = self.routes.iter().flatten().map(|r| r.local_epochs.addr);
+        // SAFETY: `local_epochs` are our connections' epoch blocks, which the communicator frees only after
+        // this proxy is stopped (and the stream idle).
+        unsafe { crate::transport::release_waits(stream, blocks) }
     }
 }

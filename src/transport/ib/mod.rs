@@ -9,8 +9,9 @@
 //! - `sim` (tests): a simulated fabric in host memory that executes writes and injected failures.
 //! - `queue`: a queue pair with the accounting that never overruns its send or completion queue.
 //! - `handler`: the proxy's `TriggerHandler` (Data, Flag, Sync).
-//! - this file: settings from the environment, the set-up messages, and `IbState`, the IB part of a
-//!   communicator (devices, connections, FIFOs, proxies, registered buffers).
+//! - this file: settings from the environment, the set-up messages, and `IbTransport`, the IB part of a
+//!   communicator (devices, connections, FIFOs, proxies, registered buffers), which implements
+//!   `Transport`.
 
 pub mod handler;
 pub mod queue;
@@ -22,15 +23,17 @@ pub mod sys;
 mod tests;
 pub mod verbs;
 
+use super::{FlagsCarried, RegisteredWrite, Transport};
+use crate::codec::{Reader, Writer};
+use crate::connection::{Connection, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext};
-use crate::proxy::ProxySlot;
+use crate::gpu::{DevicePtr, GpuContext, Stream};
 use crate::proxy::fifo::DeviceFifo;
-use crate::types::{mscclppConcurrentFifo, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
+use crate::proxy::{AbortHook, ProxySlot};
+use crate::types::{mscclppDevConn, mscclppIbMr, mscclppIbMrInfo, mscclppRegisteredMemoryP2P};
 use handler::{IbFlagMode, IbHandler, IbRoute, KeyedRange};
 use queue::{IbQueue, QueueLabel};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use verbs::{LinkLayer, MemoryRegion, PortInfo, QpEndpoint, VerbsDevice, VerbsLibrary};
 
@@ -109,89 +112,47 @@ pub struct IbConnInfo {
 const CONN_MAGIC: u32 = 0x4d53_4942; // "MSIB"
 const REGISTER_MAGIC: u32 = 0x4d53_4952; // "MSIR"
 
-struct Writer(Vec<u8>);
-impl Writer {
-    fn put(&mut self, b: &[u8]) -> &mut Self {
-        self.0.extend_from_slice(b);
-        self
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N]> {
-        if self.0.len() < N {
-            return Err(Error::remote("IB set-up message is truncated"));
-        }
-        let (a, b) = self.0.split_at(N);
-        self.0 = b;
-        Ok(a.try_into().expect("length checked"))
-    }
-    fn u8(&mut self) -> Result<u8> {
-        Ok(self.take::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take()?))
-    }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take()?))
-    }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take()?))
-    }
-    fn range(&mut self) -> Result<KeyedRange> {
-        Ok(KeyedRange {
-            addr: self.u64()?,
-            size: self.u64()?,
-            key: self.u32()?,
-        })
-    }
-    fn end(&self) -> Result<()> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::remote("IB set-up message has trailing bytes"))
-        }
-    }
-}
-
 fn put_range(w: &mut Writer, r: &KeyedRange) {
-    w.put(&r.addr.to_le_bytes())
-        .put(&r.size.to_le_bytes())
-        .put(&r.key.to_le_bytes());
+    w.u64(r.addr).u64(r.size).u32(r.key);
+}
+
+fn read_range(r: &mut Reader) -> Result<KeyedRange> {
+    Ok(KeyedRange {
+        addr: r.u64()?,
+        size: r.u64()?,
+        key: r.u32()?,
+    })
 }
 
 impl IbConnInfo {
     pub fn to_bytes(&self) -> Vec<u8> {
         let e = &self.endpoint;
-        let mut w = Writer(Vec::with_capacity(96));
-        w.put(&CONN_MAGIC.to_le_bytes())
-            .put(&self.rank.to_le_bytes())
-            .put(&self.tag.to_le_bytes())
-            .put(&[e.port])
-            .put(&e.lid.to_le_bytes())
-            .put(&e.gid)
-            .put(&e.gid_index.to_le_bytes())
-            .put(&e.qpn.to_le_bytes())
-            .put(&e.psn.to_le_bytes())
-            .put(&[e.mtu]);
+        let mut w = Writer::with_capacity(96);
+        w.u32(CONN_MAGIC)
+            .u32(self.rank)
+            .i32(self.tag)
+            .u8(e.port)
+            .u16(e.lid)
+            .bytes(&e.gid)
+            .i32(e.gid_index)
+            .u32(e.qpn)
+            .u32(e.psn)
+            .u8(e.mtu);
         put_range(&mut w, &self.buff);
         put_range(&mut w, &self.epochs);
-        w.0
+        w.into_bytes()
     }
 
     pub fn from_bytes(b: &[u8]) -> Result<IbConnInfo> {
-        let mut r = Reader(b);
-        if r.u32()? != CONN_MAGIC {
-            return Err(Error::remote("IB connection set-up message has a wrong magic"));
-        }
+        let mut r = Reader::new(b, "IB connection set-up message");
+        r.magic(CONN_MAGIC)?;
         let rank = r.u32()?;
-        let tag = r.u32()? as i32;
+        let tag = r.i32()?;
         let endpoint = QpEndpoint {
             port: r.u8()?,
             lid: r.u16()?,
             gid: r.take()?,
-            gid_index: r.u32()? as i32,
+            gid_index: r.i32()?,
             qpn: r.u32()?,
             psn: r.u32()?,
             mtu: r.u8()?,
@@ -200,28 +161,26 @@ impl IbConnInfo {
             rank,
             tag,
             endpoint,
-            buff: r.range()?,
-            epochs: r.range()?,
+            buff: read_range(&mut r)?,
+            epochs: read_range(&mut r)?,
         };
-        r.end()?;
+        r.finish()?;
         Ok(info)
     }
 }
 
-fn register_to_bytes(r: &KeyedRange) -> Vec<u8> {
-    let mut w = Writer(Vec::with_capacity(24));
-    w.put(&REGISTER_MAGIC.to_le_bytes());
-    put_range(&mut w, r);
-    w.0
+fn register_to_bytes(range: &KeyedRange) -> Vec<u8> {
+    let mut w = Writer::with_capacity(24);
+    w.u32(REGISTER_MAGIC);
+    put_range(&mut w, range);
+    w.into_bytes()
 }
 
 fn register_from_bytes(b: &[u8]) -> Result<KeyedRange> {
-    let mut r = Reader(b);
-    if r.u32()? != REGISTER_MAGIC {
-        return Err(Error::remote("IB registered-buffer message has a wrong magic"));
-    }
-    let range = r.range()?;
-    r.end()?;
+    let mut r = Reader::new(b, "IB registered-buffer message");
+    r.magic(REGISTER_MAGIC)?;
+    let range = read_range(&mut r)?;
+    r.finish()?;
     Ok(range)
 }
 
@@ -245,7 +204,7 @@ struct Endpoint {
     local: QpEndpoint,
     buff: Box<dyn MemoryRegion>,
     epochs: Box<dyn MemoryRegion>,
-    /// The peer's buffer and epoch counters, once set up.
+    /// The peer's buffer and epoch block (its first 16 bytes), once set up.
     remote: Option<(KeyedRange, KeyedRange)>,
 }
 
@@ -278,10 +237,12 @@ fn initial_psn(qpn: u32) -> u32 {
 }
 
 /// The IB part of a communicator.
-pub struct IbState {
+pub struct IbTransport {
     library: Option<Arc<dyn VerbsLibrary>>,
     config: Option<IbConfig>,
     rank: usize,
+    /// The communicator's GPU, from the first connection on (FIFOs and proxies work on it).
+    gpu: Option<GpuContext>,
     devices: Vec<IbDevice>,
     /// By connection index; `None` for connections of other transports.
     endpoints: Vec<Option<Endpoint>>,
@@ -290,12 +251,13 @@ pub struct IbState {
     stall_timeout: Duration,
 }
 
-impl Default for IbState {
+impl Default for IbTransport {
     fn default() -> Self {
-        IbState {
+        IbTransport {
             library: None,
             config: None,
             rank: 0,
+            gpu: None,
             devices: Vec::new(),
             endpoints: Vec::new(),
             registered: Vec::new(),
@@ -304,10 +266,19 @@ impl Default for IbState {
     }
 }
 
-impl IbState {
-    /// An IB state over a given verbs provider and settings (tests use the simulated fabric).
-    pub fn with_library(library: Arc<dyn VerbsLibrary>, config: IbConfig, stall_timeout: Duration) -> IbState {
-        IbState {
+impl IbTransport {
+    /// The IB transport of rank `rank`'s communicator; libibverbs and the settings are loaded with the
+    /// first connection.
+    pub fn new(rank: usize) -> IbTransport {
+        IbTransport {
+            rank,
+            ..Default::default()
+        }
+    }
+
+    /// An IB transport over a given verbs provider and settings (tests use the simulated fabric).
+    pub fn with_library(library: Arc<dyn VerbsLibrary>, config: IbConfig, stall_timeout: Duration) -> IbTransport {
+        IbTransport {
             library: Some(library),
             config: Some(config),
             stall_timeout,
@@ -374,9 +345,9 @@ impl IbState {
         Ok(self.devices.len() - 1)
     }
 
-    /// `mscclppConnect` over IB: registers the buffer and the epoch counters and creates the queue pair.
+    /// `mscclppConnect` over IB: registers the buffer and the epoch block and creates the queue pair.
     #[allow(clippy::too_many_arguments)]
-    pub fn connect(
+    pub fn open_endpoint(
         &mut self,
         rank: usize,
         conn: usize,
@@ -433,8 +404,125 @@ impl IbState {
             .ok_or_else(|| Error::internal(format!("connection {conn} is not an IB connection")))
     }
 
+    /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id;
+    /// `flags` counts the flags carried out per connection id.
+    pub fn handler(&self, d: usize, flags: FlagsCarried) -> IbHandler {
+        let routes = self
+            .endpoints
+            .iter()
+            .map(|e| match e {
+                Some(e) if e.device == d => e.remote.map(|(buff, epochs)| IbRoute {
+                    queue: e.queue.clone(),
+                    local_buff: keyed(e.buff.as_ref(), false),
+                    remote_buff: buff,
+                    local_epochs: keyed(e.epochs.as_ref(), false),
+                    remote_epochs: epochs,
+                }),
+                _ => None,
+            })
+            .collect();
+        let mode = self.config.as_ref().map_or(IbFlagMode::Count, |c| c.flag);
+        IbHandler::new(routes, mode, flags)
+    }
+
+    /// A region of device `d` that covers `[addr, +len)`, registering `register` if none does. Returns
+    /// its lkey, rkey and provider handle.
+    fn region_for(&mut self, d: usize, addr: u64, len: u64, register: (u64, u64)) -> Result<(u32, u32, usize)> {
+        let ids = |mr: &dyn MemoryRegion| (mr.lkey(), mr.rkey(), mr.raw());
+        let conn_buff = self
+            .endpoints
+            .iter()
+            .flatten()
+            .find(|e| e.device == d && e.buff.contains(addr, len));
+        if let Some(e) = conn_buff {
+            return Ok(ids(e.buff.as_ref()));
+        }
+        let dev = &mut self.devices[d];
+        if let Some(r) = dev.regions.iter().find(|r| r.contains(addr, len)) {
+            return Ok(ids(r.as_ref()));
+        }
+        let mr = dev.device.register(register.0, register.1)?;
+        let r = ids(mr.as_ref());
+        dev.regions.push(mr);
+        Ok(r)
+    }
+
+    /// RDMA-writes `[src, +size)` into the peer's registered buffer of entry `ib_mr` at `dst_offset`, and
+    /// waits until the write has completed. `source` is the range to register if no region covers
+    /// `[src, +size)` yet (the source's whole allocation, so that later writes from it reuse the region).
+    pub fn rdma_write_and_wait(
+        &mut self,
+        ib_mr: *const mscclppIbMr,
+        src: u64,
+        size: u64,
+        dst_offset: u64,
+        source: (u64, u64),
+    ) -> Result<()> {
+        let r = self
+            .registered
+            .iter()
+            .find(|r| std::ptr::eq(&*r.record, ib_mr))
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "regMem entry with IbMr {ib_mr:p} was not made by mscclppRegisterBuffer on this communicator"
+                ))
+            })?;
+        let (conn, remote) = (r.conn, r.remote);
+        if dst_offset.checked_add(size).is_none_or(|end| end > remote.size) {
+            return Err(Error::invalid_argument(format!(
+                "dstOffset {dst_offset} + size {size} is past the end of the peer's registered buffer ({} bytes)",
+                remote.size
+            )));
+        }
+        let d = self.endpoint(conn)?.device;
+        let (lkey, _, _) = self.region_for(d, src, size, source)?;
+        let queue = self.endpoint(conn)?.queue.clone();
+        let seq = queue.write(src, lkey, size, remote.addr + dst_offset, remote.key)?;
+        queue.wait_for(seq)
+    }
+}
+
+impl Transport for IbTransport {
+    fn name(&self) -> &'static str {
+        "IB"
+    }
+
+    fn carries(&self, kind: &TransportKind) -> bool {
+        matches!(kind, TransportKind::Ib { .. })
+    }
+
+    /// Loads libibverbs and opens the device (once per communicator), so that a machine without them
+    /// fails here, naming the devices it found.
+    fn check_connect(&mut self, kind: &TransportKind) -> Result<()> {
+        match kind {
+            TransportKind::Ib { device } => self.open_device(device).map(|_| ()),
+            other => Err(Error::internal(format!("the IB transport cannot carry {other:?}"))),
+        }
+    }
+
+    fn connect(&mut self, gpu: &GpuContext, conn: usize, c: &Connection) -> Result<()> {
+        let TransportKind::Ib { device } = &c.transport else {
+            return Err(Error::internal(format!(
+                "the IB transport cannot carry {:?}",
+                c.transport
+            )));
+        };
+        self.gpu = Some(*gpu);
+        let rank = self.rank;
+        self.open_endpoint(
+            rank,
+            conn,
+            device,
+            c.remote_rank,
+            c.tag,
+            c.local_buff,
+            c.local_size,
+            c.epochs.signal(),
+        )
+    }
+
     /// The message that tells the peer of connection `conn` how to reach it.
-    pub fn setup_message(&self, conn: usize) -> Result<Vec<u8>> {
+    fn setup_message(&self, conn: usize) -> Result<Vec<u8>> {
         let e = self.endpoint(conn)?;
         Ok(IbConnInfo {
             rank: self.rank as u32,
@@ -447,9 +535,9 @@ impl IbState {
     }
 
     /// Completes connection `conn` with the peer's set-up message: checks it, and moves the queue pair
-    /// through RTR to RTS. Returns the peer's buffer address and size and its epoch counters' address.
-    pub fn complete_setup(&mut self, conn: usize, bytes: &[u8]) -> Result<(u64, u64, u64)> {
-        let info = IbConnInfo::from_bytes(bytes)?;
+    /// through RTR to RTS.
+    fn complete_setup(&mut self, conn: usize, peer_message: &[u8]) -> Result<()> {
+        let info = IbConnInfo::from_bytes(peer_message)?;
         let e = self.endpoint(conn)?;
         if info.rank as usize != e.peer || info.tag != e.tag {
             return Err(Error::remote(format!(
@@ -488,74 +576,63 @@ impl IbState {
             e.local.qpn,
             info.endpoint.qpn
         );
-        Ok((info.buff.addr, info.buff.size, info.epochs.addr))
+        Ok(())
     }
 
-    /// The device's view of the FIFO that serves connection `conn` (allocated on first use).
-    pub fn fifo_view(&mut self, gpu: &GpuContext, conn: usize) -> Result<mscclppConcurrentFifo> {
+    /// The FIFO of the connection's device (allocated on first use); kernels do not reach the peer's
+    /// memory, so `remoteBuff` and `remoteSignalEpochId` stay null.
+    fn fill_device_connection(&mut self, conn: usize, dev: &mut mscclppDevConn) -> Result<()> {
+        let gpu = self
+            .gpu
+            .ok_or_else(|| Error::internal("the IB transport has no GPU: it has no connection"))?;
         let d = self.endpoint(conn)?.device;
-        let dev = &mut self.devices[d];
-        if dev.fifo.is_none() {
-            dev.fifo = Some(DeviceFifo::new(gpu)?);
+        let device = &mut self.devices[d];
+        if device.fifo.is_none() {
+            device.fifo = Some(DeviceFifo::new(&gpu)?);
         }
-        let fifo = dev.fifo.as_ref().expect("allocated above");
-        Ok(fifo.device_view(conn))
+        dev.fifo = device.fifo.as_ref().expect("allocated above").device_view(conn);
+        Ok(())
     }
 
-    /// The trigger handler of device `d`'s proxy: routes for its set-up connections, by connection id;
-    /// `flags_sent` counts the flags carried out per connection id.
-    pub fn handler(&self, d: usize, flags_sent: Arc<Vec<AtomicU64>>) -> IbHandler {
-        let routes = self
-            .endpoints
-            .iter()
-            .map(|e| match e {
-                Some(e) if e.device == d => e.remote.map(|(buff, epochs)| IbRoute {
-                    queue: e.queue.clone(),
-                    local_buff: keyed(e.buff.as_ref(), false),
-                    remote_buff: buff,
-                    local_epochs: keyed(e.epochs.as_ref(), false),
-                    remote_epochs: epochs,
-                }),
-                _ => None,
-            })
-            .collect();
-        let mode = self.config.as_ref().map_or(IbFlagMode::Count, |c| c.flag);
-        IbHandler::new(routes, mode, flags_sent)
-    }
-
-    pub fn is_running(&self) -> bool {
-        self.devices.iter().any(|d| d.proxy.is_running())
-    }
-
-    /// The first failure of any IB proxy or queue pair.
-    pub fn failure(&self) -> Option<Error> {
-        self.devices.iter().filter_map(|d| d.proxy.failure()).next()
-    }
-
-    /// `mscclppProxyLaunch`: one proxy thread per IB device that has connections; `flags_sent` as for
-    /// `handler`.
-    pub fn launch(&mut self, gpu: &GpuContext, flags_sent: &Arc<Vec<AtomicU64>>) -> Result<()> {
+    /// One proxy thread per IB device that has connections.
+    fn launch_proxy(&mut self, flags: &FlagsCarried, on_abort: &AbortHook) -> Result<()> {
+        let rank = self.rank;
+        let gpu = self
+            .gpu
+            .ok_or_else(|| Error::internal("the IB transport has no GPU: it has no connection"))?;
         for d in 0..self.devices.len() {
             if self.devices[d].proxy.is_running() || !self.endpoints.iter().flatten().any(|e| e.device == d) {
                 continue;
             }
-            let handler = self.handler(d, flags_sent.clone());
-            let rank = self.rank;
+            let mut handler = self.handler(d, flags.clone());
+            handler.set_release_stream(Stream::new(&gpu)?);
             let dev = &mut self.devices[d];
+            dev.proxy.set_abort_hook(on_abort.clone());
             let fifo = dev
                 .fifo
                 .as_ref()
                 .ok_or_else(|| Error::invalid_usage("call mscclppConnectionSetup before mscclppProxyLaunch"))?;
             let name = format!("mscclpp-ib-{rank}-{}", dev.device.name());
-            // SAFETY: `dev.fifo` is dropped only after the proxy is stopped.
-            unsafe { dev.proxy.launch(name, rank, *gpu, fifo, Box::new(handler))? };
+            // SAFETY: `dev.fifo` is dropped only after the proxy is stopped (`clear` stops it first, and
+            // the proxy slot is declared before the FIFO).
+            unsafe { dev.proxy.launch(name, rank, gpu, fifo, Box::new(handler))? };
             log::info!("IB proxy for \"{}\" launched", dev.device.name());
         }
         Ok(())
     }
 
-    /// Stops every IB proxy; returns the first failure any of them had.
-    pub fn stop(&mut self) -> Result<()> {
+    fn proxy_running(&self) -> bool {
+        self.devices.iter().any(|d| d.proxy.is_running())
+    }
+
+    fn abort_proxy(&mut self) {
+        for dev in &mut self.devices {
+            dev.proxy.abort();
+        }
+    }
+
+    /// Stops every IB proxy; returns the first error any stop had.
+    fn stop_proxy(&mut self) -> Result<()> {
         let mut first = None;
         for dev in &mut self.devices {
             let what = format!("the IB proxy of \"{}\"", dev.device.name());
@@ -563,15 +640,17 @@ impl IbState {
                 first.get_or_insert(e);
             }
         }
-        match first.or_else(|| self.failure()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The first failure of any IB proxy (a failed queue pair included: its proxy records it).
+    fn proxy_failure(&self) -> Option<Error> {
+        self.devices.iter().find_map(|d| d.proxy.failure())
     }
 
     /// Registers `[ptr, +size)` on the device of connection `conn` (once per device) and returns the
     /// message that tells the peer where it is.
-    pub fn register_message(&mut self, conn: usize, ptr: DevicePtr, size: u64) -> Result<Vec<u8>> {
+    fn register_message(&mut self, conn: usize, ptr: DevicePtr, size: u64) -> Result<Vec<u8>> {
         let d = self.endpoint(conn)?.device;
         let (_, rkey, _) = self.region_for(d, ptr, size, (ptr, size))?;
         Ok(register_to_bytes(&KeyedRange {
@@ -581,39 +660,17 @@ impl IbState {
         }))
     }
 
-    /// A region of device `d` that covers `[addr, +len)`, registering `register` if none does. Returns
-    /// its lkey, rkey and provider handle.
-    fn region_for(&mut self, d: usize, addr: u64, len: u64, register: (u64, u64)) -> Result<(u32, u32, usize)> {
-        let ids = |mr: &dyn MemoryRegion| (mr.lkey(), mr.rkey(), mr.raw());
-        let conn_buff = self
-            .endpoints
-            .iter()
-            .flatten()
-            .find(|e| e.device == d && e.buff.contains(addr, len));
-        if let Some(e) = conn_buff {
-            return Ok(ids(e.buff.as_ref()));
-        }
-        let dev = &mut self.devices[d];
-        if let Some(r) = dev.regions.iter().find(|r| r.contains(addr, len)) {
-            return Ok(ids(r.as_ref()));
-        }
-        let mr = dev.device.register(register.0, register.1)?;
-        let r = ids(mr.as_ref());
-        dev.regions.push(mr);
-        Ok(r)
-    }
-
     /// Completes the registration of `[ptr, +size)` with connection `conn`'s peer: the entry for
     /// `regMem->p2p`. Its `IbMr` (owned by us until `clear`) holds our region and buffer, and in `info` the
     /// peer's buffer address and rkey; `remoteBuff` is NULL, as the peer's memory is not mapped here.
-    pub fn register_remote(
+    fn register_remote(
         &mut self,
         conn: usize,
         ptr: DevicePtr,
         size: u64,
-        bytes: &[u8],
+        peer_message: &[u8],
     ) -> Result<mscclppRegisteredMemoryP2P> {
-        let remote = register_from_bytes(bytes)?;
+        let remote = register_from_bytes(peer_message)?;
         let d = self.endpoint(conn)?.device;
         let (_, _, raw) = self.region_for(d, ptr, size, (ptr, size))?;
         let mut record = Box::new(mscclppIbMr {
@@ -632,78 +689,31 @@ impl IbState {
         Ok(entry)
     }
 
-    /// Whether `ib_mr` is an entry this communicator made.
-    pub fn owns(&self, ib_mr: *const mscclppIbMr) -> bool {
-        self.registered.iter().any(|r| std::ptr::eq(&*r.record, ib_mr))
+    fn owns_registered(&self, entry: &mscclppRegisteredMemoryP2P) -> bool {
+        self.registered.iter().any(|r| std::ptr::eq(&*r.record, entry.IbMr))
     }
 
-    /// `mscclppRegisteredBufferWrite` to one IB entry: waits for the application's `stream` (so the source
-    /// is ready), then writes `[src + src_offset, +size)` to the peer's registered buffer at `dst_offset`
-    /// and waits until the write has completed.
-    pub fn registered_write(
-        &mut self,
-        ib_mr: *const mscclppIbMr,
-        src: DevicePtr,
-        size: u64,
-        src_offset: u64,
-        dst_offset: u64,
-        stream: usize,
-    ) -> Result<()> {
-        let info = crate::gpu::pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
-        let stream = stream as cudarc::driver::sys::CUstream;
-        // SAFETY: a stream handle of the application (0 for the default stream) in our current context.
-        crate::gpu::check(unsafe { cudarc::driver::sys::cuStreamSynchronize(stream) }, || {
-            "waiting for the stream of mscclppRegisteredBufferWrite".into()
-        })?;
-        self.write_registered(
-            ib_mr,
-            src + src_offset,
-            size,
-            dst_offset,
+    /// Waits for the application's stream (so that the source is ready), then RDMA-writes the range into
+    /// the peer's registered buffer and waits until the write has completed.
+    fn registered_write(&mut self, entry: &mscclppRegisteredMemoryP2P, w: &RegisteredWrite) -> Result<()> {
+        let info = crate::gpu::pointer_info(w.src + w.src_offset, w.size, "srcBuff + srcOffset")?;
+        w.stream.synchronize()?;
+        self.rdma_write_and_wait(
+            entry.IbMr,
+            w.src + w.src_offset,
+            w.size,
+            w.dst_offset,
             (info.base, info.alloc_size as u64),
         )
     }
 
-    /// The transport part of `registered_write`: `source` is the range to register if no region covers
-    /// `[src, +size)` yet (the source's whole allocation, so later writes from it reuse the region).
-    pub fn write_registered(
-        &mut self,
-        ib_mr: *const mscclppIbMr,
-        src: u64,
-        size: u64,
-        dst_offset: u64,
-        source: (u64, u64),
-    ) -> Result<()> {
-        let r = self
-            .registered
-            .iter()
-            .find(|r| std::ptr::eq(&*r.record, ib_mr))
-            .ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "regMem entry with IbMr {ib_mr:p} was not made by mscclppRegisterBuffer on this communicator"
-                ))
-            })?;
-        let (conn, remote) = (r.conn, r.remote);
-        if dst_offset.checked_add(size).is_none_or(|end| end > remote.size) {
-            return Err(Error::invalid_argument(format!(
-                "dstOffset {dst_offset} + size {size} is past the end of the peer's registered buffer ({} bytes)",
-                remote.size
-            )));
-        }
-        let d = self.endpoint(conn)?.device;
-        let (lkey, _, _) = self.region_for(d, src, size, source)?;
-        let queue = self.endpoint(conn)?.queue.clone();
-        let seq = queue.write(src, lkey, size, remote.addr + dst_offset, remote.key)?;
-        queue.wait_for(seq)
-    }
-
-    /// Releases everything: stops the proxies, then destroys queue pairs and deregisters memory (before
-    /// the memory itself is freed).
-    pub fn clear(&mut self) -> Result<()> {
-        let r = self.stop();
+    /// Stops the proxies, then destroys queue pairs and deregisters memory (before the memory itself is
+    /// freed).
+    fn clear(&mut self) -> Result<()> {
+        let stopped = self.stop_proxy();
         self.registered.clear();
         self.endpoints.clear();
         self.devices.clear();
-        r
+        stopped
     }
 }

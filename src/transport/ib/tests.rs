@@ -8,7 +8,6 @@ use crate::proxy::fifo::{FIFO_SIZE, TriggerRing};
 use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG, TYPE_SYNC};
 use crate::proxy::{ProxyShared, ProxyThread, TailPolicy, TailPublisher, Trigger, TriggerHandler, serve_one};
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Zeroed, 16-byte-aligned host memory, touched only through raw pointers (the fabric writes into it).
 struct HostMem {
@@ -57,7 +56,7 @@ impl Drop for HostMem {
 
 /// One rank's memory: its connection buffer and epoch counters (`device` at +0, `proxy` at +8).
 struct Rank {
-    ib: IbState,
+    ib: IbTransport,
     buff: HostMem,
     epochs: HostMem,
 }
@@ -68,9 +67,9 @@ fn config() -> IbConfig {
     IbConfig::default()
 }
 
-/// Flag counts for a few connection ids, all zero (a communicator's `flags_sent`).
-fn counts() -> Arc<Vec<AtomicU64>> {
-    Arc::new((0..4).map(|_| AtomicU64::new(0)).collect())
+/// Flag counts for a few connection ids, all zero (a communicator's `FlagsCarried`).
+fn counts() -> FlagsCarried {
+    FlagsCarried::from_counts([0; 4])
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -87,21 +86,22 @@ fn pair(fabric: &SimFabric, cfg: IbConfig) -> (Rank, Rank) {
 fn pair_with_timeout(fabric: &SimFabric, cfg: IbConfig, stall: Duration) -> (Rank, Rank) {
     let mk = |rank: usize| {
         let r = Rank {
-            ib: IbState::with_library(Arc::new(fabric.clone()), cfg.clone(), stall),
+            ib: IbTransport::with_library(Arc::new(fabric.clone()), cfg.clone(), stall),
             buff: HostMem::new(BUFF),
             epochs: HostMem::new(32),
         };
         let mut r = r;
         let (dev, peer) = if rank == 0 { ("mlx5_0", 1) } else { ("mlx5_1", 0) };
-        r.ib.connect(rank, 0, dev, peer, 7, r.buff.addr(), BUFF as u64, r.epochs.addr())
+        r.ib.open_endpoint(rank, 0, dev, peer, 7, r.buff.addr(), BUFF as u64, r.epochs.addr())
             .unwrap();
         r
     };
     let (mut a, mut b) = (mk(0), mk(1));
     let (ma, mb) = (a.ib.setup_message(0).unwrap(), b.ib.setup_message(0).unwrap());
-    let (remote_buff, remote_size, remote_epochs) = a.ib.complete_setup(0, &mb).unwrap();
+    a.ib.complete_setup(0, &mb).unwrap();
+    let (remote_buff, remote_epochs) = a.ib.endpoints[0].as_ref().unwrap().remote.unwrap();
     assert_eq!(
-        (remote_buff, remote_size, remote_epochs),
+        (remote_buff.addr, remote_buff.size, remote_epochs.addr),
         (b.buff.addr(), BUFF as u64, b.epochs.addr())
     );
     b.ib.complete_setup(0, &ma).unwrap();
@@ -201,8 +201,7 @@ fn flag_trigger_writes_the_count_of_flags_into_the_peers_proxy_word() {
     let (a, b) = pair(&fabric, config());
     a.epochs.set_u64(0, 5);
     b.epochs.set_u64(0, 99);
-    let sent = counts();
-    sent[0].store(6, Ordering::Relaxed); // flags of an earlier launch
+    let sent = FlagsCarried::from_counts([6, 0, 0, 0]); // flags of an earlier launch
     let mut h = a.ib.handler(0, sent.clone());
     h.handle(&trig(TYPE_FLAG, 1, 0, 0)).unwrap();
     h.sync().unwrap();
@@ -211,7 +210,7 @@ fn flag_trigger_writes_the_count_of_flags_into_the_peers_proxy_word() {
         7,
         "peer's proxy word = flags carried out on the connection"
     );
-    assert_eq!(sent[0].load(Ordering::Relaxed), 7);
+    assert_eq!(sent.count(0), 7);
     assert_eq!(b.epochs.u64_at(0), 99, "peer's device word untouched");
     let log = fabric.log();
     assert_eq!(log.len(), 1);
@@ -517,9 +516,9 @@ fn a_stalled_peer_fails_the_sync_instead_of_hanging() {
 fn unreachable_peer_at_connect_is_a_clear_error() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
     let mk = |rank: usize, dev: &str| {
-        let mut ib = IbState::with_library(Arc::new(fabric.clone()), config(), Duration::from_secs(1));
+        let mut ib = IbTransport::with_library(Arc::new(fabric.clone()), config(), Duration::from_secs(1));
         let (buff, epochs) = (HostMem::new(64), HostMem::new(32));
-        ib.connect(rank, 0, dev, 1 - rank, 3, buff.addr(), 64, epochs.addr())
+        ib.open_endpoint(rank, 0, dev, 1 - rank, 3, buff.addr(), 64, epochs.addr())
             .unwrap();
         (ib, buff, epochs)
     };
@@ -552,7 +551,7 @@ fn unreachable_peer_at_connect_is_a_clear_error() {
 #[test]
 fn missing_device_and_inactive_port_are_clear_errors() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
-    let mut ib = IbState::with_library(Arc::new(fabric.clone()), config(), Duration::from_secs(1));
+    let mut ib = IbTransport::with_library(Arc::new(fabric.clone()), config(), Duration::from_secs(1));
     let e = ib.open_device("mlx5_9").unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     assert!(
@@ -566,7 +565,7 @@ fn missing_device_and_inactive_port_are_clear_errors() {
     });
     let e = ib.open_device("mlx5_0").unwrap_err();
     assert!(e.message.contains("not active"), "{}", e.message);
-    let mut ib = IbState::with_library(
+    let mut ib = IbTransport::with_library(
         Arc::new(fabric.clone()),
         IbConfig { port: 2, ..config() },
         Duration::from_secs(1),
@@ -585,7 +584,7 @@ fn registered_buffer_write_honours_both_offsets() {
     let ea = a.ib.register_remote(0, reg_a.addr(), 256, &mb).unwrap();
     let _eb = b.ib.register_remote(0, reg_b.addr(), 256, &ma).unwrap();
     assert!(ea.remoteBuff.is_null());
-    assert!(a.ib.owns(ea.IbMr));
+    assert!(a.ib.owns_registered(&ea));
     // SAFETY: an entry this state made and still owns.
     let rec = unsafe { *ea.IbMr };
     assert_eq!((rec.buff as u64, rec.info.addr), (reg_a.addr(), reg_b.addr()));
@@ -594,7 +593,7 @@ fn registered_buffer_write_honours_both_offsets() {
     let src = HostMem::new(128);
     src.write(0, &pattern(128, 11));
     let regions = fabric.region_count();
-    a.ib.write_registered(ea.IbMr, src.addr() + 30, 50, 20, (src.addr(), src.len()))
+    a.ib.rdma_write_and_wait(ea.IbMr, src.addr() + 30, 50, 20, (src.addr(), src.len()))
         .unwrap();
     assert_eq!(reg_b.read(20, 50), src.read(30, 50), "srcOffset 30 -> dstOffset 20");
     assert!(reg_b.read(0, 20).iter().all(|&x| x == 0) && reg_b.read(70, 186).iter().all(|&x| x == 0));
@@ -603,19 +602,19 @@ fn registered_buffer_write_honours_both_offsets() {
         regions + 1,
         "the source allocation was registered once"
     );
-    a.ib.write_registered(ea.IbMr, src.addr() + 100, 28, 228, (src.addr(), src.len()))
+    a.ib.rdma_write_and_wait(ea.IbMr, src.addr() + 100, 28, 228, (src.addr(), src.len()))
         .unwrap();
     assert_eq!(reg_b.read(228, 28), src.read(100, 28));
     assert_eq!(fabric.region_count(), regions + 1, "and reused");
 
     let e =
-        a.ib.write_registered(ea.IbMr, src.addr(), 50, 220, (src.addr(), src.len()))
+        a.ib.rdma_write_and_wait(ea.IbMr, src.addr(), 50, 220, (src.addr(), src.len()))
             .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
     assert!(e.message.contains("dstOffset 220"), "{}", e.message);
     let foreign = rec;
     let e =
-        a.ib.write_registered(&foreign, src.addr(), 8, 0, (src.addr(), src.len()))
+        a.ib.rdma_write_and_wait(&foreign, src.addr(), 8, 0, (src.addr(), src.len()))
             .unwrap_err();
     assert!(
         e.message.contains("was not made by mscclppRegisterBuffer"),
@@ -768,8 +767,8 @@ fn real_backend_with_a_missing_library_is_a_clear_error() {
         "{}",
         e.message
     );
-    // The same through the communicator's IB state, as mscclppConnect meets it.
-    let mut ib = IbState {
+    // The same through the communicator's IB transport, as mscclppConnect meets it.
+    let mut ib = IbTransport {
         config: Some(IbConfig {
             ibv_so: path.into(),
             ..config()
@@ -787,7 +786,7 @@ fn real_backend_with_a_missing_library_is_a_clear_error() {
 #[test]
 fn real_backend_on_a_machine_without_the_device_says_what_it_found() {
     // Whether or not libibverbs is installed here, naming a device that is not there is a clear error.
-    let mut ib = IbState {
+    let mut ib = IbTransport {
         config: Some(config()),
         ..Default::default()
     };

@@ -13,21 +13,21 @@
 use crate::error::Result;
 use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, Stream};
 
-pub struct FlagCounts {
+pub struct FlagCountTable {
     table: DeviceAllocation,
     generation: u64,
 }
 
-impl FlagCounts {
+impl FlagCountTable {
     const INDEX_BITS: u32 = 8;
     const ENTRIES: usize = 1 << Self::INDEX_BITS;
 
     /// A table ready for the flag after `flags_so_far`.
-    pub fn new(ctx: &GpuContext, flags_so_far: u64) -> Result<FlagCounts> {
+    pub fn new(ctx: &GpuContext, flags_so_far: u64) -> Result<FlagCountTable> {
         let table = DeviceAllocation::zeroed(ctx, Self::ENTRIES * 8)?;
         let generation = (flags_so_far + 1) >> Self::INDEX_BITS;
         table.write_words(0, &Self::entries(generation))?;
-        Ok(FlagCounts { table, generation })
+        Ok(FlagCountTable { table, generation })
     }
 
     /// The table's contents for one generation.
@@ -52,7 +52,7 @@ impl FlagCounts {
         let generation = count >> Self::INDEX_BITS;
         if generation != self.generation {
             for (byte, value) in Self::changed_bytes(self.generation, generation) {
-                stream.fill_u8_strided(self.table.ptr() + byte as u64, 8, value, Self::ENTRIES)?;
+                stream.fill_u8_strided(&self.table, byte as u64, 8, value, Self::ENTRIES)?;
             }
             self.generation = generation;
         }
@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn an_entry_holds_its_index_and_generation() {
-        let e = FlagCounts::entries(3);
+        let e = FlagCountTable::entries(3);
         assert_eq!(e.len(), 256);
         assert_eq!(e[0], 3 << 8);
         assert_eq!(e[0xFF], (3 << 8) | 0xFF);
@@ -83,8 +83,8 @@ mod tests {
             (0x12_3456, 0xAB_CDEF_0123),
         ];
         for (old, new) in steps {
-            let mut table = FlagCounts::entries(old);
-            let changed: Vec<_> = FlagCounts::changed_bytes(old, new).collect();
+            let mut table = FlagCountTable::entries(old);
+            let changed: Vec<_> = FlagCountTable::changed_bytes(old, new).collect();
             for entry in table.iter_mut() {
                 let mut bytes = entry.to_le_bytes();
                 for &(b, v) in &changed {
@@ -92,13 +92,13 @@ mod tests {
                 }
                 *entry = u64::from_le_bytes(bytes);
             }
-            assert_eq!(table, FlagCounts::entries(new), "generation {old:#x} -> {new:#x}");
+            assert_eq!(table, FlagCountTable::entries(new), "generation {old:#x} -> {new:#x}");
         }
         assert_eq!(
-            FlagCounts::changed_bytes(1, 2).count(),
+            FlagCountTable::changed_bytes(1, 2).count(),
             1,
             "one memset in the usual case"
         );
-        assert_eq!(FlagCounts::changed_bytes(0xFF, 0x100).count(), 2);
+        assert_eq!(FlagCountTable::changed_bytes(0xFF, 0x100).count(), 2);
     }
 }

@@ -1,9 +1,7 @@
-//! The P2P transport: kernels' triggers carried out by the copy engine, between GPUs of one machine.
-//!
-//! Data is a copy from our buffer into the peer's (mapped with CUDA IPC); Flag is an 8-byte copy of the
-//! number of flags carried out on the connection (`flag_counts`; the legacy proxy copied our `device`
-//! epoch, which may run ahead of the data) into the peer's `proxy` epoch on the same stream, so it lands
-//! after the data of the triggers before it; Sync waits for the stream to drain.
+//! The P2P proxy's trigger handler: Data is a copy from our buffer into the peer's (mapped with CUDA IPC);
+//! Flag is an 8-byte copy of the number of flags carried out on the connection (`flag_counts`; the legacy
+//! proxy copied our `device` epoch, which may run ahead of the data) into the peer's `proxy` epoch on the
+//! same stream, so it lands after the data of the triggers before it; Sync waits for the stream to drain.
 //!
 //! A flag raised while none of our data is in flight is first stored, by the CPU, into the peer's fast
 //! flag (host memory shared with the peer, read by the header's `wait()`): it arrives microseconds
@@ -11,11 +9,11 @@
 //! any GPU write into host memory after a copy (a stream write, a copy from host memory, or the wait
 //! for the stream to drain) was measured slower than the copy engine's flag into device memory.
 
-use super::flag_counts::FlagCounts;
+use super::flag_counts::FlagCountTable;
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, Event, GpuContext, Stream};
+use crate::gpu::{DevicePtr, GpuContext, Stream};
 use crate::proxy::{Trigger, TriggerHandler};
-use std::sync::Arc;
+use crate::transport::FlagsCarried;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -30,7 +28,7 @@ pub struct P2pRoute {
     pub local_epochs: DevicePtr,
     /// The peer's `mscclppDevConnSignalEpochId` (its `proxy` word is at +8).
     pub remote_epochs: DevicePtr,
-    /// The peer's fast flag, as our CPU reaches it (the communicator keeps it mapped).
+    /// The peer's fast flag, as our CPU reaches it (the transport keeps it mapped).
     pub fast_flag: Option<usize>,
 }
 
@@ -44,34 +42,26 @@ pub fn route_of<'a>(routes: &'a [Option<P2pRoute>], t: &Trigger) -> Result<&'a P
     })
 }
 
-/// How the proxy raises a peer's flag in its epoch struct.
+/// How the proxy raises a peer's flag in its epoch struct (`MSCCLPP_P2P_FLAG`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlagMode {
     /// Copy the number of flags this connection has carried out with the copy engine, from a table
-    /// (`flag_counts`): exactly the signals whose data is ordered before it.
+    /// (`flag_counts`): exactly the signals whose data is ordered before it (`copy`).
     CopyCount,
-    /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (the legacy way). The
-    /// value may count signals whose data is queued behind the flag (`flag_counts` says how that bites).
+    /// Copy our `device` epoch into the peer's `proxy` epoch with the copy engine (`epoch`, the legacy
+    /// way). The value may count signals whose data is queued behind the flag (`flag_counts` says how
+    /// that bites).
     CopyEpoch,
-    /// Write the number of flags this connection has carried out with a stream memory operation: no copy
-    /// engine, and exactly the signals whose data is ordered before it.
-    WriteCount,
 }
 
 /// Tuning of the P2P proxy, from the environment:
 /// - `MSCCLPP_P2P_FAST_FLAGS=1|0` (default 1): give P2P connections fast flags (see the module)
-/// - `MSCCLPP_P2P_FLAG=copy|epoch|write` (default `copy`, the exact count by the copy engine; `epoch`,
-///   the legacy copy of the `device` epoch; `write`, the exact count by a stream memory write, slower
-///   after data)
-/// - `MSCCLPP_P2P_STREAMS=N` copy streams, 1 to 8 (default 1)
-/// - `MSCCLPP_P2P_SPLIT_BYTES=B`: a Data trigger of at least B bytes is split across the streams
-///   (default 16 MiB)
+/// - `MSCCLPP_P2P_FLAG=copy|epoch` (default `copy`, the exact count by the copy engine; `epoch`, the
+///   legacy copy of the `device` epoch)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pOptions {
     pub fast_flags: bool,
     pub flag: FlagMode,
-    pub streams: usize,
-    pub split_bytes: u64,
 }
 
 impl Default for P2pOptions {
@@ -79,8 +69,6 @@ impl Default for P2pOptions {
         P2pOptions {
             fast_flags: true,
             flag: FlagMode::CopyCount,
-            streams: 1,
-            split_bytes: 16 << 20,
         }
     }
 }
@@ -92,33 +80,16 @@ impl P2pOptions {
 
     /// Reads the options; bad values warn and keep the defaults (`settings`).
     pub fn parse(env: &crate::settings::Source) -> P2pOptions {
-        use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG, P2P_SPLIT_BYTES, P2P_STREAMS};
+        use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG};
         let d = P2pOptions::default();
         P2pOptions {
             fast_flags: env.flag(&P2P_FAST_FLAGS).unwrap_or(d.fast_flags),
             flag: match env.choice(&P2P_FLAG).unwrap_or("copy") {
                 "epoch" => FlagMode::CopyEpoch,
-                "write" => FlagMode::WriteCount,
                 _ => FlagMode::CopyCount,
             },
-            streams: env.int(&P2P_STREAMS).unwrap_or(d.streams),
-            split_bytes: env.int(&P2P_SPLIT_BYTES).unwrap_or(d.split_bytes),
         }
     }
-}
-
-/// Splits `size` bytes into at most `parts` chunks of whole 64 KiB units: `(offset, len)` pairs.
-pub fn split_chunks(size: u64, parts: usize) -> Vec<(u64, u64)> {
-    const UNIT: u64 = 64 << 10;
-    let per = size.div_ceil(parts as u64).div_ceil(UNIT) * UNIT;
-    let mut out = Vec::with_capacity(parts);
-    let mut off = 0;
-    while off < size {
-        let len = per.min(size - off);
-        out.push((off, len));
-        off += len;
-    }
-    out
 }
 
 /// How long after queuing data the proxy first asks whether it has landed.
@@ -127,20 +98,16 @@ const QUERY_AFTER: Duration = Duration::from_micros(20);
 pub struct P2pHandler {
     routes: Vec<Option<P2pRoute>>,
     /// Per connection (`FlagMode::CopyCount`): where the copy engine finds each flag's value.
-    counts: Vec<Option<FlagCounts>>,
+    counts: Vec<Option<FlagCountTable>>,
     options: P2pOptions,
-    /// Copy streams; flags and small copies go on the first.
-    streams: Vec<Stream>,
-    /// One event per extra stream, to order the first stream after it.
-    events: Vec<Event>,
-    /// Extra streams holding data the next flag must wait for.
-    dirty: Vec<bool>,
-    /// Data was queued since the streams were last seen idle: a fast flag now could overtake it.
+    /// The copy stream: data and flags, in trigger order.
+    stream: Stream,
+    /// Data was queued since the stream was last seen idle: a fast flag now could overtake it.
     data_in_flight: bool,
     /// When the last data was queued.
     data_queued_at: Instant,
     /// Flags carried out per connection; kept by the communicator across launches.
-    flags_sent: Arc<Vec<AtomicU64>>,
+    flags: FlagsCarried,
     /// Flags to peers with a fast flag: (stored at once, left to the copy engine); kept only when they
     /// will be reported.
     stats: Option<(u64, u64)>,
@@ -150,76 +117,56 @@ impl P2pHandler {
     pub fn new(
         ctx: &GpuContext,
         routes: Vec<Option<P2pRoute>>,
-        mut options: P2pOptions,
-        flags_sent: Arc<Vec<AtomicU64>>,
+        options: P2pOptions,
+        flags: FlagsCarried,
     ) -> Result<P2pHandler> {
-        if options.flag == FlagMode::WriteCount && !ctx.can_write_u64_from_streams()? {
-            log::info!(
-                "GPU {} has no 64-bit stream memory operations; flags are copied instead",
-                ctx.device
-            );
-            options.flag = FlagMode::CopyCount;
-        }
         let counts = routes
             .iter()
             .enumerate()
             .map(|(conn_id, route)| match (route, options.flag) {
-                (Some(_), FlagMode::CopyCount) => {
-                    FlagCounts::new(ctx, flags_sent[conn_id].load(Ordering::Relaxed)).map(Some)
-                }
+                (Some(_), FlagMode::CopyCount) => FlagCountTable::new(ctx, flags.count(conn_id)).map(Some),
                 _ => Ok(None),
             })
-            .collect::<Result<Vec<_>>>()?;
-        let streams = (0..options.streams)
-            .map(|_| Stream::new(ctx))
-            .collect::<Result<Vec<_>>>()?;
-        let events = (0..options.streams)
-            .map(|_| Event::new(ctx))
             .collect::<Result<Vec<_>>>()?;
         Ok(P2pHandler {
             routes,
             counts,
             options,
-            dirty: vec![false; streams.len()],
-            streams,
-            events,
+            stream: Stream::new(ctx)?,
             data_in_flight: false,
             data_queued_at: Instant::now(),
-            flags_sent,
+            flags,
             stats: log::log_enabled!(log::Level::Info).then_some((0, 0)),
         })
     }
 
-    fn copy_data(&mut self, dst: DevicePtr, src: DevicePtr, size: u64) -> Result<()> {
+    /// Queues the data of a trigger whose ranges `handle` checked against the route's buffers.
+    fn copy_data(&mut self, route: &P2pRoute, t: &Trigger) -> Result<()> {
         self.data_in_flight = true;
         self.data_queued_at = Instant::now();
-        if self.streams.len() == 1 || size < self.options.split_bytes {
-            return self.streams[0].copy(dst, src, size as usize);
-        }
-        for (i, (off, len)) in split_chunks(size, self.streams.len()).into_iter().enumerate() {
-            self.streams[i].copy(dst + off, src + off, len as usize)?;
-            self.dirty[i] = i > 0;
-        }
-        Ok(())
+        let (dst, src) = (
+            route.remote_buff + t.dst_offset as u64,
+            route.local_buff + t.src_offset as u64,
+        );
+        // SAFETY: both ranges lie inside the connection's buffers (`Trigger::check_ranges`, called by
+        // `handle` before this); our buffer is the application's, kept while the proxy runs, and the
+        // peer's is mapped by the transport until it is cleared, after the proxy has stopped.
+        unsafe { self.stream.copy(dst, src, t.data_size as usize) }
     }
 
-    /// Whether all data queued so far has landed. The streams are asked only once the data has had
+    /// Whether all data queued so far has landed. The stream is asked only once the data has had
     /// `QUERY_AFTER` to land: a stream was measured to report a 1 KiB copy done ~14 us after it was
     /// queued (in a loop whose stream carried a backlog), and asking sooner only costs (a proxy that
     /// queried on every flag made the 1 MiB bidirectional benchmark slower).
     fn data_landed(&mut self) -> Result<bool> {
         if self.data_in_flight && self.data_queued_at.elapsed() >= QUERY_AFTER {
-            let mut idle = true;
-            for s in &self.streams {
-                idle = idle && s.is_idle()?;
-            }
-            self.data_in_flight = !idle;
+            self.data_in_flight = !self.stream.is_idle()?;
         }
         Ok(!self.data_in_flight)
     }
 
     fn raise_flag(&mut self, route: &P2pRoute, conn_id: usize) -> Result<()> {
-        let count = super::count_flag(&self.flags_sent, conn_id)?;
+        let count = self.flags.carry_one(conn_id)?;
         if let Some(fast) = route.fast_flag {
             let landed = self.data_landed()?;
             if landed {
@@ -229,13 +176,7 @@ impl P2pHandler {
                 *if landed { stored } else { left } += 1;
             }
         }
-        // The flag goes on the first stream, after the data of every stream.
-        for i in 1..self.streams.len() {
-            if self.dirty[i] {
-                self.streams[0].wait_for(&self.streams[i], &self.events[i])?;
-                self.dirty[i] = false;
-            }
-        }
+        // The flag goes on the copy stream, after the data of the triggers before it.
         let word = route.remote_epochs + 8;
         match self.options.flag {
             FlagMode::CopyCount => {
@@ -244,11 +185,15 @@ impl P2pHandler {
                     .get_mut(conn_id)
                     .and_then(Option::as_mut)
                     .ok_or_else(|| Error::internal(format!("connection {conn_id} has no flag count table")))?;
-                let src = counts.source(&self.streams[0], count)?;
-                self.streams[0].copy(word, src, 8)
+                let src = counts.source(&self.stream, count)?;
+                // SAFETY: `src` is a word of the flag count table, which lives as long as this handler
+                // and its stream; `word` is the peer's `proxy` word, in its epoch block, mapped until the
+                // transport is cleared (after the proxy has stopped), and written only by this proxy.
+                unsafe { self.stream.copy(word, src, 8) }
             }
-            FlagMode::CopyEpoch => self.streams[0].copy(word, route.local_epochs, 8),
-            FlagMode::WriteCount => self.streams[0].write_u64(word, count),
+            // SAFETY: our epoch block lives until the connection goes, after the proxy has stopped; the
+            // peer's word as above.
+            FlagMode::CopyEpoch => unsafe { self.stream.copy(word, route.local_epochs, 8) },
         }
     }
 }
@@ -277,11 +222,7 @@ impl TriggerHandler for P2pHandler {
         let route = *route_of(&self.routes, t)?;
         if t.has_data() {
             match t.check_ranges(route.local_size, route.remote_size) {
-                Ok(()) => self.copy_data(
-                    route.remote_buff + t.dst_offset as u64,
-                    route.local_buff + t.src_offset as u64,
-                    t.data_size as u64,
-                )?,
+                Ok(()) => self.copy_data(&route, t)?,
                 Err(e) if t.has_flag() => {
                     // Drop the data but still raise the flag: the device counted this signal, and a
                     // missing flag would leave the peer waiting forever.
@@ -299,12 +240,17 @@ impl TriggerHandler for P2pHandler {
     }
 
     fn sync(&mut self) -> Result<()> {
-        for s in &self.streams {
-            s.spin_until_idle()?;
-        }
-        self.dirty.iter_mut().for_each(|d| *d = false);
+        self.stream.spin_until_idle()?;
         self.data_in_flight = false;
         Ok(())
+    }
+
+    /// Raises the epochs our kernels wait on (the peer will not raise them any more).
+    fn abort(&mut self) -> Result<()> {
+        let blocks = self.routes.iter().flatten().map(|r| r.local_epochs);
+        // SAFETY: `local_epochs` are our connections' epoch blocks, which the communicator frees only after
+        // this proxy is stopped (and the stream idle).
+        unsafe { crate::transport::release_waits(&self.stream, blocks) }
     }
 }
 
@@ -387,27 +333,22 @@ mod tests {
         };
         let env = |pairs| crate::settings::Source::from_fn(env(pairs));
         assert_eq!(P2pOptions::parse(&env(&[])), P2pOptions::default());
-        let o = P2pOptions::parse(&env(&[
-            ("MSCCLPP_P2P_FAST_FLAGS", "0"),
-            ("MSCCLPP_P2P_FLAG", "write"),
-            ("MSCCLPP_P2P_STREAMS", "4"),
-            ("MSCCLPP_P2P_SPLIT_BYTES", "1048576"),
-        ]));
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FAST_FLAGS", "0"), ("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(
             o,
             P2pOptions {
                 fast_flags: false,
-                flag: FlagMode::WriteCount,
-                streams: 4,
-                split_bytes: 1 << 20
+                flag: FlagMode::CopyEpoch,
             }
         );
-        let o = P2pOptions::parse(&env(&[
-            ("MSCCLPP_P2P_FLAG", "x"),
-            ("MSCCLPP_P2P_STREAMS", "0"),
-            ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
-        ]));
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "x"), ("MSCCLPP_P2P_FAST_FLAGS", "yes")]));
         assert_eq!(o, P2pOptions::default(), "bad values keep the defaults");
+        let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "write")]));
+        assert_eq!(
+            o.flag,
+            FlagMode::CopyCount,
+            "the removed stream-write flag is a bad value now"
+        );
         assert_eq!(P2pOptions::default().flag, FlagMode::CopyCount);
         let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(o.flag, FlagMode::CopyEpoch);
@@ -418,15 +359,5 @@ mod tests {
         let mut word = 0u64;
         store_flag(&mut word as *mut u64 as usize, 7);
         assert_eq!(word, 7);
-    }
-
-    #[test]
-    fn chunks_cover_the_range_in_64k_units() {
-        assert_eq!(split_chunks(1 << 20, 2), vec![(0, 1 << 19), (1 << 19, 1 << 19)]);
-        let c = split_chunks((1 << 20) + 5, 4);
-        assert_eq!(c.iter().map(|(_, l)| l).sum::<u64>(), (1 << 20) + 5);
-        assert!(c.iter().all(|(o, _)| o % (64 << 10) == 0));
-        assert!(c.len() <= 4);
-        assert_eq!(split_chunks(100, 3), vec![(0, 100)]);
     }
 }
