@@ -17,7 +17,7 @@
 //          stop_pingpong (SIGSTOP of the last rank; MSCCLPP_PEER_TIMEOUT=4), abort (rank 0's host calls
 //          mscclppCommAbort while every kernel waits), stuck_wait (every rank waits for a signal nobody
 //          sends; MSCCLPP_WAIT_TIMEOUT=2: only kernels built on this library's header report it)
-#include "test_common.h"
+#include "case_runner.h"
 
 #ifndef MSCCLPP_HAS_ABORT
 // Built on the 0.1.0 header, which has neither: a legacy program that adopts failure handling on the
