@@ -61,6 +61,15 @@ run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
 run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
 run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
 run_program same_process 120 "$bin_dir/same_process_test"
+# A rank killed, stopped or aborted, and a stuck wait: built on this header, and on the 0.1.0 header.
+run_program rank_failure_2 300 "$bin_dir/rank_failure" all 2
+run_program rank_failure_4 300 "$bin_dir/rank_failure" all 4
+if [ -x "$bin_dir/legacy/rank_failure" ]; then
+  run_program legacy_rank_failure_2 300 "$bin_dir/legacy/rank_failure" all 2
+  run_program legacy_rank_failure_4 300 "$bin_dir/legacy/rank_failure" all 4
+else
+  echo "SKIP legacy_rank_failure (not built: the 0.1.0 header was not found at build time)"
+fi
 # Eight ranks (see want_8_ranks in scripts/gpu-env.sh).
 if want_8_ranks; then
   run_program p2p_methods_8 300 "$bin_dir/p2p_methods" 8
@@ -100,6 +109,29 @@ if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
   echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
 else
   echo "note: compute-sanitizer not found; leak check not run (not counted)"
+fi
+
+# Teardown after a rank was killed, under the leak check: the survivor frees everything it made.
+if [ -n "$sanitizer" ] && [ -x "$bin_dir/rank_failure" ]; then
+  label=sanitizer_rank_failure
+  log="$log_dir/$label.log"
+  echo "== $label: $sanitizer --leak-check full ... rank_failure kill_pingpong 2 (limit 150s, log $log)"
+  t0=$(date +%s)
+  timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full --target-processes all --report-api-errors no \
+    "$bin_dir/rank_failure" kill_pingpong 2 >"$log" 2>&1
+  rc=$?
+  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+  if [ "$rc" -eq 0 ] && grep -q '^PASS ' "$log" && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ]; then
+    echo "PASS $label: the survivor of a SIGKILL tore down under memcheck: $summaries process report(s), no errors, no leaks"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $label: exit code $rc, $summaries process reports; ${bad_summaries}${leaks}"
+    failed=$((failed + 1))
+    tail -n 40 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
 fi
 
 echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"

@@ -30,7 +30,9 @@ legacy-abi:
 	@echo "legacy-abi: skipped (legacy header $(LEGACY_HEADER) not found)"
 else
 LEGACY_BENCHES := build/bench/legacy/pingpong build/bench/legacy/bidir_put
-legacy-abi: $(LEGACY_ABI_BIN) $(LEGACY_BENCHES)
+# GPU tests whose source also builds on the 0.1.0 header: the same test with the legacy device code.
+LEGACY_GPU_TESTS := build/tests/gpu/legacy/rank_failure
+legacy-abi: $(LEGACY_ABI_BIN) $(LEGACY_BENCHES) $(LEGACY_GPU_TESTS)
 
 $(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
 	@mkdir -p $(@D)
@@ -49,4 +51,9 @@ build/bench/legacy/%: examples-c/bench/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGA
 	@mkdir -p $(@D)
 	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $< -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
+build/tests/gpu/legacy/%: c-tests/gpu/%.cu examples-c/common/case_runner.h examples-c/common/example_common.h $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
+                          | $(LEGACY_ABI_ORDER)
+	@mkdir -p $(@D)
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I examples-c/common $< -o $@ \
+	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../../lib'
 endif

@@ -1,0 +1,367 @@
+// A rank that dies or goes silent, on GPUs: every other rank's kernel ends and its host learns which rank
+// failed, instead of spinning forever.
+//
+// Ranks form a ring: each puts into the next rank's buffer and waits for the previous one, in one long
+// kernel, until its host says stop. The parent process forks the ranks and, two seconds after all are
+// running, hurts one (the "victim"). Each survivor polls mscclppCommGetAsyncError, and once it reports an
+// error, asks its kernel to stop, waits for it, stops the proxy and destroys the communicator. Checked per
+// survivor: the error is mscclppRemoteError, the library's log names the victim, it came within 10 s of
+// the kill (MSCCLPP_PEER_TIMEOUT + 10 s for SIGSTOP), the kernel ended, and teardown took seconds.
+//
+// The same source is also built against the 0.1.0 header (build/tests/gpu/legacy/rank_failure): its
+// kernels carry the legacy device code, which the library must release from outside.
+//
+//   rank_failure <case> [nranks]
+//   cases: kill_pingpong, kill_stream, kill_flush (SIGKILL of the last rank while it ping-pongs, streams
+//          4 MiB putWithSignals, or flushes them), kill_rank0 (SIGKILL of rank 0, which hosts the root),
+//          stop_pingpong (SIGSTOP of the last rank; MSCCLPP_PEER_TIMEOUT=4), abort (rank 0's host calls
+//          mscclppCommAbort while every kernel waits), stuck_wait (every rank waits for a signal nobody
+//          sends; MSCCLPP_WAIT_TIMEOUT=2: only kernels built on this library's header report it)
+#include "case_runner.h"
+
+#ifndef MSCCLPP_HAS_ABORT
+// Built on the 0.1.0 header, which has neither: a legacy program that adopts failure handling on the
+// host declares them itself (its kernels stay as they were).
+extern "C" mscclppResult_t mscclppCommAbort(mscclppComm_t comm);
+extern "C" mscclppResult_t mscclppCommGetAsyncError(mscclppComm_t comm, mscclppResult_t* asyncError);
+#define RF_BUILD "legacy header"
+#else
+#define RF_BUILD "this header"
+#endif
+
+using namespace tc;
+
+namespace {
+
+enum Mode { kPingPong, kStream, kFlush, kWaitOnly };
+
+constexpr uint64_t kBytes = 4ull << 20;
+constexpr int kBurst = 8;
+
+struct Result
+{
+  int finished;
+  int asyncError;
+  double tError;     // when mscclppCommGetAsyncError first reported an error
+  double tKernelEnd; // when the kernel was seen finished
+  double stopS, destroyS;
+  int stopRc, destroyRc;
+  int kernelEnded;
+  int logNamesRank; // the library logged a line naming the failed rank
+  int logNamesWait; // the library logged the stuck wait (stuck_wait)
+  int deviceSawAbort;
+  unsigned long long iterations;
+  char note[300];
+};
+
+struct Shared
+{
+  volatile int ready[kMaxRanks];
+  volatile double tHurt; // when the parent hurt the victim (or rank 0 aborted), CLOCK_MONOTONIC
+  Result res[kMaxRanks];
+};
+
+__global__ void ringKernel(mscclppDevConn send, mscclppDevConn recv, int mode, volatile int* stop,
+                           volatile unsigned long long* iterations, volatile int* sawAbort)
+{
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (unsigned long long i = 0; *stop == 0; ++i) {
+    switch (mode) {
+    case kPingPong:
+      send.putWithSignal(0, 8);
+      recv.wait();
+      break;
+    case kStream:
+      for (int k = 0; k < kBurst; ++k) send.putWithSignal(0, kBytes);
+      for (int k = 0; k < kBurst; ++k) recv.wait();
+      break;
+    case kFlush:
+      for (int k = 0; k < kBurst; ++k) send.putWithSignal(0, kBytes);
+      send.flush();
+      for (int k = 0; k < kBurst; ++k) recv.wait();
+      break;
+    default:
+      recv.wait();
+      break;
+    }
+#ifdef MSCCLPP_HAS_ABORT
+    if ((i & 63) == 0 && recv.aborted()) *sawAbort = 1;
+#endif
+    *iterations = i + 1;
+  }
+#ifdef MSCCLPP_HAS_ABORT
+  if (recv.aborted()) *sawAbort = 1;
+#endif
+}
+
+std::mutex& gLogMutex = *new std::mutex;
+std::vector<std::string>& gLog = *new std::vector<std::string>;
+
+void captureLog(const char* msg)
+{
+  std::lock_guard<std::mutex> lock(gLogMutex);
+  std::string m = msg ? msg : "";
+  gLog.push_back(m);
+  fprintf(stderr, "library log: %s", m.c_str());
+  if (m.empty() || m.back() != '\n') fputc('\n', stderr);
+}
+
+bool logHas(const std::string& a, const std::string& b = "")
+{
+  std::lock_guard<std::mutex> lock(gLogMutex);
+  for (const std::string& l : gLog)
+    if (l.find(a) != std::string::npos && (b.empty() || l.find(b) != std::string::npos)) return true;
+  return false;
+}
+
+#define RF_CHECK(expr)                                                                                         \
+  do {                                                                                                         \
+    auto rf_rc = (expr);                                                                                       \
+    if ((int)rf_rc != 0) {                                                                                     \
+      snprintf(out.note, sizeof(out.note), "%s failed: %d", #expr, (int)rf_rc);                              \
+      return 1;                                                                                                \
+    }                                                                                                          \
+  } while (0)
+
+struct Case
+{
+  const char* name;
+  Mode mode;
+  int victim; // -1: none
+  int signal;
+};
+
+int rankMain(const Case& c, int rank, int nranks, int port, Shared* S)
+{
+  Result& out = S->res[rank];
+  int ngpus = 0;
+  cudaGetDeviceCount(&ngpus);
+  RF_CHECK(cudaSetDevice(rank % std::max(ngpus, 1)));
+  mscclppSetLogHandler(captureLog);
+  mscclppComm_t comm;
+  RF_CHECK(mscclppCommInitRank(&comm, nranks, fmt("127.0.0.1:%d", port).c_str(), rank));
+  const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  char *sendBuf = nullptr, *recvBuf = nullptr;
+  RF_CHECK(cudaMalloc((void**)&sendBuf, kBytes));
+  RF_CHECK(cudaMalloc((void**)&recvBuf, kBytes));
+  // Tag r: rank r's connection to rank r+1, which puts into that rank's buffer and signals it.
+  RF_CHECK(mscclppConnect(comm, next, rank, sendBuf, kBytes, mscclppTransportP2P));
+  RF_CHECK(mscclppConnect(comm, prev, prev, recvBuf, kBytes, mscclppTransportP2P));
+  RF_CHECK(mscclppConnectionSetup(comm));
+  mscclppDevConn_t *send = nullptr, *recv = nullptr;
+  RF_CHECK(mscclppGetDeviceConnection(comm, next, rank, &send));
+  RF_CHECK(mscclppGetDeviceConnection(comm, prev, prev, &recv));
+  int* stop = nullptr;
+  unsigned long long* iterations = nullptr;
+  int* sawAbort = nullptr;
+  RF_CHECK(cudaHostAlloc((void**)&stop, sizeof(int), cudaHostAllocMapped));
+  RF_CHECK(cudaHostAlloc((void**)&iterations, sizeof(*iterations), cudaHostAllocMapped));
+  RF_CHECK(cudaHostAlloc((void**)&sawAbort, sizeof(int), cudaHostAllocMapped));
+  *stop = 0;
+  *iterations = 0;
+  *sawAbort = 0;
+  cudaFuncAttributes attr; // load the kernel before anything waits on the proxy (lazy loading)
+  RF_CHECK(cudaFuncGetAttributes(&attr, ringKernel));
+  cudaStream_t stream;
+  RF_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  RF_CHECK(mscclppProxyLaunch(comm));
+  ringKernel<<<1, 1, 0, stream>>>(*send, *recv, c.mode, stop, iterations, sawAbort);
+  RF_CHECK(cudaGetLastError());
+  S->ready[rank] = 1;
+
+  std::thread aborter;
+  if (c.victim < 0 && c.mode != kWaitOnly && rank == 0) {
+    aborter = std::thread([&] {
+      while (S->tHurt == 0) usleep(1000);
+      mscclppResult_t r = mscclppCommAbort(comm);
+      if (r != mscclppSuccess) snprintf(out.note, sizeof(out.note), "mscclppCommAbort returned %d", (int)r);
+    });
+  }
+
+  // Until the library reports an error (the parent's deadline bounds this loop).
+  mscclppResult_t err = mscclppSuccess;
+  while (err == mscclppSuccess) {
+    RF_CHECK(mscclppCommGetAsyncError(comm, &err));
+    if (err == mscclppSuccess) usleep(2000);
+  }
+  out.tError = nowSec();
+  out.asyncError = (int)err;
+  *(volatile int*)stop = 1;
+  const double kernelDeadline = nowSec() + 10;
+  cudaError_t q;
+  while ((q = cudaStreamQuery(stream)) == cudaErrorNotReady && nowSec() < kernelDeadline) usleep(500);
+  out.tKernelEnd = nowSec();
+  out.kernelEnded = q != cudaErrorNotReady;
+  out.iterations = *(volatile unsigned long long*)iterations;
+  out.deviceSawAbort = *(volatile int*)sawAbort;
+  if (aborter.joinable()) aborter.join();
+  double t = nowSec();
+  out.stopRc = (int)mscclppProxyStop(comm);
+  out.stopS = nowSec() - t;
+  t = nowSec();
+  out.destroyRc = (int)mscclppCommDestroy(comm);
+  out.destroyS = nowSec() - t;
+  // The rank to blame: the victim, or rank 0 for its mscclppCommAbort (which it need not name itself).
+  out.logNamesRank = c.victim >= 0 ? logHas(fmt("rank %d", c.victim)) : rank == 0 || logHas("rank 0");
+  out.logNamesWait = logHas("MSCCLPP_WAIT_TIMEOUT", "epoch 1");
+  if (out.kernelEnded) {
+    cudaStreamDestroy(stream);
+    cudaFree(sendBuf);
+    cudaFree(recvBuf);
+    cudaFreeHost(stop);
+    cudaFreeHost(iterations);
+    cudaFreeHost(sawAbort);
+    cudaDeviceReset();
+  }
+  out.finished = 1;
+  return 0;
+}
+
+int runCase(const Case& c, int nranks)
+{
+  const bool stopCase = c.signal == SIGSTOP;
+  const double peerTimeout = stopCase ? 4 : 30;
+  setenv("MSCCLPP_PEER_TIMEOUT", fmt("%d", (int)peerTimeout).c_str(), 1);
+  if (c.mode == kWaitOnly) setenv("MSCCLPP_WAIT_TIMEOUT", "2", 1);
+  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    printf("FAIL %s: mmap failed\n", c.name);
+    return 1;
+  }
+  Shared* S = (Shared*)mem;
+  memset((void*)S, 0, sizeof(Shared));
+  const int port = pickPort(0, 2);
+  fflush(stdout);
+  std::vector<pid_t> pids(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      alarm(120);
+      int rc = rankMain(c, r, nranks, port, S);
+      if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+  }
+  auto allReady = [&] {
+    for (int r = 0; r < nranks; ++r)
+      if (!S->ready[r]) return false;
+    return true;
+  };
+  double deadline = nowSec() + 60;
+  while (!allReady() && nowSec() < deadline) usleep(10000);
+  bool ready = allReady();
+  usleep(2000000);
+  if (c.victim >= 0) kill(pids[c.victim], c.signal);
+  S->tHurt = nowSec();
+  const double limit = stopCase ? peerTimeout + 10 : 10;
+  // Survivors have limit + teardown to finish.
+  std::vector<int> status(nranks, -1);
+  deadline = nowSec() + limit + 30;
+  for (int left = nranks - (c.victim >= 0 ? 1 : 0); left > 0 && nowSec() < deadline;) {
+    left = 0;
+    for (int r = 0; r < nranks; ++r) {
+      if (r == c.victim || status[r] != -1) continue;
+      int st;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r])
+        status[r] = st;
+      else
+        ++left;
+    }
+    usleep(10000);
+  }
+  for (int r = 0; r < nranks; ++r) {
+    if (status[r] != -1) continue;
+    kill(pids[r], SIGKILL);
+    int st;
+    waitpid(pids[r], &st, 0);
+    if (r != c.victim) status[r] = -2;
+  }
+  int failed = 0;
+  std::string info;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == c.victim) continue;
+    const Result& o = S->res[r];
+    std::string why;
+    if (!ready) why = "not every rank got its kernel running";
+    else if (status[r] == -2) why = "did not finish (killed after the deadline)";
+    else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished) why = fmt("ended badly: %s", o.note);
+    else {
+      const double detect = o.tError - S->tHurt;
+      const bool localAbort = c.victim < 0 && c.mode != kWaitOnly && r == 0;
+      if (c.mode == kWaitOnly) {
+        if (o.asyncError == mscclppSuccess) why = "no error reported";
+      } else if (!localAbort && o.asyncError != mscclppRemoteError)
+        why = fmt("async error %d, not mscclppRemoteError", o.asyncError);
+      else if (localAbort && o.asyncError == mscclppSuccess)
+        why = "no error after mscclppCommAbort";
+      if (why.empty() && c.mode != kWaitOnly && detect > limit) why = fmt("error after %.2f s (limit %.0f s)", detect, limit);
+      if (why.empty() && c.mode == kWaitOnly && detect > 2 + 10) why = fmt("stuck wait reported after %.2f s", detect);
+      if (why.empty() && !o.kernelEnded) why = "the kernel still spins 10 s after the error";
+      if (why.empty() && c.mode != kWaitOnly && !o.logNamesRank) why = "no log line names the failed rank";
+#ifdef MSCCLPP_HAS_ABORT
+      if (why.empty() && c.mode == kWaitOnly && !o.logNamesWait) why = "no log line names the stuck wait and its epoch";
+      if (why.empty() && !o.deviceSawAbort) why = "the kernel's aborted() never said so";
+#endif
+      if (why.empty() && (o.stopS > 10 || o.destroyS > 10))
+        why = fmt("teardown too slow: stop %.2f s, destroy %.2f s", o.stopS, o.destroyS);
+      if (why.empty() && o.destroyRc != 0 && o.destroyRc != mscclppRemoteError && o.destroyRc != o.asyncError)
+        why = fmt("mscclppCommDestroy returned %d", o.destroyRc);
+      if (why.empty())
+        info += fmt(" rank%d: error %d after %.3f s, kernel ended %.1f ms later (%llu iterations), stop %.2f s (rc %d), destroy %.2f s;",
+                    r, o.asyncError, detect, (o.tKernelEnd - o.tError) * 1e3, o.iterations, o.stopS, o.stopRc, o.destroyS);
+    }
+    if (!why.empty()) {
+      printf("FAIL %s_%dranks (%s): rank %d: %s\n", c.name, nranks, RF_BUILD, r, why.c_str());
+      ++failed;
+    }
+  }
+  if (!failed) printf("PASS %s_%dranks (%s):%s\n", c.name, nranks, RF_BUILD, info.c_str());
+  fflush(stdout);
+  munmap(mem, sizeof(Shared));
+  unsetenv("MSCCLPP_WAIT_TIMEOUT");
+  return failed;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  const Case cases[] = {
+    {"kill_pingpong", kPingPong, -2, SIGKILL}, {"kill_stream", kStream, -2, SIGKILL},
+    {"kill_flush", kFlush, -2, SIGKILL},       {"kill_rank0", kPingPong, 0, SIGKILL},
+    {"stop_pingpong", kPingPong, -2, SIGSTOP}, {"abort", kPingPong, -1, 0},
+    {"stuck_wait", kWaitOnly, -1, 0},
+  };
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s <case|all> [nranks]\n", argv[0]);
+    return 2;
+  }
+  const int nranks = argc > 2 ? atoi(argv[2]) : 2;
+  if (nranks < 2 || nranks > kMaxRanks) {
+    fprintf(stderr, "nranks must be in [2, %d]\n", kMaxRanks);
+    return 2;
+  }
+  int failed = 0, ran = 0;
+  for (Case c : cases) {
+    if (strcmp(argv[1], "all") != 0 && strcmp(argv[1], c.name) != 0) continue;
+#ifndef MSCCLPP_HAS_ABORT
+    if (c.mode == kWaitOnly) {
+      // Legacy device code cannot report a stuck wait: its wait() is compiled into the program.
+      printf("SKIP %s (%s): legacy kernels do not report stuck waits\n", c.name, RF_BUILD);
+      continue;
+    }
+#endif
+    if (c.victim == -2) c.victim = nranks - 1;
+    ++ran;
+    failed += runCase(c, nranks);
+  }
+  if (ran == 0) {
+    printf("FAIL rank_failure: no case named %s\n", argv[1]);
+    return 1;
+  }
+  printf("SUMMARY rank_failure (%s, %d ranks): %d passed, %d failed\n", RF_BUILD, nranks, ran - failed, failed);
+  return failed ? 1 : 0;
+}
