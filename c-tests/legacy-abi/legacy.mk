@@ -51,7 +51,7 @@ build/bench/legacy/%: examples-c/bench/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGA
 	@mkdir -p $(@D)
 	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $< -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
-build/tests/gpu/legacy/%: c-tests/gpu/%.cu examples-c/common/case_runner.h examples-c/common/example_common.h $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
+build/tests/gpu/legacy/%: c-tests/gpu/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
                           | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
 	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I examples-c/common $< -o $@ \
