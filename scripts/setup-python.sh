@@ -17,6 +17,7 @@ packages=("setuptools>=64" wheel "pytest>=8" nvidia-cuda-nvrtc==13.0.88)
 test_wheels=("pytest>=8" exceptiongroup tomli typing_extensions)
 
 if [[ -f $stamp && $(cat "$stamp") == "${packages[*]} | ${test_wheels[*]}" ]]; then
+  touch "$stamp" # newer than this script, for make
   exit 0
 fi
 

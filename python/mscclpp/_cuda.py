@@ -147,6 +147,22 @@ def device_context(device: Optional[int]) -> Iterator[None]:
         d.cuDevicePrimaryCtxRelease_v2(device)
 
 
+def retain_primary(device: int) -> bool:
+    """Retains ``device``'s primary context (so that it outlives every framework's use of it); True if it
+    did (then :func:`release_primary` must follow), False without a driver."""
+    d = _load()
+    if d is None:
+        return False
+    ctx = ctypes.c_void_p()
+    _check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), f"cuDevicePrimaryCtxRetain({device})")
+    return True
+
+
+def release_primary(device: int) -> None:
+    if _driver is not None:
+        _driver.cuDevicePrimaryCtxRelease_v2(device)
+
+
 class DeviceMemory:
     """``nbytes`` of device memory on ``device`` (its primary context), freed by :meth:`free`."""
 

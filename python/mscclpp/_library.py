@@ -28,7 +28,8 @@ _REPO_BUILD = _PACKAGE_DIR.parent.parent / "build"
 
 
 def _candidates_lib() -> List[Path]:
-    return [_PACKAGE_DIR / "_lib" / SONAME, _REPO_BUILD / "lib" / SONAME]
+    # The versioned file too, for a build/lib copied without its links.
+    return [_PACKAGE_DIR / "_lib" / SONAME, _REPO_BUILD / "lib" / SONAME, _REPO_BUILD / "lib" / (SONAME + ".1.0")]
 
 
 def _candidates_include() -> List[Path]:

@@ -125,7 +125,7 @@ def device_buffer(obj: Any) -> DeviceBuffer:
         buf = DeviceBuffer(ptr=obj[0], nbytes=obj[1], owner=None)
     else:
         reasons = []
-        buf = None
+        found: Optional[DeviceBuffer] = None
         try:
             cai = obj.__cuda_array_interface__
         except AttributeError:
@@ -134,20 +134,21 @@ def device_buffer(obj: Any) -> DeviceBuffer:
             reasons.append(f"__cuda_array_interface__: {e}")
             cai = None
         if cai is not None:
-            buf = _from_cai(obj, cai)
+            found = _from_cai(obj, cai)
         elif hasattr(obj, "__dlpack__"):
             try:
-                buf = _from_dlpack(obj)
+                found = _from_dlpack(obj)
             except (TypeError, ValueError):
                 raise
             except Exception as e:
                 reasons.append(f"__dlpack__: {e}")
-        if buf is None:
+        if found is None:
             why = f" ({'; '.join(reasons)})" if reasons else ""
             raise TypeError(
                 f"{type(obj).__name__} is not a GPU buffer{why}: pass a CUDA torch tensor, a cupy array, another "
                 "object with __cuda_array_interface__ or __dlpack__, or a (pointer, nbytes) tuple"
             )
+        buf = found
     if buf.nbytes <= 0:
         raise ValueError("the buffer is empty; a connection needs at least one byte")
     if buf.ptr <= 0:

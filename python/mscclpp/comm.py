@@ -181,7 +181,8 @@ class DeviceConnection:
         return ctypes.string_at(ctypes.addressof(self.host), DEV_CONN_BYTES)
 
     def __repr__(self) -> str:
-        return f"DeviceConnection(index={self.index}, remote_rank={self.remote_rank}, tag={self.tag}, ptr={self.ptr:#x})"
+        return (f"DeviceConnection(index={self.index}, remote_rank={self.remote_rank}, tag={self.tag}, "
+                f"ptr={self.ptr:#x})")
 
 
 class DeviceConnections:
@@ -310,6 +311,20 @@ class _CommState:
         self.devconns: Optional[DeviceConnections] = None
         self.registered: List[RegisteredBuffer] = []
         self.proxy_running = False
+        self._retained: Optional[int] = None
+
+    def set_device(self, device: Optional[int]) -> None:
+        """Records the communicator's GPU and retains its primary context until close: the library keeps
+        using the context it found first, which must not be destroyed when no framework holds it (a
+        primary context retained anew is a new context)."""
+        self.device = device
+        if device is not None and self._retained is None and _cuda.retain_primary(device):
+            self._retained = device
+
+    def release_device(self) -> None:
+        if self._retained is not None:
+            _cuda.release_primary(self._retained)
+            self._retained = None
 
     def handle(self) -> ctypes.c_void_p:
         h = self._handle
@@ -343,6 +358,7 @@ class _CommState:
                     self.proxy_running = False
                     self.registered.clear()
                     self.connections.clear()
+                    self.release_device()
 
 
 _open: Set[_CommState] = set()
@@ -371,17 +387,23 @@ class Communicator:
         rank = _int32("rank", rank)
         if (address is None) == (unique_id is None):
             raise TypeError("pass exactly one of address= and unique_id=")
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address must be a str like '127.0.0.1:50000', not {type(address).__name__}")
+        uid = None
+        if unique_id is not None:
+            uid = unique_id if isinstance(unique_id, UniqueId) else UniqueId(unique_id)  # type: ignore[arg-type]
         st = _CommState()
-        st.device = _int32("device", device) if device is not None else _cuda.current_device()
         handle = ctypes.c_void_p()
-        with _cuda.device_context(device):
-            if address is not None:
-                if not isinstance(address, str):
-                    raise TypeError(f"address must be a str like '127.0.0.1:50000', not {type(address).__name__}")
-                call("mscclppCommInitRank", ctypes.byref(handle), nranks, address.encode(), rank)
-            else:
-                uid = unique_id if isinstance(unique_id, UniqueId) else UniqueId(unique_id)  # type: ignore[arg-type]
-                call("mscclppCommInitRankFromId", ctypes.byref(handle), nranks, uid._struct(), rank)
+        try:
+            st.set_device(_int32("device", device) if device is not None else _cuda.current_device())
+            with _cuda.device_context(device):
+                if uid is None:
+                    call("mscclppCommInitRank", ctypes.byref(handle), nranks, address.encode(), rank)  # type: ignore[union-attr]
+                else:
+                    call("mscclppCommInitRankFromId", ctypes.byref(handle), nranks, uid._struct(), rank)
+        except BaseException:
+            st.release_device()
+            raise
         st._handle = handle.value
         with st.lock:
             _open.add(st)
@@ -472,7 +494,7 @@ class Communicator:
                 call("mscclppConnect", st.handle(), remote_rank, tag, ctypes.c_void_p(buf.ptr), buf.nbytes, int(kind),
                      ib_device.encode() if ib_device is not None else None)
             if st.device is None:
-                st.device = dev
+                st.set_device(dev)
             conn = Connection(len(st.connections), remote_rank, tag, kind, buf, ib_device)
             st.connections.append(conn)
             self._drop_devconns()
@@ -502,7 +524,7 @@ class Communicator:
                 return st.devconns
             ptr, n = ctypes.c_void_p(), ctypes.c_int()
             st.gpu_call("mscclppGetAllDeviceConnections", st.handle(), ctypes.byref(ptr), ctypes.byref(n))
-            table = ctypes.string_at(ptr.value, n.value * DEV_CONN_BYTES) if n.value else b""
+            table = ctypes.string_at(ptr.value, n.value * DEV_CONN_BYTES) if n.value and ptr.value else b""
             device = st.device if st.device is not None else _cuda.current_device()
             if device is None:
                 raise MscclppError("no GPU for the device connections: " + (_cuda.unavailable_reason() or

@@ -22,7 +22,8 @@ from typing import Any, List, Optional, Sequence
 
 from ._library import include_dir
 
-__all__ = ["include_dir", "nvrtc_options", "nvcc_options", "cupy_module", "torch_load_inline_missing", "torch_load_inline"]
+__all__ = ["include_dir", "nvrtc_options", "nvcc_options", "cupy_module", "torch_load_inline_missing",
+           "torch_load_inline"]
 
 
 def nvrtc_options(std: str = "c++17") -> List[str]:

@@ -223,6 +223,7 @@ def test_without_a_driver_gpu_calls_fail_with_the_reason() -> None:
 
     def rank_main(rank: int) -> None:
         with mscclpp.Communicator(2, rank, address=address) as comm:
+            comm.barrier()  # both have finished joining before either leaves
             try:
                 comm.connect(1 - rank, 0, (0x7000_0000, 4096))
             except mscclpp.MscclppError as e:
