@@ -6,9 +6,12 @@ The package installs one handler with ``mscclppSetLogHandler`` at import. For ev
 
 - appends the line to the calling thread's capture list, if a call of this package is in progress on that
   thread (the library logs an error on the thread that made the failing call, before it returns);
-- hands the line on: by default to the logger ``mscclpp.<subsystem>`` (``mscclpp.core``,
-  ``mscclpp.bootstrap``, ``mscclpp.transport``, ...) at the line's level; after ``log_to_python(False)``
-  to the library's default handler (standard error, or ``MSCCLPP_DEBUG_FILE``).
+- hands the line to the logger ``mscclpp.<subsystem>`` (``mscclpp.ffi``, ``mscclpp.bootstrap``,
+  ``mscclpp.proxy``, ...) at the line's level.
+
+A line logged by a library thread takes the GIL for that. ``log_to_python(False)`` gives the lines back to
+the library's default handler (standard error, or ``MSCCLPP_DEBUG_FILE``): then no library thread runs
+Python code, and exceptions carry no log line.
 
 Which lines the library writes at all is its own setting, ``MSCCLPP_DEBUG`` (default ``WARN``).
 
@@ -38,7 +41,6 @@ _LEVELS = {
 _LINE = re.compile(r"^MSCCLPP (?P<level>[A-Z]+) rank (?P<rank>\S+) (?P<subsystem>[A-Za-z0-9_]+): ")
 
 _state = threading.local()
-_to_python = True
 _installed = False
 logger = logging.getLogger("mscclpp")
 
@@ -52,9 +54,6 @@ def _handle_line(raw: Optional[int]) -> None:
         capture = getattr(_state, "capture", None)
         if capture is not None:
             capture.append(line)
-        if not _to_python:
-            lib.mscclppDefaultLogHandler((line + "\n").encode())
-            return
         m = _LINE.match(line)
         if m:
             level = _LEVELS.get(m.group("level"), logging.WARNING)
@@ -88,13 +87,17 @@ def uninstall() -> None:
 
 
 def log_to_python(enabled: bool = True) -> None:
-    """Sends the library's log lines to Python's ``logging`` (the default) or, with ``False``, to the
-    library's default handler (standard error, or the file named by ``MSCCLPP_DEBUG_FILE``).
+    """Sends the library's log lines to Python's ``logging`` (the default), or, with ``False``, back to the
+    library's default handler (standard error, or the file named by ``MSCCLPP_DEBUG_FILE``), which keeps
+    Python code off the library's threads; exceptions then carry no log line."""
+    if enabled:
+        install()
+    else:
+        uninstall()
 
-    Either way the lines of a failing call are in its exception's message.
-    """
-    global _to_python
-    _to_python = bool(enabled)
+
+def routed_to_python() -> bool:
+    return _installed
 
 
 def _describe(rc: int) -> str:
@@ -124,4 +127,4 @@ def call(name: str, *args: Any) -> None:
     with _Capture() as lines:
         rc = fn(*args)
     if rc != 0:
-        raise error_for(rc, name, lines, _describe(rc))
+        raise error_for(rc, name, lines, _describe(rc), captured=_installed)

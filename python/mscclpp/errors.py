@@ -100,8 +100,10 @@ _BY_CODE: Dict[int, Type[MscclppError]] = {
 }
 
 
-def error_for(rc: int, function: str, log_lines: Sequence[str], description: str) -> MscclppError:
-    """The exception for result code ``rc`` of ``function`` (``description`` is the library's string)."""
+def error_for(rc: int, function: str, log_lines: Sequence[str], description: str,
+              captured: bool = True) -> MscclppError:
+    """The exception for result code ``rc`` of ``function`` (``description`` is the library's string;
+    ``captured``: whether the package was collecting the library's lines)."""
     try:
         code = ResultCode(rc)
         name = code.c_name
@@ -111,6 +113,8 @@ def error_for(rc: int, function: str, log_lines: Sequence[str], description: str
     message = f"{function} failed with {name} ({description})"
     if log_lines:
         message += ": " + " | ".join(log_lines)
-    else:
+    elif captured:
         message += " (the library logged nothing; MSCCLPP_DEBUG may be OFF)"
+    else:
+        message += " (the library's line went to its own log: mscclpp.log_to_python(False))"
     return cls(message, code=code, function=function, log_lines=log_lines)
