@@ -379,7 +379,7 @@ __global__ void putOwnRange(mscclppDevConn* conns, uint64_t offset, uint64_t byt
   const uint64_t expected = *c.waitEpochId + 1;
   unsigned long long spins = 0;
   while (!c.epochReached(expected)) {
-    if (++spins > (1ull << 34)) {
+    if (++spins > (1ull << 30)) {
       *timedOut = 1;
       return;
     }
