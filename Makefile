@@ -11,6 +11,8 @@
 #   build/tests/layout/layout_test, layout_test_cuda from c-tests/layout/layout_test.cpp (g++, nvcc)
 #   build/bench/<name>          from examples-c/bench/<name>.cu  (nvcc)
 #   build/examples/<dir>/<name> from examples-c/<dir>/<name>.cu  (nvcc; every <dir> but bench)
+#   build/python-venv           virtual environment with the Python package installed (pip install ./python),
+#                               pytest and NVRTC; build/python-wheels: pytest as wheels, for GPU machines
 # Every program finds libmscclpp through an $ORIGIN-relative rpath, so build/ can be moved as a whole.
 
 SHELL := /bin/bash
@@ -61,9 +63,10 @@ BENCHES := $(patsubst examples-c/bench/%.cu,build/bench/%,$(wildcard examples-c/
 EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/bench/%,$(wildcard examples-c/*/*.cu)))
 CUDA_PROGRAMS := $(GPU_TESTS) $(BENCHES) $(EXAMPLES)
 
-.PHONY: all lib tests bench examples test gpu-test run-bench run-examples install lint clean distclean deps help FORCE
+.PHONY: all lib tests bench examples python test gpu-test python-gpu-test run-bench run-examples install lint clean \
+  distclean deps help FORCE
 
-all: lib tests bench examples
+all: lib tests bench examples python
 
 lib: $(LIBRARY)
 
@@ -77,6 +80,8 @@ help:
 	@echo "make               set up, build build/ (library, headers, pkg-config) and every test/bench/example"
 	@echo "make test          cargo test, the layout and host tests; GPU tests are compiled, run by gpu-test"
 	@echo "make gpu-test      c-tests/run_gpu_tests.sh (needs 2 GPUs)"
+	@echo "make python        the Python package, installed into build/python-venv (part of make)"
+	@echo "make python-gpu-test  python/run_gpu_tests.sh: the package's GPU tests and examples (needs 2 GPUs)"
 	@echo "make bench | run-bench        build | run examples-c/bench (run_bench.sh)"
 	@echo "make examples | run-examples  build | run examples-c/*/ (run_examples.sh)"
 	@echo "make install PREFIX=/usr/local   headers, libraries, links and mscclpp.pc"
@@ -173,6 +178,24 @@ build/tests/layout/layout_test_cuda: c-tests/layout/layout_test.cpp $(LINK_DEPS)
 
 include c-tests/legacy-abi/legacy.mk
 
+# ---- the Python package ----
+# A project-local virtual environment (scripts/setup-python.sh) into which the package is installed the way
+# a user installs it, `pip install ./python` (its setup.py runs cargo, which finds the library up to date).
+PY_VENV := build/python-venv
+PY_READY := $(PY_VENV)/.ready
+PY_INSTALLED := $(PY_VENV)/.mscclpp-installed
+PY_SOURCES := $(wildcard python/mscclpp/*.py) python/mscclpp/py.typed python/setup.py python/pyproject.toml
+
+python: $(PY_INSTALLED)
+
+$(PY_READY): scripts/setup-python.sh | deps
+	@scripts/setup-python.sh
+
+$(PY_INSTALLED): $(PY_READY) $(LIB_SO) $(HEADERS) $(PY_SOURCES)
+	$(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-input --no-build-isolation \
+	  --no-deps --force-reinstall ./python
+	@touch $@
+
 # ---- running ----
 # A machine without cargo (a GPU machine handed a build/ made elsewhere) runs what build/ holds.
 ifeq ($(shell command -v $(CARGO)),)
@@ -187,6 +210,9 @@ test: all
 gpu-test: $(RUN_DEPS)
 	@if [[ -f c-tests/run_gpu_tests.sh ]]; then bash c-tests/run_gpu_tests.sh; \
 	else echo "gpu-test: c-tests/run_gpu_tests.sh is not there yet; nothing to run"; fi
+
+python-gpu-test: $(if $(RUN_DEPS),lib)
+	@bash python/run_gpu_tests.sh
 
 run-bench: $(if $(RUN_DEPS),bench)
 	@if [[ -f examples-c/bench/run_bench.sh ]]; then bash examples-c/bench/run_bench.sh; \

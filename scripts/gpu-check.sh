@@ -2,7 +2,9 @@
 # Runs everything that needs GPUs from a build/ made beforehand (`make` on any machine with cargo): the
 # GPU tests, the examples and the benchmarks. Needs no cargo, no make and no compiler.
 #
-#   scripts/gpu-check.sh [LOG_DIR] [tests] [examples] [bench]     (default: all three)
+#   scripts/gpu-check.sh [LOG_DIR] [tests] [examples] [bench] [python]   (default: the first three)
+#
+# python: the Python package's tests and examples (python/run_gpu_tests.sh; needs torch and cupy).
 #
 # Ends with the summary line of each part; full logs go under LOG_DIR (default build/gpu-logs).
 set -uo pipefail
@@ -11,7 +13,8 @@ logdir=${1:-build/gpu-logs}
 shift || true
 parts=${*:-tests examples bench}
 mkdir -p "$logdir"
-export GPU_TEST_LOG_DIR=$logdir/tests EXAMPLE_LOG_DIR=$logdir/examples BENCH_LOG_DIR=$logdir/bench
+export GPU_TEST_LOG_DIR=$logdir/tests EXAMPLE_LOG_DIR=$logdir/examples BENCH_LOG_DIR=$logdir/bench \
+  PY_GPU_LOG_DIR=$logdir/python
 {
   date -u
   nvidia-smi -L
@@ -26,6 +29,7 @@ for part in $parts; do
     tests) script=c-tests/run_gpu_tests.sh ;;
     examples) script=examples-c/run_examples.sh ;;
     bench) script=examples-c/bench/run_bench.sh ;;
+    python) script=python/run_gpu_tests.sh ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
   echo "=== $part: $script"

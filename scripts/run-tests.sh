@@ -2,7 +2,7 @@
 # `make test`: runs every test that can run on this machine (after `make` has built everything) and ends
 # with one line "summary: N passed, N failed, N skipped". Full logs go to build/test-logs/.
 #
-# Counts: each Rust test, each check of the layout test, and each C test as its runner reports it (a
+# Counts: each Rust test, each check of the layout test, each C and Python test as its runner reports it (a
 # runner that prints no "N passed, N failed" line counts as one test, by its exit status). GPU tests need
 # two GPUs; here they are only compiled (by `make`), and counted as skipped when fewer than two are present.
 set -uo pipefail
@@ -82,7 +82,17 @@ else
   echo "== host tests: c-tests/run_host_tests.sh is not there yet"
 fi
 
-# 4. GPU tests: compiled by make; run by `make gpu-test` on a machine with two GPUs.
+# 4. The Python package's tests (pytest in build/python-venv, against the package installed there by make);
+# its conftest prints "python tests: N passed, N failed, N skipped". GPU cases say why they were skipped.
+if [[ -x build/python-venv/bin/python ]]; then
+  run_one python-tests build/python-venv/bin/python -m pytest python/tests -q -rs -p no:cacheprovider
+else
+  echo "== python tests: build/python-venv is missing (run make first)"
+  failed=$((failed + 1))
+  failures+=("python tests (not built)")
+fi
+
+# 5. GPU tests: compiled by make; run by `make gpu-test` on a machine with two GPUs.
 gpu_tests=0
 for program in build/tests/gpu/*; do
   [[ -f $program && -x $program ]] && gpu_tests=$((gpu_tests + 1))

@@ -10,6 +10,10 @@ need_pip=0
 missing=()
 command -v "${CXX:-g++}" >/dev/null 2>&1 || missing+=(g++)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# The Python package is built and tested in a virtual environment (scripts/setup-python.sh).
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
 if ((need_pip)) && ! python3 -m pip --version >/dev/null 2>&1; then
   missing+=(python3-pip)
 fi

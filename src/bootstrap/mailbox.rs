@@ -88,12 +88,15 @@ impl Mailbox {
     }
 
     /// Waits until every peer has connected, or returns the ranks still missing at `deadline` (or as soon
-    /// as the job fails).
+    /// as the job fails). A peer whose connection has already closed again did connect (only a connected
+    /// link closes): set-up is complete, and what is sent to or awaited from that peer fails later with the
+    /// close's reason. (A fast peer may finish its set-up and close its communicator before this rank
+    /// looks.)
     pub fn wait_all_connected(&self, deadline: Instant) -> std::result::Result<(), Vec<usize>> {
         let mut state = self.state.lock();
         loop {
             let missing: Vec<usize> = (0..state.links.len())
-                .filter(|&p| state.links[p] != Link::Connected)
+                .filter(|&p| state.links[p] == Link::Waiting)
                 .collect();
             if missing.is_empty() {
                 return Ok(());
@@ -103,7 +106,7 @@ impl Mailbox {
             }
             if self.changed.wait_until(&mut state, deadline).timed_out() {
                 let missing = (0..state.links.len())
-                    .filter(|&p| state.links[p] != Link::Connected)
+                    .filter(|&p| state.links[p] == Link::Waiting)
                     .collect();
                 return Err(missing);
             }
@@ -222,5 +225,21 @@ mod tests {
         assert!(m.is_waiting_for(2));
         assert!(m.connect(2));
         assert_eq!(m.wait_all_connected(Instant::now()), Ok(()));
+    }
+
+    #[test]
+    fn a_peer_that_connected_and_left_before_the_wait_does_not_hold_set_up_up() {
+        let m = Mailbox::new(1, 3);
+        assert!(m.connect(0));
+        m.close(0, "peer closed its connection".into());
+        assert_eq!(
+            m.wait_all_connected(Instant::now() + Duration::from_millis(10)),
+            Err(vec![2]),
+            "only the peer that never came is missing"
+        );
+        assert!(m.connect(2));
+        assert_eq!(m.wait_all_connected(Instant::now()), Ok(()));
+        let e = m.take(0, Key::user(1)).unwrap_err();
+        assert!(e.message.contains("closed"), "{}", e.message);
     }
 }

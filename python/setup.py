@@ -1,0 +1,86 @@
+"""Builds the mscclpp wheel: the pure-Python package plus the library it drives.
+
+The package calls libmscclpp's C interface through ctypes, so the only native part is the library itself,
+built by its own build (cargo) and bundled as is:
+
+- in a checkout (this folder beside the repository's Cargo.toml) with cargo on the PATH, ``cargo build
+  --release`` runs at the repository root (cargo rebuilds only what changed) and the wheel takes
+  ``target/release/libmscclpp.so`` and the headers build.rs writes into ``build/include``;
+- without cargo, an existing ``build/lib/libmscclpp.so.0`` and ``build/include`` (made by ``make``
+  elsewhere) are taken;
+- otherwise the build stops and says what is missing.
+
+The library goes into the package as ``mscclpp/_lib/libmscclpp.so.0`` and the headers into
+``mscclpp/_include/``. The wheel is tagged ``py3-none-<platform>``: any Python 3, one platform.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+try:  # setuptools >= 70.1 has it built in; older ones take it from the wheel package
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover
+    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+HEADERS = ("mscclpp.h", "mscclppfifo.h")
+
+
+def _library_and_headers() -> tuple[Path, Path]:
+    """(the shared library, the folder with the generated headers), building them if cargo is here."""
+    cargo = os.environ.get("CARGO", "cargo")
+    include = REPO / "build" / "include"
+    if (REPO / "Cargo.toml").is_file() and shutil.which(cargo):
+        print(f"mscclpp: cargo build --release in {REPO}")
+        subprocess.run([cargo, "build", "--release"], cwd=REPO, check=True)
+        lib = REPO / "target" / "release" / "libmscclpp.so"
+    else:
+        lib = REPO / "build" / "lib" / "libmscclpp.so.0"
+        if not lib.is_file():
+            raise SystemExit(
+                "mscclpp: cannot build the library: cargo (the Rust toolchain, https://rustup.rs) is not on the PATH "
+                f"and there is no prebuilt {lib} (run make in the repository)"
+            )
+        print(f"mscclpp: cargo not found; bundling the prebuilt {lib}")
+    missing = [h for h in HEADERS if not (include / h).is_file()]
+    if not lib.is_file() or missing:
+        raise SystemExit(f"mscclpp: the library build did not produce {lib} and {include}/{{{','.join(HEADERS)}}}")
+    return lib, include
+
+
+class BuildPyWithLibrary(build_py):
+    """build_py that also puts the library and the headers into the package."""
+
+    def run(self) -> None:
+        super().run()
+        lib, include = _library_and_headers()
+        pkg = Path(self.build_lib) / "mscclpp"
+        (pkg / "_lib").mkdir(parents=True, exist_ok=True)
+        (pkg / "_include").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(lib, pkg / "_lib" / "libmscclpp.so.0")
+        os.chmod(pkg / "_lib" / "libmscclpp.so.0", 0o755)
+        for h in HEADERS:
+            shutil.copyfile(include / h, pkg / "_include" / h)
+
+
+class PlatformWheel(bdist_wheel):
+    """The wheel holds a native library (so it is not pure) but no extension module (so any Python 3)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})
