@@ -596,6 +596,10 @@ impl Transport for IbTransport {
 
     /// One proxy thread per IB device that has connections.
     fn launch_proxy(&mut self, flags: &FlagsCarried, on_abort: &AbortHook) -> Result<()> {
+        // A rejected IB connect leaves the transport without connections (and without a GPU).
+        if self.endpoints.iter().all(Option::is_none) {
+            return Ok(());
+        }
         let rank = self.rank;
         let gpu = self
             .gpu
