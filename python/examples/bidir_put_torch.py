@@ -90,6 +90,22 @@ def pattern(torch, rank: int, salt: int, start: int, n: int):  # noqa: ANN001, A
     return ((i * 131 + rank * 7919 + salt * 31) % 251).to(torch.uint8)
 
 
+def torch_extension():  # noqa: ANN201
+    """The kernel and its launcher built by torch's load_inline (cached after the first build)."""
+    import mscclpp
+
+    return mscclpp.jit.torch_load_inline(
+        "mscclpp_example_bidir_put", TORCH_LAUNCHER, ["launch_bidir_put"],
+        cpp_sources="void launch_bidir_put(int64_t conns, int64_t bytes, int64_t rank, int64_t iters, "
+                    "torch::Tensor failed);")
+
+
+def uses_torch_compiler(choice: str) -> bool:
+    import mscclpp
+
+    return choice == "torch" or (choice == "auto" and mscclpp.jit.torch_load_inline_missing() is None)
+
+
 def make_launcher(choice: str, rank: int):  # noqa: ANN201
     """A function launch(conns_ptr, bytes, rank, iters, failed) and the name of the compiler used."""
     import torch
@@ -97,12 +113,8 @@ def make_launcher(choice: str, rank: int):  # noqa: ANN201
     import mscclpp
 
     missing = mscclpp.jit.torch_load_inline_missing()
-    if choice == "torch" or (choice == "auto" and missing is None):
-        ext = mscclpp.jit.torch_load_inline(
-            "mscclpp_example_bidir_put", TORCH_LAUNCHER, ["launch_bidir_put"],
-            cpp_sources="void launch_bidir_put(int64_t conns, int64_t bytes, int64_t rank, int64_t iters, "
-                        "torch::Tensor failed);")
-        return ext.launch_bidir_put, "torch load_inline (nvcc)"
+    if uses_torch_compiler(choice):
+        return torch_extension().launch_bidir_put, "torch load_inline (nvcc)"
     import cupy
 
     # cupy keeps its own current device (its CUDA runtime may not be torch's): the same GPU as torch's.
@@ -195,6 +207,10 @@ def main() -> int:
     if torch.cuda.device_count() < 2:
         print("At least two GPUs are required", file=sys.stderr)
         return 1
+    if uses_torch_compiler(args.compiler):
+        # Built once here, before the ranks start: two ranks building the same extension at once race
+        # for its cache folder (one finds the other's half-written build); the ranks load the cached one.
+        torch_extension()
     try:
         mp.spawn(run_rank, args=(args,), nprocs=2, join=True)
     except Exception as e:  # noqa: BLE001 - a rank's failure, already printed by torch
