@@ -80,7 +80,7 @@ TORCH_LAUNCHER = r"""
 void launch_bidir_put(int64_t conns, int64_t bytes, int64_t rank, int64_t iters, torch::Tensor failed)
 {
   bidir_put<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(reinterpret_cast<mscclppDevConn*>(conns), bytes, rank,
-                                                           iters, failed.data_ptr<int64_t>());
+                                                           iters, reinterpret_cast<long long*>(failed.data_ptr<int64_t>()));
 }
 """
 
