@@ -21,94 +21,21 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <mutex>
 #include <string>
 #include <vector>
 
+#define HOST_TEST_NAME "bootstrap_test"
 // A child that hangs is killed after this many seconds and counts as failed.
 static const unsigned CHILD_LIMIT_S = 90;
-
-static int g_rank = -1;
-
-static void fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "bootstrap_test: rank %d: FAILED: ", g_rank);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-}
-
-#define CHECK(cond, ...)  \
-  do {                    \
-    if (!(cond)) {        \
-      fail(__VA_ARGS__);  \
-      return 1;           \
-    }                     \
-  } while (0)
-
-static double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// A port nobody listens on right now: bind port 0, read it back, close.
-static int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (sockaddr*)&a, sizeof(a)) == 0 && getsockname(fd, (sockaddr*)&a, &len) == 0) port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
-// Runs `body` in a child process; returns its pid.
-template <typename F>
-static pid_t spawn(F body) {
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(CHILD_LIMIT_S);
-    _exit(body());
-  }
-  return pid;
-}
-
-// Waits for every child; true if all exited with status 0.
-static bool wait_all(const std::vector<pid_t>& pids) {
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid) {
-      fprintf(stderr, "bootstrap_test: could not start or wait for a child\n");
-      ok = false;
-    } else if (WIFSIGNALED(status)) {
-      fprintf(stderr, "bootstrap_test: child %d killed by signal %d%s\n", pid, WTERMSIG(status),
-              WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
-      ok = false;
-    } else if (WEXITSTATUS(status) != 0) {
-      ok = false;
-    }
-  }
-  return ok;
-}
+#include "host_test_common.h"
 
 static unsigned char pattern(int rank, size_t i) { return (unsigned char)(rank * 131 ^ i * 7 ^ (i >> 9)); }
 
@@ -141,10 +68,8 @@ static int run_rank(int rank, int nranks, const char* addr, const mscclppUniqueI
 }
 
 static bool job_by_address(int nranks) {
-  int port = free_port();
-  if (port < 0) return false;
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  if (free_local_addr(addr, sizeof(addr)) < 0) return false;
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return run_rank(r, nranks, addr, nullptr); }));
   return wait_all(pids);
@@ -260,13 +185,11 @@ static int expect_timeout(int rank, int nranks, const char* addr) {
 
 static bool timeouts() {
   // A rank whose root never comes.
-  int port = free_port();
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  free_local_addr(addr, sizeof(addr));
   bool ok = wait_all({spawn([=] { return expect_timeout(1, 2, addr); })});
   // Ranks 0 and 1 of 3, whose rank 2 never comes.
-  port = free_port();
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  free_local_addr(addr, sizeof(addr));
   std::vector<pid_t> pids;
   for (int r = 0; r < 2; ++r) pids.push_back(spawn([=] { return expect_timeout(r, 3, addr); }));
   return wait_all(pids) && ok;
@@ -284,14 +207,6 @@ static int connect_to(int port) {
   return -1;
 }
 
-static std::mutex g_log_mutex;
-static std::string g_log;
-
-static void capture_log(const char* msg) {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  g_log += msg ? msg : "";
-}
-
 // Rank 0 of the stranger case: a working rank that also checks that the root warned about the stranger.
 static int rank0_watching_strangers(const char* addr) {
   mscclppSetLogHandler(capture_log);
@@ -303,9 +218,8 @@ static int rank0_watching_strangers(const char* addr) {
 }
 
 static bool strangers() {
-  int port = free_port();
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+  int port = free_local_addr(addr, sizeof(addr));
   int ready[2], done[2];
   if (pipe(ready) != 0 || pipe(done) != 0) return false;
   double start = now_s();

@@ -15,29 +15,24 @@
 // Exits non-zero on any failure.
 #include <mscclpp.h>
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <new>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#define HOST_TEST_NAME "failure_test"
 // A child that hangs is killed after this many seconds and counts as failed.
 static const unsigned CHILD_LIMIT_S = 60;
+#include "host_test_common.h"
+
 // MSCCLPP_PEER_TIMEOUT of the stop and idle cases (the kill and abort cases keep the default of 30 s, so
 // that only a closed connection or a notice can explain a prompt detection).
 static const double PEER_TIMEOUT_S = 2;
@@ -49,48 +44,6 @@ static const double STOP_SLACK_S = 3;
 static const double PROMPT_S = 1;
 static const int MAX_RANKS = 16;
 
-static int g_rank = -1;
-
-static void fail(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "failure_test: rank %d: FAILED: ", g_rank);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-}
-
-#define CHECK(cond, ...) \
-  do {                   \
-    if (!(cond)) {       \
-      fail(__VA_ARGS__); \
-      return 1;          \
-    }                    \
-  } while (0)
-
-static double now_s() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) { usleep((useconds_t)(s * 1e6)); }
-
-// A port nobody listens on right now: bind port 0, read it back, close.
-static int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (sockaddr*)&a, sizeof(a)) == 0 && getsockname(fd, (sockaddr*)&a, &len) == 0) port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
-
 // What the parent and the ranks share (anonymous shared memory, mapped before the fork).
 struct Shared {
   std::atomic<int> ready;      // ranks past set-up
@@ -99,36 +52,6 @@ struct Shared {
   double detected[MAX_RANKS];  // seconds from the event until each survivor saw the error
 };
 static Shared* g_shared = nullptr;
-
-// ---- the log, as each rank's handler receives it ----
-static std::mutex g_log_mutex;
-static std::string g_log;
-
-static void capture_log(const char* msg) {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  g_log += msg ? msg : "";
-}
-
-// The first log line that contains every one of `parts` (null-terminated list), or "".
-static std::string log_line_with(const std::vector<std::string>& parts) {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  size_t start = 0;
-  while (start < g_log.size()) {
-    size_t end = g_log.find('\n', start);
-    if (end == std::string::npos) end = g_log.size();
-    std::string line = g_log.substr(start, end - start);
-    bool all = true;
-    for (const std::string& p : parts) all = all && line.find(p) != std::string::npos;
-    if (all) return line;
-    start = end + 1;
-  }
-  return "";
-}
-
-static std::string whole_log() {
-  std::lock_guard<std::mutex> lock(g_log_mutex);
-  return g_log;
-}
 
 // The threads of this process (Linux: the entries of /proc/self/task).
 static int thread_count() {
@@ -142,37 +65,11 @@ static int thread_count() {
   return n;
 }
 
-// ---- processes ----
-template <typename F>
-static pid_t spawn(F body) {
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    alarm(CHILD_LIMIT_S);
-    _exit(body());
-  }
-  return pid;
-}
-
-// Waits for a child; true if it exited with status 0 (or, when `killed_by` is non-zero, was killed by it).
-static bool wait_child(pid_t pid, int killed_by = 0) {
-  int status = 0;
-  if (pid < 0 || waitpid(pid, &status, 0) != pid) {
-    fprintf(stderr, "failure_test: could not start or wait for a child\n");
-    return false;
-  }
-  if (WIFSIGNALED(status)) {
-    if (WTERMSIG(status) == killed_by) return true;
-    fprintf(stderr, "failure_test: child %d killed by signal %d%s\n", pid, WTERMSIG(status),
-            WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
-    return false;
-  }
-  if (killed_by != 0) {
-    fprintf(stderr, "failure_test: child %d exited (status %d) instead of being killed\n", pid, WEXITSTATUS(status));
-    return false;
-  }
-  return WEXITSTATUS(status) == 0;
+// A new job: the address of its root in `addr`, and no rank ready yet nor told to go on.
+static void new_job(char* addr, size_t size) {
+  free_local_addr(addr, size);
+  g_shared->ready = 0;
+  g_shared->go = 0;
 }
 
 // Init, a barrier, and the count of ready ranks.
@@ -267,11 +164,8 @@ static int survivor(int rank, int nranks, const char* addr, int dead, double min
 // Runs an N-rank job, does `event` to the victim once every rank is ready, and checks everyone.
 static bool victim_job(const char* name, int nranks, int dead, int signal_number, double min_s, double max_s,
                        const std::vector<std::string>& hows) {
-  int port = free_port();
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-  g_shared->ready = 0;
-  g_shared->go = 0;
+  new_job(addr, sizeof(addr));
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) {
     if (r == dead) {
@@ -330,14 +224,11 @@ static int idle_rank(int rank, int nranks, const char* addr) {
 }
 
 static bool idle_job(int nranks) {
-  int port = free_port();
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-  g_shared->ready = 0;
+  new_job(addr, sizeof(addr));
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return idle_rank(r, nranks, addr); }));
-  bool ok = true;
-  for (pid_t pid : pids) ok = wait_child(pid) && ok;
+  bool ok = wait_all(pids);
   return ok;
 }
 
@@ -391,15 +282,11 @@ static int abort_rank(int rank, int nranks, const char* addr) {
 }
 
 static bool abort_job(int nranks) {
-  int port = free_port();
   char addr[64];
-  snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-  g_shared->ready = 0;
-  g_shared->go = 0;
+  new_job(addr, sizeof(addr));
   std::vector<pid_t> pids;
   for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return abort_rank(r, nranks, addr); }));
-  bool ok = true;
-  for (pid_t pid : pids) ok = wait_child(pid) && ok;
+  bool ok = wait_all(pids);
   printf("failure_test abort: the other ranks saw the abort after");
   for (int r = 0; r < nranks; ++r) {
     if (r != ABORTER) printf(" %.2f", g_shared->detected[r]);
