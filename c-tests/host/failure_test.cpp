@@ -72,6 +72,15 @@ static void new_job(char* addr, size_t size) {
   g_shared->go = 0;
 }
 
+// Runs every rank of a new job in a child, rank_main(rank, nranks, addr); true if all exited with status 0.
+static bool run_job(int nranks, int (*rank_main)(int rank, int nranks, const char* addr)) {
+  char addr[64];
+  new_job(addr, sizeof(addr));
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return rank_main(r, nranks, addr); }));
+  return wait_all(pids);
+}
+
 // Init, a barrier, and the count of ready ranks.
 static int join_job(int rank, int nranks, const char* addr, mscclppComm_t* comm) {
   g_rank = rank;
@@ -223,14 +232,7 @@ static int idle_rank(int rank, int nranks, const char* addr) {
   return 0;
 }
 
-static bool idle_job(int nranks) {
-  char addr[64];
-  new_job(addr, sizeof(addr));
-  std::vector<pid_t> pids;
-  for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return idle_rank(r, nranks, addr); }));
-  bool ok = wait_all(pids);
-  return ok;
-}
+static bool idle_job(int nranks) { return run_job(nranks, idle_rank); }
 
 // ---- mscclppCommAbort ----
 static const int ABORTER = 1;
@@ -282,11 +284,7 @@ static int abort_rank(int rank, int nranks, const char* addr) {
 }
 
 static bool abort_job(int nranks) {
-  char addr[64];
-  new_job(addr, sizeof(addr));
-  std::vector<pid_t> pids;
-  for (int r = 0; r < nranks; ++r) pids.push_back(spawn([=] { return abort_rank(r, nranks, addr); }));
-  bool ok = wait_all(pids);
+  bool ok = run_job(nranks, abort_rank);
   printf("failure_test abort: the other ranks saw the abort after");
   for (int r = 0; r < nranks; ++r) {
     if (r != ABORTER) printf(" %.2f", g_shared->detected[r]);
