@@ -24,32 +24,12 @@ import os
 import sys
 import time
 
+import mscclpp
+
 SIZES = [1 << 10, 1 << 20, 16 << 20]  # bytes per rank
 WARMUP = 5
 
-KERNEL_SOURCE = r"""
-#include <mscclpp.h>
-
-#define WAIT_TIMEOUT_NS 10000000000ull
-
-__device__ __forceinline__ unsigned long long globalTimerNs()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ bool waitWithTimeout(mscclppDevConn& c)
-{
-  const uint64_t expected = *c.waitEpochId + 1;
-  const unsigned long long t0 = globalTimerNs();
-  while (!c.epochReached(expected)) {
-    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-  }
-  c.wait();
-  return true;
-}
-
+KERNEL_SOURCE = mscclpp.jit.WAITS_WITH_DEADLINE + r"""
 // Block b serves connection b. Each iteration puts our chunk and waits for the peer's; failed[b] gets the
 // 1-based iteration whose wait timed out.
 extern "C" __global__ void all_gather(mscclppDevConn* conns, int npeers, int rank, unsigned long long chunkBytes,
@@ -61,7 +41,7 @@ extern "C" __global__ void all_gather(mscclppDevConn* conns, int npeers, int ran
   const unsigned long long offset = (unsigned long long)rank * chunkBytes;
   for (int i = 0; i < iters; ++i) {
     c.putWithSignal(offset, offset, chunkBytes);
-    if (!waitWithTimeout(c)) { failed[b] = i + 1; return; }
+    if (!waitFor(c)) { failed[b] = i + 1; return; }
   }
   c.flush();
 }
@@ -75,8 +55,6 @@ def chunk_values(torch, rank: int, n: int):  # noqa: ANN001, ANN201
 def run_rank(rank: int, nranks: int, uid, iters: int) -> None:  # noqa: ANN001
     import cupy
     import torch
-
-    import mscclpp
 
     gpu = rank % torch.cuda.device_count()
     torch.cuda.set_device(gpu)
@@ -142,8 +120,6 @@ def main() -> int:
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
     import torch
     import torch.multiprocessing as mp
-
-    import mscclpp
 
     ngpus = torch.cuda.device_count()
     nranks = args.nranks or ngpus

@@ -28,33 +28,13 @@ import sys
 import time
 from datetime import timedelta
 
+import mscclpp
+
 SIZES = [(1 << 10, 1000), (1 << 20, 500), (64 << 20, 50)]  # (bytes, iterations)
 WARMUP = 10
 SENTINEL = 255
 
-KERNEL_SOURCE = r"""
-#include <mscclpp.h>
-
-#define WAIT_TIMEOUT_NS 10000000000ull
-
-__device__ __forceinline__ unsigned long long globalTimerNs()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ bool waitWithTimeout(mscclppDevConn& c)
-{
-  const uint64_t expected = *c.waitEpochId + 1;
-  const unsigned long long t0 = globalTimerNs();
-  while (!c.epochReached(expected)) {
-    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-  }
-  c.wait();
-  return true;
-}
-
+KERNEL_SOURCE = mscclpp.jit.WAITS_WITH_DEADLINE + r"""
 // failed[0] gets the 1-based number of the wait that timed out.
 extern "C" __global__ void bidir_put(mscclppDevConn* conns, unsigned long long bytes, int rank, int iters,
                                      long long* failed)
@@ -64,9 +44,9 @@ extern "C" __global__ void bidir_put(mscclppDevConn* conns, unsigned long long b
   const unsigned long long offset = (unsigned long long)rank * bytes;
   for (int i = 0; i < iters; ++i) {
     c.signal();
-    if (!waitWithTimeout(c)) { failed[0] = 2 * i + 1; return; }
+    if (!waitFor(c)) { failed[0] = 2 * i + 1; return; }
     c.putWithSignal(offset, offset, bytes);
-    if (!waitWithTimeout(c)) { failed[0] = 2 * i + 2; return; }
+    if (!waitFor(c)) { failed[0] = 2 * i + 2; return; }
   }
   c.flush();
 }
@@ -92,8 +72,6 @@ def pattern(torch, rank: int, salt: int, start: int, n: int):  # noqa: ANN001, A
 
 def torch_extension():  # noqa: ANN201
     """The kernel and its launcher built by torch's load_inline (cached after the first build)."""
-    import mscclpp
-
     return mscclpp.jit.torch_load_inline(
         "mscclpp_example_bidir_put", TORCH_LAUNCHER, ["launch_bidir_put"],
         cpp_sources="void launch_bidir_put(int64_t conns, int64_t bytes, int64_t rank, int64_t iters, "
@@ -101,16 +79,12 @@ def torch_extension():  # noqa: ANN201
 
 
 def uses_torch_compiler(choice: str) -> bool:
-    import mscclpp
-
     return choice == "torch" or (choice == "auto" and mscclpp.jit.torch_load_inline_missing() is None)
 
 
 def make_launcher(choice: str, rank: int):  # noqa: ANN201
     """A function launch(conns_ptr, bytes, rank, iters, failed) and the name of the compiler used."""
     import torch
-
-    import mscclpp
 
     missing = mscclpp.jit.torch_load_inline_missing()
     if uses_torch_compiler(choice):
@@ -144,8 +118,6 @@ def wait_gpu(torch, seconds: float) -> None:  # noqa: ANN001
 def run_rank(rank: int, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
-
-    import mscclpp
 
     torch.cuda.set_device(rank)
     launch, compiler = make_launcher(args.compiler, rank)

@@ -24,35 +24,13 @@ import sys
 import threading
 import time
 
-KERNEL_SOURCE = r"""
-#include <mscclpp.h>
+import mscclpp
 
-#define WAIT_TIMEOUT_NS 10000000000ull
-
-__device__ __forceinline__ unsigned long long globalTimerNs()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
+KERNEL_SOURCE = mscclpp.jit.WAITS_WITH_DEADLINE + r"""
 // The peer's next signal, of the kind this example sends; false if it did not come within the deadline.
 __device__ __forceinline__ bool pingWait(mscclppDevConn& c, bool direct)
 {
-  const unsigned long long t0 = globalTimerNs();
-  if (direct) {
-    while (!c.directPoll()) {
-      if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-    }
-    c.directWait();
-    return true;
-  }
-  const uint64_t expected = *c.waitEpochId + 1;
-  while (!c.epochReached(expected)) {
-    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-  }
-  c.wait();
-  return true;
+  return direct ? directWaitFor(c) : waitFor(c);
 }
 
 __device__ __forceinline__ void pingSignal(mscclppDevConn& c, bool direct)
@@ -101,8 +79,6 @@ SPIN_CYCLES = 10_000_000  # about 5 ms at 2 GHz
 
 def run_rank(rank: int, args: argparse.Namespace, results: dict) -> None:
     import cupy
-
-    import mscclpp
 
     label = f"GPU {rank}"
     try:

@@ -160,20 +160,15 @@ assert ctypes.sizeof(DevConnStruct) == DEV_CONN_BYTES
 
 class DeviceConnection:
     """One entry of :class:`DeviceConnections`: ``ptr`` is the device address of its ``mscclppDevConn``;
-    ``host`` its fields as copied from the library."""
+    ``host`` its fields as copied from the library, of which ``remote_rank`` and ``tag`` are also
+    attributes."""
 
     def __init__(self, index: int, ptr: int, host: DevConnStruct) -> None:
         self.index = index
         self.ptr = ptr
         self.host = host
-
-    @property
-    def remote_rank(self) -> int:
-        return self.host.remoteRank
-
-    @property
-    def tag(self) -> int:
-        return self.host.tag
+        self.remote_rank: int = host.remoteRank
+        self.tag: int = host.tag
 
     def __bytes__(self) -> bytes:
         """The struct's 80 bytes, e.g. for a kernel that takes ``mscclppDevConn`` by value or for

@@ -12,7 +12,7 @@ the bad argument), e.g.::
 from __future__ import annotations
 
 import enum
-from typing import Dict, Optional, Sequence, Type
+from typing import Any, Dict, Optional, Sequence, Type
 
 
 class ResultCode(enum.IntEnum):
@@ -38,9 +38,15 @@ class MscclppError(RuntimeError):
 
     Attributes: ``code`` (:class:`ResultCode`), ``function`` (the C function, or the Python method for
     errors found before calling C), ``log_lines`` (what the library logged during the call, oldest first).
+    A subclass names its code in its bases: ``class RemoteError(MscclppError, code=ResultCode.RemoteError)``.
     """
 
     code: ResultCode = ResultCode.InternalError
+
+    def __init_subclass__(cls, code: Optional[ResultCode] = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            cls.code = code
 
     def __init__(self, message: str, *, code: Optional[ResultCode] = None, function: str = "",
                  log_lines: Sequence[str] = ()) -> None:
@@ -51,46 +57,32 @@ class MscclppError(RuntimeError):
         self.log_lines = tuple(log_lines)
 
 
-class CudaError(MscclppError):
+class CudaError(MscclppError, code=ResultCode.UnhandledCudaError):
     """``mscclppUnhandledCudaError``: a CUDA driver call failed (or there is no driver, no GPU)."""
 
-    code = ResultCode.UnhandledCudaError
 
-
-class MscclppSystemError(MscclppError):
+class MscclppSystemError(MscclppError, code=ResultCode.SystemError):
     """``mscclppSystemError``: a system call failed (sockets, shared memory, threads)."""
 
-    code = ResultCode.SystemError
 
-
-class InternalError(MscclppError):
+class InternalError(MscclppError, code=ResultCode.InternalError):
     """``mscclppInternalError``: a bug in the library (or a panic it caught)."""
 
-    code = ResultCode.InternalError
 
-
-class InvalidArgumentError(MscclppError, ValueError):
+class InvalidArgumentError(MscclppError, ValueError, code=ResultCode.InvalidArgument):
     """``mscclppInvalidArgument``: an argument was wrong; the message names it."""
 
-    code = ResultCode.InvalidArgument
 
-
-class InvalidUsageError(MscclppError):
+class InvalidUsageError(MscclppError, code=ResultCode.InvalidUsage):
     """``mscclppInvalidUsage``: a call in the wrong order, or on a closed communicator."""
 
-    code = ResultCode.InvalidUsage
 
-
-class RemoteError(MscclppError):
+class RemoteError(MscclppError, code=ResultCode.RemoteError):
     """``mscclppRemoteError``: a peer did not come, went away, or the network failed."""
 
-    code = ResultCode.RemoteError
 
-
-class InProgressError(MscclppError):
+class InProgressError(MscclppError, code=ResultCode.InProgress):
     """``mscclppInProgress``."""
-
-    code = ResultCode.InProgress
 
 
 _BY_CODE: Dict[int, Type[MscclppError]] = {

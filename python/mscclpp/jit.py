@@ -22,8 +22,51 @@ from typing import Any, List, Optional, Sequence
 
 from ._library import include_dir
 
-__all__ = ["include_dir", "nvrtc_options", "nvcc_options", "cupy_module", "torch_load_inline_missing",
-           "torch_load_inline"]
+__all__ = ["WAITS_WITH_DEADLINE", "include_dir", "nvrtc_options", "nvcc_options", "cupy_module",
+           "torch_load_inline_missing", "torch_load_inline"]
+
+#: Device code to put in front of a kernel's source (it includes ``mscclpp.h``) so that a signal that
+#: never comes fails the kernel instead of hanging it: ``waitFor(conn)`` and ``directWaitFor(conn)`` are
+#: ``wait()`` and ``directWait()`` that return false once ``WAIT_TIMEOUT_NS`` nanoseconds have passed
+#: (10 s, unless the source defines it first), and ``globalTimerNs()`` reads the GPU's global timer. It
+#: compiles under NVRTC and nvcc.
+WAITS_WITH_DEADLINE = r"""
+#include <mscclpp.h>
+
+#ifndef WAIT_TIMEOUT_NS
+#define WAIT_TIMEOUT_NS 10000000000ull
+#endif
+
+__device__ __forceinline__ unsigned long long globalTimerNs()
+{
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// wait() with a deadline: false if the peer's next signal did not come in time.
+__device__ __forceinline__ bool waitFor(mscclppDevConn& c)
+{
+  const uint64_t expected = *c.waitEpochId + 1;
+  const unsigned long long t0 = globalTimerNs();
+  while (!c.epochReached(expected)) {
+    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
+  }
+  c.wait();
+  return true;
+}
+
+// directWait() with a deadline.
+__device__ __forceinline__ bool directWaitFor(mscclppDevConn& c)
+{
+  const unsigned long long t0 = globalTimerNs();
+  while (!c.directPoll()) {
+    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
+  }
+  c.directWait();
+  return true;
+}
+"""
 
 
 def nvrtc_options(std: str = "c++17") -> List[str]:

@@ -17,43 +17,7 @@ from mscclpp import _cuda
 WAIT_TIMEOUT_NS = 10_000_000_000
 SENTINEL = 255  # patterns are below 251, so no pattern byte is the sentinel
 
-PRELUDE = r"""
-#include <mscclpp.h>
-
-#define WAIT_TIMEOUT_NS 10000000000ull
-
-__device__ __forceinline__ unsigned long long globalTimerNs()
-{
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// wait() with a deadline: false if the peer's next signal did not come in time.
-__device__ __forceinline__ bool waitFor(mscclppDevConn& c)
-{
-  const uint64_t expected = *c.waitEpochId + 1;
-  const unsigned long long t0 = globalTimerNs();
-  while (!c.epochReached(expected)) {
-    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-  }
-  c.wait();
-  return true;
-}
-
-// directWait() with a deadline.
-__device__ __forceinline__ bool directWaitFor(mscclppDevConn& c)
-{
-  const unsigned long long t0 = globalTimerNs();
-  while (!c.directPoll()) {
-    if (globalTimerNs() - t0 > WAIT_TIMEOUT_NS) return false;
-  }
-  c.directWait();
-  return true;
-}
-"""
-
-KERNELS = PRELUDE + r"""
+KERNELS = mscclpp.jit.WAITS_WITH_DEADLINE + r"""
 // Rank 0 signals first; each rank answers the other's signal. status[0]: the 1-based iteration whose wait
 // timed out (0: none); status[1]: nanoseconds for all iterations.
 extern "C" __global__ void ping_pong(mscclppDevConn* conns, int rank, int iters, unsigned long long* status)

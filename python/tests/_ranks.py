@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -19,6 +20,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_rank_threads(nranks: int, fn: Callable[[int], Any], timeout: float = 60) -> List[threading.Thread]:
+    """Runs ``fn(rank)`` for every rank, each in a thread of this process, and waits up to ``timeout`` s for
+    each; returns the threads (one still alive did not finish)."""
+    threads = [threading.Thread(target=fn, args=(r,)) for r in range(nranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return threads
 
 
 class _Skip(Exception):

@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 import _host_workers
 import mscclpp
-from _ranks import free_port, run_ranks
+from _ranks import free_port, run_rank_threads, run_ranks
 from mscclpp import _cuda
 
 HERE = Path(__file__).resolve().parent
@@ -111,11 +110,7 @@ def test_ranks_in_threads_of_one_process() -> None:
         except BaseException as e:  # noqa: BLE001
             out[rank] = e
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    threads = run_rank_threads(2, rank_main)
     assert not any(t.is_alive() for t in threads)
     assert out == {0: [b"thread 0", b"thread 1"], 1: [b"thread 0", b"thread 1"]}
 
@@ -196,11 +191,7 @@ def test_connect_refuses_what_is_not_gpu_memory_and_bad_peers() -> None:
                 assert comm.connections == ()
             comm.barrier()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_rank_threads(2, rank_main)
     assert isinstance(errors["plain object"], TypeError) and "is not a GPU buffer" in str(errors["plain object"])
     assert isinstance(errors["host dlpack"], TypeError) and "CPU memory" in str(errors["host dlpack"])
     assert isinstance(errors["strided"], ValueError) and "not contiguous" in str(errors["strided"])
@@ -229,11 +220,7 @@ def test_without_a_driver_gpu_calls_fail_with_the_reason() -> None:
             except mscclpp.MscclppError as e:
                 errors[rank] = e
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_rank_threads(2, rank_main)
     for rank in range(2):
         e = errors[rank]
         assert isinstance(e, mscclpp.CudaError), e
