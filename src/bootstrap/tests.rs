@@ -651,7 +651,12 @@ fn a_killed_peer_is_detected_at_once_by_every_rank_and_runs_the_hook_once() {
     for b in &ranks {
         let f = failure_within(b, Duration::from_secs(5));
         assert_eq!(f.rank, 2);
-        assert!(matches!(f.cause, Cause::ConnectionClosed(_)), "{f:?}");
+        // Seen by this rank, or first by another rank that told this one (both race to it).
+        assert!(
+            matches!(&f.cause, Cause::ConnectionClosed(_))
+                || matches!(&f.cause, Cause::ReportedBy { how, .. } if how.contains("connection closed")),
+            "{f:?}"
+        );
         assert!(
             f.detected - killed < Duration::from_secs(2),
             "{:?}",
@@ -661,7 +666,10 @@ fn a_killed_peer_is_detected_at_once_by_every_rank_and_runs_the_hook_once() {
         let start = Instant::now();
         let e = b.barrier().unwrap_err();
         assert_eq!(e.kind, ErrorKind::Remote);
-        assert!(e.message.contains("rank 2 failed (connection closed"), "{e}");
+        assert!(
+            e.message.contains("rank 2 failed (") && e.message.contains("connection closed"),
+            "{e}"
+        );
         assert!(b.send(0, 1, b"x").is_err() && b.recv(0, 1).is_err());
         assert!(start.elapsed() < Duration::from_secs(1));
     }

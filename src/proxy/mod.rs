@@ -571,6 +571,24 @@ mod tests {
         }
     }
 
+    /// A test proxy thread serving `ring` from position 0.
+    fn spawn_test(
+        ring: TriggerRing,
+        handler: Box<dyn TriggerHandler>,
+        publisher: Box<dyn TailPublisher>,
+    ) -> ProxyThread {
+        ProxyThread::spawn("test-proxy".into(), 0, ring, 0, handler, publisher, Box::new(|| Ok(()))).unwrap()
+    }
+
+    /// Publishes tails where the test reads them while the thread runs.
+    struct SharedTails(Arc<Mutex<Vec<u64>>>);
+    impl TailPublisher for SharedTails {
+        fn publish(&mut self, tail: u64) -> Result<()> {
+            self.0.lock().push(tail);
+            Ok(())
+        }
+    }
+
     fn push(slots: &mut Slots, pos: u64, t: Trigger) {
         slots.0[(pos % FIFO_SIZE) as usize] = t.encode();
     }
@@ -713,27 +731,15 @@ mod tests {
 
     #[test]
     fn idle_thread_refreshes_a_stale_device_tail() {
-        struct Shared(Arc<Mutex<Vec<u64>>>);
-        impl TailPublisher for Shared {
-            fn publish(&mut self, tail: u64) -> Result<()> {
-                self.0.lock().push(tail);
-                Ok(())
-            }
-        }
         let mut slots = flags(3);
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let tails = Arc::new(Mutex::new(Vec::new()));
-        let p = ProxyThread::spawn(
-            "test-proxy".into(),
-            0,
+        let p = spawn_test(
             ring,
-            0,
             Box::new(Recorder::default()),
-            Box::new(Shared(tails.clone())),
-            Box::new(|| Ok(())),
-        )
-        .unwrap();
+            Box::new(SharedTails(tails.clone())),
+        );
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while tails.lock().is_empty() {
             assert!(
@@ -781,23 +787,11 @@ mod tests {
         let ring = unsafe { TriggerRing::new(slots_ptr) };
         let aborts = Arc::new(AtomicU64::new(0));
         let tails = Arc::new(Mutex::new(Vec::new()));
-        struct Shared(Arc<Mutex<Vec<u64>>>);
-        impl TailPublisher for Shared {
-            fn publish(&mut self, tail: u64) -> Result<()> {
-                self.0.lock().push(tail);
-                Ok(())
-            }
-        }
-        let p = ProxyThread::spawn(
-            "test-proxy".into(),
-            0,
+        let p = spawn_test(
             ring,
-            0,
             Box::new(Aborting(aborts.clone())),
-            Box::new(Shared(tails.clone())),
-            Box::new(|| Ok(())),
-        )
-        .unwrap();
+            Box::new(SharedTails(tails.clone())),
+        );
         p.shared().abort();
         wait_until("the aborted proxy did not drain the FIFO", || {
             tails.lock().last() == Some(&5)
@@ -838,16 +832,7 @@ mod tests {
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let causes = Arc::new(Mutex::new(Vec::new()));
-        let p = ProxyThread::spawn(
-            "test-proxy".into(),
-            0,
-            ring,
-            0,
-            Box::new(Recorder::default()),
-            Box::new(Tails::default()),
-            Box::new(|| Ok(())),
-        )
-        .unwrap();
+        let p = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
         let seen = causes.clone();
         let shared = p.shared().clone();
         p.shared().set_abort_hook(Arc::new(move |c| {
@@ -872,16 +857,7 @@ mod tests {
         let mut slots = flags(3);
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
-        let p = ProxyThread::spawn(
-            "test-proxy".into(),
-            0,
-            ring,
-            0,
-            Box::new(Recorder::default()),
-            Box::new(Tails::default()),
-            Box::new(|| Ok(())),
-        )
-        .unwrap();
+        let p = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while p.shared().processed() < 3 {
             assert!(std::time::Instant::now() < deadline, "proxy did not serve the triggers");

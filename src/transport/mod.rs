@@ -205,6 +205,34 @@ pub unsafe fn release_waits(stream: &Stream, epoch_blocks: impl IntoIterator<Ite
     Ok(())
 }
 
+/// What every transport's proxy does with a trigger's Data and Flag parts (`copy` and `raise_flag` are
+/// its own): the data only if `ranges` (the trigger's check against both buffers) passed; the flag even
+/// when the data was dropped, since the device counted the signal and a missing flag would leave the
+/// peer waiting forever. A dropped part is the returned error (the proxy logs it and goes on).
+pub fn carry_out<H: ?Sized>(
+    handler: &mut H,
+    t: &crate::proxy::Trigger,
+    ranges: impl FnOnce() -> Result<()>,
+    copy: impl FnOnce(&mut H) -> Result<()>,
+    raise_flag: impl FnOnce(&mut H) -> Result<()>,
+) -> Result<()> {
+    let mut dropped = None;
+    if t.has_data() && t.data_size > 0 {
+        match ranges() {
+            Ok(()) => copy(handler)?,
+            Err(e) if t.has_flag() => {
+                log::error!("dropped the data of {t:?}: {e}");
+                dropped = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if t.has_flag() {
+        raise_flag(handler)?;
+    }
+    dropped.map_or(Ok(()), Err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

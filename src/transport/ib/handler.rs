@@ -131,32 +131,23 @@ impl TriggerHandler for IbHandler {
                     t.conn_id
                 ))
             })?;
-        if t.has_data() && t.data_size > 0 {
-            match t.check_ranges(route.local_buff.size, route.remote_buff.size) {
-                Ok(()) => {
-                    let seq = route.queue.write(
-                        route.local_buff.addr + t.src_offset as u64,
-                        route.local_buff.key,
-                        t.data_size as u64,
-                        route.remote_buff.addr + t.dst_offset as u64,
-                        route.remote_buff.key,
-                    )?;
-                    self.note(&route.queue, seq);
-                }
-                Err(e) if t.has_flag() => {
-                    // Drop the data but still raise the flag: the device counted this signal, and a
-                    // missing flag would leave the peer waiting forever.
-                    log::error!("dropped the data of {t:?}: {e}");
-                    self.raise_flag(&route, t.conn_id as usize)?;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if t.has_flag() {
-            self.raise_flag(&route, t.conn_id as usize)?;
-        }
-        Ok(())
+        crate::transport::carry_out(
+            self,
+            t,
+            || t.check_ranges(route.local_buff.size, route.remote_buff.size),
+            |h| {
+                let seq = route.queue.write(
+                    route.local_buff.addr + t.src_offset as u64,
+                    route.local_buff.key,
+                    t.data_size as u64,
+                    route.remote_buff.addr + t.dst_offset as u64,
+                    route.remote_buff.key,
+                )?;
+                h.note(&route.queue, seq);
+                Ok(())
+            },
+            |h| h.raise_flag(&route, t.conn_id as usize),
+        )
     }
 
     fn sync(&mut self) -> Result<()> {

@@ -220,23 +220,13 @@ fn store_flag(fast: usize, count: u64) {
 impl TriggerHandler for P2pHandler {
     fn handle(&mut self, t: &Trigger) -> Result<()> {
         let route = *route_of(&self.routes, t)?;
-        if t.has_data() {
-            match t.check_ranges(route.local_size, route.remote_size) {
-                Ok(()) => self.copy_data(&route, t)?,
-                Err(e) if t.has_flag() => {
-                    // Drop the data but still raise the flag: the device counted this signal, and a
-                    // missing flag would leave the peer waiting forever.
-                    log::error!("dropped the data of {t:?}: {e}");
-                    self.raise_flag(&route, t.conn_id as usize)?;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if t.has_flag() {
-            self.raise_flag(&route, t.conn_id as usize)?;
-        }
-        Ok(())
+        crate::transport::carry_out(
+            self,
+            t,
+            || t.check_ranges(route.local_size, route.remote_size),
+            |h| h.copy_data(&route, t),
+            |h| h.raise_flag(&route, t.conn_id as usize),
+        )
     }
 
     fn sync(&mut self) -> Result<()> {
