@@ -90,6 +90,11 @@ __global__ void ringKernel(mscclppDevConn send, mscclppDevConn recv, int mode, v
     *iterations = i + 1;
   }
 #ifdef MSCCLPP_HAS_ABORT
+  // The host may tell the kernel to stop before the proxy has raised the abort word (the aborting rank
+  // learns of its own abort at once): give the word a second to say so.
+  const uint64_t since = mscclppGlobalTimerNs();
+  while (!recv.aborted() && mscclppGlobalTimerNs() - since < 1000000000ull) {
+  }
   if (recv.aborted()) *sawAbort = 1;
 #endif
 }
