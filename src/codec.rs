@@ -41,12 +41,6 @@ impl Writer {
         let len = u32::try_from(b.len()).expect("message strings are short");
         self.u32(len).bytes(b)
     }
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
     pub fn into_bytes(self) -> Vec<u8> {
         self.0
     }
@@ -107,9 +101,6 @@ impl<'a> Reader<'a> {
             return Err(self.malformed(format!("has a wrong magic ({m:#x}, not {magic:#x})")));
         }
         Ok(())
-    }
-    pub fn remaining(&self) -> usize {
-        self.rest.len()
     }
     /// The message must end here.
     pub fn finish(self) -> Result<()> {

@@ -105,6 +105,13 @@ impl CommState {
     fn proxy_running(&self) -> bool {
         self.transports.iter().any(|t| t.proxy_running())
     }
+
+    /// The first failure of any transport's proxy, with the transport's name.
+    fn proxy_failure(&self) -> Option<(&'static str, Error)> {
+        self.transports
+            .iter()
+            .find_map(|t| t.proxy_failure().map(|e| (t.name(), e)))
+    }
 }
 
 pub struct Communicator {
@@ -169,8 +176,7 @@ impl Communicator {
     /// The proxies' failure, if one can be seen now: never waits for the state, which another call may
     /// hold for long (`mscclppCommGetAsyncError` must not block).
     pub(crate) fn proxy_failure_now(&self) -> Option<Error> {
-        let st = self.state.try_lock()?;
-        st.transports.iter().find_map(|t| t.proxy_failure())
+        self.state.try_lock()?.proxy_failure().map(|(_, e)| e)
     }
 
     /// Tells the transports and their proxies to abort, after a peer failed, `mscclppCommAbort` or a proxy's
@@ -187,11 +193,7 @@ impl Communicator {
 
     /// The first failure of any transport's proxy; later calls report it instead of going on.
     fn check_proxy(st: &CommState) -> Result<()> {
-        match st
-            .transports
-            .iter()
-            .find_map(|t| t.proxy_failure().map(|e| (t.name(), e)))
-        {
+        match st.proxy_failure() {
             Some((name, e)) => Err(Error::new(
                 e.kind,
                 format!("the {name} proxy failed earlier: {}", e.message),

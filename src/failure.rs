@@ -32,10 +32,7 @@ impl FailureState {
     /// Records a proxy's failure (the first one counts), for `mscclppCommGetAsyncError`. Proxies may call
     /// this as they fail; the communicator also records what it finds when it looks.
     pub fn report_proxy_failure(&self, e: Error) {
-        let mut proxy = self.proxy.lock();
-        if proxy.is_none() {
-            *proxy = Some(e);
-        }
+        self.proxy.lock().get_or_insert(e);
     }
 
     pub fn proxy_failure(&self) -> Option<Error> {

@@ -336,10 +336,6 @@ impl Setting {
     pub fn text(&'static self) -> Option<String> {
         Source::process().text(self)
     }
-    /// Whether the process environment sets it.
-    pub fn is_set(&'static self) -> bool {
-        Source::process().raw(self).is_some()
-    }
 }
 
 /// Logs every setting in effect at INFO (when a communicator is created).
