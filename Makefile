@@ -100,7 +100,7 @@ deps:
 # ---- the library ----
 # cargo decides what is stale; files are copied only when they changed, so that make rebuilds programs
 # only when the library or the headers really changed. build.rs writes the headers the same way.
-$(LIB_SO): FORCE | deps
+$(LIB_SO): FORCE | deps $(NVCC_READY)
 	+$(CARGO) build --release
 	@mkdir -p $(@D)
 	@cmp -s target/release/libmscclpp.so $@ || cp -f target/release/libmscclpp.so $@

@@ -9,7 +9,10 @@
 //!
 //!    cbindgen reads `src/types.rs` and `src/ffi/*.rs` with the settings in `cbindgen.toml`.
 //! 2. Compiles the library's small C++ part (`src/cxx/*.cpp`, if any) against those headers.
-//! 3. Gives the shared library its soname.
+//! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
+//!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
+//!    PTX, cached by content under `target/kernel-cache/`; `src/collective/kernels.rs` embeds them.
+//! 4. Gives the shared library its soname.
 
 use cbindgen::{ItemType, Style};
 use std::fs;
@@ -62,6 +65,8 @@ fn main() {
 
     // After the headers are written: the C++ part includes mscclpp.h for its structs.
     compile_cxx(&cxx_dir, &out_dir);
+
+    compile_collective_kernels(&root);
 
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as
     // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so.
@@ -231,4 +236,154 @@ fn compile_cxx(cxx_dir: &Path, include_dir: &Path) {
         .cpp_link_stdlib("stdc++")
         .files(&sources)
         .compile("mscclpp_cxx");
+}
+
+/// The element types of the reducing collectives: the kernels' name for each and its C type. The order and
+/// names match `collective::DataType::kernel_name` (a test there checks that every type's kernels are
+/// embedded).
+const KERNEL_TYPES: [(&str, &str); 10] = [
+    ("i8", "int8_t"),
+    ("u8", "uint8_t"),
+    ("i32", "int32_t"),
+    ("u32", "uint32_t"),
+    ("i64", "int64_t"),
+    ("u64", "uint64_t"),
+    ("f16", "__half"),
+    ("f32", "float"),
+    ("f64", "double"),
+    ("bf16", "__nv_bfloat16"),
+];
+
+/// The GPUs the kernels are built for: machine code for Ampere and Hopper, and Hopper's PTX for later GPUs.
+const KERNEL_TARGETS: [&str; 4] = [
+    "-gencode",
+    "arch=compute_80,code=sm_80",
+    "-gencode",
+    "arch=compute_90,code=[sm_90,compute_90]",
+];
+
+/// nvcc: `$NVCC` (the Makefile sets it), else the one `make` installs, else CUDA's usual places.
+fn find_nvcc(root: &Path) -> Option<PathBuf> {
+    println!("cargo:rerun-if-env-changed=NVCC");
+    if let Some(nvcc) = std::env::var_os("NVCC").filter(|v| !v.is_empty()) {
+        return Some(PathBuf::from(nvcc));
+    }
+    [
+        root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc"),
+        PathBuf::from("/usr/local/cuda/bin/nvcc"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// Compiles `kernels/collectives/` into fatbins and writes `collective_kernels.rs` into OUT_DIR: a list of
+/// (unit name, fatbin bytes). Without nvcc the list is empty and the library says so when a collective is
+/// called.
+fn compile_collective_kernels(root: &Path) {
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let list = out_dir.join("collective_kernels.rs");
+    let Some(nvcc) = find_nvcc(root) else {
+        println!(
+            "cargo:warning=nvcc not found (set NVCC, or run make): the library is built without its collective \
+             kernels, and mscclppAllReduce and the other collectives will fail saying so"
+        );
+        write_if_changed(&list, "pub static FATBINS: &[(&str, &[u8])] = &[];\n");
+        return;
+    };
+    let source_dir = root.join("kernels/collectives");
+    let mut units: Vec<(String, String)> = KERNEL_TYPES
+        .iter()
+        .map(|(name, ty)| {
+            (
+                name.to_string(),
+                format!("#include \"kernels.cuh\"\nMSCCLPP_REDUCING_KERNELS({name}, {ty})\n"),
+            )
+        })
+        .collect();
+    units.push((
+        "moving".into(),
+        "#include \"kernels.cuh\"\nMSCCLPP_MOVING_KERNELS()\n".into(),
+    ));
+
+    let mut flags: Vec<String> = ["-fatbin", "-std=c++17", "-O3"].iter().map(|s| s.to_string()).collect();
+    flags.extend(KERNEL_TARGETS.iter().map(|s| s.to_string()));
+    flags.push(format!("-I{}", source_dir.display()));
+    // CCCL's headers (cuda_fp16.h and cuda_bf16.h include <nv/target>), where this nvcc keeps them apart.
+    if let Some(cccl) = nvcc
+        .parent()
+        .map(|bin| bin.join("../include/cccl"))
+        .filter(|p| p.is_dir())
+    {
+        flags.push(format!("-I{}", cccl.display()));
+    }
+
+    // The cache key: the compiler, the flags and every device source.
+    let mut key = std::collections::hash_map::DefaultHasher::new();
+    use std::hash::{Hash, Hasher};
+    nvcc.hash(&mut key);
+    fs::metadata(&nvcc).ok().and_then(|m| m.modified().ok()).hash(&mut key);
+    flags.hash(&mut key);
+    let mut sources: Vec<PathBuf> = fs::read_dir(&source_dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", source_dir.display()))
+        .map(|entry| entry.expect("readable directory entry").path())
+        .collect();
+    sources.sort();
+    for path in &sources {
+        path.file_name().hash(&mut key);
+        fs::read(path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+            .hash(&mut key);
+    }
+    let cache = root.join("target/kernel-cache").join(format!("{:016x}", key.finish()));
+    fs::create_dir_all(&cache).unwrap_or_else(|e| panic!("cannot create {}: {e}", cache.display()));
+
+    // Compile what the cache lacks, as many units at a time as cargo allows jobs.
+    let jobs: usize = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|j| j.parse().ok())
+        .unwrap_or(2)
+        .max(1);
+    let missing: Vec<&(String, String)> = units
+        .iter()
+        .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file())
+        .collect();
+    for batch in missing.chunks(jobs) {
+        let children: Vec<(String, std::process::Child)> = batch
+            .iter()
+            .map(|(name, text)| {
+                let source = out_dir.join(format!("collectives_{name}.cu"));
+                fs::write(&source, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
+                let partial = cache.join(format!("{name}.fatbin.partial"));
+                let child = std::process::Command::new(&nvcc)
+                    .args(&flags)
+                    .arg(&source)
+                    .arg("-o")
+                    .arg(&partial)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+                (name.clone(), child)
+            })
+            .collect();
+        for (name, mut child) in children {
+            let status = child.wait().unwrap_or_else(|e| panic!("nvcc for {name}: {e}"));
+            assert!(
+                status.success(),
+                "nvcc failed on the {name} collective kernels ({status})"
+            );
+            let partial = cache.join(format!("{name}.fatbin.partial"));
+            fs::rename(&partial, cache.join(format!("{name}.fatbin")))
+                .unwrap_or_else(|e| panic!("cannot rename {}: {e}", partial.display()));
+        }
+    }
+
+    let mut text = String::from("pub static FATBINS: &[(&str, &[u8])] = &[\n");
+    for (name, _) in &units {
+        let path = cache.join(format!("{name}.fatbin"));
+        text.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    text.push_str("];\n");
+    write_if_changed(&list, &text);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs CUDA's compiler from PyPI into .toolchain/cuda (git-ignored) and makes it usable, unless the
-# same pinned set is already there. The versions match the GPU machines' CUDA 13.0 and each other (an
+# same pinned set is already there (CCCL too: the library's kernels include cuda_fp16.h and cuda_bf16.h,
+# which need its <nv/target>). The versions match the GPU machines' CUDA 13.0 and each other (an
 # unpinned nvidia-nvvm emits PTX that this ptxas rejects).
 #
 # The wheels unpack to .toolchain/cuda/nvidia/cu13/{bin,include,lib,nvvm}. nvcc looks for libraries in
@@ -12,7 +13,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dest="$root/.toolchain/cuda"
 home="$dest/nvidia/cu13"
 stamp="$dest/.ready"
-packages=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96)
+packages=(nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-cuda-runtime==13.0.96
+  nvidia-cuda-cccl==13.0.85)
 
 if [[ -f $stamp && $(cat "$stamp") == "${packages[*]}" ]]; then
   exit 0

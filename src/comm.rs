@@ -16,6 +16,7 @@
 //! names a transport kind only in `new_transport`, where the transport of a new connection is chosen.
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
+use crate::collective::{Call, Collectives};
 use crate::connection::{Connection, EpochBlock, SetupMessage, TransportKind};
 use crate::error::{Error, Result};
 use crate::failure::FailureState;
@@ -121,6 +122,8 @@ pub struct Communicator {
     state: Mutex<CommState>,
     /// Failures besides the bootstrap's (see `failure.rs`).
     failures: Arc<FailureState>,
+    /// The collectives (`mscclppAllReduce` and the others), set up at the first call.
+    collectives: Collectives,
 }
 
 impl Communicator {
@@ -157,6 +160,7 @@ impl Communicator {
             bootstrap,
             state: Mutex::new(state),
             failures: Arc::default(),
+            collectives: Collectives::default(),
         }
     }
 
@@ -184,6 +188,7 @@ impl Communicator {
     /// kernels' waits and drain their FIFOs until stopped (`Transport::abort_proxy`; nothing here waits on
     /// a peer or a thread).
     pub(crate) fn abort_transports(&self, failure: &PeerFailure) {
+        self.collectives.abort();
         let mut st = self.state.lock();
         for t in st.transports.iter_mut() {
             t.abort_proxy();
@@ -492,6 +497,15 @@ impl Communicator {
         Ok(())
     }
 
+    /// `mscclppAllReduce`, `mscclppAllGather`, `mscclppReduceScatter`, `mscclppBroadcast`: one collective
+    /// call on the application's stream (see `collective`). `root` is the application's argument.
+    pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
+        self.check_usable()?;
+        let gpu = Self::gpu(&mut self.state.lock())?;
+        self.collectives
+            .run(&self.bootstrap, &gpu, || self.check_usable(), call, root, stream)
+    }
+
     /// Releases everything: stops the proxies (no barrier: peers may be gone), then the transports
     /// release what they hold (peers' mappings, queue pairs, memory registrations) before the
     /// connections' memory is freed. Safe to call after `proxy_stop`.
@@ -501,6 +515,7 @@ impl Communicator {
         if let Some(g) = st.gpu {
             let _ = g.make_current();
         }
+        self.collectives.clear();
         st.dev_conns.clear();
         for t in st.transports.iter_mut() {
             // A failure was reported by the stop above.

@@ -15,6 +15,9 @@
 //!     per device.
 //!
 //!   A new transport is one more folder there and one line in `comm::new_transport`.
+//! - `collective/`: all-reduce, all-gather, reduce-scatter and broadcast: the host side (checks, the
+//!   algorithm table, scratch memory, launches); their kernels are in `kernels/collectives/`, one file per
+//!   algorithm, compiled by build.rs and embedded.
 //! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.
 //! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
@@ -23,6 +26,7 @@
 
 pub mod bootstrap;
 pub mod codec;
+pub mod collective;
 pub mod comm;
 pub mod connection;
 pub mod error;

@@ -128,6 +128,23 @@ setting!(
     Warn,
     "what a P2P flag writes: `copy`, the exact count by the copy engine; `epoch`, the legacy copy of the device epoch"
 );
+// ---- collectives ----
+setting!(
+    COLL_ALGO,
+    "MSCCLPP_COLL_ALGO",
+    "auto",
+    Values::Choice(&["auto", "packet", "copy"]),
+    Warn,
+    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs); `packet` or `copy` forces one (for measurement)"
+);
+setting!(
+    COLL_SCRATCH_MB,
+    "MSCCLPP_COLL_SCRATCH_MB",
+    "64",
+    Values::Int { min: 1, max: 4096 },
+    Warn,
+    "MiB of data in each of the two slots of a communicator's scratch buffer, which peers write collectives' data into; larger calls are cut into windows of it"
+);
 // ---- InfiniBand ----
 setting!(
     IB_PORT,
@@ -196,6 +213,8 @@ pub static ALL: &[&Setting] = &[
     &PROXY_CPUS,
     &P2P_FAST_FLAGS,
     &P2P_FLAG,
+    &COLL_ALGO,
+    &COLL_SCRATCH_MB,
     &IB_PORT,
     &IB_GID_INDEX,
     &IB_CQ_SIZE,

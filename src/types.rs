@@ -33,6 +33,34 @@ pub enum mscclppTransport_t {
     mscclppTransportIB = 2,
 }
 
+/// Element types of the collectives (`mscclppAllReduce` and the others), numbered as NCCL numbers them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mscclppDataType_t {
+    mscclppInt8 = 0,
+    mscclppUint8 = 1,
+    mscclppInt32 = 2,
+    mscclppUint32 = 3,
+    mscclppInt64 = 4,
+    mscclppUint64 = 5,
+    mscclppFloat16 = 6,
+    mscclppFloat32 = 7,
+    mscclppFloat64 = 8,
+    mscclppBfloat16 = 9,
+}
+
+/// Reduction operators of the collectives, numbered as NCCL numbers them. `mscclppAvg` is the sum divided
+/// by the number of ranks (truncated for integer types).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum mscclppRedOp_t {
+    mscclppSum = 0,
+    mscclppProd = 1,
+    mscclppMax = 2,
+    mscclppMin = 3,
+    mscclppAvg = 4,
+}
+
 /// The epoch counters of one side of a connection (device memory).
 ///
 /// `device` counts the signals this side has raised; `proxy` is written by the peer's proxy with the
@@ -184,5 +212,7 @@ mod tests {
         );
         assert_eq!(size_of::<mscclppResult_t>(), 4);
         assert_eq!(size_of::<mscclppTransport_t>(), 4);
+        assert_eq!(size_of::<mscclppDataType_t>(), 4);
+        assert_eq!(size_of::<mscclppRedOp_t>(), 4);
     }
 }

@@ -25,7 +25,11 @@ fn bootstrap_timeout() -> Duration {
 }
 
 /// Runs `body` with the communicator behind `comm`; everything it logs, errors included, names its rank.
-fn with_comm(name: &str, comm: mscclppComm_t, body: impl FnOnce(&Communicator) -> Result<()>) -> mscclppResult_t {
+pub(super) fn with_comm(
+    name: &str,
+    comm: mscclppComm_t,
+    body: impl FnOnce(&Communicator) -> Result<()>,
+) -> mscclppResult_t {
     let _rank = handles::lookup(comm).ok().map(|c| RankScope::enter(c.rank()));
     guard(name, || body(&*handles::lookup(comm)?))
 }

@@ -2,6 +2,7 @@
 //! communicator, and call into the safe core, each behind a panic boundary.
 
 pub mod api;
+pub mod collectives;
 mod handles;
 
 use crate::error::{Error, Result};

@@ -114,6 +114,11 @@ impl GpuContext {
         GpuContext::current().ok()
     }
 
+    /// Whether `ctx` is this context.
+    pub fn is(&self, ctx: CUcontext) -> bool {
+        ctx as usize == self.ctx
+    }
+
     /// Makes this context current on the calling thread (proxy threads, and API calls made from
     /// threads other than the creator's).
     pub fn make_current(&self) -> Result<()> {

@@ -24,6 +24,24 @@ impl DeviceAllocation {
         check(unsafe { sys::cuMemsetD8_v2(ptr, 0, size) }, || "cuMemsetD8".into())?;
         Ok(alloc)
     }
+    /// As `zeroed`, but zeroed on `stream` (the library's own, non-blocking), so that it never touches the
+    /// legacy default stream, which a CUDA graph capture on a blocking stream forbids. Returns once the
+    /// memory is zero.
+    pub fn zeroed_on(ctx: &GpuContext, size: usize, stream: &super::Stream) -> Result<DeviceAllocation> {
+        ctx.make_current()?;
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: out-pointer to a local; a context is current.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, || {
+            format!("cuMemAlloc({size} bytes)")
+        })?;
+        let alloc = DeviceAllocation { ptr, size, ctx: *ctx };
+        // SAFETY: the range was just allocated in this context, and stays so until the stream is idle.
+        check(unsafe { sys::cuMemsetD8Async(ptr, 0, size, stream.raw()) }, || {
+            "cuMemsetD8Async".into()
+        })?;
+        stream.spin_until_idle()?;
+        Ok(alloc)
+    }
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -102,6 +120,21 @@ impl PinnedHostBuffer {
     }
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Stores `value` into the 8-byte aligned word at byte `offset`, as one volatile store the device sees
+    /// (the device reads the word over the bus).
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8).is_none_or(|end| end > self.size) {
+            return Err(Error::internal(format!(
+                "word +{offset} is not an aligned word of a pinned buffer of {} bytes",
+                self.size
+            )));
+        }
+        // SAFETY: the word lies inside our allocation and is aligned (checked above); the buffer is page
+        // aligned.
+        unsafe { std::ptr::write_volatile(self.host.add(offset).cast::<u64>(), value) };
+        Ok(())
     }
 }
 

@@ -3,19 +3,21 @@
 //!
 //! Everything the library does on a GPU goes through the types here; no other module calls the driver:
 //! a `GpuContext` that the application's thread had current when it made the communicator (with peer
-//! access and the device's PCI bus id), device and pinned host buffers, our streams and the
+//! access and the device's PCI bus id), device and pinned host buffers, the library's own kernels (modules loaded from embedded fatbins), our streams and the
 //! application's (`AppStream`), CUDA IPC handles, and host memory shared between processes. A function
 //! whose safety rests on a range it cannot check (a peer's mapped memory) is an `unsafe fn` that says so.
 
 mod driver;
 mod ipc;
 mod memory;
+mod module;
 mod shared_host;
 mod stream;
 
 pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
+pub use module::{Kernel, Module, RelaxedCapture};
 pub use shared_host::SharedHostMemory;
 pub use stream::{AppStream, Stream};
 

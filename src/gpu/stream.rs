@@ -135,8 +135,48 @@ impl AppStream {
         AppStream(handle as usize)
     }
 
-    fn raw(&self) -> CUstream {
+    pub(super) fn raw(&self) -> CUstream {
         self.0 as CUstream
+    }
+
+    /// Fails unless the stream belongs to `gpu`'s context (the legacy and per-thread default streams,
+    /// 0 and 2, belong to every context).
+    pub fn check_context(&self, gpu: &GpuContext) -> Result<()> {
+        if self.0 == 0 || self.0 == 1 || self.0 == 2 {
+            return Ok(());
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the stream is `from_raw`'s contract.
+        check(unsafe { sys::cuStreamGetCtx(self.raw(), &mut ctx) }, || {
+            "stream: cuStreamGetCtx".into()
+        })?;
+        if !gpu.is(ctx) {
+            return Err(Error::invalid_argument(
+                "stream belongs to another GPU's context than the communicator's",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether work queued on the stream is being captured into a CUDA graph.
+    pub fn is_capturing(&self) -> Result<bool> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: out-pointer to a local; the stream is `from_raw`'s contract.
+        check(unsafe { sys::cuStreamIsCapturing(self.raw(), &mut status) }, || {
+            "asking whether the application's stream is being captured".into()
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// Queues a zeroing of `[dst, +bytes)` after the work already queued on the stream.
+    ///
+    /// # Safety
+    /// The range is device memory this context reaches, allocated until the stream has run the write.
+    pub unsafe fn zero(&self, dst: DevicePtr, bytes: usize) -> Result<()> {
+        // SAFETY: the range is the caller's contract; the stream is `from_raw`'s.
+        check(unsafe { sys::cuMemsetD8Async(dst, 0, bytes, self.raw()) }, || {
+            format!("zeroing {bytes} bytes at {dst:#x} on the application's stream")
+        })
     }
 
     /// Waits until the work queued on the stream so far is done.

@@ -27,11 +27,11 @@ impl ProcessId {
         }
     }
 
-    fn write(&self, w: &mut Writer) {
+    pub(crate) fn write(&self, w: &mut Writer) {
         w.u64(self.host).u32(self.pid);
     }
 
-    fn read(r: &mut Reader) -> Result<ProcessId> {
+    pub(crate) fn read(r: &mut Reader) -> Result<ProcessId> {
         Ok(ProcessId {
             host: r.u64()?,
             pid: r.u32()?,

@@ -1,0 +1,38 @@
+// All-gather with packets (small messages): every rank writes its piece as packets into every peer's
+// scratch and its own output, then copies the peers' pieces out as their packets arrive.
+//
+// Scratch: [source rank][unit] packets. In place when the input is this rank's piece of the output.
+#pragma once
+
+#include "packet.cuh"
+
+__device__ void allgatherPacket(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  const uint32_t flag = packetFlag(epoch);
+  const uint64_t units = unitsOf(a.bytes, 8);
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = a.aligned != 0;
+  char* ownPiece = a.recv + a.rank * a.strideBytes;
+  const bool inPlace = a.send == ownPiece;
+
+  for (uint64_t i = first; i < units; i += step) {
+    const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
+    for (uint32_t k = 1; k < a.nranks; k++) {
+      const uint32_t peer = (a.rank + k) % a.nranks;
+      putPacket(collData(a, peer, epoch), a.rank * units + i, v, flag);
+    }
+    if (!inPlace) storeUnit<uint64_t>(ownPiece, i, a.bytes, aligned, v);
+  }
+  bool aborted = false;
+  const char* mine = collData(a, a.rank, epoch);
+  for (uint32_t k = 1; k < a.nranks && !aborted; k++) {
+    const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
+    for (uint64_t i = first; i < units && !aborted; i += step) {
+      const uint64_t v = getPacket(a, mine, source * units + i, flag, aborted);
+      storeUnit<uint64_t>(a.recv + source * a.strideBytes, i, a.bytes, aligned, v);
+    }
+  }
+  collEnd(a, epoch);
+}

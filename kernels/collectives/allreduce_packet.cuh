@@ -1,0 +1,41 @@
+// All-reduce, one shot with packets (small messages): every rank writes its whole input as packets into a
+// region of every peer's scratch, then reduces what the peers wrote, in rank order (so that every rank gets
+// the same bits), with its own input. One link crossing; (n - 1) x the message on each rank's links.
+//
+// Scratch: [source rank][unit] packets of 8 data bytes. Each unit is written, read and reduced by the same
+// thread, so the output may be the input (in place).
+#pragma once
+
+#include "packet.cuh"
+#include "reduce.cuh"
+
+template <typename T, typename Op>
+__device__ void allreducePacket(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  const uint32_t flag = packetFlag(epoch);
+  const uint64_t units = unitsOf(a.bytes, 8);
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = a.aligned != 0;
+
+  for (uint64_t i = first; i < units; i += step) {
+    const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
+    for (uint32_t k = 1; k < a.nranks; k++) {
+      const uint32_t peer = (a.rank + k) % a.nranks;
+      putPacket(collData(a, peer, epoch), a.rank * units + i, v, flag);
+    }
+  }
+  bool aborted = false;
+  const char* mine = collData(a, a.rank, epoch);
+  for (uint64_t i = first; i < units && !aborted; i += step) {
+    const uint64_t own = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
+    uint64_t acc = 0;
+    for (uint32_t r = 0; r < a.nranks; r++) {
+      const uint64_t v = r == a.rank ? own : getPacket(a, mine, r * units + i, flag, aborted);
+      acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+    }
+    storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, finishUnit<T, Op>(acc, a.nranks));
+  }
+  collEnd(a, epoch);
+}

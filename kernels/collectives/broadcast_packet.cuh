@@ -1,0 +1,40 @@
+// Broadcast with packets (small messages): the root writes its input as packets into every peer's scratch
+// (and its own output); the others copy the packets out as they arrive.
+//
+// The root waits first for a word from every peer that it has started this call: the root gets nothing else
+// from them, and without it could run two calls ahead and overwrite the slot a peer still reads.
+//
+// Scratch: [unit] packets. In place when the root's input is its output.
+#pragma once
+
+#include "packet.cuh"
+
+__device__ void broadcastPacket(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  const uint32_t flag = packetFlag(epoch);
+  const uint64_t units = unitsOf(a.bytes, 8);
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = a.aligned != 0;
+
+  if (a.rank == a.root) {
+    if (!collWait(a, epoch, 1)) {
+      collEnd(a, epoch);
+      return;
+    }
+    for (uint64_t i = first; i < units; i += step) {
+      const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
+      for (uint32_t k = 1; k < a.nranks; k++) putPacket(collData(a, (a.rank + k) % a.nranks, epoch), i, v, flag);
+      if (a.send != a.recv) storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, v);
+    }
+  } else {
+    collSignal(a, epoch, 1, static_cast<int>(a.root));
+    bool aborted = false;
+    const char* mine = collData(a, a.rank, epoch);
+    for (uint64_t i = first; i < units && !aborted; i += step) {
+      storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, getPacket(a, mine, i, flag, aborted));
+    }
+  }
+  collEnd(a, epoch);
+}

@@ -1,0 +1,188 @@
+// Device helpers every collective kernel shares: the argument block, the call's epoch, the scratch slot
+// layout, flags between ranks, abort checks, and loads and stores of 8- and 16-byte units that may be
+// partial or unaligned. Compiled by the library's build (build.rs) only; never part of a public header.
+#pragma once
+
+#include <stdint.h>
+
+#define MSCCLPP_COLL_MAX_RANKS 16
+#define MSCCLPP_COLL_MAX_BLOCKS 128
+// Flags at the start of each scratch slot: [phase][block][source rank], 64 bits each.
+#define MSCCLPP_COLL_PHASES 2
+#define MSCCLPP_COLL_FLAG_BYTES (MSCCLPP_COLL_PHASES * MSCCLPP_COLL_MAX_BLOCKS * MSCCLPP_COLL_MAX_RANKS * 8)
+// How often a spinning thread looks at the abort word in host memory (a read over PCIe).
+#define MSCCLPP_COLL_ABORT_POLL 1024
+
+// The one kernel argument, laid out as src/collective/kernel_args.rs lays it out.
+struct CollArgs {
+  const char* send;        // this rank's input, at the start of this launch's window
+  char* recv;              // this rank's output, likewise
+  uint64_t bytes;          // bytes per piece in this window (the whole buffer for all-reduce and broadcast)
+  uint64_t strideBytes;    // bytes between ranks' pieces in the application's buffer (all-gather output,
+                           // reduce-scatter input)
+  char* scratch[MSCCLPP_COLL_MAX_RANKS];  // every rank's scratch (this rank's own too), mapped here
+  uint64_t slotBytes;      // bytes of one of the two slots of a scratch buffer
+  uint64_t* state;         // this rank's [0] epoch of the last call, [1] blocks done with the current one
+  const volatile uint64_t* abortFlag;  // host memory: non-zero once the communicator is aborted
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t root;
+  uint32_t aligned;        // non-zero when send, recv and strideBytes are multiples of 16
+};
+
+// ---- the call's epoch --------------------------------------------------------------------------------
+// Every launch is one epoch (1, 2, ...), counted on the GPU so that a replayed CUDA graph goes on counting.
+// Epoch e uses slot e % 2 of every scratch buffer: a rank can be at most one epoch ahead of its peers
+// (finishing epoch e needs every peer's data of epoch e), so it never writes the slot a peer still reads.
+__device__ __forceinline__ uint64_t collBegin(const CollArgs& a)
+{
+  return *reinterpret_cast<volatile uint64_t*>(a.state) + 1;
+}
+
+// The last block to finish records the epoch as done, for the next launch on the stream.
+__device__ __forceinline__ void collEnd(const CollArgs& a, uint64_t epoch)
+{
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long done = atomicAdd(reinterpret_cast<unsigned long long*>(&a.state[1]), 1ull);
+    if (done == gridDim.x - 1) {
+      a.state[1] = 0;
+      *reinterpret_cast<volatile uint64_t*>(&a.state[0]) = epoch;
+      __threadfence();
+    }
+  }
+}
+
+__device__ __forceinline__ char* collSlot(const CollArgs& a, uint32_t rank, uint64_t epoch)
+{
+  return a.scratch[rank] + (epoch & 1) * a.slotBytes;
+}
+
+// The data part of a rank's slot, after its flags.
+__device__ __forceinline__ char* collData(const CollArgs& a, uint32_t rank, uint64_t epoch)
+{
+  return collSlot(a, rank, epoch) + MSCCLPP_COLL_FLAG_BYTES;
+}
+
+__device__ __forceinline__ uint64_t* collFlag(const CollArgs& a, uint32_t owner, uint64_t epoch, int phase, int block,
+                                              uint32_t source)
+{
+  return reinterpret_cast<uint64_t*>(collSlot(a, owner, epoch)) +
+         (static_cast<uint64_t>(phase) * MSCCLPP_COLL_MAX_BLOCKS + block) * MSCCLPP_COLL_MAX_RANKS + source;
+}
+
+__device__ __forceinline__ bool collAborted(const CollArgs& a)
+{
+  return *a.abortFlag != 0;
+}
+
+// ---- flags -------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint64_t loadAcquireSys(const uint64_t* p)
+{
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void storeReleaseSys(uint64_t* p, uint64_t v)
+{
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// After every thread of the block has written its part of phase `phase` into the peers' scratch: tells
+// each peer (or only `only`, if it names a rank) that this block's part is there.
+__device__ __forceinline__ void collSignal(const CollArgs& a, uint64_t epoch, int phase, int only = -1)
+{
+  __syncthreads();
+  const uint32_t peer = threadIdx.x;
+  if (peer < a.nranks && peer != a.rank && (only < 0 || peer == static_cast<uint32_t>(only))) {
+    __threadfence_system();
+    storeReleaseSys(collFlag(a, peer, epoch, phase, blockIdx.x, a.rank), epoch);
+  }
+}
+
+// Waits until every peer's same block (or only `only`'s) has signalled phase `phase`; returns false once
+// the communicator is aborted (the data is then undefined, and the kernel should end).
+__device__ __forceinline__ bool collWait(const CollArgs& a, uint64_t epoch, int phase, int only = -1)
+{
+  int aborted = 0;
+  const uint32_t peer = threadIdx.x;
+  if (peer < a.nranks && peer != a.rank && (only < 0 || peer == static_cast<uint32_t>(only))) {
+    const uint64_t* flag = collFlag(a, a.rank, epoch, phase, blockIdx.x, peer);
+    uint32_t spins = 0;
+    while (loadAcquireSys(flag) < epoch) {
+      if (++spins % MSCCLPP_COLL_ABORT_POLL == 0 && collAborted(a)) {
+        aborted = 1;
+        break;
+      }
+    }
+  }
+  return __syncthreads_or(aborted) == 0;
+}
+
+// ---- units of data -----------------------------------------------------------------------------------
+// Buffers are handled in units of 8 (packets) or 16 (bulk) bytes. The last unit of a piece may be partial,
+// and the application's buffers need not be aligned: such units are moved byte by byte.
+template <typename U>
+__device__ __forceinline__ U loadUnit(const char* base, uint64_t unit, uint64_t bytes, bool aligned)
+{
+  const uint64_t off = unit * sizeof(U);
+  const uint64_t n = bytes - off < sizeof(U) ? bytes - off : sizeof(U);
+  if (n == sizeof(U) && aligned) return *reinterpret_cast<const U*>(base + off);
+  U v;
+  char* out = reinterpret_cast<char*>(&v);
+  for (uint64_t i = 0; i < sizeof(U); i++) out[i] = i < n ? base[off + i] : 0;
+  return v;
+}
+
+template <typename U>
+__device__ __forceinline__ void storeUnit(char* base, uint64_t unit, uint64_t bytes, bool aligned, U v)
+{
+  const uint64_t off = unit * sizeof(U);
+  const uint64_t n = bytes - off < sizeof(U) ? bytes - off : sizeof(U);
+  if (n == sizeof(U) && aligned) {
+    *reinterpret_cast<U*>(base + off) = v;
+    return;
+  }
+  const char* in = reinterpret_cast<const char*>(&v);
+  for (uint64_t i = 0; i < n; i++) base[off + i] = in[i];
+}
+
+// Units of scratch memory are always aligned and whole (scratch regions are sized in units).
+template <typename U>
+__device__ __forceinline__ U loadScratch(const char* base, uint64_t unit)
+{
+  return reinterpret_cast<const volatile U*>(base)[unit];
+}
+
+__device__ __forceinline__ uint4 loadScratch16(const char* base, uint64_t unit)
+{
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(base + unit * 16));
+  return v;
+}
+
+__device__ __forceinline__ void storeScratch16(char* base, uint64_t unit, uint4 v)
+{
+  *reinterpret_cast<uint4*>(base + unit * 16) = v;
+}
+
+// The range of units [begin, end) of `total` that block `block` of `blocks` handles.
+struct UnitRange {
+  uint64_t begin, end;
+};
+__device__ __forceinline__ UnitRange blockRange(uint64_t total, uint32_t block, uint32_t blocks)
+{
+  const uint64_t per = (total + blocks - 1) / blocks;
+  const uint64_t begin = per * block < total ? per * block : total;
+  const uint64_t end = begin + per < total ? begin + per : total;
+  return {begin, end};
+}
+
+__device__ __forceinline__ uint64_t unitsOf(uint64_t bytes, uint64_t unit)
+{
+  return (bytes + unit - 1) / unit;
+}

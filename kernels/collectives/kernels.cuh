@@ -1,0 +1,41 @@
+// The kernels the library launches: one entry point per algorithm, reduction operator and element type,
+// named mscclpp_<algorithm>[_<op>_<type>] (src/collective/kernels.rs builds the same names). build.rs
+// compiles one translation unit per element type, each `MSCCLPP_REDUCING_KERNELS(<type name>, <C type>)`,
+// and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes.
+#pragma once
+
+#include "allgather_copy.cuh"
+#include "allgather_packet.cuh"
+#include "allreduce_packet.cuh"
+#include "allreduce_rsag.cuh"
+#include "broadcast_copy.cuh"
+#include "broadcast_packet.cuh"
+#include "reducescatter_copy.cuh"
+#include "reducescatter_packet.cuh"
+
+#define MSCCLPP_COLL_THREADS 1024
+
+#define MSCCLPP_KERNEL(name, body)                                                                  \
+  extern "C" __global__ void __launch_bounds__(MSCCLPP_COLL_THREADS) mscclpp_##name(CollArgs args) \
+  {                                                                                                 \
+    body(args);                                                                                     \
+  }
+
+#define MSCCLPP_REDUCING_KERNELS_OP(tname, T, oname, Op)                              \
+  MSCCLPP_KERNEL(allreduce_packet_##oname##_##tname, (allreducePacket<T, Op>))         \
+  MSCCLPP_KERNEL(allreduce_rsag_##oname##_##tname, (allreduceRsag<T, Op>))             \
+  MSCCLPP_KERNEL(reducescatter_packet_##oname##_##tname, (reducescatterPacket<T, Op>)) \
+  MSCCLPP_KERNEL(reducescatter_copy_##oname##_##tname, (reducescatterCopy<T, Op>))
+
+#define MSCCLPP_REDUCING_KERNELS(tname, T)                \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)       \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, prod, OpProd)     \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, max, OpMax)       \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, min, OpMin)       \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)
+
+#define MSCCLPP_MOVING_KERNELS()                    \
+  MSCCLPP_KERNEL(allgather_packet, allgatherPacket) \
+  MSCCLPP_KERNEL(allgather_copy, allgatherCopy)     \
+  MSCCLPP_KERNEL(broadcast_packet, broadcastPacket) \
+  MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)

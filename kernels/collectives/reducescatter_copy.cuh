@@ -1,0 +1,39 @@
+// Reduce-scatter by copies (larger messages): every rank writes each peer's piece of its input into that
+// peer's scratch in 16-byte units, each block signals its part, and every rank reduces its own piece, in
+// rank order, block by block as the signals arrive.
+//
+// Scratch: [source rank][unit]. In place when the output is this rank's piece of the input.
+#pragma once
+
+#include "reduce.cuh"
+
+template <typename T, typename Op>
+__device__ void reducescatterCopy(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  const uint64_t units = unitsOf(a.bytes, 16);
+  const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
+  const bool aligned = a.aligned != 0;
+
+  for (uint32_t k = 1; k < a.nranks; k++) {
+    const uint32_t peer = (a.rank + k) % a.nranks;
+    char* region = collData(a, peer, epoch) + a.rank * units * 16;
+    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      storeScratch16(region, j, loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, aligned));
+    }
+  }
+  collSignal(a, epoch, 0);
+  if (collWait(a, epoch, 0)) {
+    const char* mine = collData(a, a.rank, epoch);
+    const char* own = a.send + a.rank * a.strideBytes;
+    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      uint4 acc;
+      for (uint32_t r = 0; r < a.nranks; r++) {
+        const uint4 v = r == a.rank ? loadUnit<uint4>(own, j, a.bytes, aligned) : loadScratch16(mine + r * units * 16, j);
+        acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+      }
+      storeUnit<uint4>(a.recv, j, a.bytes, aligned, finishUnit<T, Op>(acc, a.nranks));
+    }
+  }
+  collEnd(a, epoch);
+}

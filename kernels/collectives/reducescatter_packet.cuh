@@ -1,0 +1,40 @@
+// Reduce-scatter with packets (small messages): every rank writes each peer's piece of its input as packets
+// into that peer's scratch, then reduces its own piece, in rank order, from the peers' packets and its
+// input.
+//
+// Scratch: [source rank][unit] packets. In place when the output is this rank's piece of the input.
+#pragma once
+
+#include "packet.cuh"
+#include "reduce.cuh"
+
+template <typename T, typename Op>
+__device__ void reducescatterPacket(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  const uint32_t flag = packetFlag(epoch);
+  const uint64_t units = unitsOf(a.bytes, 8);
+  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const bool aligned = a.aligned != 0;
+
+  for (uint32_t k = 1; k < a.nranks; k++) {
+    const uint32_t peer = (a.rank + k) % a.nranks;
+    char* region = collData(a, peer, epoch);
+    for (uint64_t i = first; i < units; i += step) {
+      putPacket(region, a.rank * units + i, loadUnit<uint64_t>(a.send + peer * a.strideBytes, i, a.bytes, aligned), flag);
+    }
+  }
+  bool aborted = false;
+  const char* mine = collData(a, a.rank, epoch);
+  const char* own = a.send + a.rank * a.strideBytes;
+  for (uint64_t i = first; i < units && !aborted; i += step) {
+    uint64_t acc = 0;
+    for (uint32_t r = 0; r < a.nranks; r++) {
+      const uint64_t v = r == a.rank ? loadUnit<uint64_t>(own, i, a.bytes, aligned) : getPacket(a, mine, r * units + i, flag, aborted);
+      acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+    }
+    storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, finishUnit<T, Op>(acc, a.nranks));
+  }
+  collEnd(a, epoch);
+}

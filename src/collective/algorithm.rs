@@ -1,0 +1,200 @@
+//! Which algorithm carries a call, and how: the table that picks one by collective and size (or the one
+//! `MSCCLPP_COLL_ALGO` forces), the windows a large call is cut into so that each fits the scratch, and the
+//! grid. Pure functions, tested without a GPU.
+//!
+//! | collective     | `packet` (small)                         | `copy` (large)                               |
+//! | -------------- | ---------------------------------------- | -------------------------------------------- |
+//! | all-reduce     | `allreduce_packet`: one shot, all pairs  | `allreduce_rsag`: reduce-scatter, all-gather |
+//! | all-gather     | `allgather_packet`                       | `allgather_copy`                             |
+//! | reduce-scatter | `reducescatter_packet`                   | `reducescatter_copy`                         |
+//! | broadcast      | `broadcast_packet`                       | `broadcast_copy`                             |
+//!
+//! Packets carry 8 data bytes in 16 (the flag travels with the data: one link crossing, no signal), so they
+//! win while latency dominates; copies move 16-byte units and signal once per block and phase.
+
+use super::Collective;
+use super::kernel_args::MAX_BLOCKS;
+
+/// The two families of algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Packet,
+    Copy,
+}
+
+/// What `MSCCLPP_COLL_ALGO` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The table below.
+    Auto,
+    Force(Protocol),
+}
+
+impl Choice {
+    /// The setting's value (`auto`, `packet`, `copy`), as `settings` has checked it.
+    pub fn parse(value: &str) -> Choice {
+        match value.to_ascii_lowercase().as_str() {
+            "packet" => Choice::Force(Protocol::Packet),
+            "copy" => Choice::Force(Protocol::Copy),
+            _ => Choice::Auto,
+        }
+    }
+}
+
+/// Largest message (the bytes that cross: all-reduce's and broadcast's buffer, all-gather's output,
+/// reduce-scatter's input) that `Choice::Auto` sends in packets.
+pub fn packet_limit(collective: Collective) -> u64 {
+    match collective {
+        Collective::AllReduce => 256 << 10,
+        Collective::AllGather | Collective::ReduceScatter => 256 << 10,
+        Collective::Broadcast => 64 << 10,
+    }
+}
+
+/// The algorithm for a call whose message (see `packet_limit`) has `message` bytes.
+pub fn choose(collective: Collective, message: u64, choice: Choice) -> Protocol {
+    match choice {
+        Choice::Force(p) => p,
+        Choice::Auto if message <= packet_limit(collective) => Protocol::Packet,
+        Choice::Auto => Protocol::Copy,
+    }
+}
+
+/// The kernel's name without its operator and type: `mscclpp_<this>[_<op>_<type>]`.
+pub fn kernel_base(collective: Collective, protocol: Protocol) -> &'static str {
+    match (collective, protocol) {
+        (Collective::AllReduce, Protocol::Packet) => "allreduce_packet",
+        (Collective::AllReduce, Protocol::Copy) => "allreduce_rsag",
+        (Collective::AllGather, Protocol::Packet) => "allgather_packet",
+        (Collective::AllGather, Protocol::Copy) => "allgather_copy",
+        (Collective::ReduceScatter, Protocol::Packet) => "reducescatter_packet",
+        (Collective::ReduceScatter, Protocol::Copy) => "reducescatter_copy",
+        (Collective::Broadcast, Protocol::Packet) => "broadcast_packet",
+        (Collective::Broadcast, Protocol::Copy) => "broadcast_copy",
+    }
+}
+
+/// The most bytes of a piece (see `call::Sizes::piece`) one launch can carry with `data_bytes` of scratch
+/// data per slot, a multiple of 16 so that windows keep the buffers' alignment.
+pub fn window_bytes(collective: Collective, protocol: Protocol, nranks: usize, data_bytes: u64) -> u64 {
+    let n = nranks as u64;
+    let raw = match (collective, protocol) {
+        // n regions of packets (16 bytes per 8) for the whole buffer.
+        (Collective::AllReduce, Protocol::Packet) => data_bytes / (2 * n),
+        // A reduce and a gather region of n shards of 1/n of the buffer each.
+        (Collective::AllReduce, Protocol::Copy) => data_bytes / 2 / (16 * n) * (16 * n),
+        // n regions of one piece, as packets or as they are.
+        (Collective::AllGather | Collective::ReduceScatter, Protocol::Packet) => data_bytes / (2 * n),
+        (Collective::AllGather | Collective::ReduceScatter, Protocol::Copy) => data_bytes / n,
+        (Collective::Broadcast, Protocol::Packet) => data_bytes / 2,
+        (Collective::Broadcast, Protocol::Copy) => data_bytes,
+    };
+    raw / 16 * 16
+}
+
+/// The windows `[offset, offset + bytes)` of a piece of `piece` bytes, each at most `window` bytes.
+pub fn windows(piece: u64, window: u64) -> impl Iterator<Item = (u64, u64)> {
+    assert!(window > 0, "a window holds at least one unit");
+    (0..piece.div_ceil(window)).map(move |i| {
+        let offset = i * window;
+        (offset, window.min(piece - offset))
+    })
+}
+
+/// Blocks and threads of a launch that moves a window of `bytes` per piece. The same on every rank (it
+/// depends on nothing else), since a block waits for its namesakes on the peers.
+pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u64) -> (u32, u32) {
+    let (threads, unit, per_thread, most) = match protocol {
+        Protocol::Packet => (512u64, 8u64, 2u64, 32u64),
+        Protocol::Copy => (1024, 16, 4, 64),
+    };
+    // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
+    // blocks.
+    let units = match (collective, protocol) {
+        (Collective::AllReduce, Protocol::Copy) => bytes.div_ceil(unit).div_ceil(nranks as u64),
+        _ => bytes.div_ceil(unit),
+    };
+    let blocks = units
+        .div_ceil(threads * per_thread)
+        .clamp(1, most.min(MAX_BLOCKS as u64));
+    let threads = if blocks == 1 {
+        units.div_ceil(32).clamp(1, threads / 32) * 32
+    } else {
+        threads
+    };
+    (blocks as u32, threads as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Collective; 4] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+    ];
+
+    #[test]
+    fn small_messages_go_in_packets_and_the_setting_forces_either() {
+        for c in ALL {
+            let limit = packet_limit(c);
+            assert_eq!(choose(c, 1, Choice::Auto), Protocol::Packet);
+            assert_eq!(choose(c, limit, Choice::Auto), Protocol::Packet);
+            assert_eq!(choose(c, limit + 1, Choice::Auto), Protocol::Copy);
+            assert_eq!(choose(c, 1 << 30, Choice::Force(Protocol::Packet)), Protocol::Packet);
+            assert_eq!(choose(c, 1, Choice::Force(Protocol::Copy)), Protocol::Copy);
+        }
+        assert_eq!(Choice::parse("PACKET"), Choice::Force(Protocol::Packet));
+        assert_eq!(Choice::parse("copy"), Choice::Force(Protocol::Copy));
+        assert_eq!(Choice::parse("auto"), Choice::Auto);
+    }
+
+    #[test]
+    fn every_window_fits_the_scratch() {
+        let data = 32u64 << 20;
+        for c in ALL {
+            for p in [Protocol::Packet, Protocol::Copy] {
+                for n in [1usize, 2, 3, 4, 8, 16] {
+                    let w = window_bytes(c, p, n, data);
+                    assert!(w > 0 && w.is_multiple_of(16), "{c:?} {p:?} {n}");
+                    let n = n as u64;
+                    let need = match (c, p) {
+                        (Collective::AllReduce, Protocol::Packet) => n * w.div_ceil(8) * 16,
+                        (Collective::AllReduce, Protocol::Copy) => 2 * n * w.div_ceil(16).div_ceil(n) * 16,
+                        (_, Protocol::Packet) if c != Collective::Broadcast => n * w.div_ceil(8) * 16,
+                        (_, Protocol::Copy) if c != Collective::Broadcast => n * w.div_ceil(16) * 16,
+                        (_, Protocol::Packet) => w.div_ceil(8) * 16,
+                        (_, Protocol::Copy) => w.div_ceil(16) * 16,
+                    };
+                    assert!(need <= data, "{c:?} {p:?} n={n}: {need} > {data}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn windows_cover_the_piece_once() {
+        let w: Vec<_> = windows(100, 48).collect();
+        assert_eq!(w, [(0, 48), (48, 48), (96, 4)]);
+        assert_eq!(windows(0, 16).count(), 0);
+        assert_eq!(windows(16, 16).collect::<Vec<_>>(), [(0, 16)]);
+    }
+
+    #[test]
+    fn grids_stay_within_the_flags_and_warps() {
+        for c in ALL {
+            for p in [Protocol::Packet, Protocol::Copy] {
+                for bytes in [1u64, 8, 100, 4096, 1 << 20, 1 << 30] {
+                    let (blocks, threads) = grid(c, p, 2, bytes);
+                    assert!((1..=MAX_BLOCKS).contains(&blocks));
+                    assert!(threads % 32 == 0 && (32..=1024).contains(&threads));
+                    assert!(threads > 2, "the flags need a thread per rank");
+                }
+            }
+        }
+        assert_eq!(grid(Collective::AllReduce, Protocol::Packet, 2, 1024), (1, 128));
+        assert_eq!(grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30).0, 64);
+    }
+}

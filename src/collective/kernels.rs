@@ -1,0 +1,142 @@
+//! The collective kernels embedded in the library (fatbins that build.rs compiled from
+//! `kernels/collectives/`), and the ones loaded into a communicator's context, each module at the first
+//! call that needs one of its kernels.
+
+use super::{DataType, RedOp};
+use crate::error::{Error, Result};
+use crate::gpu::{GpuContext, Kernel, Module};
+use std::collections::HashMap;
+
+mod embedded {
+    // `FATBINS: &[(&str, &[u8])]`: one fatbin per element type (named as `DataType::kernel_name`) and
+    // `moving`, for the collectives that only move bytes.
+    include!(concat!(env!("OUT_DIR"), "/collective_kernels.rs"));
+}
+
+/// The name of the fatbin that holds the kernels of a collective of `datatype` (reducing) or of any type.
+fn unit_of(op: Option<RedOp>, datatype: DataType) -> &'static str {
+    match op {
+        Some(_) => datatype.kernel_name(),
+        None => "moving",
+    }
+}
+
+/// The fatbin named `unit`, if this build has it.
+pub fn fatbin(unit: &str) -> Option<&'static [u8]> {
+    embedded::FATBINS
+        .iter()
+        .find(|(name, _)| *name == unit)
+        .map(|(_, bytes)| *bytes)
+}
+
+/// The entry point of an algorithm (`algorithm::kernel_base`) for an operator and type.
+pub fn kernel_name(base: &str, op: Option<RedOp>, datatype: DataType) -> String {
+    match op {
+        Some(op) => format!("mscclpp_{base}_{}_{}", op.kernel_name(), datatype.kernel_name()),
+        None => format!("mscclpp_{base}"),
+    }
+}
+
+/// The modules and kernels loaded into one context.
+pub struct LoadedKernels {
+    gpu: GpuContext,
+    // Kernels are declared before the modules that hold them.
+    kernels: HashMap<String, Kernel>,
+    modules: HashMap<&'static str, Module>,
+}
+
+impl LoadedKernels {
+    pub fn new(gpu: GpuContext) -> LoadedKernels {
+        LoadedKernels {
+            gpu,
+            kernels: HashMap::new(),
+            modules: HashMap::new(),
+        }
+    }
+
+    /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`).
+    pub fn needs_loading(&self, base: &str, op: Option<RedOp>, datatype: DataType) -> bool {
+        !self.kernels.contains_key(&kernel_name(base, op, datatype))
+    }
+
+    /// The kernel of an algorithm for an operator and type, loading its module first if needed.
+    pub fn get(&mut self, base: &str, op: Option<RedOp>, datatype: DataType) -> Result<Kernel> {
+        let name = kernel_name(base, op, datatype);
+        if let Some(k) = self.kernels.get(&name) {
+            return Ok(*k);
+        }
+        let unit = unit_of(op, datatype);
+        if !self.modules.contains_key(unit) {
+            let image = fatbin(unit).ok_or_else(|| {
+                Error::internal(format!(
+                    "this libmscclpp was built without its collective kernels ({unit}): nvcc was not found when it \
+                     was built; rebuild it with make"
+                ))
+            })?;
+            let module = Module::load(&self.gpu, image, &format!("collective ({unit})"))?;
+            log::info!("collective kernels ({unit}, {} bytes) loaded", image.len());
+            self.modules.insert(unit, module);
+        }
+        let kernel = self.modules[unit].kernel(&name)?;
+        self.kernels.insert(name, kernel);
+        Ok(kernel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::algorithm::{Protocol, kernel_base};
+    use crate::collective::{Collective, DataType};
+
+    /// The names a fatbin's symbol table holds (nvcc keeps entry-point names in the ELF images it embeds).
+    fn holds(image: &[u8], name: &str) -> bool {
+        let needle = format!("{name}\0");
+        image.windows(needle.len()).any(|w| w == needle.as_bytes())
+    }
+
+    #[test]
+    fn every_kernel_the_library_launches_is_embedded() {
+        if embedded::FATBINS.is_empty() {
+            println!("skipped: this build has no collective kernels (nvcc was not found at build time)");
+            return;
+        }
+        for c in [
+            Collective::AllReduce,
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::Broadcast,
+        ] {
+            for p in [Protocol::Packet, Protocol::Copy] {
+                let base = kernel_base(c, p);
+                let reduces = matches!(c, Collective::AllReduce | Collective::ReduceScatter);
+                for t in DataType::ALL {
+                    let ops: Vec<Option<RedOp>> = if reduces {
+                        RedOp::ALL.iter().copied().map(Some).collect()
+                    } else {
+                        vec![None]
+                    };
+                    for op in ops {
+                        let image = fatbin(unit_of(op, t)).expect("a fatbin per type and one for moving");
+                        let name = kernel_name(base, op, t);
+                        assert!(holds(image, &name), "{name} is not in the {} fatbin", unit_of(op, t));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(
+            kernel_name("allreduce_packet", Some(RedOp::Avg), DataType::Bfloat16),
+            "mscclpp_allreduce_packet_avg_bf16"
+        );
+        assert_eq!(
+            kernel_name("broadcast_copy", None, DataType::Int8),
+            "mscclpp_broadcast_copy"
+        );
+        assert_eq!(unit_of(None, DataType::Float32), "moving");
+        assert_eq!(unit_of(Some(RedOp::Sum), DataType::Float32), "f32");
+    }
+}

@@ -1,0 +1,191 @@
+//! Collectives: all-reduce, all-gather, reduce-scatter and broadcast over any device buffers of the
+//! communicator's GPU, on the application's stream, capturable in CUDA graphs.
+//!
+//! The host side lives here, the device side in `kernels/collectives/` (one file per algorithm, built by
+//! `make` into fatbins embedded in the library):
+//! - `call.rs`: a call's arguments, checked, and its byte sizes;
+//! - `datatype.rs`: element types and reduction operators;
+//! - `algorithm.rs`: the table that picks an algorithm by collective and size, the windows a large call is
+//!   cut into, and the grid;
+//! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call;
+//! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
+//! - `kernel_args.rs`: the kernels' one argument.
+//!
+//! Every launch is one epoch of a counter the kernels keep on the GPU, so that a replayed graph goes on
+//! counting; calls on one communicator must be ordered (one stream, or streams the application orders),
+//! as with NCCL. A rank with one GPU per rank of the same machine (or several ranks per GPU) is assumed:
+//! peers' scratch is reached through CUDA IPC (P2P over NVLink or PCIe); peers on other machines get a
+//! "not supported yet" error at the first call.
+
+pub mod algorithm;
+pub mod call;
+pub mod datatype;
+pub mod kernel_args;
+pub mod kernels;
+pub mod scratch;
+
+pub use call::{Call, Collective};
+pub use datatype::{DataType, RedOp};
+
+use crate::bootstrap::Bootstrap;
+use crate::error::{Error, Result};
+use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture, pointer_info};
+use algorithm::Choice;
+use kernel_args::KernelArgs;
+use kernels::LoadedKernels;
+use once_cell::sync::OnceCell;
+use parking_lot::Mutex;
+use scratch::{AbortWord, Scratch, SharedAbortWord};
+use std::sync::Arc;
+
+/// A communicator's collectives: nothing until the first call, then its scratch and loaded kernels.
+#[derive(Default)]
+pub struct Collectives {
+    ready: Mutex<Option<Ready>>,
+    /// Kept apart from `ready`, so that an abort takes no lock.
+    abort: OnceCell<SharedAbortWord>,
+}
+
+struct Ready {
+    // Kernels are unloaded before the scratch they may still name is freed.
+    kernels: LoadedKernels,
+    scratch: Scratch,
+    abort: SharedAbortWord,
+    choice: Choice,
+}
+
+impl Collectives {
+    /// After the communicator is aborted: every collective kernel stops waiting and ends.
+    pub fn abort(&self) {
+        if let Some(word) = self.abort.get() {
+            word.raise();
+        }
+    }
+
+    /// Frees the scratch and unloads the kernels (`mscclppCommDestroy`; the application has synchronized
+    /// the streams of its collectives).
+    pub fn clear(&self) {
+        self.ready.lock().take();
+    }
+
+    /// Runs one collective call: checks it, sets the collectives up at the first call (collectively: every
+    /// rank's first call does), and queues its kernels on `stream`.
+    ///
+    /// `gpu` is the communicator's context (current on this thread), `aborted` its failure check, and
+    /// `root` the application's root argument (checked here).
+    pub fn run(
+        &self,
+        bootstrap: &Bootstrap,
+        gpu: &GpuContext,
+        aborted: impl Fn() -> Result<()>,
+        call: &Call,
+        root: i64,
+        stream: AppStream,
+    ) -> Result<()> {
+        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+        let sizes = call.sizes(rank, nranks, root)?;
+        aborted()?;
+        if sizes.piece == 0 {
+            return Ok(());
+        }
+        check_buffer(call.send, sizes.send, "sendbuff", gpu)?;
+        check_buffer(call.recv, sizes.recv, "recvbuff", gpu)?;
+        stream.check_context(gpu)?;
+        if nranks == 1 {
+            // One rank: the result is the input (an average of one is the value itself).
+            if call.send != call.recv {
+                // SAFETY: both ranges were checked above to be device memory of this context.
+                unsafe { stream.copy(call.recv, call.send, sizes.piece as usize)? };
+            }
+            return Ok(());
+        }
+
+        let capturing = stream.is_capturing()?;
+        let mut ready = self.ready.lock();
+        if ready.is_none() {
+            let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
+            *ready = Some(self.set_up(bootstrap, gpu)?);
+            // An abort that came during the set-up found no word to raise.
+            if aborted().is_err() {
+                self.abort();
+            }
+        }
+        let ready = ready.as_mut().expect("set up above");
+
+        let message = match call.collective {
+            Collective::AllGather => sizes.recv,
+            Collective::ReduceScatter => sizes.send,
+            _ => sizes.piece,
+        };
+        let protocol = algorithm::choose(call.collective, message, ready.choice);
+        let base = algorithm::kernel_base(call.collective, protocol);
+        let kernel = if capturing && ready.kernels.needs_loading(base, call.op, call.datatype) {
+            let _relaxed = RelaxedCapture::enter()?;
+            ready.kernels.get(base, call.op, call.datatype)?
+        } else {
+            ready.kernels.get(base, call.op, call.datatype)?
+        };
+
+        let window = algorithm::window_bytes(call.collective, protocol, nranks, ready.scratch.data_bytes);
+        let stride = match call.collective {
+            Collective::AllGather | Collective::ReduceScatter => sizes.piece,
+            _ => 0,
+        };
+        let mut args = KernelArgs {
+            scratch: ready.scratch.ptrs,
+            slot_bytes: ready.scratch.slot_bytes,
+            state: ready.scratch.state.ptr(),
+            abort_flag: ready.abort.device_ptr(),
+            rank: rank as u32,
+            nranks: nranks as u32,
+            root: call.root as u32,
+            aligned: (call.send.is_multiple_of(16) && call.recv.is_multiple_of(16) && stride.is_multiple_of(16)) as u32,
+            stride_bytes: stride,
+            ..KernelArgs::default()
+        };
+        for (offset, bytes) in algorithm::windows(sizes.piece, window) {
+            args.send = if call.send == 0 { 0 } else { call.send + offset };
+            args.recv = call.recv + offset;
+            args.bytes = bytes;
+            let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes);
+            // SAFETY: the arguments are `CollArgs`'s layout (kernel_args.rs); the application's buffers
+            // were checked to hold the bytes the kernel touches (windows stay inside `sizes`); the scratch,
+            // the state and the abort word live in `ready` until `clear`, which comes after the
+            // application has synchronized; the stream was checked to be of this context.
+            unsafe { kernel.launch(blocks, threads, stream, &args)? };
+        }
+        Ok(())
+    }
+
+    fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext) -> Result<Ready> {
+        let data_mb: u64 = crate::settings::COLL_SCRATCH_MB.int().unwrap_or(64);
+        let choice = Choice::parse(crate::settings::COLL_ALGO.choice().unwrap_or("auto"));
+        let abort = self
+            .abort
+            .get_or_try_init(|| AbortWord::new(gpu).map(Arc::new))?
+            .clone();
+        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20)?;
+        log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
+        Ok(Ready {
+            kernels: LoadedKernels::new(*gpu),
+            scratch,
+            abort,
+            choice,
+        })
+    }
+}
+
+/// An application buffer of `bytes` bytes must be device memory of the communicator's GPU.
+fn check_buffer(ptr: DevicePtr, bytes: u64, what: &str, gpu: &GpuContext) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let info = pointer_info(ptr, bytes, what)?;
+    if info.device != gpu.device {
+        return Err(Error::invalid_argument(format!(
+            "{what} {ptr:#x} is on GPU {} but the communicator's GPU is {}",
+            info.device, gpu.device
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! The scratch memory of a communicator's collectives: one buffer per rank, mapped into every other rank's
+//! context, into which peers write a call's data (the application's own buffers are never exported, so any
+//! device buffer works); the epoch counter the kernels keep; and the abort word they read.
+//!
+//! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
+//! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`.
+
+use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
+use crate::bootstrap::Bootstrap;
+use crate::codec::{Reader, Writer};
+use crate::error::{Error, Result};
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, Stream};
+use crate::transport::p2p::messages::ProcessId;
+use std::sync::Arc;
+
+/// Host memory the kernels read to learn that the communicator was aborted.
+pub struct AbortWord(PinnedHostBuffer);
+
+impl AbortWord {
+    pub fn new(gpu: &GpuContext) -> Result<AbortWord> {
+        Ok(AbortWord(PinnedHostBuffer::zeroed(gpu, 64)?))
+    }
+    /// From now on every collective kernel of the communicator stops waiting and ends.
+    pub fn raise(&self) {
+        if let Err(e) = self.0.store_u64(0, 1) {
+            log::error!("the collectives' abort word: {e}");
+        }
+    }
+    pub fn device_ptr(&self) -> DevicePtr {
+        self.0.device_ptr()
+    }
+}
+
+pub struct Scratch {
+    /// Peers' buffers mapped here (none for peers in this process).
+    _mappings: Vec<IpcMapping>,
+    own: DeviceAllocation,
+    /// Every rank's buffer as this context reaches it, by rank.
+    pub ptrs: [DevicePtr; MAX_RANKS],
+    pub slot_bytes: u64,
+    pub data_bytes: u64,
+    /// `[0]`: the epoch of the last call; `[1]`: the blocks done with the current one.
+    pub state: DeviceAllocation,
+}
+
+impl Scratch {
+    /// Allocates this rank's buffer and maps every peer's: collective, every rank calls it (from its first
+    /// collective call).
+    pub fn set_up(gpu: &GpuContext, bootstrap: &Bootstrap, data_bytes: u64) -> Result<Scratch> {
+        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+        if nranks > MAX_RANKS {
+            return Err(Error::invalid_usage(format!(
+                "collectives span at most {MAX_RANKS} ranks (GPUs of one machine); this communicator has {nranks}"
+            )));
+        }
+        let slot_bytes = FLAG_BYTES + data_bytes;
+        // Zeroed off the legacy default stream: this may run inside the application's graph capture.
+        let stream = Stream::new(gpu)?;
+        let own = DeviceAllocation::zeroed_on(gpu, 2 * slot_bytes as usize, &stream)?;
+        let state = DeviceAllocation::zeroed_on(gpu, 16, &stream)?;
+        let me = ProcessId::this();
+
+        // Every rank's process and buffer, through the bootstrap.
+        let mut w = Writer::new();
+        me.write(&mut w);
+        IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
+        let mine = w.into_bytes();
+        let block = mine.len();
+        let mut all = vec![0u8; block * nranks];
+        all[rank * block..(rank + 1) * block].copy_from_slice(&mine);
+        bootstrap.all_gather(&mut all, block)?;
+
+        let mut ptrs = [0; MAX_RANKS];
+        let mut mappings = Vec::new();
+        for (peer, bytes) in all.chunks(block).enumerate() {
+            if peer == rank {
+                ptrs[peer] = own.ptr();
+                continue;
+            }
+            let mut r = Reader::new(bytes, "collective scratch");
+            let process = ProcessId::read(&mut r)?;
+            let export = IpcExport::read(&mut r)?;
+            r.finish()?;
+            if process.host != me.host {
+                return Err(Error::invalid_usage(format!(
+                    "rank {peer} is on another machine: collectives between machines are not supported yet \
+                     (they need every rank's GPU in this machine)"
+                )));
+            }
+            if export.size != own.size() as u64 {
+                return Err(Error::invalid_usage(format!(
+                    "rank {peer}'s collective scratch has {} bytes and ours {}: MSCCLPP_COLL_SCRATCH_MB must be \
+                     the same on every rank",
+                    export.size,
+                    own.size()
+                )));
+            }
+            ptrs[peer] = if process == me {
+                gpu.enable_peer_access_to(export.address);
+                export.address
+            } else {
+                let m = IpcMapping::open(gpu, &export.handle)?;
+                let p = m.base() + export.offset;
+                mappings.push(m);
+                p
+            };
+        }
+        log::info!(
+            "collectives set up: {} MiB of scratch ({} MiB of data per slot), {nranks} ranks",
+            own.size() >> 20,
+            data_bytes >> 20
+        );
+        Ok(Scratch {
+            _mappings: mappings,
+            own,
+            ptrs,
+            slot_bytes,
+            data_bytes,
+            state,
+        })
+    }
+
+    /// This rank's buffer.
+    pub fn own(&self) -> DevicePtr {
+        self.own.ptr()
+    }
+}
+
+/// What the communicator keeps to abort its collectives without taking any lock.
+pub type SharedAbortWord = Arc<AbortWord>;
