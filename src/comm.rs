@@ -501,9 +501,9 @@ impl Communicator {
     /// call on the application's stream (see `collective`). `root` is the application's argument.
     pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
         self.check_usable()?;
-        let gpu = Self::gpu(&mut self.state.lock())?;
+        let gpu = || Self::gpu(&mut self.state.lock());
         self.collectives
-            .run(&self.bootstrap, &gpu, || self.check_usable(), call, root, stream)
+            .run(&self.bootstrap, gpu, || self.check_usable(), call, root, stream)
     }
 
     /// Releases everything: stops the proxies (no barrier: peers may be gone), then the transports

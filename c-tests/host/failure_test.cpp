@@ -122,6 +122,12 @@ static int calls_after_failure(mscclppComm_t comm, mscclppResult_t want, int cul
   char buf[4 * MAX_RANKS] = {0};
   r = mscclppBootstrapAllGather(comm, buf, 4);
   CHECK(r == want, "all-gather after the failure: %d (%s)", r, mscclppGetErrorString(r));
+  // A collective on the aborted communicator returns the error at once, before looking at its buffers
+  // (host memory here: no GPU is needed to get this far).
+  t = now_s();
+  r = mscclppAllReduce(buf, buf, 1, mscclppInt32, mscclppSum, comm, nullptr);
+  CHECK(r == want, "all-reduce after the failure: %d (%s), want %d", r, mscclppGetErrorString(r), want);
+  CHECK(now_s() - t < PROMPT_S, "all-reduce after the failure took %.2f s", now_s() - t);
   // Errors name the rank that failed.
   char needle[64];
   snprintf(needle, sizeof(needle), "rank %d failed", culprit);

@@ -71,12 +71,13 @@ impl Collectives {
     /// Runs one collective call: checks it, sets the collectives up at the first call (collectively: every
     /// rank's first call does), and queues its kernels on `stream`.
     ///
-    /// `gpu` is the communicator's context (current on this thread), `aborted` its failure check, and
-    /// `root` the application's root argument (checked here).
+    /// `gpu` gives the communicator's context and makes it current (only once the arguments are checked
+    /// and the call is not empty, so that those need no GPU), `aborted` is its failure check, and `root`
+    /// the application's root argument (checked here).
     pub fn run(
         &self,
         bootstrap: &Bootstrap,
-        gpu: &GpuContext,
+        gpu: impl FnOnce() -> Result<GpuContext>,
         aborted: impl Fn() -> Result<()>,
         call: &Call,
         root: i64,
@@ -88,6 +89,7 @@ impl Collectives {
         if sizes.piece == 0 {
             return Ok(());
         }
+        let gpu = &gpu()?;
         check_buffer(call.send, sizes.send, "sendbuff", gpu)?;
         check_buffer(call.recv, sizes.recv, "recvbuff", gpu)?;
         stream.check_context(gpu)?;
