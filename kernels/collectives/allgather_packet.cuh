@@ -21,12 +21,12 @@ __device__ void allgatherPacket(const CollArgs& a)
     const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
     for (uint32_t k = 1; k < a.nranks; k++) {
       const uint32_t peer = (a.rank + k) % a.nranks;
-      putPacket(collData(a, peer, epoch), a.rank * units + i, v, flag);
+      putPacket(collPackets(a, peer, epoch), a.rank * units + i, v, flag);
     }
     if (!inPlace) storeUnit<uint64_t>(ownPiece, i, a.bytes, aligned, v);
   }
   bool aborted = false;
-  const char* mine = collData(a, a.rank, epoch);
+  const char* mine = collPackets(a, a.rank, epoch);
   for (uint32_t k = 1; k < a.nranks && !aborted; k++) {
     const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
     for (uint64_t i = first; i < units && !aborted; i += step) {

@@ -23,11 +23,11 @@ __device__ void allreducePacket(const CollArgs& a)
     const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
     for (uint32_t k = 1; k < a.nranks; k++) {
       const uint32_t peer = (a.rank + k) % a.nranks;
-      putPacket(collData(a, peer, epoch), a.rank * units + i, v, flag);
+      putPacket(collPackets(a, peer, epoch), a.rank * units + i, v, flag);
     }
   }
   bool aborted = false;
-  const char* mine = collData(a, a.rank, epoch);
+  const char* mine = collPackets(a, a.rank, epoch);
   for (uint64_t i = first; i < units && !aborted; i += step) {
     const uint64_t own = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
     uint64_t acc = 0;

@@ -22,6 +22,7 @@ struct CollArgs {
                            // reduce-scatter input)
   char* scratch[MSCCLPP_COLL_MAX_RANKS];  // every rank's scratch (this rank's own too), mapped here
   uint64_t slotBytes;      // bytes of one of the two slots of a scratch buffer
+  uint64_t packetBytes;    // bytes of a slot's packet area, after its flags; the copy area follows
   uint64_t* state;         // this rank's [0] epoch of the last call, [1] blocks done with the current one
   const volatile uint64_t* abortFlag;  // host memory: non-zero once the communicator is aborted
   uint32_t rank;
@@ -59,10 +60,17 @@ __device__ __forceinline__ char* collSlot(const CollArgs& a, uint32_t rank, uint
   return a.scratch[rank] + (epoch & 1) * a.slotBytes;
 }
 
-// The data part of a rank's slot, after its flags.
-__device__ __forceinline__ char* collData(const CollArgs& a, uint32_t rank, uint64_t epoch)
+// A slot holds its flags, then an area only packets are written to, then an area for copies. Packets never
+// share memory with copied data: a stale word of an application's data could otherwise look like a packet
+// of the current call, whereas a stale packet always carries an older call's flag.
+__device__ __forceinline__ char* collPackets(const CollArgs& a, uint32_t rank, uint64_t epoch)
 {
   return collSlot(a, rank, epoch) + MSCCLPP_COLL_FLAG_BYTES;
+}
+
+__device__ __forceinline__ char* collData(const CollArgs& a, uint32_t rank, uint64_t epoch)
+{
+  return collSlot(a, rank, epoch) + MSCCLPP_COLL_FLAG_BYTES + a.packetBytes;
 }
 
 __device__ __forceinline__ uint64_t* collFlag(const CollArgs& a, uint32_t owner, uint64_t epoch, int phase, int block,

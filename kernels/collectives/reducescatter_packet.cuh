@@ -20,13 +20,13 @@ __device__ void reducescatterPacket(const CollArgs& a)
 
   for (uint32_t k = 1; k < a.nranks; k++) {
     const uint32_t peer = (a.rank + k) % a.nranks;
-    char* region = collData(a, peer, epoch);
+    char* region = collPackets(a, peer, epoch);
     for (uint64_t i = first; i < units; i += step) {
       putPacket(region, a.rank * units + i, loadUnit<uint64_t>(a.send + peer * a.strideBytes, i, a.bytes, aligned), flag);
     }
   }
   bool aborted = false;
-  const char* mine = collData(a, a.rank, epoch);
+  const char* mine = collPackets(a, a.rank, epoch);
   const char* own = a.send + a.rank * a.strideBytes;
   for (uint64_t i = first; i < units && !aborted; i += step) {
     uint64_t acc = 0;

@@ -74,8 +74,8 @@ pub fn kernel_base(collective: Collective, protocol: Protocol) -> &'static str {
     }
 }
 
-/// The most bytes of a piece (see `call::Sizes::piece`) one launch can carry with `data_bytes` of scratch
-/// data per slot, a multiple of 16 so that windows keep the buffers' alignment.
+/// The most bytes of a piece (see `call::Sizes::piece`) one launch can carry with `data_bytes` in the
+/// slot's area of the protocol, a multiple of 16 so that windows keep the buffers' alignment.
 pub fn window_bytes(collective: Collective, protocol: Protocol, nranks: usize, data_bytes: u64) -> u64 {
     let n = nranks as u64;
     let raw = match (collective, protocol) {

@@ -19,6 +19,7 @@ pub struct KernelArgs {
     pub stride_bytes: u64,
     pub scratch: [DevicePtr; MAX_RANKS],
     pub slot_bytes: u64,
+    pub packet_bytes: u64,
     pub state: DevicePtr,
     pub abort_flag: DevicePtr,
     pub rank: u32,
@@ -36,10 +37,11 @@ mod tests {
     fn layout_matches_the_device_struct() {
         assert_eq!(offset_of!(KernelArgs, scratch), 32);
         assert_eq!(offset_of!(KernelArgs, slot_bytes), 32 + 8 * MAX_RANKS);
-        assert_eq!(offset_of!(KernelArgs, abort_flag), 48 + 8 * MAX_RANKS);
-        assert_eq!(offset_of!(KernelArgs, rank), 56 + 8 * MAX_RANKS);
-        assert_eq!(offset_of!(KernelArgs, aligned), 68 + 8 * MAX_RANKS);
-        assert_eq!(size_of::<KernelArgs>(), 72 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, packet_bytes), 40 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, abort_flag), 56 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, rank), 64 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, aligned), 76 + 8 * MAX_RANKS);
+        assert_eq!(size_of::<KernelArgs>(), 80 + 8 * MAX_RANKS);
     }
 
     #[test]

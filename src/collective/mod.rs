@@ -30,7 +30,7 @@ pub use datatype::{DataType, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture, pointer_info};
-use algorithm::Choice;
+use algorithm::{Choice, Protocol};
 use kernel_args::KernelArgs;
 use kernels::LoadedKernels;
 use once_cell::sync::OnceCell;
@@ -128,7 +128,11 @@ impl Collectives {
             ready.kernels.get(base, call.op, call.datatype)?
         };
 
-        let window = algorithm::window_bytes(call.collective, protocol, nranks, ready.scratch.data_bytes);
+        let area = match protocol {
+            Protocol::Packet => ready.scratch.packet_bytes,
+            Protocol::Copy => ready.scratch.copy_bytes,
+        };
+        let window = algorithm::window_bytes(call.collective, protocol, nranks, area);
         let stride = match call.collective {
             Collective::AllGather | Collective::ReduceScatter => sizes.piece,
             _ => 0,
@@ -136,6 +140,7 @@ impl Collectives {
         let mut args = KernelArgs {
             scratch: ready.scratch.ptrs,
             slot_bytes: ready.scratch.slot_bytes,
+            packet_bytes: ready.scratch.packet_bytes,
             state: ready.scratch.state.ptr(),
             abort_flag: ready.abort.device_ptr(),
             rank: rank as u32,

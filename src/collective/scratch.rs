@@ -3,7 +3,8 @@
 //! device buffer works); the epoch counter the kernels keep; and the abort word they read.
 //!
 //! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
-//! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`.
+//! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
+//! and the rest for copies (packets never share memory with copied data; see `common.cuh`).
 
 use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
@@ -38,7 +39,10 @@ pub struct Scratch {
     /// Every rank's buffer as this context reaches it, by rank.
     pub ptrs: [DevicePtr; MAX_RANKS],
     pub slot_bytes: u64,
-    pub data_bytes: u64,
+    /// The packet area of a slot, after its flags.
+    pub packet_bytes: u64,
+    /// The copy area of a slot, after its packet area.
+    pub copy_bytes: u64,
     /// `[0]`: the epoch of the last call; `[1]`: the blocks done with the current one.
     pub state: DeviceAllocation,
 }
@@ -110,12 +114,14 @@ impl Scratch {
             own.size() >> 20,
             data_bytes >> 20
         );
+        let packet_bytes = data_bytes / 4 / 16 * 16;
         Ok(Scratch {
             _mappings: mappings,
             own,
             ptrs,
             slot_bytes,
-            data_bytes,
+            packet_bytes,
+            copy_bytes: data_bytes - packet_bytes,
             state,
         })
     }
