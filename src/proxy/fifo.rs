@@ -173,6 +173,21 @@ impl DeviceFifo {
         Ok(fifo)
     }
 
+    /// The device's handle on the FIFO in `fifo` for the connection with index `conn_id`, making the FIFO on
+    /// `gpu` first if there is none yet: a transport makes each of its FIFOs with the first connection
+    /// that is served through it.
+    pub fn view_on_first_use(
+        fifo: &mut Option<DeviceFifo>,
+        gpu: &GpuContext,
+        conn_id: usize,
+    ) -> Result<mscclppConcurrentFifo> {
+        let fifo = match fifo {
+            Some(f) => f,
+            None => fifo.insert(DeviceFifo::new(gpu)?),
+        };
+        Ok(fifo.device_view(conn_id))
+    }
+
     /// The device's handle on this FIFO for the connection with index `conn_id`.
     pub fn device_view(&self, conn_id: usize) -> mscclppConcurrentFifo {
         mscclppConcurrentFifo {

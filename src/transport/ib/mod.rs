@@ -586,11 +586,7 @@ impl Transport for IbTransport {
             .gpu
             .ok_or_else(|| Error::internal("the IB transport has no GPU: it has no connection"))?;
         let d = self.endpoint(conn)?.device;
-        let device = &mut self.devices[d];
-        if device.fifo.is_none() {
-            device.fifo = Some(DeviceFifo::new(&gpu)?);
-        }
-        dev.fifo = device.fifo.as_ref().expect("allocated above").device_view(conn);
+        dev.fifo = DeviceFifo::view_on_first_use(&mut self.devices[d].fifo, &gpu, conn)?;
         Ok(())
     }
 

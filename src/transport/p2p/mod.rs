@@ -287,10 +287,7 @@ impl Transport for P2pTransport {
 
     fn fill_device_connection(&mut self, conn: usize, dev: &mut mscclppDevConn) -> Result<()> {
         let gpu = self.gpu()?;
-        if self.fifo.is_none() {
-            self.fifo = Some(DeviceFifo::new(&gpu)?);
-        }
-        dev.fifo = self.fifo.as_ref().expect("allocated above").device_view(conn);
+        dev.fifo = DeviceFifo::view_on_first_use(&mut self.fifo, &gpu, conn)?;
         if let Some(peer) = self.connection(conn)?.peer {
             dev.base.remoteBuff = peer.buff as *mut _;
             dev.base.remoteSignalEpochId = peer.epochs as *mut _;
