@@ -177,12 +177,6 @@ impl Communicator {
         &self.failures
     }
 
-    /// The proxies' failure, if one can be seen now: never waits for the state, which another call may
-    /// hold for long (`mscclppCommGetAsyncError` must not block).
-    pub(crate) fn proxy_failure_now(&self) -> Option<Error> {
-        self.state.try_lock()?.proxy_failure().map(|(_, e)| e)
-    }
-
     /// Tells the transports and their proxies to abort, after a peer failed, `mscclppCommAbort` or a proxy's
     /// own report: the one place where a failure reaches them. Their proxies stop moving data, release the
     /// kernels' waits and drain their FIFOs until stopped (`Transport::abort_proxy`; nothing here waits on

@@ -29,8 +29,9 @@ pub struct FailureState {
 }
 
 impl FailureState {
-    /// Records a proxy's failure (the first one counts), for `mscclppCommGetAsyncError`. Proxies may call
-    /// this as they fail; the communicator also records what it finds when it looks.
+    /// Records a proxy's failure (the first one counts), for `mscclppCommGetAsyncError`: the proxies' abort
+    /// hook (`proxy_abort_hook`) calls this as they fail. Each proxy thread has the hook from its start, so
+    /// every failure, its set-up's included, is recorded here.
     pub fn report_proxy_failure(&self, e: Error) {
         self.proxy.lock().get_or_insert(e);
     }
@@ -115,9 +116,6 @@ impl Communicator {
 
     /// `mscclppCommGetAsyncError`: never waits.
     pub fn async_error(&self) -> mscclppResult_t {
-        if let Some(e) = self.proxy_failure_now() {
-            self.failures().report_proxy_failure(e);
-        }
         async_error(
             self.bootstrap().failure().as_ref(),
             self.failures().proxy_failure().as_ref(),

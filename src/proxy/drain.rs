@@ -55,7 +55,7 @@ mod tests {
         let ring = unsafe { TriggerRing::new(slots_ptr) };
         let aborts = Arc::new(AtomicU64::new(0));
         let tails = Arc::new(Mutex::new(Vec::new()));
-        let p = spawn_test(
+        let (p, _) = spawn_test(
             ring,
             Box::new(Aborting(aborts.clone())),
             Box::new(SharedTails(tails.clone())),

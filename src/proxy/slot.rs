@@ -14,7 +14,6 @@ pub struct ProxySlot {
     thread: Option<ProxyThread>,
     tail: u64,
     shared: Option<Arc<ProxyShared>>,
-    abort_hook: Option<AbortHook>,
     aborted: bool,
 }
 
@@ -28,7 +27,8 @@ impl ProxySlot {
         self.shared.as_ref().and_then(|s| s.failure())
     }
 
-    /// Starts a thread named `name` serving `fifo` with `handler`, on `gpu`'s context and near it.
+    /// Starts a thread named `name` serving `fifo` with `handler`, on `gpu`'s context and near it; it calls
+    /// `on_abort` when it wants the communicator aborted (a stuck wait, its own failure, set-up included).
     ///
     /// # Safety
     /// `fifo` must outlive the thread: keep it until `stop` has returned (or this slot is dropped).
@@ -39,6 +39,7 @@ impl ProxySlot {
         gpu: GpuContext,
         fifo: &DeviceFifo,
         handler: Box<dyn TriggerHandler>,
+        on_abort: &AbortHook,
     ) -> Result<()> {
         let publisher = DeviceTailPublisher::new(&gpu, fifo.device_tail())?;
         // SAFETY: the caller keeps `fifo` until the thread is stopped (this function's contract).
@@ -55,24 +56,14 @@ impl ProxySlot {
                 affinity::bind_proxy_thread(&gpu);
                 Ok(())
             }),
+            on_abort.clone(),
         )?;
-        if let Some(hook) = &self.abort_hook {
-            thread.shared().set_abort_hook(hook.clone());
-        }
         if self.aborted {
             thread.shared().abort();
         }
         self.shared = Some(thread.shared().clone());
         self.thread = Some(thread);
         Ok(())
-    }
-
-    /// What the proxies launched from here on call when they want the communicator aborted.
-    pub fn set_abort_hook(&mut self, hook: AbortHook) {
-        if let Some(s) = &self.shared {
-            s.set_abort_hook(hook.clone());
-        }
-        self.abort_hook = Some(hook);
     }
 
     /// Aborts the running proxy (it stops moving data, releases the kernels' waits and drains the FIFO)

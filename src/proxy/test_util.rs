@@ -1,7 +1,7 @@
 //! What the proxy's tests share: a FIFO in host memory, handlers and publishers that record.
 
 use super::fifo::{self, FIFO_SIZE, TriggerRing};
-use super::{ProxyThread, TailPublisher, Trigger, TriggerHandler, trigger};
+use super::{AbortCause, AbortHook, ProxyThread, TailPublisher, Trigger, TriggerHandler, trigger};
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -38,13 +38,27 @@ impl TailPublisher for Tails {
     }
 }
 
-/// A test proxy thread serving `ring` from position 0.
+/// A test proxy thread serving `ring` from position 0, whose abort hook records what it is told.
 pub fn spawn_test(
     ring: TriggerRing,
     handler: Box<dyn TriggerHandler>,
     publisher: Box<dyn TailPublisher>,
-) -> ProxyThread {
-    ProxyThread::spawn("test-proxy".into(), 0, ring, 0, handler, publisher, Box::new(|| Ok(()))).unwrap()
+) -> (ProxyThread, Arc<Mutex<Vec<AbortCause>>>) {
+    spawn_with_setup(ring, handler, publisher, Box::new(|| Ok(())))
+}
+
+/// `spawn_test` with a set-up of the test's own.
+pub fn spawn_with_setup(
+    ring: TriggerRing,
+    handler: Box<dyn TriggerHandler>,
+    publisher: Box<dyn TailPublisher>,
+    setup: Box<dyn FnOnce() -> Result<()> + Send>,
+) -> (ProxyThread, Arc<Mutex<Vec<AbortCause>>>) {
+    let causes = Arc::new(Mutex::new(Vec::new()));
+    let seen = causes.clone();
+    let on_abort: AbortHook = Arc::new(move |c| seen.lock().push(c));
+    let p = ProxyThread::spawn("test-proxy".into(), 0, ring, 0, handler, publisher, setup, on_abort).unwrap();
+    (p, causes)
 }
 
 /// Publishes tails where the test reads them while the thread runs.

@@ -18,8 +18,9 @@ pub struct ProxyShared {
     stop: AtomicBool,
     /// Set when the communicator aborts: the proxy stops moving data and drains the FIFO until stopped.
     abort: AtomicBool,
-    /// Told when this proxy wants the communicator aborted (a stuck wait, a failure).
-    abort_hook: Mutex<Option<AbortHook>>,
+    /// Told when this proxy wants the communicator aborted (a stuck wait, a failure). Given when the
+    /// thread is spawned, so that even a failure of the thread's own set-up reaches the communicator.
+    abort_hook: Option<AbortHook>,
     /// The first error that makes the proxy's work unreliable (a CUDA failure); reported by later calls.
     failure: Mutex<Option<Error>>,
     /// Triggers dropped because they were malformed (bad connection id, out-of-bounds range).
@@ -53,14 +54,10 @@ impl ProxyShared {
     pub fn is_aborted(&self) -> bool {
         self.abort.load(Ordering::Relaxed)
     }
-    pub fn set_abort_hook(&self, hook: AbortHook) {
-        *self.abort_hook.lock() = Some(hook);
-    }
     /// Aborts this proxy at once and tells the communicator (which aborts the others and the peers).
     pub(super) fn ask_abort(&self, cause: AbortCause) {
         self.abort();
-        let hook = self.abort_hook.lock().clone();
-        if let Some(h) = hook {
+        if let Some(h) = &self.abort_hook {
             h(cause);
         }
     }
@@ -74,7 +71,9 @@ pub struct ProxyThread {
 
 impl ProxyThread {
     /// Starts serving `ring` from `tail`. `setup` runs first on the new thread (binding it to the GPU's
-    /// context and NUMA node).
+    /// context and NUMA node). `on_abort` is what the thread calls when it wants the communicator aborted;
+    /// it is in place before the thread starts, so that a failed `setup` reaches it too.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         name: String,
         rank: usize,
@@ -83,8 +82,12 @@ impl ProxyThread {
         mut handler: Box<dyn TriggerHandler>,
         mut publisher: Box<dyn TailPublisher>,
         setup: Box<dyn FnOnce() -> Result<()> + Send>,
+        on_abort: AbortHook,
     ) -> Result<ProxyThread> {
-        let shared = Arc::new(ProxyShared::default());
+        let shared = Arc::new(ProxyShared {
+            abort_hook: Some(on_abort),
+            ..Default::default()
+        });
         let s = shared.clone();
         let join = std::thread::Builder::new()
             .name(name)
@@ -217,7 +220,7 @@ mod tests {
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
         let tails = Arc::new(Mutex::new(Vec::new()));
-        let p = spawn_test(
+        let (p, _) = spawn_test(
             ring,
             Box::new(Recorder::default()),
             Box::new(SharedTails(tails.clone())),
@@ -247,14 +250,7 @@ mod tests {
         slots.0[base + 2] = [5, 0];
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
-        let causes = Arc::new(Mutex::new(Vec::new()));
-        let p = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
-        let seen = causes.clone();
-        let shared = p.shared().clone();
-        p.shared().set_abort_hook(Arc::new(move |c| {
-            seen.lock().push(c);
-            shared.abort();
-        }));
+        let (p, causes) = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
         wait_until("the stuck wait was not reported", || !causes.lock().is_empty());
         p.stop().unwrap();
         let causes = causes.lock();
@@ -269,11 +265,33 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_set_up_of_the_thread_reaches_the_abort_hook() {
+        let mut slots = flags(0);
+        // SAFETY: `slots` outlives the thread, which is stopped below.
+        let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
+        let (p, causes) = spawn_with_setup(
+            ring,
+            Box::new(Recorder::default()),
+            Box::new(Tails::default()),
+            Box::new(|| Err(Error::cuda("no context"))),
+        );
+        // The hook is there before the thread runs: the failure of its very first step is not lost.
+        wait_until("the set-up failure was not reported", || !causes.lock().is_empty());
+        assert!(p.shared().is_aborted(), "a failed proxy aborts itself");
+        assert_eq!(p.shared().failure().map(|e| e.message), Some("no context".into()));
+        p.stop().unwrap();
+        match &causes.lock()[..] {
+            [AbortCause::Failure(e)] => assert_eq!(e.message, "no context"),
+            other => panic!("expected one failure, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn thread_serves_until_stopped_and_returns_its_tail() {
         let mut slots = flags(3);
         // SAFETY: `slots` outlives the thread, which is stopped below.
         let ring = unsafe { TriggerRing::new(slots.0.as_mut_ptr()) };
-        let p = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
+        let (p, _) = spawn_test(ring, Box::new(Recorder::default()), Box::new(Tails::default()));
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while p.shared().processed() < 3 {
             assert!(std::time::Instant::now() < deadline, "proxy did not serve the triggers");

@@ -607,7 +607,6 @@ impl Transport for IbTransport {
             let mut handler = self.handler(d, flags.clone());
             handler.set_release_stream(Stream::new(&gpu)?);
             let dev = &mut self.devices[d];
-            dev.proxy.set_abort_hook(on_abort.clone());
             let fifo = dev
                 .fifo
                 .as_ref()
@@ -615,7 +614,7 @@ impl Transport for IbTransport {
             let name = format!("mscclpp-ib-{rank}-{}", dev.device.name());
             // SAFETY: `dev.fifo` is dropped only after the proxy is stopped (`clear` stops it first, and
             // the proxy slot is declared before the FIFO).
-            unsafe { dev.proxy.launch(name, rank, gpu, fifo, Box::new(handler))? };
+            unsafe { dev.proxy.launch(name, rank, gpu, fifo, Box::new(handler), on_abort)? };
             log::info!("IB proxy for \"{}\" launched", dev.device.name());
         }
         Ok(())

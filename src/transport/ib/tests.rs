@@ -647,6 +647,7 @@ fn a_proxy_thread_serves_ib_triggers_until_stopped() {
         Box::new(a.ib.handler(0, counts())),
         Box::new(Tails::default()),
         Box::new(|| Ok(())),
+        std::sync::Arc::new(|cause| panic!("the proxy asked for an abort: {cause:?}")),
     )
     .unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -324,13 +324,18 @@ impl Transport for P2pTransport {
             .ok_or_else(|| Error::invalid_usage("call mscclppConnectionSetup before mscclppProxyLaunch"))?;
         log::info!("P2P proxy options: {:?}", self.options);
         let handler = P2pHandler::new(&gpu, routes, self.options, flags.clone())?;
-        self.proxy.set_abort_hook(on_abort.clone());
         // SAFETY: `self.fifo` is dropped only after the proxy is stopped (`clear` stops it first, and the
         // proxy slot is declared before the FIFO).
         unsafe {
             let rank = self.rank;
-            self.proxy
-                .launch(format!("mscclpp-proxy-{rank}"), rank, gpu, fifo, Box::new(handler))?
+            self.proxy.launch(
+                format!("mscclpp-proxy-{rank}"),
+                rank,
+                gpu,
+                fifo,
+                Box::new(handler),
+                on_abort,
+            )?
         };
         log::info!("P2P proxy launched");
         Ok(())
