@@ -520,6 +520,8 @@ impl Communicator {
         if let Some(g) = st.gpu.take() {
             g.release();
         }
+        // Destroyed: an abort no longer ends the process (`MSCCLPP_ABORT_EXIT_TIMEOUT`).
+        self.failures.destroyed();
         stop
     }
 }

@@ -11,21 +11,35 @@
 //! rank or another, or it aborted its communicator); `mscclppInvalidUsage` after this rank's own
 //! `mscclppCommAbort` (the communicator may no longer be used); otherwise the code of a proxy's failure
 //! (`mscclppInternalError`, `mscclppUnhandledCudaError`).
+//!
+//! With `MSCCLPP_ABORT_EXIT_TIMEOUT=S`, the failure hook also starts an `ExitWatch`: a library thread that
+//! ends the process with `ABORT_EXIT_STATUS` unless the communicator is destroyed within S seconds of the
+//! abort, so that a rank whose kernels never look at the abort still ends and its launcher sees it.
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::types::mscclppResult_t;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// What `mscclppCommGetAsyncError` gives after this rank's own `mscclppCommAbort`.
 pub const LOCAL_ABORT_RESULT: mscclppResult_t = mscclppResult_t::mscclppInvalidUsage;
+
+/// The exit status of a process that `MSCCLPP_ABORT_EXIT_TIMEOUT` ends: 75 is `EX_TEMPFAIL` of
+/// `sysexits.h`, "a temporary failure; the user is invited to retry", which is what a job launcher should
+/// make of a rank whose peer failed; and it is none of the statuses a shell gives a killed process
+/// (128 + signal) nor the usual 1 of a failed program.
+pub const ABORT_EXIT_STATUS: i32 = 75;
 
 /// Failures the communicator learns of besides the bootstrap's: a proxy's.
 #[derive(Default)]
 pub struct FailureState {
     /// The first proxy failure seen; never held during anything that can wait.
     proxy: Mutex<Option<Error>>,
+    /// Ends the process if the communicator, once aborted, is not destroyed in time.
+    exit_watch: ExitWatch,
 }
 
 impl FailureState {
@@ -38,6 +52,120 @@ impl FailureState {
 
     pub fn proxy_failure(&self) -> Option<Error> {
         self.proxy.lock().clone()
+    }
+
+    /// The communicator was destroyed: the process is not to be ended (see `ExitWatch`).
+    pub fn destroyed(&self) {
+        self.exit_watch.cancel();
+    }
+}
+
+/// `MSCCLPP_ABORT_EXIT_TIMEOUT`: a thread of the library that ends the process if the communicator, once
+/// aborted, is not destroyed in time. Only a thread of the library can do it whatever the application's
+/// threads do (blocked in `cudaStreamSynchronize` on a kernel that never ends, asleep, never calling the
+/// library again). Started at most once; `cancel` (the communicator's destroy) stops it for good.
+#[derive(Default)]
+pub struct ExitWatch {
+    shared: Arc<ExitWatchShared>,
+}
+
+#[derive(Default)]
+struct ExitWatchShared {
+    state: Mutex<ExitWatchState>,
+    cancelled: Condvar,
+}
+
+#[derive(Default)]
+struct ExitWatchState {
+    cancelled: bool,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ExitWatch {
+    /// Unless `cancel` is called first, at `since + timeout` logs one line at WARN naming `rank`, `cause`
+    /// and that it ends the process, then calls `end` (`end_process` in the library). Does nothing if the
+    /// watch was started or cancelled before.
+    pub fn start(
+        &self,
+        rank: usize,
+        since: Instant,
+        timeout: Duration,
+        cause: String,
+        end: impl FnOnce() + Send + 'static,
+    ) {
+        let mut state = self.shared.state.lock();
+        if state.cancelled || state.thread.is_some() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("mscclpp-exit-{rank}"))
+            .spawn(move || {
+                crate::logging::set_thread_rank(rank);
+                let deadline = since + timeout;
+                let mut state = shared.state.lock();
+                while !state.cancelled {
+                    if shared.cancelled.wait_until(&mut state, deadline).timed_out() {
+                        break;
+                    }
+                }
+                if state.cancelled {
+                    return;
+                }
+                // The lock stays held: a destroy that comes now waits, and the process ends anyway.
+                log::warn!(
+                    "rank {rank}: the communicator was aborted {:.1} s ago ({cause}) and not destroyed within \
+                     MSCCLPP_ABORT_EXIT_TIMEOUT ({} s): ending the process with exit status {ABORT_EXIT_STATUS}",
+                    since.elapsed().as_secs_f64(),
+                    timeout.as_secs()
+                );
+                end();
+            });
+        match spawned {
+            Ok(thread) => state.thread = Some(thread),
+            Err(e) => log::warn!("could not start the thread of MSCCLPP_ABORT_EXIT_TIMEOUT: {e}"),
+        }
+    }
+
+    /// Stops the watch before it ends the process (and for good), and waits for its thread.
+    pub fn cancel(&self) {
+        let thread = {
+            let mut state = self.shared.state.lock();
+            state.cancelled = true;
+            self.shared.cancelled.notify_all();
+            state.thread.take()
+        };
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ExitWatch {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+/// Ends the process at once with `ABORT_EXIT_STATUS`. `_exit`, not `exit`: `exit` would run the atexit
+/// handlers and static destructors while the application's threads go on, and CUDA's own (the runtime
+/// destroys its contexts) waits for the kernels that keep the process from ending in the first place, so
+/// the process could hang right there. `_exit` ends every thread at once; the kernel's driver frees the
+/// GPU contexts, and the peers see the closed connections. What the application had buffered in `stdio`
+/// is lost (flushing it could wait on a lock a stuck thread holds); the library's own log line is
+/// written and flushed before.
+fn end_process() {
+    // SAFETY: `_exit` takes no pointers and never returns; ending the process is the point.
+    unsafe { libc::_exit(ABORT_EXIT_STATUS) }
+}
+
+/// The failure, in words, for the line `ExitWatch` logs: a peer's, a proxy's, or this rank's own abort.
+fn cause_of(failure: &crate::bootstrap::PeerFailure, proxy: Option<&Error>) -> String {
+    match proxy {
+        Some(e) if failure.is_local_abort() => e.message.clone(),
+        _ if failure.is_local_abort() => "mscclppCommAbort".into(),
+        _ if failure.rank == failure.observer => format!("declared dead by its peers: {}", failure.how()),
+        _ => format!("peer rank {} failed: {}", failure.rank, failure.how()),
     }
 }
 
@@ -97,9 +225,26 @@ impl Communicator {
         let comm = Arc::downgrade(self);
         self.bootstrap().on_failure(move |failure| {
             if let Some(comm) = comm.upgrade() {
+                comm.watch_exit(failure);
                 comm.abort_transports(failure);
             }
         });
+    }
+
+    /// Starts the `ExitWatch` after `failure`, if `MSCCLPP_ABORT_EXIT_TIMEOUT` is set.
+    fn watch_exit(&self, failure: &crate::bootstrap::PeerFailure) {
+        let seconds: u64 = crate::settings::ABORT_EXIT_TIMEOUT.int().unwrap_or(0);
+        if seconds == 0 {
+            return;
+        }
+        let cause = cause_of(failure, self.failures().proxy_failure().as_ref());
+        self.failures().exit_watch.start(
+            self.rank(),
+            failure.detected,
+            Duration::from_secs(seconds),
+            cause,
+            end_process,
+        );
     }
 
     /// `mscclppCommAbort`: aborts the bootstrap (every wait fails, the peers are told and abort too) and
@@ -163,6 +308,97 @@ mod tests {
             async_error(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
             mscclppUnhandledCudaError,
             "a proxy's failure aborts locally: its code is the one to report"
+        );
+    }
+
+    /// An `ExitWatch` whose `end` reports on a channel instead of ending the test process.
+    fn watch(timeout_ms: u64) -> (ExitWatch, std::sync::mpsc::Receiver<Instant>) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w = ExitWatch::default();
+        w.start(
+            0,
+            Instant::now(),
+            Duration::from_millis(timeout_ms),
+            "a test".into(),
+            move || {
+                let _ = tx.send(Instant::now());
+            },
+        );
+        (w, rx)
+    }
+
+    #[test]
+    fn an_exit_watch_ends_at_its_deadline_once() {
+        let start = Instant::now();
+        let (w, rx) = watch(100);
+        // A second start (the failure hook and mscclppCommAbort may both get here) changes nothing.
+        w.start(0, start, Duration::from_millis(1), "again".into(), || {
+            panic!("started twice")
+        });
+        let ended = rx.recv_timeout(Duration::from_secs(10)).expect("the watch never ended");
+        assert!(
+            ended - start >= Duration::from_millis(100),
+            "ended early: {:?}",
+            ended - start
+        );
+        w.cancel();
+        assert!(rx.try_recv().is_err(), "ended once");
+    }
+
+    #[test]
+    fn a_cancelled_exit_watch_never_ends_and_leaves_no_thread() {
+        let (w, rx) = watch(200);
+        w.cancel();
+        assert!(w.shared.state.lock().thread.is_none(), "the thread was joined");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(400)).is_err(),
+            "ended after a cancel"
+        );
+        // Cancelled for good: a later start does nothing.
+        w.start(0, Instant::now(), Duration::ZERO, "late".into(), || {
+            panic!("started after a cancel")
+        });
+        assert!(w.shared.state.lock().thread.is_none());
+        // Dropping a watch cancels it too.
+        let (w, rx) = watch(200);
+        drop(w);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(400)).is_err(),
+            "ended after a drop"
+        );
+    }
+
+    #[test]
+    fn the_exit_line_names_the_failure() {
+        let dead = PeerFailure {
+            rank: 3,
+            ..failure(Cause::ConnectionClosed("reset".into()))
+        };
+        assert_eq!(cause_of(&dead, None), "peer rank 3 failed: connection closed (reset)");
+        let local = failure(Cause::LocalAbort);
+        assert_eq!(
+            cause_of(
+                &PeerFailure {
+                    rank: 0,
+                    ..local.clone()
+                },
+                None
+            ),
+            "mscclppCommAbort"
+        );
+        let stuck = Error::invalid_usage("rank 0: a kernel's wait() ...");
+        assert_eq!(
+            cause_of(&local, Some(&stuck)),
+            stuck.message,
+            "a proxy's own abort says why"
+        );
+        let me = PeerFailure {
+            rank: 0,
+            ..failure(Cause::NoHeartbeat(Duration::from_secs(2)))
+        };
+        assert_eq!(
+            cause_of(&me, None),
+            "declared dead by its peers: no heartbeat for 2.0 s"
         );
     }
 

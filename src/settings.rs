@@ -103,6 +103,14 @@ setting!(
     Warn,
     "seconds a kernel's `wait()` or `flush()` (built on this header) may spin before the communicator aborts with a report of it; 0: never"
 );
+setting!(
+    ABORT_EXIT_TIMEOUT,
+    "MSCCLPP_ABORT_EXIT_TIMEOUT",
+    "0",
+    Values::Int { min: 0, max: 86400 },
+    Warn,
+    "seconds after a communicator's abort within which it must be destroyed, or the library ends the process with exit status 75; 0: never"
+);
 // ---- proxies ----
 setting!(
     PROXY_CPUS,
@@ -210,6 +218,7 @@ pub static ALL: &[&Setting] = &[
     &SOCKET_IFNAME,
     &PEER_TIMEOUT,
     &WAIT_TIMEOUT,
+    &ABORT_EXIT_TIMEOUT,
     &PROXY_CPUS,
     &P2P_FAST_FLAGS,
     &P2P_FLAG,

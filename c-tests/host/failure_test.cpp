@@ -10,6 +10,13 @@
 //   failure_test abort N       rank 1 calls mscclppCommAbort from a second thread while its main thread
 //                              waits in a barrier: that barrier fails at once (mscclppInvalidUsage), every
 //                              other rank sees mscclppRemoteError naming rank 1
+//   failure_test exit-kill N   MSCCLPP_ABORT_EXIT_TIMEOUT=2: rank N-1 is SIGKILLed and the others never call
+//                              the library again; each ends with exit status 75 2 s after the kill (within
+//                              EXIT_SLACK_S), and its log file holds one WARN line saying why
+//   failure_test exit-abort N  the same after rank 1's mscclppCommAbort: every rank ends with 75
+//   failure_test exit-destroy N  MSCCLPP_ABORT_EXIT_TIMEOUT=2: the survivors destroy their communicator as
+//                              soon as they see the error, then live on past the timeout: no exit, no line
+//   failure_test exit-off N    the setting unset: survivors that never destroy live on past 2 s, no line
 //   failure_test               all of the above with N = 3
 //
 // Exits non-zero on any failure.
@@ -43,6 +50,11 @@ static const double STOP_SLACK_S = 3;
 // A call that must fail "at once" after a failure returns within this.
 static const double PROMPT_S = 1;
 static const int MAX_RANKS = 16;
+// MSCCLPP_ABORT_EXIT_TIMEOUT of the exit cases, and how late past it a process may end.
+static const double EXIT_TIMEOUT_S = 2;
+static const double EXIT_SLACK_S = 2;
+// What the library's documentation promises such a process ends with (EX_TEMPFAIL).
+static const int ABORT_EXIT_STATUS = 75;
 
 // What the parent and the ranks share (anonymous shared memory, mapped before the fork).
 struct Shared {
@@ -299,6 +311,196 @@ static bool abort_job(int nranks) {
   return ok;
 }
 
+// ---- MSCCLPP_ABORT_EXIT_TIMEOUT ----
+
+// The directory the exit cases' ranks log into (MSCCLPP_DEBUG_FILE), one file per process: what a rank
+// logs just before the library ends it is read back by the parent.
+static std::string g_log_dir;
+
+static std::string log_file_of(pid_t pid) { return g_log_dir + "/rank." + std::to_string(pid) + ".log"; }
+
+// The lines of a file that contain every one of `parts`.
+static std::vector<std::string> lines_with(const std::string& path, const std::vector<std::string>& parts) {
+  std::vector<std::string> out;
+  FILE* f = fopen(path.c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  while (fgets(buf, sizeof(buf), f)) {
+    std::string line = buf;
+    bool all = true;
+    for (const std::string& p : parts) all = all && line.find(p) != std::string::npos;
+    if (all) out.push_back(line);
+  }
+  fclose(f);
+  return out;
+}
+
+// A rank of an exit case: joins with the library's default log handler (the file), then never calls the
+// library again; the aborter first aborts once every rank is ready. Only the library can end it.
+static int exit_rank(int rank, int nranks, const char* addr, bool aborter) {
+  g_rank = rank;
+  mscclppComm_t comm = nullptr;
+  mscclppResult_t r = mscclppCommInitRank(&comm, nranks, addr, rank);
+  CHECK(r == mscclppSuccess, "init: %s", mscclppGetErrorString(r));
+  r = mscclppBootstrapBarrier(comm);
+  CHECK(r == mscclppSuccess, "first barrier: %s", mscclppGetErrorString(r));
+  g_shared->ready.fetch_add(1);
+  if (aborter) {
+    while (g_shared->ready.load() < nranks) usleep(1000);
+    g_shared->event_time = now_s();
+    CHECK(mscclppCommAbort(comm) == mscclppSuccess, "mscclppCommAbort");
+    g_shared->go = 1;
+  }
+  for (;;) pause();
+}
+
+// exit-kill (rank N-1 killed) or exit-abort (rank ABORTER aborts): every other rank must end with
+// ABORT_EXIT_STATUS between EXIT_TIMEOUT_S and EXIT_TIMEOUT_S + EXIT_SLACK_S after the event, having
+// logged one WARN line that names it, the failure and the exit.
+static bool exit_job(const char* name, int nranks, bool kill_last) {
+  char addr[64];
+  new_job(addr, sizeof(addr));
+  const int dead = kill_last ? nranks - 1 : -1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == dead) {
+      pids.push_back(spawn([=] { return victim(r, nranks, addr); }));
+    } else {
+      pids.push_back(spawn([=] { return exit_rank(r, nranks, addr, !kill_last && r == ABORTER); }));
+    }
+  }
+  double start = now_s();
+  while (g_shared->ready.load() < nranks && now_s() - start < 30) usleep(1000);
+  bool ok = g_shared->ready.load() == nranks;
+  if (!ok) fprintf(stderr, "failure_test %s: only %d of %d ranks got ready\n", name, g_shared->ready.load(), nranks);
+  if (kill_last) {
+    g_shared->event_time = now_s();
+    kill(pids[dead], SIGKILL);
+  } else {
+    while (!g_shared->go.load() && now_s() - start < 30) usleep(1000);
+  }
+  // Reap the ranks as they end, noting when.
+  std::vector<int> status(nranks, -1);
+  std::vector<double> ended(nranks, -1);
+  const double deadline = g_shared->event_time + EXIT_TIMEOUT_S + EXIT_SLACK_S + 5;
+  for (int left = nranks; left > 0 && now_s() < deadline;) {
+    left = 0;
+    for (int r = 0; r < nranks; ++r) {
+      if (r == dead || ended[r] >= 0) continue;
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        ended[r] = now_s() - g_shared->event_time;
+        status[r] = st;
+      } else {
+        ++left;
+      }
+    }
+    usleep(1000);
+  }
+  printf("failure_test %s: from the %s to each process's end:", name, kill_last ? "kill" : "abort");
+  for (int r = 0; r < nranks; ++r) {
+    if (r == dead) continue;
+    if (ended[r] < 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], nullptr, 0);
+      fprintf(stderr, "failure_test %s: rank %d still ran %.1f s after the event\n", name, r,
+              now_s() - g_shared->event_time);
+      ok = false;
+      continue;
+    }
+    printf(" %.3f", ended[r]);
+    if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != ABORT_EXIT_STATUS) {
+      fprintf(stderr, "failure_test %s: rank %d ended with %s %d, want exit status %d\n", name, r,
+              WIFEXITED(status[r]) ? "exit status" : "signal",
+              WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : WTERMSIG(status[r]), ABORT_EXIT_STATUS);
+      ok = false;
+    }
+    if (ended[r] < EXIT_TIMEOUT_S - 0.01 || ended[r] > EXIT_TIMEOUT_S + EXIT_SLACK_S) {
+      fprintf(stderr, "failure_test %s: rank %d ended %.3f s after the event, want %.0f to %.0f s\n", name, r,
+              ended[r], EXIT_TIMEOUT_S, EXIT_TIMEOUT_S + EXIT_SLACK_S);
+      ok = false;
+    }
+    char who[64], cause[96];
+    snprintf(who, sizeof(who), "rank %d: the communicator was aborted", r);
+    if (kill_last) {
+      // Seen first-hand or reported by another survivor: "connection closed" either way.
+      snprintf(cause, sizeof(cause), "(peer rank %d failed: ", dead);
+    } else if (r == ABORTER) {
+      snprintf(cause, sizeof(cause), "(mscclppCommAbort)");
+    } else {
+      snprintf(cause, sizeof(cause), "(peer rank %d failed: it aborted its communicator)", ABORTER);
+    }
+    char status_words[64];
+    snprintf(status_words, sizeof(status_words), "ending the process with exit status %d", ABORT_EXIT_STATUS);
+    const std::string file = log_file_of(pids[r]);
+    size_t lines = lines_with(file, {"MSCCLPP WARN", who, cause, kill_last ? "connection closed" : "",
+                                    "MSCCLPP_ABORT_EXIT_TIMEOUT (2 s)", status_words}).size();
+    size_t any = lines_with(file, {"ending the process"}).size();
+    if (lines != 1 || any != 1) {
+      fprintf(stderr, "failure_test %s: rank %d logged %zu line(s) \"%s ... %s ... %s\" and %zu about the exit; its log "
+              "%s was:\n", name, r, lines, who, cause, status_words, any, file.c_str());
+      std::string cmd = "cat '" + file + "' >&2";
+      if (system(cmd.c_str()) != 0) fprintf(stderr, "(no log)\n");
+      ok = false;
+    }
+  }
+  printf(" s\n");
+  if (dead >= 0) ok = wait_child(pids[dead], SIGKILL) && ok;
+  return ok;
+}
+
+// exit-destroy (`destroy`) and exit-off (the setting unset): the survivors of a kill see the error; with
+// `destroy` they destroy at once, otherwise they do not; either way they live on past the timeout and
+// the library logs nothing about ending them.
+static int living_survivor(int rank, int nranks, const char* addr, int dead, bool destroy) {
+  mscclppComm_t comm = nullptr;
+  if (join_job(rank, nranks, addr, &comm) != 0) return 1;
+  double wait_start = now_s();
+  while (!g_shared->go.load()) {
+    CHECK(now_s() - wait_start < 30, "the parent never killed rank %d", dead);
+    usleep(1000);
+  }
+  mscclppResult_t err = poll_async_error(comm, KILL_LIMIT_S);
+  CHECK(err == mscclppRemoteError, "async error %d (%s), want mscclppRemoteError", err, mscclppGetErrorString(err));
+  if (destroy) {
+    mscclppResult_t r = mscclppCommDestroy(comm);
+    CHECK(r == mscclppSuccess, "destroy: %s", mscclppGetErrorString(r));
+    CHECK(thread_count() == 1, "%d threads left after destroy (the exit watch's included)", thread_count());
+  }
+  sleep_s(EXIT_TIMEOUT_S + EXIT_SLACK_S + 0.5);
+  CHECK(log_line_with({"ending the process"}).empty(), "the library meant to end the process:\n%s",
+        whole_log().c_str());
+  if (!destroy) {
+    mscclppResult_t r = mscclppCommDestroy(comm);
+    CHECK(r == mscclppSuccess, "destroy: %s", mscclppGetErrorString(r));
+  }
+  return 0;
+}
+
+static bool living_job(int nranks, bool destroy) {
+  char addr[64];
+  new_job(addr, sizeof(addr));
+  const int dead = nranks - 1;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nranks; ++r) {
+    if (r == dead) {
+      pids.push_back(spawn([=] { return victim(r, nranks, addr); }));
+    } else {
+      pids.push_back(spawn([=] { return living_survivor(r, nranks, addr, dead, destroy); }));
+    }
+  }
+  double start = now_s();
+  while (g_shared->ready.load() < nranks && now_s() - start < 30) usleep(1000);
+  g_shared->event_time = now_s();
+  kill(pids[dead], SIGKILL);
+  g_shared->go = 1;
+  bool ok = true;
+  for (int r = 0; r < nranks; ++r) {
+    if (r != dead) ok = wait_child(pids[r]) && ok;
+  }
+  return wait_child(pids[dead], SIGKILL) && ok;
+}
+
 static bool run_case(const std::string& name, int nranks) {
   bool ok = false;
   char timeout[16];
@@ -308,6 +510,20 @@ static bool run_case(const std::string& name, int nranks) {
     setenv("MSCCLPP_PEER_TIMEOUT", timeout, 1);
   } else {
     unsetenv("MSCCLPP_PEER_TIMEOUT");
+  }
+  char exit_timeout[16];
+  snprintf(exit_timeout, sizeof(exit_timeout), "%g", EXIT_TIMEOUT_S);
+  const bool exit_case = name == "exit-kill" || name == "exit-abort" || name == "exit-destroy";
+  if (exit_case) {
+    setenv("MSCCLPP_ABORT_EXIT_TIMEOUT", exit_timeout, 1);
+  } else {
+    unsetenv("MSCCLPP_ABORT_EXIT_TIMEOUT");
+  }
+  // The ranks that the library ends log into files of their own (their last line is read from there).
+  if (name == "exit-kill" || name == "exit-abort") {
+    setenv("MSCCLPP_DEBUG_FILE", (g_log_dir + "/rank.%p.log").c_str(), 1);
+  } else {
+    unsetenv("MSCCLPP_DEBUG_FILE");
   }
   std::vector<std::string> closed = {"connection closed", "reported it (connection closed"};
   std::vector<std::string> silent = {"no heartbeat for", "reported it (no heartbeat for"};
@@ -324,6 +540,14 @@ static bool run_case(const std::string& name, int nranks) {
     ok = idle_job(nranks);
   } else if (name == "abort") {
     ok = abort_job(nranks);
+  } else if (name == "exit-kill") {
+    ok = exit_job("exit-kill", nranks, true);
+  } else if (name == "exit-abort") {
+    ok = exit_job("exit-abort", nranks, false);
+  } else if (name == "exit-destroy") {
+    ok = living_job(nranks, true);
+  } else if (name == "exit-off") {
+    ok = living_job(nranks, false);
   } else {
     fprintf(stderr, "failure_test: unknown case %s\n", name.c_str());
     return false;
@@ -342,7 +566,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_shared = new (mem) Shared();
-  const char* cases[] = {"kill-last", "kill-root", "stop", "idle", "abort"};
+  const char* tmp = getenv("TMPDIR");
+  std::string dir_template = std::string(tmp && *tmp ? tmp : "/tmp") + "/failure_test.XXXXXX";
+  if (!mkdtemp(&dir_template[0])) {
+    perror("failure_test: mkdtemp");
+    return 1;
+  }
+  g_log_dir = dir_template;
+  const char* cases[] = {"kill-last", "kill-root", "stop", "idle", "abort", "exit-kill", "exit-abort", "exit-destroy",
+                         "exit-off"};
   bool ok = true;
   if (argc == 3) {
     int n = atoi(argv[2]);
@@ -354,8 +586,14 @@ int main(int argc, char** argv) {
   } else if (argc == 1) {
     for (const char* c : cases) ok = run_case(c, 3) && ok;
   } else {
-    fprintf(stderr, "usage: %s [kill-last N | kill-root N | stop N | idle N | abort N]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s [kill-last N | kill-root N | stop N | idle N | abort N | exit-kill N | exit-abort N | "
+            "exit-destroy N | exit-off N]\n",
+            argv[0]);
     return 2;
   }
+  // The exit cases' log files go with their directory.
+  std::string cleanup = "rm -rf '" + g_log_dir + "'";
+  if (system(cleanup.c_str()) != 0) fprintf(stderr, "failure_test: could not remove %s\n", g_log_dir.c_str());
   return ok ? 0 : 1;
 }
