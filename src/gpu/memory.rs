@@ -168,38 +168,37 @@ pub struct PointerInfo {
     pub device: i32,
 }
 
-/// Checks that `[ptr, ptr+size)` is device memory inside one allocation and says where that starts.
+/// Checks that `[ptr, ptr+size)` is device memory inside one allocation and says where that starts. One
+/// driver call (collectives check their buffers at every call).
 pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo> {
+    use sys::CUpointer_attribute as A;
     let mut mem_type: u32 = 0;
-    // SAFETY: the attribute is a 32-bit value written to a local.
+    let mut device: i32 = -1;
+    let mut base: DevicePtr = 0;
+    let mut alloc_size: usize = 0;
+    let mut attributes = [
+        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+    ];
+    let mut data: [*mut std::ffi::c_void; 4] = [
+        (&mut mem_type as *mut u32).cast(),
+        (&mut device as *mut i32).cast(),
+        (&mut base as *mut DevicePtr).cast(),
+        (&mut alloc_size as *mut usize).cast(),
+    ];
+    // SAFETY: each data pointer is a local of the attribute's type (32-bit type and ordinal, a device
+    // pointer, a size); for an address CUDA does not know the driver writes defaults and succeeds.
     let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut mem_type as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
+        sys::cuPointerGetAttributes(attributes.len() as u32, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr)
     };
-    if rc != sys::CUresult::CUDA_SUCCESS || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+    check(rc, || format!("querying {what} {ptr:#x}"))?;
+    if mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 || alloc_size == 0 {
         return Err(Error::invalid_argument(format!(
             "{what} {ptr:#x} is not device memory allocated with cudaMalloc"
         )));
     }
-    let mut device: i32 = -1;
-    // SAFETY: as above, a 32-bit attribute into a local.
-    let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut device as *mut i32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    };
-    check(rc, || format!("querying the device of {what}"))?;
-    let (mut base, mut alloc_size): (DevicePtr, usize) = (0, 0);
-    // SAFETY: out-pointers to locals.
-    check(
-        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut alloc_size, ptr) },
-        || format!("cuMemGetAddressRange({what})"),
-    )?;
     let end = ptr
         .checked_add(size)
         .ok_or_else(|| Error::invalid_argument(format!("{what}: size {size} overflows")))?;
