@@ -35,8 +35,15 @@
       // At most MSCCLPP_PROXY_FIFO_SIZE triggers may be in flight ahead of the proxy's tail. The device copy
       // of the tail is cheap to read but refreshed by GPU stream work that a busy GPU may defer; the host
       // copy after the slots is always current, so it decides when the device copy says "full".
+      //
+      // After an abort the proxy raises both tails past any position, so pushes stop finding the FIFO
+      // full; until the raised tails are seen, a push that has spun MSCCLPP_FIFO_ABORT_POLLS times reads
+      // the abort word (host memory, only here) and once aborted returns at once, writing nothing: the
+      // proxy carries nothing out any more, and the loop around the push goes on at the GPU's speed.
+      unsigned int spins = 0;
       while (pos >= MSCCLPP_PROXY_FIFO_SIZE + *reinterpret_cast<volatile uint64_t*>(triggerFifoTail)) {
         if (pos < MSCCLPP_PROXY_FIFO_SIZE + hostTail()) break;
+        if (++spins % MSCCLPP_FIFO_ABORT_POLLS == 0 && aborted()) return pos;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
         // Many threads may wait here; reading host memory in a tight loop would crowd the host link.
         __nanosleep(256);
@@ -44,6 +51,7 @@
       }
       // As the legacy protocol does, also wait for the proxy to zero the slot's first word.
       while (*reinterpret_cast<volatile uint64_t*>(&slot->value[0]) != 0) {
+        if (++spins % MSCCLPP_FIFO_ABORT_POLLS == 0 && aborted()) return pos;
       }
     }
     // Each field is cut to its width so that an out-of-range argument can never spill into connId or type.

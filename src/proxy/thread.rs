@@ -1,7 +1,7 @@
 //! The proxy thread: its loop (serve while healthy, drain once aborted, report a stuck wait, refresh a
 //! stale device tail when idle) and the state it shares with the communicator.
 
-use super::drain::{RELEASE_AGAIN, begin_abort, drain_one};
+use super::drain::{ABORTED_TAIL, RELEASE_AGAIN, begin_abort, drain};
 use super::fifo::TriggerRing;
 use super::serve::{IDLE_PUBLISH, TailPolicy, report_idle, serve_one};
 use super::serve_times::{ServeTimes, thread_cpu_seconds};
@@ -110,12 +110,11 @@ impl ProxyThread {
                     if s.is_aborted() {
                         if !draining {
                             draining = true;
-                            begin_abort(&ring, tail, handler.as_mut());
+                            begin_abort(&ring, tail, handler.as_mut(), publisher.as_mut(), &mut policy, &s);
                             released_at = std::time::Instant::now();
                         }
-                        match drain_one(&ring, tail, publisher.as_mut(), &mut policy, &s) {
-                            Some(t) => tail = t,
-                            None => std::thread::sleep(std::time::Duration::from_micros(50)),
+                        if drain(&ring) == 0 {
+                            std::thread::sleep(std::time::Duration::from_micros(50));
                         }
                         if released_at.elapsed() >= RELEASE_AGAIN {
                             released_at = std::time::Instant::now();
@@ -161,9 +160,10 @@ impl ProxyThread {
                         }
                     }
                 }
-                // An aborted proxy completes nothing more: its peers may be gone.
+                // An aborted proxy completes nothing more (its peers may be gone) and leaves the device tail
+                // raised: kernels may still push after the stop.
                 let finish = if draining {
-                    publisher.publish(tail)
+                    publisher.publish(ABORTED_TAIL)
                 } else {
                     handler.sync().and_then(|_| publisher.publish(tail))
                 };
