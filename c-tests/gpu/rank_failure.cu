@@ -17,6 +17,12 @@
 //          stop_pingpong (SIGSTOP of the last rank; MSCCLPP_PEER_TIMEOUT=4), abort (rank 0's host calls
 //          mscclppCommAbort while every kernel waits), stuck_wait (every rank waits for a signal nobody
 //          sends; MSCCLPP_WAIT_TIMEOUT=2: only kernels built on this library's header report it)
+//   named only (not in "all": the library ends its survivors, which a leak check would count against them):
+//          exit_endless: every rank ping-pongs through the proxy in a kernel that never ends (it looks at
+//          neither aborted() nor its host) while its host waits in cudaStreamSynchronize; the last rank is
+//          SIGKILLed; with MSCCLPP_ABORT_EXIT_TIMEOUT=3 every survivor must end with exit status 75 within
+//          3 to 3 + EXIT_SLACK_S seconds of the kill, having logged the line that says so. Prints the time
+//          from the kill to each process's end, and the time per iteration of the kernel before and after.
 #include "case_runner.h"
 
 #ifndef MSCCLPP_HAS_ABORT
@@ -33,7 +39,13 @@ using namespace tc;
 
 namespace {
 
-enum Mode { kPingPong, kStream, kFlush, kWaitOnly };
+enum Mode { kPingPong, kStream, kFlush, kWaitOnly, kEndless };
+
+// MSCCLPP_ABORT_EXIT_TIMEOUT of exit_endless, what the library's documentation says the process then
+// ends with (EX_TEMPFAIL), and how late past the timeout it may end.
+constexpr int kExitTimeoutS = 3;
+constexpr int kAbortExitStatus = 75;
+constexpr double kExitSlackS = 5;
 
 constexpr uint64_t kBytes = 4ull << 20;
 constexpr int kBurst = 8;
@@ -51,6 +63,11 @@ struct Result
   int logNamesWait; // the library logged the stuck wait (stuck_wait)
   int deviceSawAbort;
   unsigned long long iterations;
+  // exit_endless: the kernel's iterations sampled by a host thread: at its first sample, when the victim
+  // was hurt, and last (with their times), and the library's lines saying it ends the process.
+  unsigned long long itersFirst, itersAtHurt, itersLast;
+  double tFirst, tAtHurt, tLast;
+  int exitLines;
   char note[300];
 };
 
@@ -99,6 +116,21 @@ __global__ void ringKernel(mscclppDevConn send, mscclppDevConn recv, int mode, v
 #endif
 }
 
+// Never ends, and never looks at aborted() or its host: as a kernel written for the 0.1.0 header that loops
+// through the proxy. Only the end of the process ends it.
+__global__ void endlessKernel(mscclppDevConn send, mscclppDevConn recv, volatile unsigned long long* iterations)
+{
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  for (unsigned long long i = 1;; ++i) {
+    send.putWithSignal(0, 8);
+    recv.wait();
+    *iterations = i;
+  }
+}
+
+// This rank's result, for the log handler (exit_endless counts the line that announces the exit).
+Result* gResult = nullptr;
+
 std::mutex& gLogMutex = *new std::mutex;
 std::vector<std::string>& gLog = *new std::vector<std::string>;
 
@@ -107,6 +139,7 @@ void captureLog(const char* msg)
   std::lock_guard<std::mutex> lock(gLogMutex);
   std::string m = msg ? msg : "";
   gLog.push_back(m);
+  if (gResult && m.find("ending the process with exit status") != std::string::npos) ++gResult->exitLines;
   fprintf(stderr, "library log: %s", m.c_str());
   if (m.empty() || m.back() != '\n') fputc('\n', stderr);
 }
@@ -134,11 +167,13 @@ struct Case
   Mode mode;
   int victim; // -1: none
   int signal;
+  bool namedOnly; // run only when named, not by "all"
 };
 
 int rankMain(const Case& c, int rank, int nranks, int port, Shared* S)
 {
   Result& out = S->res[rank];
+  gResult = &out;
   int ngpus = 0;
   cudaGetDeviceCount(&ngpus);
   RF_CHECK(cudaSetDevice(rank % std::max(ngpus, 1)));
@@ -167,9 +202,37 @@ int rankMain(const Case& c, int rank, int nranks, int port, Shared* S)
   *sawAbort = 0;
   cudaFuncAttributes attr; // load the kernel before anything waits on the proxy (lazy loading)
   RF_CHECK(cudaFuncGetAttributes(&attr, ringKernel));
+  RF_CHECK(cudaFuncGetAttributes(&attr, endlessKernel));
   cudaStream_t stream;
   RF_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   RF_CHECK(mscclppProxyLaunch(comm));
+  if (c.mode == kEndless) {
+    endlessKernel<<<1, 1, 0, stream>>>(*send, *recv, iterations);
+    RF_CHECK(cudaGetLastError());
+    S->ready[rank] = 1;
+    // A thread of the application samples the kernel's progress; the main thread waits for a kernel that
+    // never ends, and never calls the library again. Only the library can end this process.
+    std::thread([&] {
+      for (;;) {
+        const unsigned long long n = *(volatile unsigned long long*)iterations;
+        const double t = nowSec();
+        if (out.tFirst == 0 && n > 0) {
+          out.itersFirst = n;
+          out.tFirst = t;
+        }
+        if (out.tAtHurt == 0 && S->tHurt != 0) {
+          out.itersAtHurt = n;
+          out.tAtHurt = t;
+        }
+        out.itersLast = n;
+        out.tLast = t;
+        usleep(1000);
+      }
+    }).detach();
+    const cudaError_t e = cudaStreamSynchronize(stream);
+    snprintf(out.note, sizeof(out.note), "cudaStreamSynchronize returned %d: the endless kernel ended", (int)e);
+    return 1;
+  }
   ringKernel<<<1, 1, 0, stream>>>(*send, *recv, c.mode, stop, iterations, sawAbort);
   RF_CHECK(cudaGetLastError());
   S->ready[rank] = 1;
@@ -228,6 +291,7 @@ int runCase(const Case& c, int nranks)
   const double peerTimeout = stopCase ? 4 : 30;
   setenv("MSCCLPP_PEER_TIMEOUT", fmt("%d", (int)peerTimeout).c_str(), 1);
   if (c.mode == kWaitOnly) setenv("MSCCLPP_WAIT_TIMEOUT", "2", 1);
+  if (c.mode == kEndless) setenv("MSCCLPP_ABORT_EXIT_TIMEOUT", fmt("%d", kExitTimeoutS).c_str(), 1);
   void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
     printf("FAIL %s: mmap failed\n", c.name);
@@ -264,18 +328,20 @@ int runCase(const Case& c, int nranks)
   const double limit = stopCase ? peerTimeout + 10 : 10;
   // Survivors have limit + teardown to finish.
   std::vector<int> status(nranks, -1);
+  std::vector<double> endT(nranks, 0); // when each survivor was seen ended
   deadline = nowSec() + limit + 30;
   for (int left = nranks - (c.victim >= 0 ? 1 : 0); left > 0 && nowSec() < deadline;) {
     left = 0;
     for (int r = 0; r < nranks; ++r) {
       if (r == c.victim || status[r] != -1) continue;
       int st;
-      if (waitpid(pids[r], &st, WNOHANG) == pids[r])
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
         status[r] = st;
-      else
+        endT[r] = nowSec();
+      } else
         ++left;
     }
-    usleep(10000);
+    usleep(c.mode == kEndless ? 1000 : 10000);
   }
   for (int r = 0; r < nranks; ++r) {
     if (status[r] != -1) continue;
@@ -292,6 +358,22 @@ int runCase(const Case& c, int nranks)
     std::string why;
     if (!ready) why = "not every rank got its kernel running";
     else if (status[r] == -2) why = "did not finish (killed after the deadline)";
+    else if (c.mode == kEndless) {
+      const double end = endT[r] - S->tHurt;
+      const double usBefore = o.itersAtHurt > o.itersFirst ? (o.tAtHurt - o.tFirst) * 1e6 / (o.itersAtHurt - o.itersFirst) : 0;
+      const double usAfter = o.itersLast > o.itersAtHurt ? (o.tLast - o.tAtHurt) * 1e6 / (o.itersLast - o.itersAtHurt) : 0;
+      if (WIFSIGNALED(status[r])) why = fmt("killed by signal %d, not ended by the library", WTERMSIG(status[r]));
+      else if (WEXITSTATUS(status[r]) != kAbortExitStatus)
+        why = fmt("exit status %d, want %d (%s)", WEXITSTATUS(status[r]), kAbortExitStatus, o.note);
+      else if (end < kExitTimeoutS - 0.01 || end > kExitTimeoutS + kExitSlackS)
+        why = fmt("ended %.3f s after the kill, want %d to %.0f s", end, kExitTimeoutS, kExitTimeoutS + kExitSlackS);
+      else if (o.exitLines != 1)
+        why = fmt("%d log lines say the library ends the process, want 1", o.exitLines);
+      else
+        info += fmt(" rank%d: ended with status %d %.3f s after the kill; the kernel took %.2f us per iteration "
+                    "before the kill, %.3f us after (%llu iterations after);",
+                    r, kAbortExitStatus, end, usBefore, usAfter, o.itersLast - o.itersAtHurt);
+    }
     else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished) why = fmt("ended badly: %s", o.note);
     else {
       const double detect = o.tError - S->tHurt;
@@ -337,6 +419,7 @@ int runCase(const Case& c, int nranks)
   fflush(stdout);
   munmap(mem, sizeof(Shared));
   unsetenv("MSCCLPP_WAIT_TIMEOUT");
+  unsetenv("MSCCLPP_ABORT_EXIT_TIMEOUT");
   return failed;
 }
 
@@ -345,10 +428,10 @@ int runCase(const Case& c, int nranks)
 int main(int argc, char** argv)
 {
   const Case cases[] = {
-    {"kill_pingpong", kPingPong, -2, SIGKILL}, {"kill_stream", kStream, -2, SIGKILL},
-    {"kill_flush", kFlush, -2, SIGKILL},       {"kill_rank0", kPingPong, 0, SIGKILL},
-    {"stop_pingpong", kPingPong, -2, SIGSTOP}, {"abort", kPingPong, -1, 0},
-    {"stuck_wait", kWaitOnly, -1, 0},
+    {"kill_pingpong", kPingPong, -2, SIGKILL, false}, {"kill_stream", kStream, -2, SIGKILL, false},
+    {"kill_flush", kFlush, -2, SIGKILL, false},       {"kill_rank0", kPingPong, 0, SIGKILL, false},
+    {"stop_pingpong", kPingPong, -2, SIGSTOP, false}, {"abort", kPingPong, -1, 0, false},
+    {"stuck_wait", kWaitOnly, -1, 0, false},          {"exit_endless", kEndless, -2, SIGKILL, true},
   };
   if (argc < 2) {
     fprintf(stderr, "usage: %s <case|all> [nranks]\n", argv[0]);
@@ -361,7 +444,7 @@ int main(int argc, char** argv)
   }
   int failed = 0, ran = 0;
   for (Case c : cases) {
-    if (strcmp(argv[1], "all") != 0 && strcmp(argv[1], c.name) != 0) continue;
+    if (strcmp(argv[1], c.name) != 0 && (strcmp(argv[1], "all") != 0 || c.namedOnly)) continue;
 #ifndef MSCCLPP_HAS_ABORT
     if (c.mode == kWaitOnly) {
       // Legacy device code cannot report a stuck wait: its wait() is compiled into the program.
