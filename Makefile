@@ -64,7 +64,7 @@ EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/
 CUDA_PROGRAMS := $(GPU_TESTS) $(BENCHES) $(EXAMPLES)
 
 .PHONY: all lib tests bench examples python test gpu-test python-gpu-test run-bench run-examples install lint clean \
-  distclean deps help FORCE
+  distclean deps help compare-collectives FORCE
 
 all: lib tests bench examples python
 
@@ -83,6 +83,7 @@ help:
 	@echo "make python        the Python package, installed into build/python-venv (part of make)"
 	@echo "make python-gpu-test  python/run_gpu_tests.sh: the package's GPU tests and examples (needs 2 GPUs)"
 	@echo "make bench | run-bench        build | run examples-c/bench (run_bench.sh)"
+	@echo "make compare-collectives      our collectives against NCCL (torch), one table (part of run-bench)"
 	@echo "make examples | run-examples  build | run examples-c/*/ (run_examples.sh)"
 	@echo "make install PREFIX=/usr/local   headers, libraries, links and mscclpp.pc"
 	@echo "make lint          cargo clippy (warnings are errors) and cargo fmt --check"
@@ -217,6 +218,10 @@ python-gpu-test: $(if $(RUN_DEPS),lib)
 run-bench: $(if $(RUN_DEPS),bench)
 	@if [[ -f examples-c/bench/run_bench.sh ]]; then bash examples-c/bench/run_bench.sh; \
 	else echo "run-bench: examples-c/bench/run_bench.sh is not there yet; nothing to run"; fi
+
+# Our collectives against NCCL on this machine (2 GPUs; NCCL through torch), alone: run-bench runs it too.
+compare-collectives: $(if $(RUN_DEPS),bench)
+	@$${PYTHON:-python3} examples-c/bench/compare_collectives.py
 
 run-examples: $(if $(RUN_DEPS),examples)
 	@if [[ -f examples-c/run_examples.sh ]]; then bash examples-c/run_examples.sh; \

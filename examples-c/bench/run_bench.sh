@@ -56,6 +56,31 @@ run_bench direct_bench 90
 run_bench peer_copy_ceiling 60
 run_bench proxy_floor 120
 
+# Our collectives against NCCL (examples-c/bench/compare_collectives.py: collectives_bench, then
+# nccl_collectives.py through torch), unless BENCH_COLLECTIVES=0. Its table is printed with the others below;
+# its logs go to $log_dir/collectives. Without torch it measures ours from C only and says so.
+coll_table=""
+if [ "${BENCH_COLLECTIVES:-1}" != 0 ]; then
+  py=${PYTHON:-python3}
+  if command -v "$py" >/dev/null 2>&1; then
+    mkdir -p "$log_dir/collectives"
+    coll_table="$log_dir/collectives/table.md"
+    echo "== compare_collectives (logs in $log_dir/collectives)" >&2
+    t0=$(date +%s)
+    PYTHON="$py" timeout -k 10 3300 "$py" examples-c/bench/compare_collectives.py --log-dir "$log_dir/collectives" \
+      >"$coll_table" 2>"$log_dir/collectives/driver.log"
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+      echo "FAIL compare_collectives: exit code $rc; failed cases:"
+      grep '^FAIL' "$coll_table" "$log_dir"/collectives/*.log 2>/dev/null | sed 's/^/   /' | head -n 20
+      status=1
+    fi
+    echo "-- compare_collectives: exit code $rc, $(($(date +%s) - t0))s" >&2
+  else
+    echo "compare_collectives: skipped ($py not found)" >&2
+  fi
+fi
+
 # value KEY LINE: the value of KEY=... in a BENCH line
 value() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 size_name() {
@@ -173,4 +198,15 @@ floor_row() {
   echo "| $(value mode "$1") | $(value way "$1") | $(size_name "$(value bytes "$1")") | $(value us_per_iter "$1") us | $(value GBps_per_direction "$1")$(mark "$(value checked "$1")") | $(value cpu_us_per_request "$1") us |"
 }
 bench_rows "$log_dir/proxy_floor.log" "proxy_floor " floor_row "| n/a (failed, see $log_dir/proxy_floor.log) | | | | | |"
+
+if [ -n "$coll_table" ]; then
+  if [ -s "$coll_table" ]; then
+    cat "$coll_table"
+  else
+    echo
+    echo "### Collectives against NCCL"
+    echo
+    echo "n/a (failed, see $log_dir/collectives/driver.log)"
+  fi
+fi
 exit "$status"
