@@ -209,6 +209,11 @@ pub unsafe fn release_waits(stream: &Stream, epoch_blocks: impl IntoIterator<Ite
 /// its own): the data only if `ranges` (the trigger's check against both buffers) passed; the flag even
 /// when the data was dropped, since the device counted the signal and a missing flag would leave the
 /// peer waiting forever. A dropped part is the returned error (the proxy logs it and goes on).
+///
+/// A Data part of size 0 is ignored on every transport, whatever its offsets: nothing to move, so nothing
+/// is checked, copied or counted as dropped (before the transports shared this, P2P refused one whose
+/// offset lay past a buffer and IB ignored it). The FIFO carries one only with a non-zero source offset,
+/// since a slot whose first word is 0 is empty.
 pub fn carry_out<H: ?Sized>(
     handler: &mut H,
     t: &crate::proxy::Trigger,
@@ -236,6 +241,35 @@ pub fn carry_out<H: ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn copied(done: &mut (u32, u32)) -> Result<()> {
+        done.0 += 1;
+        Ok(())
+    }
+    fn flagged(done: &mut (u32, u32)) -> Result<()> {
+        done.1 += 1;
+        Ok(())
+    }
+
+    #[test]
+    fn a_data_part_of_size_0_is_neither_checked_nor_copied() {
+        use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG};
+        let t = |kind, data_size| crate::proxy::Trigger {
+            data_size,
+            src_offset: u32::MAX,
+            dst_offset: u32::MAX,
+            conn_id: 0,
+            kind,
+        };
+        let bad_ranges = || Err(Error::invalid_usage("past the buffer"));
+        let mut done = (0, 0);
+        carry_out(&mut done, &t(TYPE_DATA, 0), bad_ranges, copied, flagged).unwrap();
+        carry_out(&mut done, &t(TYPE_DATA | TYPE_FLAG, 0), bad_ranges, copied, flagged).unwrap();
+        assert_eq!(done, (0, 1), "no copy; the flag is raised");
+        let e = carry_out(&mut done, &t(TYPE_DATA | TYPE_FLAG, 8), bad_ranges, copied, flagged);
+        assert!(e.is_err(), "a non-empty range past the buffer is dropped");
+        assert_eq!(done, (0, 2), "and its flag still raised");
+    }
 
     #[test]
     fn flag_counts_go_on_across_set_ups_and_are_shared_by_clones() {

@@ -196,6 +196,27 @@ fn data_trigger_writes_the_range_at_both_offsets() {
 }
 
 #[test]
+fn a_data_part_of_size_0_is_ignored_whatever_its_offsets() {
+    let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
+    let (a, b) = pair(&fabric, config());
+    let mut h = a.ib.handler(0, counts());
+    let mut f = Fifo::new();
+    // Offsets far past both buffers; a slot whose first word is 0 is empty, so a size of 0 always comes
+    // with a source offset.
+    let past = BUFF as u32 + 4096;
+    f.push(trig(TYPE_DATA, 0, past, past));
+    f.push(trig(TYPE_DATA | TYPE_FLAG, 0, past, past));
+    f.push(trig(TYPE_SYNC, 1, 0, 0));
+    f.serve(&mut h);
+    assert_eq!(f.shared.dropped(), 0, "ignored, not dropped");
+    assert!(f.shared.failure().is_none());
+    assert_eq!(fabric.log().len(), 1, "only the flag was written");
+    assert_eq!(b.epochs.u64_at(8), 1, "the flag of the Data|Flag was raised");
+    assert!(b.buff.read(0, BUFF).iter().all(|&x| x == 0), "no data moved");
+    assert!(fabric.violations().is_empty());
+}
+
+#[test]
 fn flag_trigger_writes_the_count_of_flags_into_the_peers_proxy_word() {
     let fabric = SimFabric::new(&["mlx5_0", "mlx5_1"]);
     let (a, b) = pair(&fabric, config());

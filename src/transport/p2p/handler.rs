@@ -217,13 +217,32 @@ fn store_flag(fast: usize, count: u64) {
     w.store(count, Ordering::Release);
 }
 
+/// What the P2P proxy does with a trigger on `route` (`copy` and `raise_flag` are the handler's; apart so
+/// that tests check the rule without a GPU): `transport::carry_out` with the trigger's ranges checked
+/// against both buffers of the route.
+fn carry_out_on<H: ?Sized>(
+    handler: &mut H,
+    route: &P2pRoute,
+    t: &Trigger,
+    copy: impl FnOnce(&mut H) -> Result<()>,
+    raise_flag: impl FnOnce(&mut H) -> Result<()>,
+) -> Result<()> {
+    crate::transport::carry_out(
+        handler,
+        t,
+        || t.check_ranges(route.local_size, route.remote_size),
+        copy,
+        raise_flag,
+    )
+}
+
 impl TriggerHandler for P2pHandler {
     fn handle(&mut self, t: &Trigger) -> Result<()> {
         let route = *route_of(&self.routes, t)?;
-        crate::transport::carry_out(
+        carry_out_on(
             self,
+            &route,
             t,
-            || t.check_ranges(route.local_size, route.remote_size),
             |h| h.copy_data(&route, t),
             |h| h.raise_flag(&route, t.conn_id as usize),
         )
@@ -299,6 +318,44 @@ mod tests {
                 .is_err(),
             "no overflow"
         );
+    }
+
+    /// What `carry_out_on` did with a trigger: (copied, flags raised), or its error.
+    fn carried(t: Trigger) -> Result<(bool, u32)> {
+        fn copy(done: &mut (bool, u32)) -> Result<()> {
+            done.0 = true;
+            Ok(())
+        }
+        fn raise_flag(done: &mut (bool, u32)) -> Result<()> {
+            done.1 += 1;
+            Ok(())
+        }
+        let mut done = (false, 0);
+        carry_out_on(&mut done, &route(), &t, copy, raise_flag)?;
+        Ok(done)
+    }
+
+    #[test]
+    fn a_data_part_of_size_0_is_ignored_whatever_its_offsets() {
+        use crate::proxy::trigger::{TYPE_DATA, TYPE_FLAG};
+        let t = |kind, size, src, dst| Trigger {
+            data_size: size,
+            src_offset: src,
+            dst_offset: dst,
+            conn_id: 0,
+            kind,
+        };
+        // Offsets far past both buffers (100 and 50 bytes): nothing to copy, nothing checked or dropped.
+        assert_eq!(carried(t(TYPE_DATA, 0, 1000, 2000)).unwrap(), (false, 0));
+        assert_eq!(
+            carried(t(TYPE_DATA | TYPE_FLAG, 0, 1000, 2000)).unwrap(),
+            (false, 1),
+            "its flag is raised"
+        );
+        // One byte past a buffer is still a malformed trigger: its data is dropped (InvalidUsage).
+        let e = carried(t(TYPE_DATA, 1, 100, 0)).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
+        assert_eq!(carried(t(TYPE_DATA, 50, 50, 0)).unwrap(), (true, 0));
     }
 
     #[test]
