@@ -124,6 +124,18 @@ static mscclppResult_t poll_async_error(mscclppComm_t comm, double limit) {
   }
 }
 
+// The first log line that contains every one of `parts`, waiting up to a second for it: the library records
+// a failure (which mscclppCommGetAsyncError then reports) just before its thread logs it.
+static std::string await_log_line(const std::vector<std::string>& parts) {
+  double start = now_s();
+  std::string line = log_line_with(parts);
+  while (line.empty() && now_s() - start < 1) {
+    usleep(1000);
+    line = log_line_with(parts);
+  }
+  return line;
+}
+
 // After the failure: later calls fail at once, and teardown is prompt and clean.
 static int calls_after_failure(mscclppComm_t comm, mscclppResult_t want, int culprit) {
   double t = now_s();
@@ -182,7 +194,7 @@ static int survivor(int rank, int nranks, const char* addr, int dead, double min
   snprintf(who, sizeof(who), "rank %d: peer rank %d failed: ", rank, dead);
   std::string line;
   for (const std::string& how : hows) {
-    if (line.empty()) line = log_line_with({"MSCCLPP WARN", who, how, "after its last sign of life"});
+    if (line.empty()) line = await_log_line({"MSCCLPP WARN", who, how, "after its last sign of life"});
   }
   CHECK(!line.empty(), "no WARN line \"%s...\"; the log was:\n%s", who, whole_log().c_str());
   return calls_after_failure(comm, mscclppRemoteError, dead);
@@ -296,7 +308,7 @@ static int abort_rank(int rank, int nranks, const char* addr) {
   CHECK(after < KILL_LIMIT_S, "rank %d's abort seen after %.2f s", ABORTER, after);
   char who[64];
   snprintf(who, sizeof(who), "rank %d: peer rank %d failed: it aborted its communicator", rank, ABORTER);
-  CHECK(!log_line_with({"MSCCLPP WARN", who}).empty(), "no WARN line \"%s\"; the log was:\n%s", who,
+  CHECK(!await_log_line({"MSCCLPP WARN", who}).empty(), "no WARN line \"%s\"; the log was:\n%s", who,
         whole_log().c_str());
   return calls_after_failure(comm, mscclppRemoteError, ABORTER);
 }
