@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the Python package's tests (all of python/tests: host, NVRTC and GPU) and its three examples on a
-# machine with 2 GPUs, torch and cupy, from a checkout whose build/ was made by `make` (no Rust needed):
+# Runs the Python package's tests (all of python/tests: host, NVRTC, GPU and collectives) and its examples
+# on a machine with 2 GPUs, torch and cupy, from a checkout whose build/ was made by `make` (no Rust needed):
 # the package runs from python/ (PYTHONPATH) and loads build/lib/libmscclpp.so.0 and build/include.
 # pytest is the machine's, or else installed offline from build/python-wheels (made by `make`).
 #
@@ -8,13 +8,26 @@
 # with its output), and ends with `python gpu: N passed, N failed, N skipped`. Logs go to
 # $PY_GPU_LOG_DIR (default build/python-gpu-logs). Exits non-zero if anything failed. With fewer than 2
 # GPUs it says that it skipped and exits 0. PYTHON names the interpreter (default python3).
+#
+# MSCCLPP_TEST_MIN_GPUS=1 lets it run on one GPU: the collectives' tests and example then run with both
+# ranks on that GPU (rank r uses GPU r % GPUs); what needs two GPUs (python/tests/test_gpu.py, the
+# ping-pong, put and all-gather examples) is skipped, and listed as skipped.
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 1
 # shellcheck source=../scripts/gpu-env.sh
 source scripts/gpu-env.sh
-require_gpus "python gpu tests"
+# "shared": with MSCCLPP_TEST_MIN_GPUS=1, one GPU is enough (shared_gpu=1 then); a gpu-env.sh without that
+# argument ignores it and keeps asking for two.
+require_gpus "python gpu tests" shared
+one_gpu=${shared_gpu:-0}
+if [ "$one_gpu" = 1 ]; then
+  echo "python gpu tests: 1 GPU and MSCCLPP_TEST_MIN_GPUS=1: the collectives run with both ranks on it;" \
+    "skipped: python/tests/test_gpu.py (pytest lists it) and the examples ping_pong_cupy, ping_pong_cupy_direct," \
+    "bidir_put_torch, allgather_torch_mp, allgather_torch_mp_4ranks (2 GPUs each)"
+  export MSCCLPP_TEST_MIN_GPUS  # for python/tests/test_collectives_gpu.py
+fi
 
 py=${PYTHON:-python3}
 log_dir="${PY_GPU_LOG_DIR:-build/python-gpu-logs}"
@@ -101,11 +114,23 @@ run_example() {
   fi
   sed 's/^/   /' "$log" | tail -n 40
 }
-run_example ping_pong_cupy 120 "$py" python/examples/ping_pong_cupy.py --port "$base_port"
-run_example ping_pong_cupy_direct 120 "$py" python/examples/ping_pong_cupy.py --port "$((base_port + 1))" --direct
-run_example bidir_put_torch 600 "$py" python/examples/bidir_put_torch.py --port "$((base_port + 2))"
-run_example allgather_torch_mp 300 "$py" python/examples/allgather_torch_mp.py
-run_example allgather_torch_mp_4ranks 300 "$py" python/examples/allgather_torch_mp.py --nranks 4 --iters 20
+# An example that needs 2 GPUs, on a machine that has one (MSCCLPP_TEST_MIN_GPUS=1): skipped, saying so.
+run_2gpu_example() {
+  if [ "$one_gpu" = 1 ]; then
+    echo "SKIP example $1 (needs 2 GPUs; this machine has 1)"
+    skipped=$((skipped + 1))
+    return
+  fi
+  run_example "$@"
+}
+run_2gpu_example ping_pong_cupy 120 "$py" python/examples/ping_pong_cupy.py --port "$base_port"
+run_2gpu_example ping_pong_cupy_direct 120 "$py" python/examples/ping_pong_cupy.py --port "$((base_port + 1))" --direct
+run_2gpu_example bidir_put_torch 600 "$py" python/examples/bidir_put_torch.py --port "$((base_port + 2))"
+run_2gpu_example allgather_torch_mp 300 "$py" python/examples/allgather_torch_mp.py
+run_2gpu_example allgather_torch_mp_4ranks 300 "$py" python/examples/allgather_torch_mp.py --nranks 4 --iters 20
+# Two ranks, one per GPU or both on one (where NCCL cannot take part: the example says so and runs mscclpp).
+run_example allreduce_from_torch_distributed 300 "$py" python/examples/allreduce_from_torch_distributed.py \
+  --port "$((base_port + 3))"
 
 echo "python gpu: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -14,6 +14,11 @@ the kernels (:mod:`mscclpp.jit`)::
         with comm.proxy():
             ...                                # launch kernels that take conns.ptr
 
+Collectives in NCCL's shape work on the same buffers with no set-up at all (:mod:`mscclpp.collectives`)::
+
+    mscclpp.all_reduce(tensor, "sum", comm=comm)             # in place, on torch's current stream
+    mscclpp.all_gather(out, tensor, comm=comm)
+
 Imports on machines without a GPU, where the bootstrap (communicators, all-gather, barrier) works.
 """
 
@@ -21,10 +26,11 @@ from __future__ import annotations
 
 import atexit as _atexit
 
-from . import jit
+from . import collectives, jit
 from ._library import include_dir, library_path
 from ._log import log_to_python
 from .buffers import DeviceBuffer, device_buffer
+from .collectives import DataType, ReduceOp, all_gather, all_reduce, broadcast, has_collectives, reduce_scatter
 from .comm import (
     Communicator,
     Connection,
@@ -54,6 +60,7 @@ __all__ = [
     "Communicator",
     "Connection",
     "CudaError",
+    "DataType",
     "DeviceBuffer",
     "DeviceConnection",
     "DeviceConnections",
@@ -63,17 +70,24 @@ __all__ = [
     "InvalidUsageError",
     "MscclppError",
     "MscclppSystemError",
+    "ReduceOp",
     "RegisteredBuffer",
     "RemoteError",
     "ResultCode",
     "Transport",
     "UniqueId",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "collectives",
     "device_buffer",
     "has_abort",
+    "has_collectives",
     "include_dir",
     "jit",
     "library_path",
     "log_to_python",
+    "reduce_scatter",
     "set_bootstrap_timeout",
 ]
 

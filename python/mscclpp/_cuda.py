@@ -147,15 +147,28 @@ def device_context(device: Optional[int]) -> Iterator[None]:
         d.cuDevicePrimaryCtxRelease_v2(device)
 
 
-def retain_primary(device: int) -> bool:
-    """Retains ``device``'s primary context (so that it outlives every framework's use of it); True if it
-    did (then :func:`release_primary` must follow), False without a driver."""
+def retain_primary(device: int) -> Optional[int]:
+    """Retains ``device``'s primary context (so that it outlives every framework's use of it) and returns
+    its handle (then :func:`release_primary` must follow); None without a driver."""
     d = _load()
     if d is None:
-        return False
+        return None
     ctx = ctypes.c_void_p()
     _check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), f"cuDevicePrimaryCtxRetain({device})")
-    return True
+    return ctx.value
+
+
+def current_context() -> Optional[int]:
+    """The handle of the context current on this thread; None if there is none or the driver was never
+    loaded. One driver call: the collectives ask it on every call, to skip making their context current
+    when it already is."""
+    d = _driver
+    if d is None:
+        return None
+    ctx = ctypes.c_void_p()
+    if d.cuCtxGetCurrent(ctypes.byref(ctx)) != 0:
+        return None
+    return ctx.value
 
 
 def release_primary(device: int) -> None:

@@ -114,6 +114,12 @@ class _Library:
             # From the failure-handling work; absent from older builds (see has()).
             "mscclppCommAbort": (res, [p]),
             "mscclppCommGetAsyncError": (res, [p, c.POINTER(c.c_int)]),
+            # The collectives (MSCCLPP_HAS_COLLECTIVES); absent from older builds. The header's enums and
+            # cudaStream_t are a C int and a pointer.
+            "mscclppAllReduce": (res, [p, p, c.c_size_t, c.c_int, c.c_int, p, p]),
+            "mscclppAllGather": (res, [p, p, c.c_size_t, c.c_int, p, p]),
+            "mscclppReduceScatter": (res, [p, p, c.c_size_t, c.c_int, c.c_int, p, p]),
+            "mscclppBroadcast": (res, [p, p, c.c_size_t, c.c_int, c.c_int, p, p]),
         }
         for name, (restype, argtypes) in sig.items():
             if not self.has(name):

@@ -120,6 +120,30 @@ class _Capture:
             self.previous.extend(self.lines)
 
 
+def checked(name: str) -> Callable[..., None]:
+    """``call`` bound to the C function ``name`` once, for calls made per training step (the collectives):
+    the same capture and exception, without looking the function up or making a context manager per
+    call."""
+    fn: Callable[..., int] = getattr(lib.cdll, name)
+    state = _state
+
+    def run(*args: Any) -> None:
+        previous = getattr(state, "capture", None)
+        lines: List[str] = []
+        state.capture = lines
+        try:
+            rc = fn(*args)
+        finally:
+            state.capture = previous
+        if previous is not None:
+            previous.extend(lines)
+        if rc != 0:
+            raise error_for(rc, name, lines, _describe(rc), captured=_installed)
+
+    run.__name__ = name
+    return run
+
+
 def call(name: str, *args: Any) -> None:
     """Calls the C function ``name``; a result other than ``mscclppSuccess`` raises its exception, whose
     message carries the lines the library logged during the call."""

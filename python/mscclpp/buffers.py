@@ -24,13 +24,22 @@ class DeviceBuffer:
     """One contiguous range of GPU memory.
 
     ``owner`` is the object the range was taken from (kept referenced by whoever holds this);
-    ``device`` is the CUDA device ordinal when the protocol said so, else None.
+    ``device`` is the CUDA device ordinal when the protocol said so, else None; ``dtype`` the element
+    type's name (``"float32"``, ``"bfloat16"``, ``"uint8"``, ...) when the protocol gave one the package
+    knows (None for raw ranges, other byte orders and types such as structs), and ``itemsize`` its bytes.
     """
 
     ptr: int
     nbytes: int
     owner: Any
     device: Optional[int] = None
+    dtype: Optional[str] = None
+    itemsize: int = 1
+
+    @property
+    def count(self) -> int:
+        """The number of elements (bytes for a range without an element type)."""
+        return self.nbytes // self.itemsize
 
 
 def _contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], itemsize: int) -> bool:
@@ -45,6 +54,24 @@ def _contiguous(shape: Sequence[int], strides: Optional[Sequence[int]], itemsize
     return True
 
 
+# The kinds of an array-interface typestr that name plain numbers, and DLPack's type codes (dlpack.h).
+_TYPESTR_KINDS = {"i": "int", "u": "uint", "f": "float", "c": "complex"}
+_DLPACK_CODES = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex"}
+_DLPACK_BOOL = 6
+
+
+def _typestr_dtype(typestr: str) -> Optional[str]:
+    """``"<f4"`` -> ``"float32"``; None for a byte order other than this machine's (every CUDA machine is
+    little-endian) and for kinds that are not plain numbers."""
+    order, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    if order == ">" and size > 1:
+        return None
+    if kind == "b":
+        return "bool"
+    base = _TYPESTR_KINDS.get(kind)
+    return f"{base}{size * 8}" if base else None
+
+
 def _from_cai(obj: Any, cai: dict) -> DeviceBuffer:
     shape = tuple(cai["shape"])
     typestr = cai["typestr"]
@@ -55,7 +82,8 @@ def _from_cai(obj: Any, cai: dict) -> DeviceBuffer:
         raise ValueError(f"the buffer is not contiguous (shape {shape}, strides {cai.get('strides')}); "
                          "pass a contiguous one (e.g. tensor.contiguous())")
     ptr = int(cai["data"][0])
-    return DeviceBuffer(ptr=ptr, nbytes=math.prod(shape) * itemsize, owner=obj)
+    return DeviceBuffer(ptr=ptr, nbytes=math.prod(shape) * itemsize, owner=obj, dtype=_typestr_dtype(typestr),
+                        itemsize=itemsize)
 
 
 class _DLDevice(ctypes.Structure):
@@ -91,7 +119,7 @@ def _from_dlpack(obj: Any) -> DeviceBuffer:
         dev_type, dev_id = obj.__dlpack_device__()
         if int(dev_type) not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
             where = _DLPACK_DEVICE_NAMES.get(int(dev_type), f"device type {int(dev_type)}")
-            raise TypeError(f"the buffer is in {where} memory; a connection needs CUDA device memory")
+            raise TypeError(f"the buffer is in {where} memory; CUDA device memory is needed")
     # The legacy (unversioned) capsule: the DLManagedTensor starts with its DLTensor. The capsule is not
     # consumed: its destructor calls the producer's deleter once the capsule goes, after the owner is no
     # longer needed (both are kept together).
@@ -101,15 +129,19 @@ def _from_dlpack(obj: Any) -> DeviceBuffer:
     t = _DLTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
     if t.device.device_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
         where = _DLPACK_DEVICE_NAMES.get(t.device.device_type, f"device type {t.device.device_type}")
-        raise TypeError(f"the buffer is in {where} memory; a connection needs CUDA device memory")
+        raise TypeError(f"the buffer is in {where} memory; CUDA device memory is needed")
     shape = [t.shape[i] for i in range(t.ndim)]
     itemsize = (t.dtype.bits * t.dtype.lanes + 7) // 8
     strides = None if not t.strides else [t.strides[i] * itemsize for i in range(t.ndim)]
     if not _contiguous(shape, strides, itemsize):
         raise ValueError(f"the buffer is not contiguous (shape {shape}); pass a contiguous one")
     ptr = (t.data or 0) + t.byte_offset
+    dtype = None
+    if t.dtype.lanes == 1:
+        base = _DLPACK_CODES.get(t.dtype.code)
+        dtype = "bool" if t.dtype.code == _DLPACK_BOOL else (f"{base}{t.dtype.bits}" if base else None)
     return DeviceBuffer(ptr=ptr, nbytes=math.prod(shape) * itemsize, owner=(obj, capsule),
-                        device=t.device.device_id)
+                        device=t.device.device_id, dtype=dtype, itemsize=max(itemsize, 1))
 
 
 def device_buffer(obj: Any) -> DeviceBuffer:
@@ -119,6 +151,17 @@ def device_buffer(obj: Any) -> DeviceBuffer:
     Raises ``TypeError`` for anything else (host memory included) and ``ValueError`` for a
     non-contiguous or empty buffer.
     """
+    buf = device_array(obj)
+    if buf.nbytes <= 0:
+        raise ValueError("the buffer is empty; a connection needs at least one byte")
+    if buf.ptr <= 0:
+        raise ValueError(f"the buffer's address is {buf.ptr:#x}")
+    return buf
+
+
+def device_array(obj: Any) -> DeviceBuffer:
+    """As :func:`device_buffer`, but an empty array (which collectives accept, as a call that does nothing)
+    is not an error."""
     if isinstance(obj, DeviceBuffer):
         buf = obj
     elif isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(x, int) for x in obj):
@@ -149,10 +192,6 @@ def device_buffer(obj: Any) -> DeviceBuffer:
                 "object with __cuda_array_interface__ or __dlpack__, or a (pointer, nbytes) tuple"
             )
         buf = found
-    if buf.nbytes <= 0:
-        raise ValueError("the buffer is empty; a connection needs at least one byte")
-    if buf.ptr <= 0:
-        raise ValueError(f"the buffer's address is {buf.ptr:#x}")
     return buf
 
 

@@ -307,16 +307,23 @@ class _CommState:
         self.registered: List[RegisteredBuffer] = []
         self.proxy_running = False
         self._retained: Optional[int] = None
+        # The handle of the device's primary context while retained: a collective call whose thread has it
+        # current already calls the library directly (see collectives.py).
+        self.context: Optional[int] = None
 
     def set_device(self, device: Optional[int]) -> None:
         """Records the communicator's GPU and retains its primary context until close: the library keeps
         using the context it found first, which must not be destroyed when no framework holds it (a
         primary context retained anew is a new context)."""
         self.device = device
-        if device is not None and self._retained is None and _cuda.retain_primary(device):
-            self._retained = device
+        if device is not None and self._retained is None:
+            ctx = _cuda.retain_primary(device)
+            if ctx is not None:
+                self._retained = device
+                self.context = ctx
 
     def release_device(self) -> None:
+        self.context = None
         if self._retained is not None:
             _cuda.release_primary(self._retained)
             self._retained = None

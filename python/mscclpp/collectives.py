@@ -1,0 +1,435 @@
+"""Collectives in NCCL's shape on torch tensors and cupy arrays: all-reduce, all-gather, reduce-scatter and
+broadcast (``mscclppAllReduce``, ``mscclppAllGather``, ``mscclppReduceScatter``, ``mscclppBroadcast``).
+
+Every rank of the communicator makes the same calls in the same order. A call queues its work on a stream
+and returns at once (it never waits for the GPU), so it can be captured in a CUDA graph
+(``torch.cuda.graph``) and replayed. No registration and no ``connect``/``setup`` are needed: any
+contiguous CUDA buffer of the communicator's GPU will do; the first call sets the collectives up on every
+rank (see the README, section "Collectives")::
+
+    import mscclpp, torch
+    with mscclpp.Communicator(2, rank, unique_id=uid, device=gpu) as comm:
+        x = torch.ones(1024, device="cuda")
+        mscclpp.all_reduce(x, comm=comm)                         # in place, on torch's current stream
+        out = torch.empty(2 * 1024, device="cuda")
+        mscclpp.all_gather(out, x, comm=comm)                    # out[r * 1024:(r + 1) * 1024] = rank r's x
+
+The element type comes from the buffer's dtype (:class:`DataType`); the operator is a string (``"sum"``,
+``"prod"``, ``"max"``, ``"min"``, ``"avg"``), a :class:`ReduceOp`, or ``torch.distributed.ReduceOp``'s
+members of those names. The stream is the current one of the output's framework (torch's
+``current_stream``, cupy's ``get_current_stream``; for other objects the ``__cuda_array_interface__``'s
+``stream``, else the default stream) unless ``stream=`` names one. Wrong Python types raise ``TypeError``
+and impossible shapes ``ValueError``, before the library is called; the library's own errors raise the
+package's exceptions (:class:`InvalidArgumentError` with its log line, :class:`CudaError`, ...).
+
+These are called once per training step, often for small buffers: the per-call work in Python is a few
+attribute reads, one driver call (is the communicator's GPU current on this thread?) and the library call;
+the C functions, the dtype tables and the framework of each buffer type are resolved once.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _cuda
+from ._library import lib
+from ._log import checked
+from .buffers import device_array, stream_handle
+from .comm import Communicator, _CommState, _int32
+from .errors import InvalidUsageError, ResultCode
+
+__all__ = ["DataType", "ReduceOp", "all_gather", "all_reduce", "broadcast", "has_collectives", "reduce_scatter"]
+
+
+class ReduceOp(enum.IntEnum):
+    """``mscclppRedOp_t`` (NCCL's numbering). ``Avg`` is the sum divided by the number of ranks (truncated
+    for integer types)."""
+
+    Sum = 0
+    Prod = 1
+    Max = 2
+    Min = 3
+    Avg = 4
+
+
+class DataType(enum.IntEnum):
+    """``mscclppDataType_t`` (NCCL's numbering); picked from the buffer's dtype."""
+
+    Int8 = 0
+    Uint8 = 1
+    Int32 = 2
+    Uint32 = 3
+    Int64 = 4
+    Uint64 = 5
+    Float16 = 6
+    Float32 = 7
+    Float64 = 8
+    Bfloat16 = 9
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self]
+
+
+_ITEMSIZE = (1, 1, 4, 4, 8, 8, 2, 4, 8, 2)  # by DataType value
+# Element type names as buffers.py, numpy and torch (without the "torch.") spell them.
+_BY_NAME: Dict[str, int] = {t.name.lower(): int(t) for t in DataType}
+_SUPPORTED = ", ".join(_BY_NAME)
+
+# Operators: the enum's members (which, being ints, also find the C values 0..4) and the usual spellings.
+_OPS: Dict[Any, int] = {m: int(m) for m in ReduceOp}
+for _name, _code in {"sum": 0, "prod": 1, "product": 1, "max": 2, "min": 3, "avg": 4}.items():
+    _OPS[_name] = _OPS[_name.upper()] = _OPS[_name.capitalize()] = _code
+del _name, _code
+
+
+_OTHER_OPS: Dict[Any, int] = {}  # other enums' members (torch.distributed.ReduceOp.SUM), once resolved
+
+
+def _op(op: Any) -> int:
+    """The ``mscclppRedOp_t`` of ``op``: one dict lookup for the usual spellings."""
+    c = op.__class__
+    if c is str or c is ReduceOp or c is int:
+        code = _OPS.get(op)
+        if code is not None:
+            return code
+    return _parse_op(op)
+
+
+def _parse_op(op: Any) -> int:
+    """The slow path of :func:`_op`: other spellings, other enums (matched by member name, then
+    remembered), integers of other types."""
+    if isinstance(op, bool):
+        raise TypeError("op must be 'sum', 'prod', 'max', 'min', 'avg' or a mscclpp.ReduceOp, not a bool")
+    if isinstance(op, str):
+        code = _OPS.get(op.strip().lower())
+        if code is None:
+            raise ValueError(f"op {op!r} is not one of 'sum', 'prod', 'max', 'min', 'avg'")
+        return code
+    try:
+        code = _OTHER_OPS.get(op)
+    except TypeError:  # unhashable: resolved by name every time
+        code = None
+    if code is not None:
+        return code
+    name = getattr(op, "name", None)  # torch.distributed.ReduceOp.SUM, other enums
+    if isinstance(name, str):
+        code = _OPS.get(name.lower())
+        if code is None:
+            raise ValueError(f"op {op!r} has no mscclpp counterpart (sum, prod, max, min, avg)")
+        try:
+            _OTHER_OPS[op] = code
+        except TypeError:
+            pass
+        return code
+    index = getattr(op, "__index__", None)  # numpy integers
+    if index is not None:
+        value = index()
+        if value in _OPS:
+            return _OPS[value]
+        raise ValueError(f"op is {value}; mscclppRedOp_t values are 0 (sum) to 4 (avg)")
+    raise TypeError(f"op must be 'sum', 'prod', 'max', 'min', 'avg' or a mscclpp.ReduceOp, not {type(op).__name__}")
+
+
+def _unsupported(what: str, dtype: Any) -> TypeError:
+    return TypeError(f"{what} has dtype {dtype}, which the collectives do not take (they take {_SUPPORTED})")
+
+
+# ---- what a buffer is: (address, elements, DataType, device), per framework ----
+
+class _Torch:
+    """torch tensors: read through torch's own accessors (its __cuda_array_interface__ builds a dict per
+    call, and refuses bfloat16)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.dtypes: Dict[Any, int] = {}
+        for name, code in _BY_NAME.items():
+            dt = getattr(torch, name, None)  # uint32/uint64 exist in newer torch only
+            if dt is not None:
+                self.dtypes[dt] = code
+        # The raw handle of the current stream of a device, without making a torch.cuda.Stream object per
+        # call; torch's own compiled code uses this accessor. The public spelling is the fallback.
+        raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            self.stream_of_device: Callable[[int], int] = raw
+        else:
+            self.stream_of_device = lambda device: torch.cuda.current_stream(device).cuda_stream
+
+    def info(self, t: Any, what: str) -> Tuple[int, int, int, Optional[int]]:
+        if not t.is_cuda:
+            raise TypeError(f"{what} is a torch tensor on {t.device}; the collectives need CUDA tensors")
+        code = self.dtypes.get(t.dtype)
+        if code is None:
+            raise _unsupported(what, t.dtype)
+        if not t.is_contiguous():
+            raise ValueError(f"{what} is not contiguous (shape {tuple(t.shape)}, stride {t.stride()}); pass "
+                             f"{what}.contiguous(), or a contiguous output")
+        return t.data_ptr(), t.numel(), code, t.get_device()
+
+    def stream(self, t: Any, device: Optional[int]) -> int:
+        return self.stream_of_device(device)
+
+
+class _Cupy:
+    """cupy arrays: read through cupy's accessors."""
+
+    def __init__(self, cupy: Any) -> None:
+        import numpy
+
+        self.dtypes: Dict[Any, int] = {numpy.dtype(n): c for n, c in _BY_NAME.items() if n != "bfloat16"}
+        self.get_stream = cupy.cuda.get_current_stream
+        self.per_device: Optional[bool] = None  # whether get_current_stream takes a device (cupy >= 11)
+
+    def info(self, a: Any, what: str) -> Tuple[int, int, int, Optional[int]]:
+        code = self.dtypes.get(a.dtype)
+        if code is None:
+            raise _unsupported(what, a.dtype)
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{what} is not contiguous (shape {a.shape}, strides {a.strides}); pass "
+                             "cupy.ascontiguousarray(...), or a contiguous output")
+        return a.data.ptr, a.size, code, a.device.id
+
+    def stream(self, a: Any, device: Optional[int]) -> int:
+        # cupy's current stream is per device; the array's device's is the one its work goes to.
+        if self.per_device is not False and device is not None:
+            try:
+                s = self.get_stream(device).ptr
+                self.per_device = True
+                return s
+            except TypeError:
+                self.per_device = False
+        return self.get_stream().ptr
+
+
+class _Generic:
+    """Anything else with __cuda_array_interface__ or DLPack (numba, JAX, ...): the protocol gives the
+    address, the shape and the element type."""
+
+    def info(self, x: Any, what: str) -> Tuple[int, int, int, Optional[int]]:
+        buf = device_array(x)
+        if buf.dtype is None:
+            raise TypeError(f"{what} ({type(x).__name__}) has no element type the collectives know: pass a torch "
+                            "tensor, a cupy array, or an object with __cuda_array_interface__ or __dlpack__ of "
+                            f"one of {_SUPPORTED}")
+        code = _BY_NAME.get(buf.dtype)
+        if code is None:
+            raise _unsupported(what, buf.dtype)
+        device = buf.device
+        if device is None and buf.nbytes:
+            device = _cuda.pointer_device(buf.ptr)
+        return buf.ptr, buf.count, code, device
+
+    def stream(self, x: Any, device: Optional[int]) -> int:
+        # The stream the producer names in its array interface (its work on the buffer is ordered there);
+        # DLPack producers and those that name none: the default stream.
+        try:
+            s = x.__cuda_array_interface__.get("stream")
+        except Exception:  # noqa: BLE001 - no interface, or one that refuses: the default stream
+            return 0
+        return s if isinstance(s, int) else 0
+
+
+_GENERIC = _Generic()
+_frameworks: Dict[str, Any] = {}
+_adapters: Dict[type, Any] = {}
+
+
+def _resolve(tp: type) -> Any:
+    """Which framework a buffer type belongs to, looked up once per type. Frameworks are only looked for
+    among the modules already imported: the package imports none of them."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(getattr(torch, "Tensor", None), type) and issubclass(tp, torch.Tensor):
+        if "torch" not in _frameworks:
+            _frameworks["torch"] = _Torch(torch)
+        a = _frameworks["torch"]
+    else:
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and isinstance(getattr(cupy, "ndarray", None), type) and issubclass(tp, cupy.ndarray):
+            if "cupy" not in _frameworks:
+                _frameworks["cupy"] = _Cupy(cupy)
+            a = _frameworks["cupy"]
+        else:
+            a = _GENERIC
+    _adapters[tp] = a
+    return a
+
+
+# ---- the C functions, bound once ----
+
+_NAMES = ("mscclppAllReduce", "mscclppAllGather", "mscclppReduceScatter", "mscclppBroadcast")
+_fns: Dict[str, Callable[..., None]] = {n: checked(n) for n in _NAMES if lib.has(n)}
+
+
+def has_collectives() -> bool:
+    """Whether the loaded library has the collectives (``MSCCLPP_HAS_COLLECTIVES``)."""
+    return len(_fns) == len(_NAMES)
+
+
+def _fn(name: str) -> Callable[..., None]:
+    f = _fns.get(name)
+    if f is None:
+        raise NotImplementedError(f"this libmscclpp ({lib.path}) does not export {name}; it needs a newer build")
+    return f
+
+
+def _state(comm: Any) -> _CommState:
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"comm must be a mscclpp.Communicator, not {type(comm).__name__}")
+    st = comm._st
+    if st._handle is None:
+        raise InvalidUsageError("the communicator is closed", code=ResultCode.InvalidUsage, function="Communicator")
+    return st
+
+
+def _check_device(st: _CommState, device: Optional[int], what: str) -> None:
+    """The buffers must be on the communicator's GPU; a communicator that has none yet takes theirs (as
+    ``connect`` does)."""
+    if device is None:
+        return
+    if st.device is None:
+        with st.lock:
+            if st.device is None:
+                st.set_device(device)
+    if device != st.device:
+        raise ValueError(f"{what} is on GPU {device} and the communicator works on GPU {st.device} (pass device= "
+                         "when creating the communicator, or allocate the buffer there)")
+
+
+def _same_type(a: Tuple[int, int, int, Optional[int]], b: Tuple[int, int, int, Optional[int]], names: str) -> None:
+    if a[2] != b[2]:
+        raise TypeError(f"{names} differ in element type ({DataType(a[2]).name} and {DataType(b[2]).name})")
+    if a[3] is not None and b[3] is not None and a[3] != b[3]:
+        raise ValueError(f"{names} are on different GPUs ({a[3]} and {b[3]})")
+
+
+def _placement(send: int, send_bytes: int, recv: int, recv_bytes: int, in_place: int, shape: str) -> None:
+    """Input and output either do not overlap or sit where NCCL's in-place form puts them (``in_place``: the
+    input's address then); anything else would read data the call overwrites."""
+    if send == in_place or send_bytes == 0 or recv_bytes == 0:
+        return
+    if send < recv + recv_bytes and recv < send + send_bytes:
+        raise ValueError(f"the input overlaps the output but is not where an in-place call has it ({shape})")
+
+
+def _run(st: _CommState, fn: Callable[..., None], args: Tuple[Any, ...]) -> None:
+    """Calls the library with the communicator's GPU current: directly when this thread has its context
+    current already (the usual case: the framework made it so), else within a push and pop of it, so that
+    the library picks the right GPU at the first call and the thread's own context is left as it was."""
+    ctx = st.context
+    if ctx is not None and _cuda.current_context() == ctx:
+        fn(*args)
+    else:
+        with _cuda.device_context(st.device):
+            fn(*args)
+
+
+def _info(x: Any, what: str) -> Tuple[Any, Tuple[int, int, int, Optional[int]]]:
+    a = _adapters.get(x.__class__) or _resolve(x.__class__)
+    return a, a.info(x, what)
+
+
+# ---- the collectives ----
+
+def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
+    """Reduces ``tensor`` over the ranks with ``op`` (``mscclppAllReduce``); every rank gets the same bits.
+
+    In place by default; with ``out`` (same element type and number of elements; not overlapping
+    ``tensor`` unless it is ``tensor``) the result goes there and ``tensor`` is left as it was. Returns the
+    output. Queued on ``stream`` (default: the current stream of the output's framework).
+    """
+    st = _state(comm)
+    code = _op(op)
+    a, (send, n, dt, dev) = _info(tensor, "tensor")
+    if out is None or out is tensor:
+        out, recv = tensor, send
+    else:
+        a, o = _info(out, "out")
+        _same_type((send, n, dt, dev), o, "tensor and out")
+        if o[1] != n:
+            raise ValueError(f"out has {o[1]} elements and tensor {n}; an all-reduce needs as many")
+        recv = o[0]
+        nbytes = n * _ITEMSIZE[dt]
+        _placement(send, nbytes, recv, nbytes, recv, "all-reduce: out is tensor")
+        dev = o[3] if dev is None else dev
+    _check_device(st, dev, "tensor")
+    s = a.stream(out, dev) if stream is None else stream_handle(stream)
+    _run(st, _fns.get("mscclppAllReduce") or _fn("mscclppAllReduce"), (send, recv, n, dt, code, st._handle, s))
+    return out
+
+
+def all_gather(out: Any, inp: Any, *, comm: Communicator, stream: Any = None) -> Any:
+    """Gathers every rank's ``inp`` into ``out`` by rank (``mscclppAllGather``): ``out`` has ``nranks``
+    times ``inp``'s elements, and ``out[r * n:(r + 1) * n]`` gets rank r's ``inp``. In place when ``inp`` is
+    ``out[rank * n:(rank + 1) * n]``. Returns ``out``. Queued on ``stream`` (default: the current stream of
+    ``out``'s framework)."""
+    st = _state(comm)
+    a, (recv, m, dt, dev) = _info(out, "out")
+    _, i = _info(inp, "inp")
+    _same_type(i, (recv, m, dt, dev), "inp and out")
+    send, n = i[0], i[1]
+    nranks = st.size
+    if m != n * nranks:
+        raise ValueError(f"out has {m} elements; an all-gather of {n} elements per rank over {nranks} ranks needs "
+                         f"{n * nranks}")
+    piece = n * _ITEMSIZE[dt]
+    _placement(send, piece, recv, piece * nranks, recv + st.rank * piece,
+               f"all-gather: inp is out[rank * {n}:(rank + 1) * {n}]")
+    dev = i[3] if dev is None else dev
+    _check_device(st, dev, "out")
+    s = a.stream(out, dev) if stream is None else stream_handle(stream)
+    _run(st, _fns.get("mscclppAllGather") or _fn("mscclppAllGather"), (send, recv, n, dt, st._handle, s))
+    return out
+
+
+def reduce_scatter(out: Any, inp: Any, op: Any = "sum", *, comm: Communicator, stream: Any = None) -> Any:
+    """Reduces ``inp`` over the ranks with ``op`` and gives each rank its piece (``mscclppReduceScatter``):
+    ``inp`` has ``nranks`` times ``out``'s elements, and rank r's ``out`` gets the reduction of every rank's
+    ``inp[r * n:(r + 1) * n]``. In place when ``out`` is ``inp[rank * n:(rank + 1) * n]``. Returns ``out``.
+    Queued on ``stream`` (default: the current stream of ``out``'s framework)."""
+    st = _state(comm)
+    code = _op(op)
+    a, (recv, n, dt, dev) = _info(out, "out")
+    _, i = _info(inp, "inp")
+    _same_type(i, (recv, n, dt, dev), "inp and out")
+    send, m = i[0], i[1]
+    nranks = st.size
+    if m != n * nranks:
+        raise ValueError(f"inp has {m} elements; a reduce-scatter of {n} elements per rank over {nranks} ranks "
+                         f"needs {n * nranks}")
+    piece = n * _ITEMSIZE[dt]
+    # In place, the output is the input's piece of this rank: the input starts rank * piece before it.
+    _placement(send, piece * nranks, recv, piece, recv - st.rank * piece,
+               f"reduce-scatter: out is inp[rank * {n}:(rank + 1) * {n}]")
+    dev = i[3] if dev is None else dev
+    _check_device(st, dev, "out")
+    s = a.stream(out, dev) if stream is None else stream_handle(stream)
+    _run(st, _fns.get("mscclppReduceScatter") or _fn("mscclppReduceScatter"),
+         (send, recv, n, dt, code, st._handle, s))
+    return out
+
+
+def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
+    """Copies rank ``root``'s ``tensor`` to every rank (``mscclppBroadcast``): in place by default; with
+    ``out`` (same element type and number of elements) the result goes there, and ``tensor`` is read on the
+    root only. Returns the output. Queued on ``stream`` (default: the current stream of the output's
+    framework). A root out of range is the library's ``InvalidArgumentError``."""
+    st = _state(comm)
+    root = root if root.__class__ is int and -(2**31) <= root < 2**31 else _int32("root", root)
+    a, (send, n, dt, dev) = _info(tensor, "tensor")
+    if out is None or out is tensor:
+        out, recv = tensor, send
+    else:
+        a, o = _info(out, "out")
+        _same_type((send, n, dt, dev), o, "tensor and out")
+        if o[1] != n:
+            raise ValueError(f"out has {o[1]} elements and tensor {n}; a broadcast needs as many")
+        recv = o[0]
+        nbytes = n * _ITEMSIZE[dt]
+        _placement(send, nbytes, recv, nbytes, recv, "broadcast: out is tensor")
+        dev = o[3] if dev is None else dev
+    _check_device(st, dev, "tensor")
+    s = a.stream(out, dev) if stream is None else stream_handle(stream)
+    _run(st, _fns.get("mscclppBroadcast") or _fn("mscclppBroadcast"), (send, recv, n, dt, root, st._handle, s))
+    return out
