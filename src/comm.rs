@@ -495,6 +495,8 @@ impl Communicator {
     /// call on the application's stream (see `collective`). `root` is the application's argument.
     pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
         self.check_usable()?;
+        // The calling thread may have another GPU current (a thread that serves several devices).
+        let _restore = crate::gpu::RestoreContext::save();
         let gpu = || Self::gpu(&mut self.state.lock());
         self.collectives
             .run(&self.bootstrap, gpu, || self.check_usable(), call, root, stream)

@@ -61,6 +61,36 @@ pub fn check(rc: CUresult, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
+/// Puts back, when dropped, the context that was current on the thread when it was made: a call that
+/// makes its communicator's context current leaves the application's thread as it found it.
+pub struct RestoreContext(Option<usize>);
+
+impl RestoreContext {
+    pub fn save() -> RestoreContext {
+        if ensure_driver().is_err() {
+            return RestoreContext(None);
+        }
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the driver is initialized.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        RestoreContext((rc == CUresult::CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize))
+    }
+}
+
+impl Drop for RestoreContext {
+    fn drop(&mut self) {
+        let Some(saved) = self.0 else { return };
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the driver was initialized by `save`.
+        let rc = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        if rc == CUresult::CUDA_SUCCESS && ctx as usize != saved {
+            // SAFETY: the context was current on this thread when saved, and the application keeps its
+            // contexts alive while it calls the library from a thread that has them current.
+            unsafe { sys::cuCtxSetCurrent(saved as CUcontext) };
+        }
+    }
+}
+
 /// The CUDA context a communicator works in: the one current on the thread that created it (the
 /// runtime's primary context of the device chosen by `cudaSetDevice`), or device 0's primary context.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ mod module;
 mod shared_host;
 mod stream;
 
-pub use driver::{GpuContext, check, ensure_driver, lazy_loading};
+pub use driver::{GpuContext, RestoreContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
 pub use module::{Kernel, Module, RelaxedCapture};
