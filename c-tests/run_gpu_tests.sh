@@ -2,7 +2,9 @@
 # Runs the GPU test programs (built into build/tests/gpu) on a machine with at least 2 GPUs.
 # Prints one line per test case (`PASS program: case ...` / `FAIL program: case: reason`) and ends with
 # exactly `gpu tests: N passed, N failed`. Full logs go to $GPU_TEST_LOG_DIR (default build/test-logs).
-# With fewer than 2 GPUs it prints that it skipped and exits 0 without counting anything as passed.
+# With fewer than 2 GPUs it prints that it skipped and exits 0 without counting anything as passed; with one
+# GPU and MSCCLPP_TEST_MIN_GPUS=1 it runs the programs whose ranks may all share that GPU (collectives_test)
+# and says which it skipped and why.
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +14,7 @@ log_dir="${GPU_TEST_LOG_DIR:-build/test-logs}"
 
 # shellcheck source=../scripts/gpu-env.sh
 source scripts/gpu-env.sh
-require_gpus "gpu tests"
+require_gpus "gpu tests" shared
 
 mkdir -p "$log_dir"
 
@@ -37,7 +39,7 @@ run_program() {
   rc=$?
   p=$(grep -c '^PASS ' "$log")
   f=$(grep -c '^FAIL ' "$log")
-  grep -E '^(PASS|FAIL) ' "$log" | sed -E "s/^(PASS|FAIL) /\1 $label: /"
+  grep -E '^(PASS|FAIL|SKIP) ' "$log" | sed -E "s/^(PASS|FAIL|SKIP) /\1 $label: /"
   passed=$((passed + p))
   failed=$((failed + f))
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
@@ -55,50 +57,123 @@ run_program() {
   echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
 }
 
-run_program p2p_methods_2 130 "$bin_dir/p2p_methods" 2
-run_program allgather_test_2 130 "$bin_dir/allgather_test" 2
-run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
-run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
-run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
-run_program same_process 120 "$bin_dir/same_process_test"
-# A rank killed, stopped or aborted, and a stuck wait: built on this header, and on the 0.1.0 header.
-run_program rank_failure_2 300 "$bin_dir/rank_failure" all 2
-run_program rank_failure_4 300 "$bin_dir/rank_failure" all 4
-if [ -x "$bin_dir/legacy/rank_failure" ]; then
-  run_program legacy_rank_failure_2 300 "$bin_dir/legacy/rank_failure" all 2
-  run_program legacy_rank_failure_4 300 "$bin_dir/legacy/rank_failure" all 4
-else
-  echo "SKIP legacy_rank_failure (not built: the 0.1.0 header was not found at build time)"
-fi
-# Eight ranks (see want_8_ranks in scripts/gpu-env.sh).
-if want_8_ranks; then
-  run_program p2p_methods_8 300 "$bin_dir/p2p_methods" 8
-  run_program allgather_test_8 300 "$bin_dir/allgather_test" 8
-else
-  echo "SKIP p2p_methods_8, allgather_test_8 (8 GPUs needed, $n_gpus found; MSCCLPP_TEST_8_RANKS=1 runs them anyway)"
-fi
-
-# Leak check of a short run under compute-sanitizer, when it is installed. Any leaked allocation or
-# memory error in either rank fails it (the program frees everything and resets its device).
 sanitizer=$(command -v compute-sanitizer || true)
 if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   sanitizer=/usr/local/cuda/bin/compute-sanitizer
 fi
-if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
-  label=sanitizer_leak_check
+
+if [ "$shared_gpu" = 1 ]; then
+  echo "note: $n_gpus GPU, MSCCLPP_TEST_MIN_GPUS=1: only programs whose ranks may all share one GPU run"
+  echo "SKIP p2p_methods, allgather_test, bad_triggers, legacy_allgather, same_process, rank_failure (both builds)" \
+    "and their compute-sanitizer runs: written and timed for a GPU per rank (2 GPUs), never run with every rank on one GPU"
+else
+  run_program p2p_methods_2 130 "$bin_dir/p2p_methods" 2
+  run_program allgather_test_2 130 "$bin_dir/allgather_test" 2
+  run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
+  run_program legacy_allgather_2 90 "$bin_dir/legacy_allgather" 2
+  run_program p2p_methods_4 180 "$bin_dir/p2p_methods" 4
+  run_program same_process 120 "$bin_dir/same_process_test"
+  # A rank killed, stopped or aborted, and a stuck wait: built on this header, and on the 0.1.0 header.
+  run_program rank_failure_2 300 "$bin_dir/rank_failure" all 2
+  run_program rank_failure_4 300 "$bin_dir/rank_failure" all 4
+  if [ -x "$bin_dir/legacy/rank_failure" ]; then
+    run_program legacy_rank_failure_2 300 "$bin_dir/legacy/rank_failure" all 2
+    run_program legacy_rank_failure_4 300 "$bin_dir/legacy/rank_failure" all 4
+  else
+    echo "SKIP legacy_rank_failure (not built: the 0.1.0 header was not found at build time)"
+  fi
+  # Eight ranks (see want_8_ranks in scripts/gpu-env.sh).
+  if want_8_ranks; then
+    run_program p2p_methods_8 300 "$bin_dir/p2p_methods" 8
+    run_program allgather_test_8 300 "$bin_dir/allgather_test" 8
+  else
+    echo "SKIP p2p_methods_8, allgather_test_8 (8 GPUs needed, $n_gpus found; MSCCLPP_TEST_8_RANKS=1 runs them anyway)"
+  fi
+
+  # Leak check of a short run under compute-sanitizer, when it is installed. Any leaked allocation or
+  # memory error in either rank fails it (the program frees everything and resets its device).
+  if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
+    label=sanitizer_leak_check
+    log="$log_dir/$label.log"
+    echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 150s, log $log)"
+    t0=$(date +%s)
+    MSCCLPP_TEST_TIMEOUT_SCALE=1.5 timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full \
+      --target-processes all --report-api-errors no --error-exitcode 17 \
+      "$bin_dir/p2p_methods" 2 --quick >"$log" 2>&1
+    rc=$?
+    summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+    bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+    leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+    case_failures=$(grep -c '^FAIL ' "$log")
+    if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
+      echo "PASS $label: p2p_methods 2 --quick under memcheck: $summaries process reports, no errors, no leaks"
+      passed=$((passed + 1))
+    else
+      echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
+      failed=$((failed + 1))
+      echo "-- last lines of $log:"
+      tail -n 40 "$log" | sed 's/^/   /'
+    fi
+    echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
+  else
+    echo "note: compute-sanitizer not found; leak check not run (not counted)"
+  fi
+
+  # Teardown after each failure case (a kill, rank 0 killed, a stop, an abort, a stuck wait), under the leak
+  # check: every survivor frees everything it made (each resets its device once its kernel has ended).
+  if [ -n "$sanitizer" ] && [ -x "$bin_dir/rank_failure" ]; then
+    label=sanitizer_rank_failure
+    log="$log_dir/$label.log"
+    echo "== $label: $sanitizer --leak-check full ... rank_failure all 2 (limit 150s, log $log)"
+    t0=$(date +%s)
+    timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full --target-processes all --report-api-errors no \
+      "$bin_dir/rank_failure" all 2 >"$log" 2>&1
+    rc=$?
+    bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+    leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+    summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+    if [ "$rc" -eq 0 ] && ! grep -q '^FAIL ' "$log" && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ]; then
+      echo "PASS $label: every failure case's survivors tore down under memcheck: $summaries report(s), no errors, no leaks"
+      passed=$((passed + 1))
+    else
+      echo "FAIL $label: exit code $rc, $summaries process reports; ${bad_summaries}${leaks}"
+      failed=$((failed + 1))
+      tail -n 40 "$log" | sed 's/^/   /'
+    fi
+    echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
+  fi
+fi # two GPUs or more
+
+# Collectives, at 2 and 4 ranks (rank r on GPU r % GPUs: with fewer GPUs than ranks, ranks share a GPU and
+# every collective takes milliseconds). Each group of cases inside has its own, smaller limit; these are the
+# sums, with a margin. Expected at 4 ranks on one GPU: under a minute per group.
+for n in 2 4; do
+  run_program "collectives_matrix_$n" 480 "$bin_dir/collectives_test" matrix "$n"
+  run_program "collectives_large_$n" 330 "$bin_dir/collectives_test" large "$n"
+  run_program "collectives_graph_$n" 150 "$bin_dir/collectives_test" graph "$n"
+  run_program "collectives_sizes_$n" 120 "$bin_dir/collectives_test" sizes "$n"
+  run_program "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
+  run_program "collectives_args_$n" 120 "$bin_dir/collectives_test" args "$n"
+done
+
+# Every collective (both algorithms, 4 types, unaligned buffers, partial units) under compute-sanitizer's
+# memcheck, with the leak check: no out-of-bounds access in the library's kernels or the peers' scratch, and
+# everything freed (each rank destroys its communicator and resets its device).
+if [ -n "$sanitizer" ] && [ -x "$bin_dir/collectives_test" ]; then
+  label=sanitizer_collectives
   log="$log_dir/$label.log"
-  echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 150s, log $log)"
+  echo "== $label: $sanitizer --tool memcheck --leak-check full ... collectives_test matrix_small 2 (limit 500s, log $log)"
   t0=$(date +%s)
-  MSCCLPP_TEST_TIMEOUT_SCALE=1.5 timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full \
+  MSCCLPP_TEST_TIMEOUT_SCALE=5 timeout -k 10 500 "$sanitizer" --tool memcheck --leak-check full \
     --target-processes all --report-api-errors no --error-exitcode 17 \
-    "$bin_dir/p2p_methods" 2 --quick >"$log" 2>&1
+    "$bin_dir/collectives_test" matrix_small 2 >"$log" 2>&1
   rc=$?
   summaries=$(grep -c 'ERROR SUMMARY:' "$log")
   bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
   leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
   case_failures=$(grep -c '^FAIL ' "$log")
   if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
-    echo "PASS $label: p2p_methods 2 --quick under memcheck: $summaries process reports, no errors, no leaks"
+    echo "PASS $label: collectives_test matrix_small 2 under memcheck: $summaries process reports, no errors, no leaks"
     passed=$((passed + 1))
   else
     echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
@@ -108,31 +183,7 @@ if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
   fi
   echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
 else
-  echo "note: compute-sanitizer not found; leak check not run (not counted)"
-fi
-
-# Teardown after each failure case (a kill, rank 0 killed, a stop, an abort, a stuck wait), under the leak
-# check: every survivor frees everything it made (each resets its device once its kernel has ended).
-if [ -n "$sanitizer" ] && [ -x "$bin_dir/rank_failure" ]; then
-  label=sanitizer_rank_failure
-  log="$log_dir/$label.log"
-  echo "== $label: $sanitizer --leak-check full ... rank_failure all 2 (limit 150s, log $log)"
-  t0=$(date +%s)
-  timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full --target-processes all --report-api-errors no \
-    "$bin_dir/rank_failure" all 2 >"$log" 2>&1
-  rc=$?
-  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
-  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
-  if [ "$rc" -eq 0 ] && ! grep -q '^FAIL ' "$log" && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ]; then
-    echo "PASS $label: every failure case's survivors tore down under memcheck: $summaries report(s), no errors, no leaks"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $label: exit code $rc, $summaries process reports; ${bad_summaries}${leaks}"
-    failed=$((failed + 1))
-    tail -n 40 "$log" | sed 's/^/   /'
-  fi
-  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
+  echo "note: compute-sanitizer not found; the collectives' memcheck run was not run (not counted)"
 fi
 
 echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"

@@ -1,16 +1,32 @@
 # Sourced by the GPU runners (c-tests/run_gpu_tests.sh, examples-c/run_examples.sh,
 # examples-c/bench/run_bench.sh), from the repository root.
 
-# require_gpus LABEL: sets n_gpus; with fewer than two GPUs, says LABEL was skipped and why, and exits 0
-# (counting nothing as passed).
+# require_gpus LABEL [shared]: sets n_gpus and shared_gpu; with fewer than two GPUs, says LABEL was skipped and
+# why, and exits 0 (counting nothing as passed).
+#
+# A runner that passes "shared" can also run on one GPU, with MSCCLPP_TEST_MIN_GPUS=1: it then gets shared_gpu=1,
+# and runs only the programs that put several ranks on one GPU, saying which it skipped and why. (Runners that
+# do not pass it, the examples and benchmarks, keep needing two GPUs: their timings assume a GPU per rank.)
 require_gpus() {
   n_gpus=0
+  shared_gpu=0
   if command -v nvidia-smi >/dev/null 2>&1; then
     n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   fi
-  if [ "$n_gpus" -lt 2 ]; then
-    echo "$1: skipped ($n_gpus GPUs found by nvidia-smi -L, 2 needed)"
+  local need=2 hint=""
+  if [ "${2:-}" = shared ]; then
+    case "${MSCCLPP_TEST_MIN_GPUS:-2}" in
+      1) need=1 ;;
+      2) hint="; MSCCLPP_TEST_MIN_GPUS=1 runs what can share one GPU" ;;
+      *) echo "$1: MSCCLPP_TEST_MIN_GPUS=$MSCCLPP_TEST_MIN_GPUS is neither 1 nor 2; using 2" ;;
+    esac
+  fi
+  if [ "$n_gpus" -lt "$need" ]; then
+    echo "$1: skipped ($n_gpus GPUs found by nvidia-smi -L, $need needed$hint)"
     exit 0
+  fi
+  if [ "$n_gpus" -lt 2 ]; then
+    shared_gpu=1
   fi
 }
 

@@ -498,8 +498,17 @@ impl Communicator {
         // The calling thread may have another GPU current (a thread that serves several devices).
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = || Self::gpu(&mut self.state.lock());
-        self.collectives
-            .run(&self.bootstrap, gpu, || self.check_usable(), call, root, stream)
+        self.collectives.run(
+            &self.bootstrap,
+            gpu,
+            || self.check_usable(),
+            || {
+                let _ = self.abort();
+            },
+            call,
+            root,
+            stream,
+        )
     }
 
     /// Releases everything: stops the proxies (no barrier: peers may be gone), then the transports

@@ -73,12 +73,15 @@ impl Collectives {
     ///
     /// `gpu` gives the communicator's context and makes it current (only once the arguments are checked
     /// and the call is not empty, so that those need no GPU), `aborted` is its failure check, and `root`
-    /// the application's root argument (checked here).
+    /// the application's root argument (checked here). `abort_communicator` is called when the call fails
+    /// after its peers may have started it.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         bootstrap: &Bootstrap,
         gpu: impl FnOnce() -> Result<GpuContext>,
         aborted: impl Fn() -> Result<()>,
+        abort_communicator: impl FnOnce(),
         call: &Call,
         root: i64,
         stream: AppStream,
@@ -103,6 +106,33 @@ impl Collectives {
         }
 
         let capturing = stream.is_capturing()?;
+        // From here on the peers may already be in this call (its set-up, or its kernels waiting for ours):
+        // a failure on this rank alone would leave them waiting forever, so it aborts the communicator.
+        self.set_up_and_launch(bootstrap, gpu, &aborted, call, &sizes, capturing, stream)
+            .inspect_err(|e| {
+                if aborted().is_ok() {
+                    log::warn!(
+                        "{} failed after its peers may have started it ({}); aborting the communicator",
+                        call.collective.function(),
+                        e.message
+                    );
+                    abort_communicator();
+                }
+            })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_up_and_launch(
+        &self,
+        bootstrap: &Bootstrap,
+        gpu: &GpuContext,
+        aborted: &impl Fn() -> Result<()>,
+        call: &Call,
+        sizes: &call::Sizes,
+        capturing: bool,
+        stream: AppStream,
+    ) -> Result<()> {
+        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         let mut ready = self.ready.lock();
         if ready.is_none() {
             let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
