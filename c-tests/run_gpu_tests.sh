@@ -156,6 +156,17 @@ for n in 2 4; do
   run_program "collectives_args_$n" 120 "$bin_dir/collectives_test" args "$n"
 done
 
+# MSCCLPP_ABORT_EXIT_TIMEOUT: a kernel that loops through the proxy forever and never looks at aborted() (as
+# every program on the 0.1.0 header) ends with its process once the peer is killed, on both headers. Not
+# in rank_failure's "all": a process the library ends would read as leaks under the sanitizer's run of it.
+# Several ranks per GPU are fine here (the kernels only wait through the proxy).
+for n in 2 4; do
+  run_program "rank_failure_exit_endless_$n" 90 "$bin_dir/rank_failure" exit_endless "$n"
+  if [ -x "$bin_dir/legacy/rank_failure" ]; then
+    run_program "legacy_rank_failure_exit_endless_$n" 90 "$bin_dir/legacy/rank_failure" exit_endless "$n"
+  fi
+done
+
 # Every collective (both algorithms, 4 types, unaligned buffers, partial units) under compute-sanitizer's
 # memcheck, with the leak check: no out-of-bounds access in the library's kernels or the peers' scratch, and
 # everything freed (each rank destroys its communicator and resets its device).
