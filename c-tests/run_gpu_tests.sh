@@ -62,6 +62,39 @@ if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   sanitizer=/usr/local/cuda/bin/compute-sanitizer
 fi
 
+# sanitized LABEL LIMIT TIMEOUT_SCALE PROGRAM ARGS...: runs a GPU test program under compute-sanitizer's memcheck
+# with the leak check (every process, each rank resetting its device at the end) and counts one test: it
+# passes when the program passes, every process reports, and none reports an error or a leak. Not counted,
+# and said so, where compute-sanitizer is not installed or the program was not built.
+sanitized() {
+  local label=$1 limit=$2 scale=$3
+  shift 3
+  if [ -z "$sanitizer" ] || [ ! -x "$1" ]; then
+    echo "note: $label not run (compute-sanitizer or $1 missing; not counted)"
+    return
+  fi
+  local log="$log_dir/$label.log" t0 rc summaries bad_summaries leaks case_failures
+  echo "== $label: $sanitizer --tool memcheck --leak-check full ... $* (limit ${limit}s, log $log)"
+  t0=$(date +%s)
+  MSCCLPP_TEST_TIMEOUT_SCALE=$scale timeout -k 10 "$limit" "$sanitizer" --tool memcheck --leak-check full \
+    --target-processes all --report-api-errors no "$@" >"$log" 2>&1
+  rc=$?
+  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+  case_failures=$(grep -c '^FAIL ' "$log")
+  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
+    echo "PASS $label: $(basename "$1") ${*:2} under memcheck: $summaries process reports, no errors, no leaks"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
+    failed=$((failed + 1))
+    echo "-- last lines of $log:"
+    tail -n 40 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
+}
+
 if [ "$shared_gpu" = 1 ]; then
   echo "note: $n_gpus GPU, MSCCLPP_TEST_MIN_GPUS=1: only programs whose ranks may all share one GPU run"
   echo "SKIP p2p_methods, allgather_test, bad_triggers, legacy_allgather, same_process, rank_failure (both builds)" \
@@ -92,56 +125,11 @@ else
 
   # Leak check of a short run under compute-sanitizer, when it is installed. Any leaked allocation or
   # memory error in either rank fails it (the program frees everything and resets its device).
-  if [ -n "$sanitizer" ] && [ -x "$bin_dir/p2p_methods" ]; then
-    label=sanitizer_leak_check
-    log="$log_dir/$label.log"
-    echo "== $label: $sanitizer --leak-check full ... p2p_methods 2 --quick (limit 150s, log $log)"
-    t0=$(date +%s)
-    MSCCLPP_TEST_TIMEOUT_SCALE=1.5 timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full \
-      --target-processes all --report-api-errors no --error-exitcode 17 \
-      "$bin_dir/p2p_methods" 2 --quick >"$log" 2>&1
-    rc=$?
-    summaries=$(grep -c 'ERROR SUMMARY:' "$log")
-    bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-    leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
-    case_failures=$(grep -c '^FAIL ' "$log")
-    if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
-      echo "PASS $label: p2p_methods 2 --quick under memcheck: $summaries process reports, no errors, no leaks"
-      passed=$((passed + 1))
-    else
-      echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
-      failed=$((failed + 1))
-      echo "-- last lines of $log:"
-      tail -n 40 "$log" | sed 's/^/   /'
-    fi
-    echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
-  else
-    echo "note: compute-sanitizer not found; leak check not run (not counted)"
-  fi
+  sanitized sanitizer_leak_check 150 1.5 "$bin_dir/p2p_methods" 2 --quick
 
   # Teardown after each failure case (a kill, rank 0 killed, a stop, an abort, a stuck wait), under the leak
   # check: every survivor frees everything it made (each resets its device once its kernel has ended).
-  if [ -n "$sanitizer" ] && [ -x "$bin_dir/rank_failure" ]; then
-    label=sanitizer_rank_failure
-    log="$log_dir/$label.log"
-    echo "== $label: $sanitizer --leak-check full ... rank_failure all 2 (limit 150s, log $log)"
-    t0=$(date +%s)
-    timeout -k 10 150 "$sanitizer" --tool memcheck --leak-check full --target-processes all --report-api-errors no \
-      "$bin_dir/rank_failure" all 2 >"$log" 2>&1
-    rc=$?
-    bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-    leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
-    summaries=$(grep -c 'ERROR SUMMARY:' "$log")
-    if [ "$rc" -eq 0 ] && ! grep -q '^FAIL ' "$log" && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ]; then
-      echo "PASS $label: every failure case's survivors tore down under memcheck: $summaries report(s), no errors, no leaks"
-      passed=$((passed + 1))
-    else
-      echo "FAIL $label: exit code $rc, $summaries process reports; ${bad_summaries}${leaks}"
-      failed=$((failed + 1))
-      tail -n 40 "$log" | sed 's/^/   /'
-    fi
-    echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
-  fi
+  sanitized sanitizer_rank_failure 150 1 "$bin_dir/rank_failure" all 2
 fi # two GPUs or more
 
 # Collectives, at 2 and 4 ranks (rank r on GPU r % GPUs: with fewer GPUs than ranks, ranks share a GPU and
@@ -170,32 +158,7 @@ done
 # Every collective (both algorithms, 4 types, unaligned buffers, partial units) under compute-sanitizer's
 # memcheck, with the leak check: no out-of-bounds access in the library's kernels or the peers' scratch, and
 # everything freed (each rank destroys its communicator and resets its device).
-if [ -n "$sanitizer" ] && [ -x "$bin_dir/collectives_test" ]; then
-  label=sanitizer_collectives
-  log="$log_dir/$label.log"
-  echo "== $label: $sanitizer --tool memcheck --leak-check full ... collectives_test matrix_small 2 (limit 500s, log $log)"
-  t0=$(date +%s)
-  MSCCLPP_TEST_TIMEOUT_SCALE=5 timeout -k 10 500 "$sanitizer" --tool memcheck --leak-check full \
-    --target-processes all --report-api-errors no --error-exitcode 17 \
-    "$bin_dir/collectives_test" matrix_small 2 >"$log" 2>&1
-  rc=$?
-  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
-  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
-  case_failures=$(grep -c '^FAIL ' "$log")
-  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
-    echo "PASS $label: collectives_test matrix_small 2 under memcheck: $summaries process reports, no errors, no leaks"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
-    failed=$((failed + 1))
-    echo "-- last lines of $log:"
-    tail -n 40 "$log" | sed 's/^/   /'
-  fi
-  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
-else
-  echo "note: compute-sanitizer not found; the collectives' memcheck run was not run (not counted)"
-fi
+sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
 
 echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"
 echo "gpu tests: $passed passed, $failed failed"

@@ -9,10 +9,7 @@
 
 __device__ void allgatherCopy(const CollArgs& a)
 {
-  const uint64_t epoch = collBegin(a);
-  const uint64_t units = unitsOf(a.bytes, 16);
-  const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
-  const bool aligned = a.aligned != 0;
+  const auto [epoch, units, part, aligned] = copyCall(a);
   char* ownPiece = a.recv + a.rank * a.strideBytes;
   const bool inPlace = a.send == ownPiece;
 

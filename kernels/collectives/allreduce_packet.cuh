@@ -12,12 +12,7 @@
 template <typename T, typename Op>
 __device__ void allreducePacket(const CollArgs& a)
 {
-  const uint64_t epoch = collBegin(a);
-  const uint32_t flag = packetFlag(epoch);
-  const uint64_t units = unitsOf(a.bytes, 8);
-  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const bool aligned = a.aligned != 0;
+  const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
 
   for (uint64_t i = first; i < units; i += step) {
     const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);

@@ -10,10 +10,7 @@
 
 __device__ void broadcastCopy(const CollArgs& a)
 {
-  const uint64_t epoch = collBegin(a);
-  const uint64_t units = unitsOf(a.bytes, 16);
-  const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
-  const bool aligned = a.aligned != 0;
+  const auto [epoch, units, part, aligned] = copyCall(a);
 
   if (a.rank == a.root) {
     if (!collWait(a, epoch, 1)) {

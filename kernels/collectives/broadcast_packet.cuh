@@ -11,12 +11,7 @@
 
 __device__ void broadcastPacket(const CollArgs& a)
 {
-  const uint64_t epoch = collBegin(a);
-  const uint32_t flag = packetFlag(epoch);
-  const uint64_t units = unitsOf(a.bytes, 8);
-  const uint64_t first = blockIdx.x * blockDim.x + threadIdx.x;
-  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const bool aligned = a.aligned != 0;
+  const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
 
   if (a.rank == a.root) {
     if (!collWait(a, epoch, 1)) {

@@ -194,3 +194,17 @@ __device__ __forceinline__ uint64_t unitsOf(uint64_t bytes, uint64_t unit)
 {
   return (bytes + unit - 1) / unit;
 }
+
+// What every copy kernel that splits one piece among its blocks starts with: the call's epoch, the piece's
+// 16-byte units, and this block's part of them.
+struct CopyCall {
+  uint64_t epoch;
+  uint64_t units;
+  UnitRange part;
+  bool aligned;
+};
+__device__ __forceinline__ CopyCall copyCall(const CollArgs& a)
+{
+  const uint64_t units = unitsOf(a.bytes, 16);
+  return {collBegin(a), units, blockRange(units, blockIdx.x, gridDim.x), a.aligned != 0};
+}

@@ -13,6 +13,25 @@ __device__ __forceinline__ uint32_t packetFlag(uint64_t epoch)
   return static_cast<uint32_t>(epoch % 0xffffffffull) + 1;
 }
 
+// What every packet kernel starts with: the call's epoch and flag, the piece's 8-byte units, and this
+// thread's first unit and stride over the grid.
+struct PacketCall {
+  uint64_t epoch;
+  uint32_t flag;
+  uint64_t units, first, step;
+  bool aligned;
+};
+__device__ __forceinline__ PacketCall packetCall(const CollArgs& a)
+{
+  const uint64_t epoch = collBegin(a);
+  return {epoch,
+          packetFlag(epoch),
+          unitsOf(a.bytes, 8),
+          blockIdx.x * blockDim.x + threadIdx.x,
+          static_cast<uint64_t>(gridDim.x) * blockDim.x,
+          a.aligned != 0};
+}
+
 __device__ __forceinline__ void putPacket(char* region, uint64_t index, uint64_t data, uint32_t flag)
 {
   char* p = region + index * 16;

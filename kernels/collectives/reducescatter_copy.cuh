@@ -10,10 +10,7 @@
 template <typename T, typename Op>
 __device__ void reducescatterCopy(const CollArgs& a)
 {
-  const uint64_t epoch = collBegin(a);
-  const uint64_t units = unitsOf(a.bytes, 16);
-  const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
-  const bool aligned = a.aligned != 0;
+  const auto [epoch, units, part, aligned] = copyCall(a);
 
   for (uint32_t k = 1; k < a.nranks; k++) {
     const uint32_t peer = (a.rank + k) % a.nranks;

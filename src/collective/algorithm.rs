@@ -106,7 +106,7 @@ pub fn windows(piece: u64, window: u64) -> impl Iterator<Item = (u64, u64)> {
 pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u64) -> (u32, u32) {
     let (threads, unit, per_thread, most) = match protocol {
         Protocol::Packet => (512u64, 8u64, 2u64, 32u64),
-        Protocol::Copy => (1024, 16, 4, 64),
+        Protocol::Copy => (1024, 16, 1, 64),
     };
     // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
     // blocks.

@@ -12,33 +12,34 @@ pub struct DeviceAllocation {
 }
 
 impl DeviceAllocation {
-    pub fn zeroed(ctx: &GpuContext, size: usize) -> Result<DeviceAllocation> {
+    /// Allocates `size` bytes in `ctx`, not yet initialized (freed when dropped, as every allocation).
+    fn allocate(ctx: &GpuContext, size: usize) -> Result<DeviceAllocation> {
         ctx.make_current()?;
         let mut ptr: DevicePtr = 0;
         // SAFETY: out-pointer to a local; a context is current.
         check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, || {
             format!("cuMemAlloc({size} bytes)")
         })?;
-        let alloc = DeviceAllocation { ptr, size, ctx: *ctx };
-        // SAFETY: the range was just allocated.
-        check(unsafe { sys::cuMemsetD8_v2(ptr, 0, size) }, || "cuMemsetD8".into())?;
+        Ok(DeviceAllocation { ptr, size, ctx: *ctx })
+    }
+    pub fn zeroed(ctx: &GpuContext, size: usize) -> Result<DeviceAllocation> {
+        let alloc = Self::allocate(ctx, size)?;
+        // SAFETY: the range was just allocated in the current context.
+        check(unsafe { sys::cuMemsetD8_v2(alloc.ptr, 0, size) }, || {
+            "cuMemsetD8".into()
+        })?;
         Ok(alloc)
     }
     /// As `zeroed`, but zeroed on `stream` (the library's own, non-blocking), so that it never touches the
     /// legacy default stream, which a CUDA graph capture on a blocking stream forbids. Returns once the
     /// memory is zero.
     pub fn zeroed_on(ctx: &GpuContext, size: usize, stream: &super::Stream) -> Result<DeviceAllocation> {
-        ctx.make_current()?;
-        let mut ptr: DevicePtr = 0;
-        // SAFETY: out-pointer to a local; a context is current.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, || {
-            format!("cuMemAlloc({size} bytes)")
-        })?;
-        let alloc = DeviceAllocation { ptr, size, ctx: *ctx };
+        let alloc = Self::allocate(ctx, size)?;
         // SAFETY: the range was just allocated in this context, and stays so until the stream is idle.
-        check(unsafe { sys::cuMemsetD8Async(ptr, 0, size, stream.raw()) }, || {
-            "cuMemsetD8Async".into()
-        })?;
+        check(
+            unsafe { sys::cuMemsetD8Async(alloc.ptr, 0, size, stream.raw()) },
+            || "cuMemsetD8Async".into(),
+        )?;
         stream.spin_until_idle()?;
         Ok(alloc)
     }
