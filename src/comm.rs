@@ -236,13 +236,7 @@ impl Communicator {
         // Fails first, naming what is missing (IB: libibverbs or the device), before any GPU work.
         st.transports[t].check_connect(&transport)?;
         let gpu = Self::gpu(&mut st)?;
-        let info = pointer_info(buff, size, "localBuff")?;
-        if info.device != gpu.device {
-            return Err(Error::invalid_argument(format!(
-                "localBuff is on GPU {} but the communicator's GPU is {} (the device current when it was created)",
-                info.device, gpu.device
-            )));
-        }
+        gpu.check_buffer(buff, size, "localBuff")?;
         if size > u32::MAX as u64 {
             log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
         }
@@ -494,7 +488,6 @@ impl Communicator {
     /// `mscclppAllReduce`, `mscclppAllGather`, `mscclppReduceScatter`, `mscclppBroadcast`: one collective
     /// call on the application's stream (see `collective`). `root` is the application's argument.
     pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
-        self.check_usable()?;
         // The calling thread may have another GPU current (a thread that serves several devices).
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = || Self::gpu(&mut self.state.lock());

@@ -10,6 +10,7 @@
 //   bad_triggers 2
 // From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
 #include "case_runner.h"
+#include "log_capture.h"
 
 using namespace tc;
 
@@ -18,27 +19,6 @@ namespace {
 constexpr uint64_t kGuardBytes = 64 * 1024;
 constexpr uint64_t kBufBytes = 1024 * 1024; // two halves, as in p2p_methods
 constexpr uint64_t kHalf = kBufBytes / 2;
-
-// Never destroyed: the library may log from its own threads until the process is gone.
-std::mutex& gLogMutex = *new std::mutex;
-std::vector<std::string>& gLog = *new std::vector<std::string>;
-int gLogRank = -1;
-
-// Log handler: keeps every line (cases report what the library said) and echoes it to stderr.
-void captureLog(const char* msg)
-{
-  std::lock_guard<std::mutex> lock(gLogMutex);
-  std::string m = msg ? msg : "(null)";
-  while (!m.empty() && (m.back() == '\n' || m.back() == '\r')) m.pop_back();
-  gLog.push_back(m);
-  fprintf(stderr, "[rank %d] library log: %s\n", gLogRank, m.c_str());
-}
-
-size_t logCount()
-{
-  std::lock_guard<std::mutex> lock(gLogMutex);
-  return gLog.size();
-}
 
 std::string logSince(size_t from)
 {

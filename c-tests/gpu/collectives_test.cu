@@ -31,6 +31,7 @@
 // and one for the program. Exit code 0 only if everything passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every
 // deadline (e.g. under compute-sanitizer).
 #include "case_runner.h"
+#include "log_capture.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -1147,26 +1148,6 @@ int sizesBody(Rank& R) { return runCase(R, "sizes_200_calls_back_to_back", [&] {
 // ------------------------------------------------------------------------------------------------
 // args: bad input on a GPU
 // ------------------------------------------------------------------------------------------------
-
-// Never destroyed: the library may log from its own threads until the process is gone.
-std::mutex& gLogMutex = *new std::mutex;
-std::vector<std::string>& gLog = *new std::vector<std::string>;
-int gLogRank = -1;
-
-void captureLog(const char* msg)
-{
-  std::lock_guard<std::mutex> lock(gLogMutex);
-  std::string m = msg ? msg : "(null)";
-  while (!m.empty() && (m.back() == '\n' || m.back() == '\r')) m.pop_back();
-  gLog.push_back(m);
-  fprintf(stderr, "[rank %d] library log: %s\n", gLogRank, m.c_str());
-}
-
-size_t logCount()
-{
-  std::lock_guard<std::mutex> lock(gLogMutex);
-  return gLog.size();
-}
 
 bool logMentions(size_t from, const std::string& a, const std::string& b)
 {

@@ -158,12 +158,6 @@ __device__ __forceinline__ void storeUnit(char* base, uint64_t unit, uint64_t by
 }
 
 // Units of scratch memory are always aligned and whole (scratch regions are sized in units).
-template <typename U>
-__device__ __forceinline__ U loadScratch(const char* base, uint64_t unit)
-{
-  return reinterpret_cast<const volatile U*>(base)[unit];
-}
-
 __device__ __forceinline__ uint4 loadScratch16(const char* base, uint64_t unit)
 {
   uint4 v;

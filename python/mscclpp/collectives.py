@@ -330,6 +330,24 @@ def _info(x: Any, what: str) -> Tuple[Any, Tuple[int, int, int, Optional[int]]]:
     return a, a.info(x, what)
 
 
+def _tensor_and_out(tensor: Any, out: Any, collective: str,
+                    article: str) -> Tuple[Any, Any, int, int, int, int, Any]:
+    """The buffers of a collective whose output is ``tensor`` itself (``out`` None or ``tensor``) or a
+    separate ``out`` of the same element type and number of elements, not partly overlapping it: (accessor
+    of the output, output, send pointer, receive pointer, elements, type code, device)."""
+    a, (send, n, dt, dev) = _info(tensor, "tensor")
+    if out is None or out is tensor:
+        return a, tensor, send, send, n, dt, dev
+    a, o = _info(out, "out")
+    _same_type((send, n, dt, dev), o, "tensor and out")
+    if o[1] != n:
+        raise ValueError(f"out has {o[1]} elements and tensor {n}; {article} {collective} needs as many")
+    recv = o[0]
+    nbytes = n * _ITEMSIZE[dt]
+    _placement(send, nbytes, recv, nbytes, recv, f"{collective}: out is tensor")
+    return a, out, send, recv, n, dt, o[3] if dev is None else dev
+
+
 # ---- the collectives ----
 
 def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
@@ -341,18 +359,7 @@ def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = N
     """
     st = _state(comm)
     code = _op(op)
-    a, (send, n, dt, dev) = _info(tensor, "tensor")
-    if out is None or out is tensor:
-        out, recv = tensor, send
-    else:
-        a, o = _info(out, "out")
-        _same_type((send, n, dt, dev), o, "tensor and out")
-        if o[1] != n:
-            raise ValueError(f"out has {o[1]} elements and tensor {n}; an all-reduce needs as many")
-        recv = o[0]
-        nbytes = n * _ITEMSIZE[dt]
-        _placement(send, nbytes, recv, nbytes, recv, "all-reduce: out is tensor")
-        dev = o[3] if dev is None else dev
+    a, out, send, recv, n, dt, dev = _tensor_and_out(tensor, out, "all-reduce", "an")
     _check_device(st, dev, "tensor")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
     _run(st, _fns.get("mscclppAllReduce") or _fn("mscclppAllReduce"), (send, recv, n, dt, code, st._handle, s))
@@ -417,18 +424,7 @@ def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, st
     framework). A root out of range is the library's ``InvalidArgumentError``."""
     st = _state(comm)
     root = root if root.__class__ is int and -(2**31) <= root < 2**31 else _int32("root", root)
-    a, (send, n, dt, dev) = _info(tensor, "tensor")
-    if out is None or out is tensor:
-        out, recv = tensor, send
-    else:
-        a, o = _info(out, "out")
-        _same_type((send, n, dt, dev), o, "tensor and out")
-        if o[1] != n:
-            raise ValueError(f"out has {o[1]} elements and tensor {n}; a broadcast needs as many")
-        recv = o[0]
-        nbytes = n * _ITEMSIZE[dt]
-        _placement(send, nbytes, recv, nbytes, recv, "broadcast: out is tensor")
-        dev = o[3] if dev is None else dev
+    a, out, send, recv, n, dt, dev = _tensor_and_out(tensor, out, "broadcast", "a")
     _check_device(st, dev, "tensor")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
     _run(st, _fns.get("mscclppBroadcast") or _fn("mscclppBroadcast"), (send, recv, n, dt, root, st._handle, s))

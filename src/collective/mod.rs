@@ -28,8 +28,8 @@ pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp};
 
 use crate::bootstrap::Bootstrap;
-use crate::error::{Error, Result};
-use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture, pointer_info};
+use crate::error::Result;
+use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use algorithm::{Choice, Protocol};
 use kernel_args::KernelArgs;
 use kernels::LoadedKernels;
@@ -93,8 +93,11 @@ impl Collectives {
             return Ok(());
         }
         let gpu = &gpu()?;
-        check_buffer(call.send, sizes.send, "sendbuff", gpu)?;
-        check_buffer(call.recv, sizes.recv, "recvbuff", gpu)?;
+        // A broadcast's non-root reads no input (its size is 0 there).
+        if sizes.send > 0 {
+            gpu.check_buffer(call.send, sizes.send, "sendbuff")?;
+        }
+        gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
         stream.check_context(gpu)?;
         if nranks == 1 {
             // One rank: the result is the input (an average of one is the value itself).
@@ -151,10 +154,11 @@ impl Collectives {
         };
         let protocol = algorithm::choose(call.collective, message, ready.choice);
         let base = algorithm::kernel_base(call.collective, protocol);
-        let kernel = if capturing && ready.kernels.needs_loading(base, call.op, call.datatype) {
-            let _relaxed = RelaxedCapture::enter()?;
-            ready.kernels.get(base, call.op, call.datatype)?
-        } else {
+        let kernel = {
+            // A first kernel of its type loads a module, which a capture allows only in the relaxed mode.
+            let _relaxed = (capturing && ready.kernels.needs_loading(base, call.op, call.datatype))
+                .then(RelaxedCapture::enter)
+                .transpose()?;
             ready.kernels.get(base, call.op, call.datatype)?
         };
 
@@ -210,19 +214,4 @@ impl Collectives {
             choice,
         })
     }
-}
-
-/// An application buffer of `bytes` bytes must be device memory of the communicator's GPU.
-fn check_buffer(ptr: DevicePtr, bytes: u64, what: &str, gpu: &GpuContext) -> Result<()> {
-    if bytes == 0 {
-        return Ok(());
-    }
-    let info = pointer_info(ptr, bytes, what)?;
-    if info.device != gpu.device {
-        return Err(Error::invalid_argument(format!(
-            "{what} {ptr:#x} is on GPU {} but the communicator's GPU is {}",
-            info.device, gpu.device
-        )));
-    }
-    Ok(())
 }

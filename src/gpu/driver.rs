@@ -175,6 +175,19 @@ impl GpuContext {
         }
     }
 
+    /// Checks that `[ptr, ptr+size)` is device memory inside one allocation on this context's GPU (an
+    /// application's buffer, named `what` in the error).
+    pub fn check_buffer(&self, ptr: DevicePtr, size: u64, what: &str) -> Result<super::PointerInfo> {
+        let info = super::pointer_info(ptr, size, what)?;
+        if info.device != self.device {
+            return Err(Error::invalid_argument(format!(
+                "{what} is on GPU {} but the communicator's GPU is {} (the device current when it was created)",
+                info.device, self.device
+            )));
+        }
+        Ok(info)
+    }
+
     /// Lets this context reach directly the memory of the GPU that holds `peer_ptr` (an allocation of
     /// another context of this process). Best effort, and logged at INFO when it fails: on the same
     /// device no peer access is needed, and without a peer path the copy engine still reaches the memory

@@ -16,7 +16,7 @@ mod stream;
 
 pub use driver::{GpuContext, RestoreContext, check, ensure_driver, lazy_loading};
 pub use ipc::{IpcExport, IpcMapping};
-pub use memory::{DeviceAllocation, PinnedHostBuffer, pointer_info};
+pub use memory::{DeviceAllocation, PinnedHostBuffer, PointerInfo, pointer_info};
 pub use module::{Kernel, Module, RelaxedCapture};
 pub use shared_host::SharedHostMemory;
 pub use stream::{AppStream, Stream};
