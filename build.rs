@@ -12,7 +12,9 @@
 //! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
 //!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
 //!    PTX, cached by content under `target/kernel-cache/`; `src/collective/kernels.rs` embeds them.
-//! 4. Gives the shared library its soname.
+//! 4. Gives the shared library its soname: `libmscclpp.so.0`, or `libnccl.so.2` when built with the
+//!    `nccl-abi` feature (NCCL's face alone; the Makefile builds it into `target/nccl` after the main
+//!    library, so that the kernels come from the same cache and are compiled once).
 
 use cbindgen::{ItemType, Style};
 use std::fs;
@@ -69,8 +71,14 @@ fn main() {
     compile_collective_kernels(&root);
 
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as
-    // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmscclpp.so.0");
+    // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so. Programs and PyTorch built
+    // for NCCL need libnccl.so.2 (build/lib/nccl/).
+    let soname = if std::env::var_os("CARGO_FEATURE_NCCL_ABI").is_some() {
+        "libnccl.so.2"
+    } else {
+        "libmscclpp.so.0"
+    };
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
 }
 
 /// The legacy header's functions that cbindgen declares (the other two are declared by hand).
@@ -334,6 +342,8 @@ fn compile_collective_kernels(root: &Path) {
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
             .hash(&mut key);
     }
+    // Under the crate root's target/, whatever the target directory: the libnccl build (target/nccl) finds
+    // the kernels the main build compiled.
     let cache = root.join("target/kernel-cache").join(format!("{:016x}", key.finish()));
     fs::create_dir_all(&cache).unwrap_or_else(|e| panic!("cannot create {}: {e}", cache.display()));
 

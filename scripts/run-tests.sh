@@ -82,6 +82,11 @@ else
   echo "== host tests: c-tests/run_host_tests.sh is not there yet"
 fi
 
+# 3b. NCCL's API without a GPU: nccl.h, libnccl.so.2's exports, and the host programs of c-tests/nccl/.
+if [[ -f c-tests/nccl/run_nccl_tests.sh ]]; then
+  run_one nccl-tests bash c-tests/nccl/run_nccl_tests.sh
+fi
+
 # 4. The Python package's tests (pytest in build/python-venv, against the package installed there by make);
 # its conftest prints "python tests: N passed, N failed, N skipped". GPU cases say why they were skipped.
 if [[ -x build/python-venv/bin/python ]]; then

@@ -18,6 +18,8 @@
 //! - `collective/`: all-reduce, all-gather, reduce-scatter and broadcast: the host side (checks, the
 //!   algorithm table, scratch memory, launches); their kernels are in `kernels/collectives/`, one file per
 //!   algorithm, compiled by build.rs and embedded.
+//! - `nccl/`: NCCL's API (`nccl.h`), another face of the same core, exported by the `nccl-abi` feature into
+//!   `libnccl.so.2`; the `mscclpp-abi` feature (the default) exports `ffi/`'s functions.
 //! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.
 //! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
@@ -34,6 +36,7 @@ pub mod failure;
 pub mod ffi;
 pub mod gpu;
 pub mod logging;
+pub mod nccl;
 pub mod proxy;
 pub mod registered_memory;
 pub mod settings;

@@ -4,6 +4,10 @@
 //! `MSCCLPP_DEBUG=WARN|INFO|TRACE` (also `ERROR`, `DEBUG`, `OFF`; default `WARN`) sets the level.
 //! The default handler writes to `MSCCLPP_DEBUG_FILE` when it is set (`%h` becomes the host name and `%p`
 //! the process id), else to standard error.
+//!
+//! Where the NCCL face installs the logger first (`init_for_nccl`: in `libnccl.so.2`), `NCCL_DEBUG` and
+//! `NCCL_DEBUG_FILE` stand in for our two when those are unset: a program run with NCCL's settings gets
+//! our log lines the way it asked for NCCL's.
 
 use crate::types::mscclppLogHandler_t;
 use log::{Level, LevelFilter, Log, Metadata, Record};
@@ -13,6 +17,7 @@ use std::cell::Cell;
 use std::ffi::{CStr, CString, c_char};
 use std::fs::File;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 thread_local! {
     /// The rank this thread is working for; set at the FFI boundary and in threads a communicator owns.
@@ -40,8 +45,15 @@ pub fn set_thread_rank(rank: usize) {
 }
 
 static HANDLER: RwLock<mscclppLogHandler_t> = RwLock::new(None);
+/// Whether the logger was installed by the NCCL face, whose settings then stand in for unset ones of ours.
+static NCCL_FACE: AtomicBool = AtomicBool::new(false);
 static DEBUG_FILE: Lazy<Option<Mutex<File>>> = Lazy::new(|| {
-    let pattern = crate::settings::DEBUG_FILE.text()?;
+    let pattern = crate::settings::DEBUG_FILE.text().or_else(|| {
+        NCCL_FACE
+            .load(Ordering::Relaxed)
+            .then(|| crate::settings::NCCL_DEBUG_FILE.text())
+            .flatten()
+    })?;
     let path = debug_file_path(&pattern, &hostname(), std::process::id());
     match File::create(&path) {
         Ok(f) => Some(Mutex::new(f)),
@@ -145,17 +157,42 @@ pub fn default_handler(line: &str) {
 
 /// Installs the logger once per process. Called from every FFI entry point; cheap after the first.
 pub fn init() {
+    init_once(false);
+}
+
+/// `init` for the NCCL face's entry points: `NCCL_DEBUG` and `NCCL_DEBUG_FILE` apply where ours are unset.
+pub fn init_for_nccl() {
+    init_once(true);
+}
+
+fn init_once(nccl_face: bool) {
     static INIT: OnceCell<()> = OnceCell::new();
     INIT.get_or_init(|| {
+        NCCL_FACE.store(nccl_face, Ordering::Relaxed);
         // Another logger may already be installed when we are linked into a Rust program; then that
         // one receives our records and we only set nothing. Ours is installed before the level is read,
         // so that a bad `MSCCLPP_DEBUG` is reported.
         if log::set_logger(&Logger).is_ok() {
             log::set_max_level(LevelFilter::Warn);
-            let level = crate::settings::DEBUG.choice().unwrap_or("WARN");
+            let env = crate::settings::Source::process();
+            let level = if nccl_face && env.raw(&crate::settings::DEBUG).is_none() {
+                nccl_level(env.choice(&crate::settings::NCCL_DEBUG).unwrap_or("WARN"))
+            } else {
+                env.choice(&crate::settings::DEBUG).unwrap_or("WARN")
+            };
             log::set_max_level(parse_level(Some(level)));
         }
     });
+}
+
+/// Our level for a value of `NCCL_DEBUG`: its `INFO` and `TRACE` are ours; `VERSION` (NCCL's banner) and
+/// `ABORT` (NCCL aborts at its first warning) log warnings only.
+pub fn nccl_level(value: &str) -> &'static str {
+    match value.to_ascii_uppercase().as_str() {
+        "INFO" => "INFO",
+        "TRACE" => "TRACE",
+        _ => "WARN",
+    }
 }
 
 /// Replaces the handler; `None` restores the default.
@@ -188,6 +225,15 @@ mod tests {
         assert_eq!(parse_level(Some("WARN")), LevelFilter::Warn);
         assert_eq!(parse_level(Some("bogus")), LevelFilter::Warn);
         assert_eq!(parse_level(Some("off")), LevelFilter::Off);
+    }
+
+    #[test]
+    fn nccl_debug_values_map_onto_ours() {
+        assert_eq!(nccl_level("INFO"), "INFO");
+        assert_eq!(nccl_level("trace"), "TRACE");
+        for other in ["WARN", "VERSION", "ABORT"] {
+            assert_eq!(nccl_level(other), "WARN");
+        }
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!
 //! To add a setting: declare a `pub static` here, add it to `ALL`, add a row to the README's table, and
 //! read it through `Setting::flag` / `int` / `choice` / `text` (or a `Source` in tests).
+//!
+//! Our settings carry the `MSCCLPP_` prefix. The few `NCCL_*` variables the NCCL face (`crate::nccl`)
+//! honours are declared here too, under their NCCL names, since programs written for NCCL set them.
 
 use crate::error::{Error, Result};
 use once_cell::sync::Lazy;
@@ -210,6 +213,39 @@ setting!(
     Error,
     "what an IB flag writes: `count`, the exact count inline; `epoch`, the legacy RDMA write of the device epoch"
 );
+// ---- NCCL's variables, honoured by the NCCL face ----
+setting!(
+    NCCL_DEBUG,
+    "NCCL_DEBUG",
+    "WARN",
+    Values::Choice(&["VERSION", "WARN", "INFO", "ABORT", "TRACE"]),
+    Warn,
+    "the NCCL face's log level when `MSCCLPP_DEBUG` is unset: `INFO` and `TRACE` as ours, the others `WARN`"
+);
+setting!(
+    NCCL_DEBUG_FILE,
+    "NCCL_DEBUG_FILE",
+    "",
+    Values::Text,
+    Warn,
+    "the NCCL face's log file when `MSCCLPP_DEBUG_FILE` is unset (same `%h` and `%p`)"
+);
+setting!(
+    NCCL_COMM_ID,
+    "NCCL_COMM_ID",
+    "",
+    Values::Text,
+    Error,
+    "`ip:port` where rank 0 of every communicator listens; the unique id is then not used"
+);
+setting!(
+    NCCL_COMM_BLOCKING,
+    "NCCL_COMM_BLOCKING",
+    "1",
+    Values::Flag,
+    Warn,
+    "`0`: communicators whose `ncclConfig_t` leaves `blocking` undefined initialise in the background"
+);
 
 /// Every setting, in the order the README lists them.
 pub static ALL: &[&Setting] = &[
@@ -231,6 +267,10 @@ pub static ALL: &[&Setting] = &[
     &IB_QP_DEPTH,
     &IBV_SO,
     &IB_FLAG,
+    &NCCL_DEBUG,
+    &NCCL_DEBUG_FILE,
+    &NCCL_COMM_ID,
+    &NCCL_COMM_BLOCKING,
 ];
 
 /// The process environment's values of the declared settings, read once.
@@ -433,7 +473,11 @@ mod tests {
     fn declarations_are_consistent() {
         let mut names = HashSet::new();
         for s in ALL {
-            assert!(s.name.starts_with("MSCCLPP_"), "{}", s.name);
+            assert!(
+                s.name.starts_with("MSCCLPP_") || s.name.starts_with("NCCL_"),
+                "{}",
+                s.name
+            );
             assert!(names.insert(s.name), "{} declared twice", s.name);
             assert!(!s.doc.is_empty(), "{} has no documentation", s.name);
             let env = Source::from_fn(|_| None);
@@ -488,8 +532,9 @@ mod tests {
         let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
         let table: HashSet<String> = readme
             .lines()
-            .filter_map(|l| l.strip_prefix("| `MSCCLPP_"))
-            .map(|l| format!("MSCCLPP_{}", &l[..l.find('`').unwrap()]))
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter(|l| l.starts_with("MSCCLPP_") || l.starts_with("NCCL_"))
+            .map(|l| l[..l.find('`').unwrap()].to_string())
             .collect();
         let declared: HashSet<String> = ALL.iter().map(|s| s.name.to_string()).collect();
         assert_eq!(table, declared, "the README's settings table and settings::ALL differ");

@@ -1,5 +1,6 @@
-//! Communicator handles. A handle is a token, never a pointer we dereference: a destroyed or made-up
-//! handle is detected instead of read, and tokens are not reused within a process.
+//! Handles the C side holds: tokens, never pointers we dereference, so that a destroyed or made-up handle
+//! is detected instead of read, and tokens are not reused within a process. `Registry` maps the tokens of
+//! one kind of object (the communicators of `mscclpp.h`, and those of the NCCL face) to the objects.
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -13,23 +14,63 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// High bits of every token, so that tokens are recognisable and never valid addresses.
 const TOKEN_TAG: u64 = 0x4d53_0000_0000_0000;
 
-static COMMS: Lazy<Mutex<HashMap<u64, Arc<Communicator>>>> = Lazy::new(Default::default);
+/// Shared by every registry: a token names one object of one registry, ever.
 static NEXT: AtomicU64 = AtomicU64::new(1);
+
+fn new_token() -> u64 {
+    TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4)
+}
+
+/// The live objects of one kind, by token.
+pub struct Registry<T> {
+    objects: Lazy<Mutex<HashMap<u64, Arc<T>>>>,
+}
+
+impl<T> Registry<T> {
+    pub const fn new() -> Registry<T> {
+        Registry {
+            objects: Lazy::new(Default::default),
+        }
+    }
+
+    /// Makes `object` reachable through a new token.
+    pub fn insert(&self, object: Arc<T>) -> u64 {
+        let token = new_token();
+        self.objects.lock().insert(token, object);
+        token
+    }
+
+    /// The object of `token`, or `None` for a removed or made-up token.
+    pub fn get(&self, token: u64) -> Option<Arc<T>> {
+        self.objects.lock().get(&token).cloned()
+    }
+
+    /// Removes the token; the object is released when the last call using it returns.
+    pub fn remove(&self, token: u64) -> Option<Arc<T>> {
+        self.objects.lock().remove(&token)
+    }
+}
+
+impl<T> Default for Registry<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static COMMS: Registry<Communicator> = Registry::new();
 
 /// Makes `comm` reachable through a new handle; from now on a failure the bootstrap detects aborts it.
 pub fn register(comm: Communicator) -> mscclppComm_t {
-    let token = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
     let comm = Arc::new(comm);
     comm.watch_failures();
-    COMMS.lock().insert(token, comm);
-    token as mscclppComm_t
+    COMMS.insert(comm) as mscclppComm_t
 }
 
 pub fn lookup(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
     if handle.is_null() {
         return Err(Error::invalid_argument("comm is NULL"));
     }
-    COMMS.lock().get(&(handle as u64)).cloned().ok_or_else(|| {
+    COMMS.get(handle as u64).ok_or_else(|| {
         Error::invalid_usage(format!(
             "comm {handle:p} is not a live communicator (destroyed, or never created)"
         ))
@@ -40,8 +81,7 @@ pub fn lookup(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
 pub fn unregister(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
     lookup(handle)?;
     COMMS
-        .lock()
-        .remove(&(handle as u64))
+        .remove(handle as u64)
         .ok_or_else(|| Error::invalid_usage("comm was destroyed concurrently"))
 }
 
@@ -61,9 +101,18 @@ mod tests {
 
     #[test]
     fn tokens_are_tagged_and_never_reused() {
-        let a = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
-        let b = TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4);
+        let a = new_token();
+        let b = new_token();
         assert_ne!(a, b);
         assert_eq!(a & 0xffff_0000_0000_0000, TOKEN_TAG);
+    }
+
+    #[test]
+    fn a_registry_gives_back_what_it_holds_until_removed() {
+        let r: Registry<u32> = Registry::new();
+        let t = r.insert(Arc::new(7));
+        assert_eq!(*r.get(t).unwrap(), 7);
+        assert_eq!(*r.remove(t).unwrap(), 7);
+        assert!(r.get(t).is_none() && r.remove(t).is_none());
     }
 }

@@ -1,9 +1,15 @@
 //! The C ABI: thin `extern "C"` functions (in `api.rs`) that check their arguments, find the
 //! communicator, and call into the safe core, each behind a panic boundary.
+//!
+//! The `mscclpp.h` functions are compiled only with the `mscclpp-abi` feature (the default): the build of
+//! `libnccl.so.2` leaves them out, so that it exports NCCL's names alone (`crate::nccl`), and preloading it
+//! never interposes `libmscclpp`'s. The panic boundary and the handles here serve both faces.
 
+#[cfg(feature = "mscclpp-abi")]
 pub mod api;
+#[cfg(feature = "mscclpp-abi")]
 pub mod collectives;
-mod handles;
+pub mod handles;
 
 use crate::error::{Error, Result};
 use crate::types::mscclppResult_t;
@@ -11,13 +17,23 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// Runs `body` for the exported function `name`: installs the logger, turns a panic into
 /// `mscclppInternalError`, and logs every error once, naming the function.
+#[cfg_attr(not(feature = "mscclpp-abi"), allow(dead_code))]
 pub(crate) fn guard(name: &str, body: impl FnOnce() -> Result<()>) -> mscclppResult_t {
     crate::logging::init();
+    match catch_panic(name, body) {
+        Ok(()) => mscclppResult_t::mscclppSuccess,
+        Err(e) => e.code(),
+    }
+}
+
+/// The panic boundary itself: runs `body`, turns a panic into an `Internal` error, and logs every error
+/// once, naming the function `name`. The logger must be installed by the caller.
+pub(crate) fn catch_panic<T>(name: &str, body: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => mscclppResult_t::mscclppSuccess,
+        Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => {
             log::warn!("{name}: {e}");
-            e.code()
+            Err(e)
         }
         Err(panic) => {
             let what = panic
@@ -26,7 +42,7 @@ pub(crate) fn guard(name: &str, body: impl FnOnce() -> Result<()>) -> mscclppRes
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
             log::error!("{name}: internal error (panic): {what}");
-            mscclppResult_t::mscclppInternalError
+            Err(Error::internal(format!("internal error (panic): {what}")))
         }
     }
 }

@@ -144,6 +144,26 @@ impl GpuContext {
         GpuContext::current().ok()
     }
 
+    /// Makes device `ordinal`'s primary context current on the calling thread, as `cudaSetDevice` does,
+    /// and returns it (`ncclCommInitAll`, which makes one rank per listed device). The primary context is
+    /// retained for the rest of the process, as the CUDA runtime retains it.
+    pub fn set_device(ordinal: i32) -> Result<GpuContext> {
+        ensure_driver()?;
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a local.
+        check(unsafe { sys::cuDeviceGet(&mut dev, ordinal) }, || {
+            format!("cuDeviceGet({ordinal})")
+        })?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; never released (see above).
+        check(unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }, || {
+            format!("cuDevicePrimaryCtxRetain({ordinal})")
+        })?;
+        // SAFETY: the context was just retained.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, || "cuCtxSetCurrent".into())?;
+        GpuContext::current()
+    }
+
     /// Whether `ctx` is this context.
     pub fn is(&self, ctx: CUcontext) -> bool {
         ctx as usize == self.ctx

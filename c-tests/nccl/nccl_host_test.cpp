@@ -1,0 +1,375 @@
+// NCCL's API without a GPU: layouts and values of our nccl.h, the version, error strings and the last
+// error, every bad argument (each with its code and a log line naming the argument), groups, refused
+// functions, non-blocking initialisation, and communicators of one and two ranks in one process (the
+// bootstrap needs no GPU), including a peer's abort seen through ncclCommGetAsyncError.
+// Built against build/include/nccl.h and linked with -lnccl alone. Prints one line per check and
+// "nccl host test: N passed, N failed".
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+
+static int passed = 0, failed = 0;
+static std::string log_path;
+
+static void check(bool ok, const std::string& what) {
+  if (ok) {
+    ++passed;
+    std::printf("PASS %s\n", what.c_str());
+  } else {
+    ++failed;
+    std::printf("FAIL %s\n", what.c_str());
+  }
+}
+
+static void expect(ncclResult_t got, ncclResult_t want, const std::string& what) {
+  check(got == want, what + " -> " + std::to_string(got) + " (want " + std::to_string(want) + ")");
+}
+
+static std::string log_text() {
+  std::ifstream f(log_path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The log has a line holding `text` (the WARN that names the argument).
+static void logged(const std::string& text) {
+  check(log_text().find(text) != std::string::npos, "log names it: " + text);
+}
+
+static void layouts_and_values() {
+  check(sizeof(ncclUniqueId) == 128 && NCCL_UNIQUE_ID_BYTES == 128, "ncclUniqueId is 128 bytes");
+  check(sizeof(ncclConfig_t) == 80, "ncclConfig_t is 80 bytes");
+  const size_t offsets[] = {offsetof(ncclConfig_t, size),          offsetof(ncclConfig_t, magic),
+                            offsetof(ncclConfig_t, version),       offsetof(ncclConfig_t, blocking),
+                            offsetof(ncclConfig_t, cgaClusterSize), offsetof(ncclConfig_t, minCTAs),
+                            offsetof(ncclConfig_t, maxCTAs),       offsetof(ncclConfig_t, netName),
+                            offsetof(ncclConfig_t, splitShare),    offsetof(ncclConfig_t, trafficClass),
+                            offsetof(ncclConfig_t, commName),      offsetof(ncclConfig_t, collnetEnable),
+                            offsetof(ncclConfig_t, CTAPolicy),     offsetof(ncclConfig_t, shrinkShare),
+                            offsetof(ncclConfig_t, nvlsCTAs),      offsetof(ncclConfig_t, nChannelsPerNetPeer),
+                            offsetof(ncclConfig_t, nvlinkCentricSched)};
+  const size_t want[] = {0, 8, 12, 16, 20, 24, 28, 32, 40, 44, 48, 56, 60, 64, 68, 72, 76};
+  check(std::memcmp(offsets, want, sizeof(want)) == 0, "ncclConfig_t's field offsets");
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  check(c.size == 80 && c.magic == 0xcafebeef && c.version == 22809 && c.blocking == INT_MIN &&
+            c.netName == NULL && c.commName == NULL && c.nvlinkCentricSched == NCCL_CONFIG_UNDEF_INT,
+        "NCCL_CONFIG_INITIALIZER");
+  ncclSimInfo_t s = NCCL_SIM_INFO_INITIALIZER;
+  check(sizeof(ncclSimInfo_t) == 24 && s.magic == 0x74685283 && s.size == 24, "ncclSimInfo_t and its initializer");
+  check(NCCL_MAJOR == 2 && NCCL_MINOR == 28 && NCCL_PATCH == 9 && NCCL_VERSION_CODE == 22809 &&
+            NCCL_VERSION(2, 28, 9) == 22809 && NCCL_VERSION(2, 8, 4) == 2804,
+        "version macros");
+  check(ncclSuccess == 0 && ncclUnhandledCudaError == 1 && ncclSystemError == 2 && ncclInternalError == 3 &&
+            ncclInvalidArgument == 4 && ncclInvalidUsage == 5 && ncclRemoteError == 6 && ncclInProgress == 7 &&
+            ncclNumResults == 8,
+        "ncclResult_t values");
+  check(ncclInt8 == 0 && ncclChar == 0 && ncclUint8 == 1 && ncclInt32 == 2 && ncclInt == 2 && ncclUint32 == 3 &&
+            ncclInt64 == 4 && ncclUint64 == 5 && ncclFloat16 == 6 && ncclHalf == 6 && ncclFloat32 == 7 &&
+            ncclFloat == 7 && ncclFloat64 == 8 && ncclDouble == 8 && ncclBfloat16 == 9 && ncclFloat8e4m3 == 10 &&
+            ncclFloat8e5m2 == 11 && ncclNumTypes == 12,
+        "ncclDataType_t values");
+  check(ncclSum == 0 && ncclProd == 1 && ncclMax == 2 && ncclMin == 3 && ncclAvg == 4 && ncclNumOps == 5 &&
+            ncclMaxRedOp == 0x7fffffff && sizeof(ncclRedOp_t) == sizeof(int),
+        "ncclRedOp_t values, int-sized");
+  check(ncclScalarDevice == 0 && ncclScalarHostImmediate == 1 && NCCL_SPLIT_NOCOLOR == -1 &&
+            NCCL_SHRINK_DEFAULT == 0 && NCCL_SHRINK_ABORT == 1 && NCCL_WIN_DEFAULT == 0 &&
+            NCCL_WIN_COLL_SYMMETRIC == 1 && NCCL_WIN_REQUIRED_ALIGNMENT == 4096,
+        "other values");
+}
+
+static void version_and_errors() {
+  int v = 0;
+  expect(ncclGetVersion(&v), ncclSuccess, "ncclGetVersion");
+  check(v == 22809, "ncclGetVersion gives 22809");
+  expect(ncclGetVersion(NULL), ncclInvalidArgument, "ncclGetVersion(NULL)");
+  logged("ncclGetVersion: version is NULL");
+  check(std::strstr(ncclGetLastError(NULL), "version is NULL") != NULL, "ncclGetLastError names the argument");
+  bool distinct = true;
+  for (int i = 0; i < ncclNumResults; ++i)
+    for (int j = i + 1; j < ncclNumResults; ++j)
+      distinct = distinct && std::strcmp(ncclGetErrorString((ncclResult_t)i), ncclGetErrorString((ncclResult_t)j)) != 0;
+  check(distinct && std::strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0, "ncclGetErrorString");
+  check(std::strcmp(ncclGetErrorString((ncclResult_t)99), "unknown result code") == 0, "ncclGetErrorString(99)");
+  check(pncclGetErrorString(ncclInvalidUsage) == ncclGetErrorString(ncclInvalidUsage), "pncclGetErrorString");
+}
+
+// A communicator of one rank (no GPU needed).
+static ncclComm_t one_rank() {
+  ncclUniqueId id;
+  ncclComm_t comm = NULL;
+  if (ncclGetUniqueId(&id) != ncclSuccess || ncclCommInitRank(&comm, 1, id, 0) != ncclSuccess) return NULL;
+  return comm;
+}
+
+static void initialisation() {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  ncclComm_t comm = NULL;
+  expect(ncclGetUniqueId(NULL), ncclInvalidArgument, "ncclGetUniqueId(NULL)");
+  expect(ncclCommInitRank(NULL, 1, id, 0), ncclInvalidArgument, "ncclCommInitRank(comm NULL)");
+  expect(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument, "ncclCommInitRank(nranks 0)");
+  logged("nranks is 0");
+  expect(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument, "ncclCommInitRank(rank 2 of 2)");
+  logged("rank is 2");
+  expect(ncclCommInitRank(&comm, 1, id, 0), ncclInvalidArgument, "ncclCommInitRank(an id of zeros)");
+  logged("unique id");
+  check(comm == NULL, "a failed init leaves *comm alone");
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.magic = 0x1234;
+  expect(ncclCommInitRankConfig(&comm, 1, id, 0, &c), ncclInvalidArgument, "config with a wrong magic");
+  logged("config's magic is 0x1234");
+  ncclConfig_t small = NCCL_CONFIG_INITIALIZER;
+  small.size = 16;
+  expect(ncclCommInitRankConfig(&comm, 1, id, 0, &small), ncclInvalidArgument, "config with a wrong size");
+  logged("config's size is 16");
+  ncclConfig_t b = NCCL_CONFIG_INITIALIZER;
+  b.blocking = 2;
+  expect(ncclCommInitRankConfig(&comm, 1, id, 0, &b), ncclInvalidArgument, "config with blocking 2");
+  logged("blocking is 2");
+  expect(ncclCommInitAll(NULL, 1, NULL), ncclInvalidArgument, "ncclCommInitAll(comms NULL)");
+  expect(ncclCommInitAll(&comm, 0, NULL), ncclInvalidArgument, "ncclCommInitAll(ndev 0)");
+  ncclUniqueId ids[2];
+  expect(ncclCommInitRankScalable(&comm, 1, 0, 2, ids, NULL), ncclInvalidUsage, "ncclCommInitRankScalable(2 ids)");
+  logged("not carried out by this library yet");
+
+  // One id: carried out.
+  ncclUniqueId one;
+  expect(ncclGetUniqueId(&one), ncclSuccess, "ncclGetUniqueId");
+  expect(ncclCommInitRankScalable(&comm, 1, 0, 1, &one, NULL), ncclSuccess, "ncclCommInitRankScalable(1 id)");
+  expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
+
+  // Non-blocking: ncclInProgress (or ncclSuccess), then ncclCommGetAsyncError reaches ncclSuccess.
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  nb.commName = "nonblocking";
+  expect(ncclGetUniqueId(&one), ncclSuccess, "ncclGetUniqueId");
+  comm = NULL;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, 1, one, 0, &nb);
+  check((r == ncclInProgress || r == ncclSuccess) && comm != NULL, "non-blocking init returns at once with a comm");
+  ncclResult_t state = ncclInProgress;
+  for (int i = 0; i < 1000 && state == ncclInProgress; ++i) {
+    ncclCommGetAsyncError(comm, &state);
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  expect(state, ncclSuccess, "non-blocking init reaches ncclSuccess");
+  expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy (non-blocking)");
+}
+
+static void one_rank_calls() {
+  ncclComm_t comm = one_rank();
+  check(comm != NULL, "a communicator of one rank");
+  if (!comm) return;
+  int n = -1, rank = -1, dev = -1;
+  expect(ncclCommCount(comm, &n), ncclSuccess, "ncclCommCount");
+  expect(ncclCommUserRank(comm, &rank), ncclSuccess, "ncclCommUserRank");
+  check(n == 1 && rank == 0, "count 1, rank 0");
+  ncclResult_t d = ncclCommCuDevice(comm, &dev);
+  check(d == ncclSuccess || d == ncclUnhandledCudaError, "ncclCommCuDevice: a device, or no driver");
+  expect(ncclCommCount(comm, NULL), ncclInvalidArgument, "ncclCommCount(count NULL)");
+  expect(ncclCommCount(NULL, &n), ncclInvalidArgument, "ncclCommCount(comm NULL)");
+  logged("comm is NULL");
+  ncclResult_t async = ncclInternalError;
+  expect(ncclCommGetAsyncError(comm, &async), ncclSuccess, "ncclCommGetAsyncError");
+  expect(async, ncclSuccess, "async error of a healthy comm");
+  expect(ncclCommGetAsyncError(comm, NULL), ncclInvalidArgument, "ncclCommGetAsyncError(NULL)");
+
+  // Collectives: every bad argument, caught before any GPU work.
+  void* p = (void*)0x1000;
+  expect(ncclAllReduce(p, p, 4, ncclFloat, ncclSum, NULL, 0), ncclInvalidArgument, "ncclAllReduce(comm NULL)");
+  expect(ncclAllReduce(p, p, 4, (ncclDataType_t)12, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(datatype 12)");
+  logged("ncclAllReduce: datatype is 12");
+  expect(ncclAllReduce(p, p, 4, (ncclDataType_t)-1, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(datatype -1)");
+  expect(ncclAllReduce(p, p, 4, ncclFloat8e4m3, ncclSum, comm, 0), ncclInvalidUsage, "ncclAllReduce(fp8): not yet");
+  logged("ncclFloat8e4m3 (10) is not carried out");
+  expect(ncclAllReduce(p, p, 4, ncclFloat, (ncclRedOp_t)5, comm, 0), ncclInvalidArgument, "ncclAllReduce(op 5, not made)");
+  logged("op is 5");
+  expect(ncclAllReduce(p, p, 4, ncclFloat, (ncclRedOp_t)-3, comm, 0), ncclInvalidArgument, "ncclAllReduce(op -3)");
+  expect(ncclAllReduce(p, NULL, 4, ncclFloat, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(recvbuff NULL)");
+  logged("recvbuff is NULL");
+  expect(ncclAllReduce(NULL, p, 4, ncclFloat, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(sendbuff NULL)");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comm, 0), ncclSuccess, "ncclAllReduce(count 0)");
+  expect(ncclAllReduce(p, p, SIZE_MAX / 2, ncclFloat, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(count overflows)");
+  expect(ncclBroadcast(p, p, 4, ncclFloat, 1, comm, 0), ncclInvalidArgument, "ncclBroadcast(root 1 of 1)");
+  logged("root is 1");
+  expect(ncclBcast(p, 4, ncclFloat, -1, comm, 0), ncclInvalidArgument, "ncclBcast(root -1)");
+  expect(ncclAllGather(p, NULL, 4, ncclFloat, comm, 0), ncclInvalidArgument, "ncclAllGather(recvbuff NULL)");
+  expect(ncclReduceScatter(p, p, 4, ncclFloat, (ncclRedOp_t)9, comm, 0), ncclInvalidArgument, "ncclReduceScatter(op 9)");
+
+  // PreMulSum operators: kept, refused by the collectives for now.
+  float scalar = 0.5f;
+  ncclRedOp_t op = ncclSum;
+  expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess, "ncclRedOpCreatePreMulSum");
+  check(op >= ncclNumOps, "its operator is numbered from ncclNumOps");
+  expect(ncclAllReduce(p, p, 4, ncclFloat, op, comm, 0), ncclInvalidUsage, "ncclAllReduce(a PreMulSum op): not yet");
+  expect(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclInvalidArgument, "PreMulSum(op NULL)");
+  expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, (ncclScalarResidence_t)7, comm), ncclInvalidArgument, "PreMulSum(residence 7)");
+  expect(ncclRedOpCreatePreMulSum(&op, &scalar, (ncclDataType_t)12, ncclScalarDevice, comm), ncclInvalidArgument, "PreMulSum(datatype 12)");
+  expect(ncclRedOpDestroy(op, comm), ncclSuccess, "ncclRedOpDestroy");
+  expect(ncclRedOpDestroy(op, comm), ncclInvalidArgument, "ncclRedOpDestroy twice");
+  expect(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument, "ncclRedOpDestroy(ncclSum)");
+
+  // Not carried out yet: ncclInvalidUsage naming the function, after the arguments are checked.
+  expect(ncclReduce(p, p, 4, ncclFloat, ncclSum, 0, comm, 0), ncclInvalidUsage, "ncclReduce: not yet");
+  logged("ncclReduce is not carried out by this library yet");
+  expect(ncclReduce(p, p, 4, ncclFloat, ncclSum, 3, comm, 0), ncclInvalidArgument, "ncclReduce(root 3)");
+  expect(ncclAlltoAll(p, p, 4, ncclFloat, comm, 0), ncclInvalidUsage, "ncclAlltoAll: not yet");
+  expect(ncclAlltoAll(p, p, 4, (ncclDataType_t)40, comm, 0), ncclInvalidArgument, "ncclAlltoAll(datatype 40)");
+  expect(ncclGather(p, p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclGather: not yet");
+  expect(ncclScatter(p, p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclScatter: not yet");
+  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclSend: not yet");
+  expect(ncclSend(p, 4, ncclFloat, 1, comm, 0), ncclInvalidArgument, "ncclSend(peer 1 of 1)");
+  logged("peer is 1");
+  expect(ncclRecv(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclRecv: not yet");
+  ncclComm_t newcomm = (ncclComm_t)p;
+  expect(ncclCommSplit(comm, 0, 0, &newcomm, NULL), ncclInvalidUsage, "ncclCommSplit: not yet");
+  check(newcomm == NULL, "ncclCommSplit leaves *newcomm NULL");
+  expect(ncclCommSplit(comm, 0, 0, NULL, NULL), ncclInvalidArgument, "ncclCommSplit(newcomm NULL)");
+  expect(ncclCommSplit(comm, -2, 0, &newcomm, NULL), ncclInvalidArgument, "ncclCommSplit(color -2)");
+  expect(ncclCommShrink(comm, NULL, 0, &newcomm, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidUsage, "ncclCommShrink: not yet");
+  expect(ncclCommShrink(comm, NULL, 0, &newcomm, NULL, 7), ncclInvalidArgument, "ncclCommShrink(flags 7)");
+  expect(ncclCommRevoke(comm, 0), ncclInvalidUsage, "ncclCommRevoke: not yet");
+  expect(ncclCommRevoke(comm, 1), ncclInvalidArgument, "ncclCommRevoke(flags 1)");
+  expect(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage, "ncclDevCommCreate: not offered");
+  logged("device API");
+  expect(ncclDevCommDestroy(comm, NULL), ncclInvalidUsage, "ncclDevCommDestroy: not offered");
+
+  // Registration and windows: handles.
+  void* handle = NULL;
+  expect(ncclCommRegister(comm, p, 64, &handle), ncclSuccess, "ncclCommRegister");
+  expect(ncclCommRegister(comm, p, 64, NULL), ncclInvalidArgument, "ncclCommRegister(handle NULL)");
+  expect(ncclCommDeregister(comm, handle), ncclSuccess, "ncclCommDeregister");
+  expect(ncclCommDeregister(comm, handle), ncclInvalidArgument, "ncclCommDeregister twice");
+  ncclWindow_t win = NULL;
+  expect(ncclCommWindowRegister(comm, p, 4096, &win, 5), ncclInvalidArgument, "ncclCommWindowRegister(flags 5)");
+  expect(ncclCommWindowRegister(comm, p, 4096, &win, NCCL_WIN_COLL_SYMMETRIC), ncclSuccess, "ncclCommWindowRegister");
+  expect(ncclCommWindowDeregister(comm, win), ncclSuccess, "ncclCommWindowDeregister");
+  expect(ncclCommWindowDeregister(comm, win), ncclInvalidArgument, "ncclCommWindowDeregister twice");
+
+  // Memory.
+  void* mem = p;
+  expect(ncclMemAlloc(NULL, 16), ncclInvalidArgument, "ncclMemAlloc(ptr NULL)");
+  expect(ncclMemAlloc(&mem, 0), ncclSuccess, "ncclMemAlloc(0 bytes)");
+  check(mem == NULL, "ncclMemAlloc(0 bytes) gives NULL");
+  expect(ncclMemFree(NULL), ncclSuccess, "ncclMemFree(NULL)");
+  expect(ncclMemFree(p), ncclInvalidArgument, "ncclMemFree(not ours)");
+
+  // Groups.
+  expect(ncclGroupEnd(), ncclInvalidUsage, "ncclGroupEnd without a start");
+  logged("without a matching ncclGroupStart");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart (nested)");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comm, 0), ncclSuccess, "ncclAllReduce queued in a group");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd (inner)");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd (outer) issues it");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclAllReduce(p, p, 4, (ncclDataType_t)12, ncclSum, comm, 0), ncclInvalidArgument, "a bad call in a group");
+  expect(ncclGroupEnd(), ncclInvalidArgument, "fails its group's end");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclSend in a group");
+  expect(ncclGroupEnd(), ncclInvalidUsage, "fails its group's end too");
+  ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+  expect(ncclGroupSimulateEnd(NULL), ncclInvalidArgument, "ncclGroupSimulateEnd(NULL)");
+  sim.magic = 1;
+  expect(ncclGroupSimulateEnd(&sim), ncclInvalidArgument, "ncclGroupSimulateEnd(wrong magic)");
+  ncclSimInfo_t sim2 = NCCL_SIM_INFO_INITIALIZER;
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclGroupSimulateEnd(&sim2), ncclSuccess, "ncclGroupSimulateEnd");
+  expect(ncclGroupEnd(), ncclInvalidUsage, "the simulated end closed the group");
+
+  // Finalize, then destroy; the handle is dead afterwards.
+  expect(ncclCommFinalize(comm), ncclSuccess, "ncclCommFinalize");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comm, 0), ncclInvalidUsage, "a call after finalize");
+  logged("finalized");
+  expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
+  expect(ncclCommCount(comm, &n), ncclInvalidArgument, "a destroyed comm");
+  logged("not a live communicator");
+  expect(ncclCommDestroy(comm), ncclInvalidArgument, "ncclCommDestroy twice");
+  expect(ncclCommDestroy(NULL), ncclSuccess, "ncclCommDestroy(NULL)");
+  expect(ncclCommAbort(NULL), ncclSuccess, "ncclCommAbort(NULL)");
+  expect(ncclCommFinalize(NULL), ncclInvalidArgument, "ncclCommFinalize(NULL)");
+
+  // Abort frees the communicator.
+  comm = one_rank();
+  expect(ncclCommAbort(comm), ncclSuccess, "ncclCommAbort");
+  expect(ncclCommGetAsyncError(comm, &async), ncclInvalidArgument, "an aborted comm is gone");
+}
+
+// Two ranks made by one thread in a group, then rank 0 aborts: rank 1 sees ncclRemoteError.
+static void two_ranks() {
+  ncclUniqueId id;
+  expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
+  ncclComm_t comms[2] = {NULL, NULL};
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclCommInitRank(&comms[0], 2, id, 0), ncclSuccess, "ncclCommInitRank(rank 0) in a group");
+  expect(ncclCommInitRank(&comms[1], 2, id, 1), ncclSuccess, "ncclCommInitRank(rank 1) in a group");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd makes both");
+  int n = 0, r = -1;
+  expect(ncclCommCount(comms[1], &n), ncclSuccess, "ncclCommCount");
+  expect(ncclCommUserRank(comms[1], &r), ncclSuccess, "ncclCommUserRank");
+  check(n == 2 && r == 1, "count 2, rank 1");
+
+  // Two non-blocking inits from one thread, outside a group.
+  ncclUniqueId id2;
+  expect(ncclGetUniqueId(&id2), ncclSuccess, "ncclGetUniqueId");
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  ncclComm_t more[2] = {NULL, NULL};
+  ncclResult_t a = ncclCommInitRankConfig(&more[0], 2, id2, 0, &nb);
+  ncclResult_t b = ncclCommInitRankConfig(&more[1], 2, id2, 1, &nb);
+  check(a == ncclInProgress && b == ncclInProgress, "two non-blocking inits from one thread return ncclInProgress");
+  ncclResult_t s0 = ncclInProgress, s1 = ncclInProgress;
+  for (int i = 0; i < 1000 && (s0 == ncclInProgress || s1 == ncclInProgress); ++i) {
+    ncclCommGetAsyncError(more[0], &s0);
+    ncclCommGetAsyncError(more[1], &s1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  check(s0 == ncclSuccess && s1 == ncclSuccess, "both reach ncclSuccess");
+  expect(ncclCommDestroy(more[0]), ncclSuccess, "ncclCommDestroy");
+  expect(ncclCommDestroy(more[1]), ncclSuccess, "ncclCommDestroy");
+
+  expect(ncclCommAbort(comms[0]), ncclSuccess, "ncclCommAbort(rank 0)");
+  ncclResult_t async = ncclSuccess;
+  for (int i = 0; i < 500 && async == ncclSuccess; ++i) {
+    ncclCommGetAsyncError(comms[1], &async);
+    if (async == ncclSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  expect(async, ncclRemoteError, "rank 1 sees rank 0's abort as ncclRemoteError");
+  check(std::strstr(ncclGetLastError(comms[1]), "rank 0") != NULL,
+        std::string("ncclGetLastError names the peer: ") + ncclGetLastError(comms[1]));
+  void* p = (void*)0x1000;
+  expect(ncclAllReduce(p, p, 4, ncclFloat, ncclSum, comms[1], 0), ncclRemoteError, "a call on the failed comm");
+  expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
+}
+
+int main() {
+  char path[] = "/tmp/nccl_host_test.XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return 2;
+  close(fd);
+  log_path = path;
+  // Read by the library at its first call: its log lines go to this file, at NCCL's WARN level.
+  setenv("NCCL_DEBUG_FILE", path, 1);
+  setenv("NCCL_DEBUG", "WARN", 1);
+  unsetenv("MSCCLPP_DEBUG");
+  unsetenv("MSCCLPP_DEBUG_FILE");
+  unsetenv("NCCL_COMM_ID");
+  layouts_and_values();
+  version_and_errors();
+  initialisation();
+  one_rank_calls();
+  two_ranks();
+  if (failed) std::printf("log (%s):\n%s", path, log_text().c_str());
+  std::remove(path);
+  std::printf("nccl host test: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}

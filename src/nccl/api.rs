@@ -1,0 +1,1170 @@
+//! The `extern "C"` functions of NCCL 2.28.9's `nccl.h`, and `ncclDevCommCreate` / `ncclDevCommDestroy`
+//! of its device API. Exported (each with NCCL's `pnccl` twin) only with the `nccl-abi` feature, which
+//! builds `libnccl.so.2`. Each finds the communicator, checks its arguments as NCCL does (the error
+//! names the argument), and calls the core behind the panic boundary: the same `Communicator` calls that
+//! `mscclpp.h`'s functions make (`crate::ffi`).
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
+
+use super::comm::{self as ncomm, NcclComm, PreMulSum};
+use super::config;
+use super::error::{self as nerror, code, not_yet};
+use super::group::{self, Group};
+use super::types::*;
+use crate::bootstrap::UniqueId;
+use crate::collective::{Call, Collective, DataType, RedOp};
+use crate::comm::Communicator;
+use crate::ensure_arg;
+use crate::error::{Error, Result};
+use crate::ffi::{catch_panic, non_null};
+use crate::gpu::{AppStream, DeviceAllocation, GpuContext, ensure_driver};
+use crate::logging::RankScope;
+use once_cell::sync::Lazy;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+/// How long set-up waits for the root and the peers.
+const BOOTSTRAP_TIMEOUT: std::time::Duration = crate::bootstrap::DEFAULT_TIMEOUT;
+
+/// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
+macro_rules! nccl_export {
+    ($(#[$attr:meta])* fn $name:ident / $twin:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$attr])*
+        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+
+        #[doc = concat!("`", stringify!($name), "` under NCCL's profiling name.")]
+        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
+        pub unsafe extern "C" fn $twin($($arg: $ty),*) -> $ret {
+            // SAFETY: the same function, under the same contract.
+            unsafe { $name($($arg),*) }
+        }
+    };
+}
+
+/// Work a group queues, issued at its outermost `ncclGroupEnd`.
+enum Op {
+    /// A communicator's initialisation (`ncclCommInitRank` inside a group): every one of a group runs at
+    /// once, so that one thread can make several ranks.
+    Init {
+        comm: Arc<NcclComm>,
+        gpu: Option<GpuContext>,
+        job: InitJob,
+    },
+    Collective {
+        comm: Arc<Communicator>,
+        call: Call,
+        root: i64,
+        stream: u64,
+    },
+}
+
+type InitJob = Box<dyn FnOnce() -> Result<Communicator> + Send>;
+
+/// A queued collective's arguments: the call, the application's root, its stream.
+type QueuedCall = (Call, i64, u64);
+
+thread_local! {
+    static GROUP: RefCell<Group<Op>> = RefCell::new(Group::default());
+}
+
+/// The entry of every function: installs the logger, runs `body` behind the panic boundary, and keeps a
+/// failure's message for `ncclGetLastError`. `body` returns `ncclSuccess` or `ncclInProgress`.
+fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
+    crate::logging::init_for_nccl();
+    match catch_panic(name, body) {
+        Ok(r) => r,
+        Err(e) => {
+            nerror::record(name, &e);
+            code(&e)
+        }
+    }
+}
+
+/// `entry` with the communicator behind `comm`; what it logs names its rank.
+fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+    let found = ncomm::lookup(comm);
+    let _rank = found.as_ref().ok().map(|c| RankScope::enter(c.rank));
+    entry(name, || body(&found?))
+}
+
+/// `with_comm` for work that a group queues: a failure inside a group also fails the group's end.
+fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+    with_comm(name, comm, |c| {
+        body(c).inspect_err(|e| group::with(&GROUP, |g| g.fail(e)))
+    })
+}
+
+const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);
+
+fn datatype_name(v: c_int) -> &'static str {
+    match v {
+        0 => "ncclInt8",
+        1 => "ncclUint8",
+        2 => "ncclInt32",
+        3 => "ncclUint32",
+        4 => "ncclInt64",
+        5 => "ncclUint64",
+        6 => "ncclFloat16",
+        7 => "ncclFloat32",
+        8 => "ncclFloat64",
+        9 => "ncclBfloat16",
+        datatype::FLOAT8E4M3 => "ncclFloat8e4m3",
+        datatype::FLOAT8E5M2 => "ncclFloat8e5m2",
+        _ => "not an ncclDataType_t",
+    }
+}
+
+/// Checks that `v` is an `ncclDataType_t`.
+fn check_datatype(v: c_int) -> Result<()> {
+    ensure_arg!(
+        (0..datatype::NUM_TYPES).contains(&v),
+        "datatype is {v}; it must be an ncclDataType_t, 0 (ncclInt8) to {} (ncclFloat8e5m2)",
+        datatype::NUM_TYPES - 1
+    );
+    Ok(())
+}
+
+/// The core's type for `v`; the types it has no kernels for are refused as not carried out yet.
+fn datatype(v: c_int) -> Result<DataType> {
+    check_datatype(v)?;
+    if v >= datatype::FLOAT8E4M3 {
+        return Err(Error::invalid_usage(format!(
+            "datatype {} ({v}) is not carried out by this library yet",
+            datatype_name(v)
+        )));
+    }
+    DataType::from_c(v)
+}
+
+/// Checks that `v` is a built-in `ncclRedOp_t` or an operator made on `comm`; returns the built-in one.
+fn check_op(v: c_int, comm: &NcclComm) -> Result<Option<RedOp>> {
+    if (0..redop::NUM_OPS).contains(&v) {
+        return RedOp::from_c(v).map(Some);
+    }
+    ensure_arg!(
+        comm.premul(v).is_some(),
+        "op is {v}; it must be an ncclRedOp_t, 0 (ncclSum) to {} (ncclAvg), or an operator made by \
+         ncclRedOpCreatePreMulSum on this comm",
+        redop::NUM_OPS - 1
+    );
+    Ok(None)
+}
+
+/// The core's operator for `v`; `PreMulSum` operators are refused as not carried out yet.
+fn redop(v: c_int, comm: &NcclComm) -> Result<RedOp> {
+    check_op(v, comm)?.ok_or_else(|| {
+        Error::invalid_usage(format!(
+            "op {v} (made by ncclRedOpCreatePreMulSum) is not carried out by this library yet"
+        ))
+    })
+}
+
+/// Checks a rank argument (`root`, `peer`) against the communicator's size.
+fn check_rank(name: &str, v: c_int, comm: &NcclComm) -> Result<()> {
+    ensure_arg!(
+        v >= 0 && (v as usize) < comm.nranks,
+        "{name} is {v}; it must be in [0, nranks = {})",
+        comm.nranks
+    );
+    Ok(())
+}
+
+/// Runs one collective now, or queues it inside a group.
+fn issue(op: Op) -> Result<ncclResult_t> {
+    let op = match group::with(&GROUP, |g| {
+        if g.open() {
+            g.queue(op);
+            None
+        } else {
+            Some(op)
+        }
+    }) {
+        None => return OK,
+        Some(op) => op,
+    };
+    match op {
+        Op::Collective {
+            comm,
+            call,
+            root,
+            stream,
+        } => {
+            // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU.
+            comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
+            OK
+        }
+        Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),
+    }
+}
+
+/// AllReduce, AllGather, ReduceScatter, Broadcast: checked here (nothing touches a GPU before the checks
+/// pass), then the core's collective, now or at the group's end.
+#[allow(clippy::too_many_arguments)]
+fn collective(
+    name: &str,
+    collective: Collective,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype_value: c_int,
+    op: Option<c_int>,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: *mut c_void,
+) -> ncclResult_t {
+    enqueue(name, comm, |c| {
+        let datatype = datatype(datatype_value)?;
+        let op = op.map(|o| redop(o, c)).transpose()?;
+        let core = c.usable()?;
+        let call = Call {
+            collective,
+            send: sendbuff as u64,
+            recv: recvbuff as u64,
+            count,
+            datatype,
+            op,
+            root: root.max(0) as usize,
+        };
+        // The checks the core makes without a GPU (root, sizes, NULL buffers), made here too so that a
+        // call queued in a group fails at once.
+        call.sizes(c.rank, c.nranks, root as i64)?;
+        issue(Op::Collective {
+            comm: core,
+            call,
+            root: root as i64,
+            stream: stream as u64,
+        })
+    })
+}
+
+/// A function of NCCL's the core does not carry out yet: its arguments are checked as for a real call
+/// (`check`), then it fails with `ncclInvalidUsage`, naming itself.
+fn refused(name: &str, comm: ncclComm_t, check: impl FnOnce(&NcclComm) -> Result<()>) -> ncclResult_t {
+    enqueue(name, comm, |c| {
+        check(c)?;
+        c.usable()?;
+        Err(not_yet(name))
+    })
+}
+
+/// How an initialisation reaches its peers: through `NCCL_COMM_ID`'s address where it is set (rank 0
+/// listens there; the unique id is not read), else through the unique id's root.
+fn init_job(nranks: usize, rank: usize, id: &ncclUniqueId) -> Result<InitJob> {
+    if let Some(address) = crate::settings::NCCL_COMM_ID.text() {
+        return Ok(Box::new(move || {
+            Communicator::init_by_address(nranks, &address, rank, BOOTSTRAP_TIMEOUT)
+        }));
+    }
+    let bytes: [u8; NCCL_UNIQUE_ID_BYTES] = std::array::from_fn(|i| id.internal[i] as u8);
+    let id = UniqueId::from_bytes(&bytes)
+        .map_err(|e| Error::invalid_argument(e.message.replace("mscclppGetUniqueId", "ncclGetUniqueId")))?;
+    Ok(Box::new(move || {
+        Communicator::init_by_id(nranks, &id, rank, BOOTSTRAP_TIMEOUT)
+    }))
+}
+
+/// Runs an initialisation on this thread (in the context current where it was asked for) and records its
+/// outcome in `comm`.
+fn run_init(comm: &NcclComm, gpu: Option<GpuContext>, job: InitJob) {
+    if let Some(g) = gpu {
+        let _ = g.make_current();
+    }
+    let _rank = RankScope::enter(comm.rank);
+    let result = job();
+    if let Err(e) = &result {
+        log::warn!("ncclCommInitRank: {}", e.message);
+    }
+    comm.complete(result);
+}
+
+/// The device a communicator made now on this thread works on (see `NcclComm::device`).
+fn current_device(gpu: Option<GpuContext>) -> Option<i32> {
+    gpu.map(|g| g.device).or_else(|| ensure_driver().ok().map(|_| 0))
+}
+
+/// `ncclCommInitRank` and `ncclCommInitRankConfig`.
+unsafe fn init_rank(
+    name: &str,
+    out: *mut ncclComm_t,
+    nranks: c_int,
+    id: &ncclUniqueId,
+    rank: c_int,
+    config: *const ncclConfig_t,
+) -> ncclResult_t {
+    entry(name, || {
+        non_null(out, "comm")?;
+        let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag().unwrap_or(true);
+        // SAFETY: nccl.h's contract: NULL or the caller's config.
+        let cfg = unsafe { config::read(config, blocking_default) }?;
+        ensure_arg!(nranks >= 1, "nranks is {nranks}; it must be at least 1");
+        ensure_arg!(
+            rank >= 0 && rank < nranks,
+            "rank is {rank}; it must be in [0, nranks = {nranks})"
+        );
+        let (nranks, rank) = (nranks as usize, rank as usize);
+        let job = init_job(nranks, rank, id)?;
+        let gpu = GpuContext::current_if_any();
+        let comm = NcclComm::pending(rank, nranks, current_device(gpu), cfg.name);
+        let in_group = group::with(&GROUP, |g| g.open());
+        if in_group || !cfg.blocking {
+            let handle = ncomm::register(comm.clone());
+            // SAFETY: checked non-null.
+            unsafe { *out = handle };
+            if in_group {
+                group::with(&GROUP, |g| g.queue(Op::Init { comm, gpu, job }));
+                return OK;
+            }
+            std::thread::Builder::new()
+                .name(format!("nccl-init-{rank}"))
+                .spawn(move || run_init(&comm, gpu, job))
+                .map_err(|e| Error::system(format!("cannot start the initialisation thread: {e}")))?;
+            return Ok(ncclResult_t::ncclInProgress);
+        }
+        let _rank = RankScope::enter(rank);
+        comm.complete(Ok(job()?));
+        // SAFETY: checked non-null.
+        unsafe { *out = ncomm::register(comm) };
+        OK
+    })
+}
+
+/// Issues a group's work: the initialisations all at once, then the collectives, in order per
+/// communicator (one thread per communicator when there are several, since a communicator's first call
+/// waits for its peers, which may be this thread's other communicators). Returns the first error.
+fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
+    let mut inits = Vec::new();
+    let mut by_comm: Vec<(Arc<Communicator>, Vec<QueuedCall>)> = Vec::new();
+    for op in ops {
+        match op {
+            Op::Init { comm, gpu, job } => inits.push((comm, gpu, job)),
+            Op::Collective {
+                comm,
+                call,
+                root,
+                stream,
+            } => match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &comm)) {
+                Some((_, calls)) => calls.push((call, root, stream)),
+                None => by_comm.push((comm, vec![(call, root, stream)])),
+            },
+        }
+    }
+    let mut first: Option<Error> = None;
+    if !inits.is_empty() {
+        let comms: Vec<Arc<NcclComm>> = inits.iter().map(|(c, _, _)| c.clone()).collect();
+        std::thread::scope(|s| {
+            for (comm, gpu, job) in inits {
+                s.spawn(move || run_init(&comm, gpu, job));
+            }
+        });
+        first = comms.iter().find_map(|c| c.core().err());
+    }
+    let run = |comm: &Communicator, calls: &[QueuedCall]| -> Result<()> {
+        for (call, root, stream) in calls {
+            // SAFETY: nccl.h's contract for the stream of each call, kept until the group's end.
+            comm.collective(call, *root, unsafe { AppStream::from_raw(*stream) })?;
+        }
+        Ok(())
+    };
+    if by_comm.len() == 1 {
+        let (comm, calls) = &by_comm[0];
+        if let Err(e) = run(comm, calls) {
+            first.get_or_insert(e);
+        }
+    } else if by_comm.len() > 1 {
+        let gpu = GpuContext::current_if_any();
+        let errors: Vec<Error> = std::thread::scope(|s| {
+            let workers: Vec<_> = by_comm
+                .iter()
+                .map(|(comm, calls)| {
+                    s.spawn(move || {
+                        if let Some(g) = gpu {
+                            let _ = g.make_current();
+                        }
+                        run(comm, calls)
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .filter_map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err(Error::internal("a group's thread panicked")))
+                        .err()
+                })
+                .collect()
+        });
+        if let Some(e) = errors.into_iter().next() {
+            first.get_or_insert(e);
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => OK,
+    }
+}
+
+// ---- version, unique id, initialisation ----
+
+nccl_export! {
+    /// The version of NCCL's API this library implements: 2.28.9.
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
+        entry("ncclGetVersion", || {
+            non_null(version, "version")?;
+            // SAFETY: checked non-null.
+            unsafe { *version = NCCL_VERSION_CODE };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Starts a bootstrap root in this process and describes it in the id (unless `NCCL_COMM_ID` is set,
+    /// where rank 0 listens instead).
+    fn ncclGetUniqueId / pncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
+        entry("ncclGetUniqueId", || {
+            non_null(uniqueId, "uniqueId")?;
+            let bytes = if crate::settings::NCCL_COMM_ID.text().is_some() {
+                [0u8; NCCL_UNIQUE_ID_BYTES]
+            } else {
+                UniqueId::create(BOOTSTRAP_TIMEOUT)?.to_bytes()
+            };
+            // SAFETY: checked non-null; the caller provides a writable ncclUniqueId.
+            let out = unsafe { &mut *uniqueId };
+            for (o, b) in out.internal.iter_mut().zip(bytes) {
+                *o = b as c_char;
+            }
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Joins `nranks` ranks meeting at the id's root, blocking or not as the config says.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        commId: ncclUniqueId,
+        rank: c_int,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        // SAFETY: nccl.h's contract for each argument.
+        unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, &commId, rank, config) }
+    }
+}
+
+nccl_export! {
+    /// Joins `nranks` ranks meeting at the id's root.
+    fn ncclCommInitRank / pncclCommInitRank(
+        comm: *mut ncclComm_t,
+        nranks: c_int,
+        commId: ncclUniqueId,
+        rank: c_int,
+    ) -> ncclResult_t {
+        // SAFETY: nccl.h's contract for each argument.
+        unsafe { init_rank("ncclCommInitRank", comm, nranks, &commId, rank, std::ptr::null()) }
+    }
+}
+
+nccl_export! {
+    /// `ncclCommInitRankConfig` for a rank given several ids: carried out for one id.
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: *mut ncclComm_t,
+        nranks: c_int,
+        myrank: c_int,
+        nId: c_int,
+        commIds: *mut ncclUniqueId,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        let name = "ncclCommInitRankScalable";
+        if nId == 1 && !commIds.is_null() {
+            // SAFETY: checked non-null; the caller passes nId ids.
+            let id = unsafe { &*commIds };
+            // SAFETY: nccl.h's contract for each argument.
+            return unsafe { init_rank(name, newcomm, nranks, id, myrank, config) };
+        }
+        entry(name, || {
+            non_null(newcomm, "newcomm")?;
+            non_null(commIds, "commIds")?;
+            ensure_arg!(nId >= 1, "nId is {nId}; it must be at least 1");
+            ensure_arg!(nranks >= 1, "nranks is {nranks}; it must be at least 1");
+            ensure_arg!(
+                myrank >= 0 && myrank < nranks,
+                "myrank is {myrank}; it must be in [0, nranks = {nranks})"
+            );
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            unsafe { config::read(config, true) }?;
+            Err(Error::invalid_usage(format!(
+                "{name} with {nId} ids is not carried out by this library yet (one id is)"
+            )))
+        })
+    }
+}
+
+nccl_export! {
+    /// One process, one rank per listed device (`devlist` NULL: devices 0 to ndev-1).
+    fn ncclCommInitAll / pncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
+        entry("ncclCommInitAll", || {
+            non_null(comms, "comms")?;
+            ensure_arg!(ndev >= 1, "ndev is {ndev}; it must be at least 1");
+            let devices: Vec<c_int> = if devlist.is_null() {
+                (0..ndev).collect()
+            } else {
+                // SAFETY: the caller passes ndev devices.
+                unsafe { std::slice::from_raw_parts(devlist, ndev as usize) }.to_vec()
+            };
+            if let Some(bad) = devices.iter().find(|&&d| d < 0) {
+                return Err(Error::invalid_argument(format!("devlist holds {bad}; devices are not negative")));
+            }
+            ensure_driver()?;
+            let n = devices.len();
+            let id = UniqueId::create(BOOTSTRAP_TIMEOUT)?;
+            let results: Vec<Result<Communicator>> = std::thread::scope(|s| {
+                let workers: Vec<_> = devices
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, &device)| {
+                        let id = &id;
+                        s.spawn(move || {
+                            let _rank = RankScope::enter(rank);
+                            GpuContext::set_device(device)?;
+                            Communicator::init_by_id(n, id, rank, BOOTSTRAP_TIMEOUT)
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap_or_else(|_| Err(Error::internal("an initialisation thread panicked"))))
+                    .collect()
+            });
+            if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
+                let e = e.clone();
+                for c in results.into_iter().flatten() {
+                    let _ = c.destroy();
+                }
+                return Err(e);
+            }
+            for (rank, (c, device)) in results.into_iter().flatten().zip(devices).enumerate() {
+                let comm = NcclComm::pending(rank, n, Some(device), None);
+                comm.complete(Ok(c));
+                // SAFETY: checked non-null; the caller provides ndev handles.
+                unsafe { *comms.add(rank) = ncomm::register(comm) };
+            }
+            OK
+        })
+    }
+}
+
+// ---- ending a communicator ----
+
+nccl_export! {
+    /// Ends the communicator's work: later calls on it but `ncclCommDestroy` are refused. Its work is
+    /// stream-ordered on the application's streams, so nothing is left to flush.
+    fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
+        with_comm("ncclCommFinalize", comm, |c| {
+            c.finalize()?;
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Frees the communicator (waiting for an initialisation still running). NULL: nothing to do.
+    fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
+        if comm.is_null() {
+            return ncclResult_t::ncclSuccess;
+        }
+        with_comm("ncclCommDestroy", comm, |_| {
+            let c = ncomm::unregister(comm)?;
+            if let Some(core) = c.wait_core() {
+                core.destroy()?;
+            }
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Aborts the communicator on every rank (also while another thread waits in a call on it, which then
+    /// returns) and frees it. NULL: nothing to do.
+    fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
+        if comm.is_null() {
+            return ncclResult_t::ncclSuccess;
+        }
+        with_comm("ncclCommAbort", comm, |_| {
+            ncomm::unregister(comm)?.abort()?;
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
+        refused("ncclCommRevoke", comm, |_| {
+            ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0");
+            Ok(())
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet; `*newcomm` is set to NULL.
+    fn ncclCommSplit / pncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        let _ = key;
+        refused("ncclCommSplit", comm, |_| {
+            non_null(newcomm, "newcomm")?;
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = std::ptr::null_mut() };
+            ensure_arg!(
+                color >= 0 || color == NCCL_SPLIT_NOCOLOR,
+                "color is {color}; it must not be negative, or NCCL_SPLIT_NOCOLOR"
+            );
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            unsafe { config::read(config, true) }?;
+            Ok(())
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet; `*newcomm` is set to NULL.
+    fn ncclCommShrink / pncclCommShrink(
+        comm: ncclComm_t,
+        excludeRanksList: *mut c_int,
+        excludeRanksCount: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+        shrinkFlags: c_int,
+    ) -> ncclResult_t {
+        refused("ncclCommShrink", comm, |c| {
+            non_null(newcomm, "newcomm")?;
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = std::ptr::null_mut() };
+            ensure_arg!(
+                excludeRanksCount >= 0 && (excludeRanksCount as usize) < c.nranks,
+                "excludeRanksCount is {excludeRanksCount}; it must be in [0, nranks = {})",
+                c.nranks
+            );
+            if excludeRanksCount > 0 {
+                non_null(excludeRanksList, "excludeRanksList")?;
+                // SAFETY: checked non-null; the caller passes excludeRanksCount ranks.
+                let ranks = unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) };
+                for &r in ranks {
+                    check_rank("excludeRanksList's rank", r, c)?;
+                }
+            }
+            ensure_arg!(
+                matches!(shrinkFlags, NCCL_SHRINK_DEFAULT | NCCL_SHRINK_ABORT),
+                "shrinkFlags is {shrinkFlags}; it must be NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+            );
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            unsafe { config::read(config, true) }?;
+            Ok(())
+        })
+    }
+}
+
+// ---- errors and queries ----
+
+nccl_export! {
+    /// A static description of a result code.
+    fn ncclGetErrorString / pncclGetErrorString(result: c_int) -> *const c_char {
+        nerror::describe(result).as_ptr()
+    }
+}
+
+nccl_export! {
+    /// The last error's message: the communicator's failure once one was seen, else that of this
+    /// thread's last failing call ("" when none).
+    fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
+        let failure = (!comm.is_null())
+            .then(|| ncomm::lookup(comm).ok())
+            .flatten()
+            .and_then(|c| {
+                c.async_error();
+                c.failure_message()
+            });
+        failure.unwrap_or_else(nerror::last_on_this_thread)
+    }
+}
+
+nccl_export! {
+    /// The communicator's asynchronous error, without blocking: `ncclInProgress` while it initialises,
+    /// `ncclRemoteError` once a peer failed, `ncclInvalidUsage` after its own abort.
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
+        with_comm("ncclCommGetAsyncError", comm, |c| {
+            non_null(asyncError, "asyncError")?;
+            let r = c.async_error();
+            // SAFETY: checked non-null.
+            unsafe { *asyncError = r };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
+        with_comm("ncclCommCount", comm, |c| {
+            non_null(count, "count")?;
+            // SAFETY: checked non-null.
+            unsafe { *count = c.nranks as c_int };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
+        with_comm("ncclCommUserRank", comm, |c| {
+            non_null(rank, "rank")?;
+            // SAFETY: checked non-null.
+            unsafe { *rank = c.rank as c_int };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// The CUDA device the communicator works on.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
+        with_comm("ncclCommCuDevice", comm, |c| {
+            non_null(device, "device")?;
+            let d = c
+                .device
+                .ok_or_else(|| Error::cuda("the communicator has no device: the CUDA driver is not installed"))?;
+            // SAFETY: checked non-null.
+            unsafe { *device = d };
+            OK
+        })
+    }
+}
+
+// ---- memory ----
+
+/// `ncclMemAlloc`'s allocations, by address.
+static ALLOCATIONS: Lazy<Mutex<HashMap<u64, DeviceAllocation>>> = Lazy::new(Default::default);
+
+nccl_export! {
+    /// Device memory of the current device (size 0: `*ptr` = NULL).
+    fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
+        entry("ncclMemAlloc", || {
+            non_null(ptr, "ptr")?;
+            if size == 0 {
+                // SAFETY: checked non-null.
+                unsafe { *ptr = std::ptr::null_mut() };
+                return OK;
+            }
+            let alloc = DeviceAllocation::zeroed(&GpuContext::current()?, size)?;
+            let address = alloc.ptr();
+            ALLOCATIONS.lock().insert(address, alloc);
+            // SAFETY: checked non-null.
+            unsafe { *ptr = address as *mut c_void };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Frees memory of `ncclMemAlloc` (NULL: nothing to do).
+    fn ncclMemFree / pncclMemFree(ptr: *mut c_void) -> ncclResult_t {
+        entry("ncclMemFree", || {
+            if ptr.is_null() {
+                return OK;
+            }
+            let alloc = ALLOCATIONS.lock().remove(&(ptr as u64));
+            ensure_arg!(alloc.is_some(), "ptr {ptr:p} was not allocated by ncclMemAlloc (or was freed)");
+            drop(alloc);
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Registers a buffer for the communicator's calls. Calls copy through the communicator's scratch
+    /// whether a buffer is registered or not, so this keeps a handle only.
+    fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
+        with_comm("ncclCommRegister", comm, |c| {
+            non_null(handle, "handle")?;
+            non_null(buff, "buff")?;
+            let token = c.registrations.insert(Arc::new((buff as u64, size)));
+            // SAFETY: checked non-null.
+            unsafe { *handle = token as *mut c_void };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
+        with_comm("ncclCommDeregister", comm, |c| {
+            non_null(handle, "handle")?;
+            ensure_arg!(
+                c.registrations.remove(handle as u64).is_some(),
+                "handle {handle:p} is not a registration of this comm"
+            );
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Registers a window (kept as a handle, as `ncclCommRegister` is).
+    fn ncclCommWindowRegister / pncclCommWindowRegister(
+        comm: ncclComm_t,
+        buff: *mut c_void,
+        size: usize,
+        win: *mut ncclWindow_t,
+        winFlags: c_int,
+    ) -> ncclResult_t {
+        with_comm("ncclCommWindowRegister", comm, |c| {
+            non_null(win, "win")?;
+            non_null(buff, "buff")?;
+            ensure_arg!(
+                matches!(winFlags, NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC),
+                "winFlags is {winFlags}; it must be NCCL_WIN_DEFAULT (0) or NCCL_WIN_COLL_SYMMETRIC (1)"
+            );
+            let token = c.windows.insert(Arc::new((buff as u64, size)));
+            // SAFETY: checked non-null.
+            unsafe { *win = token as ncclWindow_t };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
+        with_comm("ncclCommWindowDeregister", comm, |c| {
+            non_null(win, "win")?;
+            ensure_arg!(
+                c.windows.remove(win as u64).is_some(),
+                "win {win:p} is not a window of this comm"
+            );
+            OK
+        })
+    }
+}
+
+// ---- operators ----
+
+nccl_export! {
+    /// Makes a `PreMulSum` operator (the sum of each input times `scalar`). Collectives do not carry it
+    /// out yet; the operator is kept until `ncclRedOpDestroy`.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut c_int,
+        scalar: *mut c_void,
+        datatype: c_int,
+        residence: c_int,
+        comm: ncclComm_t,
+    ) -> ncclResult_t {
+        with_comm("ncclRedOpCreatePreMulSum", comm, |c| {
+            non_null(op, "op")?;
+            non_null(scalar, "scalar")?;
+            check_datatype(datatype)?;
+            let mut bytes = [0u8; 8];
+            match residence {
+                NCCL_SCALAR_HOST_IMMEDIATE => {
+                    let size = DataType::from_c(datatype).map_or(1, |t| t.size());
+                    // SAFETY: checked non-null; the caller's scalar is one value of `datatype` in host memory.
+                    unsafe { std::ptr::copy_nonoverlapping(scalar.cast::<u8>(), bytes.as_mut_ptr(), size) };
+                }
+                NCCL_SCALAR_DEVICE => bytes = (scalar as u64).to_ne_bytes(),
+                other => {
+                    return Err(Error::invalid_argument(format!(
+                        "residence is {other}; it must be ncclScalarDevice (0) or ncclScalarHostImmediate (1)"
+                    )));
+                }
+            }
+            let n = c.add_premul(PreMulSum {
+                datatype,
+                residence,
+                scalar: bytes,
+            });
+            // SAFETY: checked non-null.
+            unsafe { *op = n };
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: ncclComm_t) -> ncclResult_t {
+        with_comm("ncclRedOpDestroy", comm, |c| {
+            ensure_arg!(
+                op >= redop::NUM_OPS,
+                "op is {op}, a built-in operator; only operators made by ncclRedOpCreatePreMulSum are destroyed"
+            );
+            ensure_arg!(
+                c.remove_premul(op).is_some(),
+                "op {op} was not made by ncclRedOpCreatePreMulSum on this comm (or was destroyed)"
+            );
+            OK
+        })
+    }
+}
+
+// ---- collectives ----
+
+nccl_export! {
+    /// `recvbuff` gets the reduction of every rank's `sendbuff` (`count` elements).
+    fn ncclAllReduce / pncclAllReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        collective("ncclAllReduce", Collective::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// `recvbuff` (`nranks * sendcount` elements) gets every rank's `sendbuff`, in rank order.
+    fn ncclAllGather / pncclAllGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        collective("ncclAllGather", Collective::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// `recvbuff` (`recvcount` elements) gets this rank's piece of the reduction of every `sendbuff`.
+    fn ncclReduceScatter / pncclReduceScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: c_int,
+        op: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        collective("ncclReduceScatter", Collective::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// Every rank's `recvbuff` gets `root`'s `sendbuff`.
+    fn ncclBroadcast / pncclBroadcast(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        collective("ncclBroadcast", Collective::Broadcast, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// `ncclBroadcast` in place.
+    fn ncclBcast / pncclBcast(
+        buff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        collective("ncclBcast", Collective::Broadcast, buff, buff, count, datatype, None, root, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclReduce / pncclReduce(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (sendbuff, recvbuff, count, stream);
+        refused("ncclReduce", comm, |c| {
+            check_datatype(datatype)?;
+            check_op(op, c)?;
+            check_rank("root", root, c)
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclAlltoAll / pncclAlltoAll(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (sendbuff, recvbuff, count, stream);
+        refused("ncclAlltoAll", comm, |_| check_datatype(datatype))
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (sendbuff, recvbuff, count, stream);
+        refused("ncclGather", comm, |c| {
+            check_datatype(datatype)?;
+            check_rank("root", root, c)
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (sendbuff, recvbuff, count, stream);
+        refused("ncclScatter", comm, |c| {
+            check_datatype(datatype)?;
+            check_rank("root", root, c)
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (sendbuff, count, stream);
+        refused("ncclSend", comm, |c| {
+            check_datatype(datatype)?;
+            check_rank("peer", peer, c)
+        })
+    }
+}
+
+nccl_export! {
+    /// Not carried out yet.
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        let _ = (recvbuff, count, stream);
+        refused("ncclRecv", comm, |c| {
+            check_datatype(datatype)?;
+            check_rank("peer", peer, c)
+        })
+    }
+}
+
+// ---- groups ----
+
+nccl_export! {
+    /// Opens a group (they nest): work is queued until the outermost `ncclGroupEnd`.
+    fn ncclGroupStart / pncclGroupStart() -> ncclResult_t {
+        entry("ncclGroupStart", || {
+            group::with(&GROUP, |g| g.start());
+            OK
+        })
+    }
+}
+
+nccl_export! {
+    /// Closes a group; the outermost issues the group's work, in order, and returns its first error (or
+    /// the error of a call made inside the group, which then issues nothing).
+    fn ncclGroupEnd / pncclGroupEnd() -> ncclResult_t {
+        entry("ncclGroupEnd", || match group::with(&GROUP, |g| g.end())? {
+            None => OK,
+            Some(ended) => run_group(ended?),
+        })
+    }
+}
+
+nccl_export! {
+    /// Closes a group as `ncclGroupEnd` does, without issuing its collectives (its initialisations run);
+    /// `estimatedTime` is 0 for now: this library makes no estimate yet.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
+        entry("ncclGroupSimulateEnd", || {
+            non_null(simInfo, "simInfo")?;
+            // SAFETY: checked non-null; its header fields come first in every version.
+            let info = unsafe { &mut *simInfo };
+            ensure_arg!(
+                info.magic == NCCL_SIM_INFO_MAGIC,
+                "simInfo's magic is {:#x}, not {NCCL_SIM_INFO_MAGIC:#x}: initialise it with NCCL_SIM_INFO_INITIALIZER",
+                info.magic
+            );
+            let r = match group::with(&GROUP, |g| g.end())? {
+                None => OK,
+                Some(ended) => run_group(ended?.into_iter().filter(|op| matches!(op, Op::Init { .. })).collect()),
+            };
+            info.estimatedTime = 0.0;
+            r
+        })
+    }
+}
+
+// ---- NCCL's device API: not offered ----
+
+nccl_export! {
+    /// NCCL's device API is not offered: `ncclInvalidUsage`.
+    fn ncclDevCommCreate / pncclDevCommCreate(
+        comm: ncclComm_t,
+        reqs: *const DevCommRequirements,
+        outDevComm: *mut DevComm,
+    ) -> ncclResult_t {
+        let _ = (reqs, outDevComm);
+        with_comm("ncclDevCommCreate", comm, |_| {
+            Err(Error::invalid_usage("NCCL's device API (ncclDevComm) is not offered by this library"))
+        })
+    }
+}
+
+nccl_export! {
+    /// NCCL's device API is not offered: `ncclInvalidUsage`.
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: ncclComm_t, devComm: *const DevComm) -> ncclResult_t {
+        let _ = devComm;
+        with_comm("ncclDevCommDestroy", comm, |_| {
+            Err(Error::invalid_usage("NCCL's device API (ncclDevComm) is not offered by this library"))
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! What an `ncclComm_t` names: the core's communicator (`crate::comm::Communicator`, the same one
+//! `mscclpp.h` uses) once it exists, and what NCCL's API keeps beside it: the state of a background
+//! initialisation, the device, `ncclCommFinalize`, registrations, windows and `PreMulSum` operators.
+
+use super::error::{code, from_core};
+use super::types::{ncclComm_t, ncclResult_t};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::ffi::handles::Registry;
+use once_cell::sync::OnceCell;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::ffi::{CString, c_char, c_int};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+enum State {
+    /// Initialising in the background (non-blocking config, or inside a group).
+    Pending,
+    Ready(Arc<Communicator>),
+    Failed(Error),
+}
+
+/// A `PreMulSum` operator made by `ncclRedOpCreatePreMulSum`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PreMulSum {
+    pub datatype: c_int,
+    /// `ncclScalarDevice` (the scalar's device address) or `ncclScalarHostImmediate` (its bytes, read at
+    /// creation).
+    pub residence: c_int,
+    pub scalar: [u8; 8],
+}
+
+pub struct NcclComm {
+    pub rank: usize,
+    pub nranks: usize,
+    /// The CUDA device of the communicator: the one current when it was made (device 0 where none was,
+    /// which the core then picks too); `None` without a CUDA driver.
+    pub device: Option<i32>,
+    /// `commName` of its config, for log lines.
+    pub name: Option<String>,
+    state: Mutex<State>,
+    ready: Condvar,
+    /// `ncclCommAbort` came while the initialisation ran: the communicator is aborted once it exists.
+    abandoned: AtomicBool,
+    finalized: AtomicBool,
+    /// `ncclCommRegister` handles and `ncclCommWindowRegister` windows: (address, bytes) by token.
+    pub registrations: Registry<(u64, usize)>,
+    pub windows: Registry<(u64, usize)>,
+    premul: Mutex<HashMap<c_int, PreMulSum>>,
+    next_op: AtomicI32,
+    /// The failure's message, kept for `ncclGetLastError` once the communicator has failed.
+    failure_message: OnceCell<CString>,
+}
+
+static COMMS: Registry<NcclComm> = Registry::new();
+
+impl NcclComm {
+    /// A communicator whose core is still to be made (`complete` gives it).
+    pub fn pending(rank: usize, nranks: usize, device: Option<i32>, name: Option<String>) -> Arc<NcclComm> {
+        Arc::new(NcclComm {
+            rank,
+            nranks,
+            device,
+            name,
+            state: Mutex::new(State::Pending),
+            ready: Condvar::new(),
+            abandoned: AtomicBool::new(false),
+            finalized: AtomicBool::new(false),
+            registrations: Registry::new(),
+            windows: Registry::new(),
+            premul: Mutex::new(HashMap::new()),
+            next_op: AtomicI32::new(super::types::redop::NUM_OPS),
+            failure_message: OnceCell::new(),
+        })
+    }
+
+    /// Ends the initialisation with its result. A communicator abandoned meanwhile (`ncclCommAbort`) is
+    /// aborted and destroyed at once, so that its peers are not left waiting.
+    pub fn complete(&self, result: Result<Communicator>) {
+        let state = match result {
+            Ok(c) => {
+                let c = Arc::new(c);
+                c.watch_failures();
+                if self.abandoned.load(Ordering::Acquire) {
+                    let _ = c.abort();
+                    let _ = c.destroy();
+                }
+                State::Ready(c)
+            }
+            Err(e) => State::Failed(e),
+        };
+        *self.state.lock() = state;
+        self.ready.notify_all();
+    }
+
+    /// The core communicator, for a call that needs it.
+    pub fn core(&self) -> Result<Arc<Communicator>> {
+        match &*self.state.lock() {
+            State::Ready(c) => Ok(c.clone()),
+            State::Pending => Err(Error::invalid_usage(
+                "comm is still being initialised: poll ncclCommGetAsyncError until it returns ncclSuccess",
+            )),
+            State::Failed(e) => Err(Error::new(
+                e.kind,
+                format!("comm's initialisation failed: {}", e.message),
+            )),
+        }
+    }
+
+    /// The core communicator for work on it: also refused once finalized.
+    pub fn usable(&self) -> Result<Arc<Communicator>> {
+        let c = self.core()?;
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "comm was finalized (ncclCommFinalize); only ncclCommDestroy may follow",
+            ));
+        }
+        Ok(c)
+    }
+
+    /// The core communicator once the initialisation has ended, waiting for it (destroy and abort).
+    pub fn wait_core(&self) -> Option<Arc<Communicator>> {
+        let mut st = self.state.lock();
+        while matches!(*st, State::Pending) {
+            self.ready.wait(&mut st);
+        }
+        match &*st {
+            State::Ready(c) => Some(c.clone()),
+            _ => None,
+        }
+    }
+
+    /// `ncclCommGetAsyncError`: `ncclInProgress` while initialising, the initialisation's error, or the
+    /// core's asynchronous error (a failed peer: `ncclRemoteError`). Never waits.
+    pub fn async_error(&self) -> ncclResult_t {
+        let c = match &*self.state.lock() {
+            State::Pending => return ncclResult_t::ncclInProgress,
+            State::Failed(e) => return code(e),
+            State::Ready(c) => c.clone(),
+        };
+        let r = from_core(c.async_error());
+        if r != ncclResult_t::ncclSuccess
+            && let Err(e) = c.check_usable()
+        {
+            let _ = self
+                .failure_message
+                .set(CString::new(e.message.replace('\0', "\\0")).unwrap_or_default());
+        }
+        r
+    }
+
+    /// The failure's message, once `async_error` has seen one.
+    pub fn failure_message(&self) -> Option<*const c_char> {
+        self.failure_message.get().map(|m| m.as_ptr())
+    }
+
+    /// Marks the communicator finalized (`ncclCommFinalize`).
+    pub fn finalize(&self) -> Result<()> {
+        self.usable()?;
+        self.finalized.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Aborts: the core's abort (the peers are told) and its release; a communicator still initialising is
+    /// aborted as soon as it exists (`complete`).
+    pub fn abort(&self) -> Result<()> {
+        self.abandoned.store(true, Ordering::Release);
+        let core = match &*self.state.lock() {
+            State::Ready(c) => Some(c.clone()),
+            _ => None,
+        };
+        if let Some(c) = core {
+            c.abort()?;
+            // Peers may be gone: the release reports only this rank's own failure, which an abort ignores.
+            if let Err(e) = c.destroy() {
+                log::info!("ncclCommAbort: releasing the communicator: {}", e.message);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a `PreMulSum` operator and returns its number.
+    pub fn add_premul(&self, op: PreMulSum) -> c_int {
+        let n = self.next_op.fetch_add(1, Ordering::Relaxed);
+        self.premul.lock().insert(n, op);
+        n
+    }
+
+    pub fn premul(&self, op: c_int) -> Option<PreMulSum> {
+        self.premul.lock().get(&op).copied()
+    }
+
+    pub fn remove_premul(&self, op: c_int) -> Option<PreMulSum> {
+        self.premul.lock().remove(&op)
+    }
+}
+
+/// Makes `comm` reachable through a new handle.
+pub fn register(comm: Arc<NcclComm>) -> ncclComm_t {
+    COMMS.insert(comm) as ncclComm_t
+}
+
+/// The communicator of a handle: NULL and unknown handles (destroyed, aborted or made up) are invalid
+/// arguments, as NCCL's check of a communicator makes them.
+pub fn lookup(handle: ncclComm_t) -> Result<Arc<NcclComm>> {
+    if handle.is_null() {
+        return Err(Error::invalid_argument("comm is NULL"));
+    }
+    COMMS.get(handle as u64).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "comm {handle:p} is not a live communicator (destroyed, aborted, or never created)"
+        ))
+    })
+}
+
+/// Removes a handle (destroy, abort).
+pub fn unregister(handle: ncclComm_t) -> Result<Arc<NcclComm>> {
+    lookup(handle)?;
+    COMMS
+        .remove(handle as u64)
+        .ok_or_else(|| Error::invalid_argument("comm was destroyed concurrently"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn a_pending_comm_reports_in_progress_then_its_outcome() {
+        let c = NcclComm::pending(0, 2, None, None);
+        assert_eq!(c.async_error(), ncclResult_t::ncclInProgress);
+        assert_eq!(c.core().err().unwrap().kind, ErrorKind::InvalidUsage);
+        c.complete(Err(Error::remote("peer 1 never came")));
+        assert_eq!(c.async_error(), ncclResult_t::ncclRemoteError);
+        let e = c.usable().err().unwrap();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("peer 1 never came"));
+        assert!(c.wait_core().is_none());
+    }
+
+    #[test]
+    fn handles_are_checked() {
+        let e = lookup(std::ptr::null_mut()).err().unwrap();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        let e = lookup(0x4d53_0000_0000_0010 as ncclComm_t).err().unwrap();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        let h = register(NcclComm::pending(1, 4, Some(0), None));
+        assert_eq!(lookup(h).unwrap().rank, 1);
+        assert!(unregister(h).is_ok());
+        assert!(lookup(h).is_err() && unregister(h).is_err());
+    }
+
+    #[test]
+    fn premul_operators_are_numbered_from_num_ops() {
+        let c = NcclComm::pending(0, 1, None, None);
+        let op = PreMulSum {
+            datatype: 7,
+            residence: 1,
+            scalar: [0; 8],
+        };
+        let a = c.add_premul(op);
+        let b = c.add_premul(op);
+        assert_eq!((a, b), (5, 6));
+        assert_eq!(c.premul(a), Some(op));
+        assert_eq!(c.remove_premul(a), Some(op));
+        assert!(c.premul(a).is_none() && c.remove_premul(a).is_none());
+    }
+}

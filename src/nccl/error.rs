@@ -1,0 +1,123 @@
+//! Our errors as `ncclResult_t`, NCCL's strings for them, and the message `ncclGetLastError` returns.
+
+use super::types::ncclResult_t;
+use crate::error::{Error, ErrorKind};
+use crate::types::mscclppResult_t;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char};
+
+/// The NCCL code of an error: the kinds are numbered as NCCL numbers its results.
+pub fn code(e: &Error) -> ncclResult_t {
+    match e.kind {
+        ErrorKind::Cuda => ncclResult_t::ncclUnhandledCudaError,
+        ErrorKind::System => ncclResult_t::ncclSystemError,
+        ErrorKind::Internal => ncclResult_t::ncclInternalError,
+        ErrorKind::InvalidArgument => ncclResult_t::ncclInvalidArgument,
+        ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
+        ErrorKind::Remote => ncclResult_t::ncclRemoteError,
+        ErrorKind::InProgress => ncclResult_t::ncclInProgress,
+    }
+}
+
+/// The NCCL code of a result of the core's (an asynchronous error): the same numbering.
+pub fn from_core(r: mscclppResult_t) -> ncclResult_t {
+    match r {
+        mscclppResult_t::mscclppSuccess => ncclResult_t::ncclSuccess,
+        mscclppResult_t::mscclppUnhandledCudaError => ncclResult_t::ncclUnhandledCudaError,
+        mscclppResult_t::mscclppSystemError => ncclResult_t::ncclSystemError,
+        mscclppResult_t::mscclppInternalError => ncclResult_t::ncclInternalError,
+        mscclppResult_t::mscclppInvalidArgument => ncclResult_t::ncclInvalidArgument,
+        mscclppResult_t::mscclppInvalidUsage => ncclResult_t::ncclInvalidUsage,
+        mscclppResult_t::mscclppRemoteError => ncclResult_t::ncclRemoteError,
+        mscclppResult_t::mscclppInProgress => ncclResult_t::ncclInProgress,
+        // Never an error value; only the count of codes.
+        mscclppResult_t::mscclppNumResults => ncclResult_t::ncclInternalError,
+    }
+}
+
+/// `ncclGetErrorString`: a static description of any int.
+pub fn describe(result: i32) -> &'static CStr {
+    match result {
+        0 => c"no error",
+        1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        2 => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        3 => c"internal error - please report this issue to the libmscclpp developers",
+        4 => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        6 => c"remote process exited or there was a network error",
+        7 => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    }
+}
+
+/// An error that says a function of NCCL's is not carried out by this library yet.
+pub fn not_yet(function: &str) -> Error {
+    Error::invalid_usage(format!(
+        "{function} is not carried out by this library yet (only AllReduce, AllGather, ReduceScatter, \
+         Broadcast and Bcast are, on one machine)"
+    ))
+}
+
+thread_local! {
+    /// The message of the last error of a call made on this thread.
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Keeps `e`'s message as this thread's last error.
+pub fn record(function: &str, e: &Error) {
+    let text = format!("{function}: {}", e.message).replace('\0', "\\0");
+    LAST.with(|l| *l.borrow_mut() = CString::new(text).unwrap_or_default());
+}
+
+/// This thread's last error message (empty when there was none). The pointer stays valid until this
+/// thread's next failing call.
+pub fn last_on_this_thread() -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_map_to_nccl_codes() {
+        for (e, code_value) in [
+            (Error::cuda("x"), 1),
+            (Error::system("x"), 2),
+            (Error::internal("x"), 3),
+            (Error::invalid_argument("x"), 4),
+            (Error::invalid_usage("x"), 5),
+            (Error::remote("x"), 6),
+            (Error::new(ErrorKind::InProgress, "x"), 7),
+        ] {
+            assert_eq!(code(&e) as i32, code_value);
+            assert_eq!(from_core(e.code()) as i32, code_value);
+        }
+        assert_eq!(from_core(mscclppResult_t::mscclppSuccess), ncclResult_t::ncclSuccess);
+    }
+
+    #[test]
+    fn every_code_has_its_own_string() {
+        let all: Vec<&CStr> = (0..8).map(describe).collect();
+        for (i, a) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|b| b != a));
+        }
+        assert_eq!(describe(8).to_str().unwrap(), "unknown result code");
+        assert_eq!(describe(-1).to_str().unwrap(), "unknown result code");
+    }
+
+    #[test]
+    fn the_last_error_is_this_threads() {
+        record("ncclAllReduce", &Error::invalid_argument("count is bad"));
+        // SAFETY: the pointer is valid until this thread's next record.
+        let got = unsafe { CStr::from_ptr(last_on_this_thread()) };
+        assert_eq!(got.to_str().unwrap(), "ncclAllReduce: count is bad");
+        std::thread::spawn(|| {
+            // SAFETY: as above.
+            let other = unsafe { CStr::from_ptr(last_on_this_thread()) };
+            assert!(other.to_bytes().is_empty());
+        })
+        .join()
+        .unwrap();
+    }
+}
