@@ -4,7 +4,8 @@
 # exactly `gpu tests: N passed, N failed`. Full logs go to $GPU_TEST_LOG_DIR (default build/test-logs).
 # With fewer than 2 GPUs it prints that it skipped and exits 0 without counting anything as passed; with one
 # GPU and MSCCLPP_TEST_MIN_GPUS=1 it runs the programs whose ranks may all share that GPU (collectives_test)
-# and says which it skipped and why.
+# and says which it skipped and why. The collectives run under MPS, which this script starts and stops itself
+# where nvidia-cuda-mps-control is installed (and says so where it is not).
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -132,17 +133,27 @@ else
   sanitized sanitizer_rank_failure 150 1 "$bin_dir/rank_failure" all 2
 fi # two GPUs or more
 
-# Collectives, at 2 and 4 ranks (rank r on GPU r % GPUs: with fewer GPUs than ranks, ranks share a GPU and
-# every collective takes milliseconds). Each group of cases inside has its own, smaller limit; these are the
-# sums, with a margin. Expected at 4 ranks on one GPU: under a minute per group.
-for n in 2 4; do
-  run_program "collectives_matrix_$n" 480 "$bin_dir/collectives_test" matrix "$n"
-  run_program "collectives_large_$n" 330 "$bin_dir/collectives_test" large "$n"
-  run_program "collectives_graph_$n" 150 "$bin_dir/collectives_test" graph "$n"
-  run_program "collectives_sizes_$n" 120 "$bin_dir/collectives_test" sizes "$n"
-  run_program "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
-  run_program "collectives_args_$n" 120 "$bin_dir/collectives_test" args "$n"
+# Collectives, at 2, 4, 8 and 16 ranks (rank r on GPU r % GPUs), under MPS where it can be started, so that
+# the kernels of ranks sharing a GPU run side by side as on a GPU each (the grids are sized so that every
+# rank's blocks are resident together). Each group of cases inside has its own, smaller limit; these are the
+# sums, with a margin.
+mps_start "the collectives"
+run_collectives() {
+  local before=$failed
+  run_program "$@"
+  # A fault under MPS can leave the daemon refusing clients for a moment.
+  [ "$failed" -eq "$before" ] || mps_recover
+}
+for n in 2 4 8 16; do
+  run_collectives "collectives_matrix_$n" 480 "$bin_dir/collectives_test" matrix "$n"
+  run_collectives "collectives_large_$n" 330 "$bin_dir/collectives_test" large "$n"
+  run_collectives "collectives_graph_$n" 150 "$bin_dir/collectives_test" graph "$n"
+  run_collectives "collectives_sizes_$n" 120 "$bin_dir/collectives_test" sizes "$n"
+  run_collectives "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
+  run_collectives "collectives_exit_$n" 200 "$bin_dir/collectives_test" exit "$n"
+  run_collectives "collectives_args_$n" 120 "$bin_dir/collectives_test" args "$n"
 done
+mps_stop
 
 # MSCCLPP_ABORT_EXIT_TIMEOUT: a kernel that loops through the proxy forever and never looks at aborted() (as
 # every program on the 0.1.0 header) ends with its process once the peer is killed, on both headers. Not
@@ -158,7 +169,9 @@ done
 # Every collective (both algorithms, 4 types, unaligned buffers, partial units) under compute-sanitizer's
 # memcheck, with the leak check: no out-of-bounds access in the library's kernels or the peers' scratch, and
 # everything freed (each rank destroys its communicator and resets its device).
+# compute-sanitizer does not run under MPS: the ranks take turns on a shared GPU here.
 sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
+sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
 
 echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"
 echo "gpu tests: $passed passed, $failed failed"

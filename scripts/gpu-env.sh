@@ -40,3 +40,45 @@ want_8_ranks() {
 if [ ! -e build/lib/libcudart.so.13 ] && [ -d /usr/local/cuda/lib64 ]; then
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+
+# mps_start LABEL: starts NVIDIA's MPS daemon for the runs that follow, so that the kernels of ranks sharing a
+# GPU run side by side, as on a GPU per rank (without it they take turns in time slices, and kernels that
+# wait on each other's are never resident together). Sets mps_on=1 where it started one, and says why not
+# otherwise (no nvidia-cuda-mps-control, or it failed). mps_stop stops the one mps_start started.
+mps_on=0
+mps_start() {
+  mps_on=0
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "note: $1 without MPS (nvidia-cuda-mps-control not found): ranks sharing a GPU take turns"
+    return
+  fi
+  export CUDA_MPS_PIPE_DIRECTORY="${TMPDIR:-/tmp}/mscclpp-mps-pipe.$$"
+  export CUDA_MPS_LOG_DIRECTORY="${TMPDIR:-/tmp}/mscclpp-mps-log.$$"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    mps_on=1
+    echo "note: $1 under MPS (daemon started; pipes in $CUDA_MPS_PIPE_DIRECTORY): the ranks' kernels run side by side"
+  else
+    echo "note: $1 without MPS (nvidia-cuda-mps-control -d failed): ranks sharing a GPU take turns"
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+}
+
+mps_stop() {
+  [ "$mps_on" = 1 ] || return 0
+  echo quit | nvidia-cuda-mps-control
+  # The daemon ends once its clients have; later programs must not find its pipes.
+  for _ in $(seq 50); do pgrep -f "nvidia-cuda-mps-(control|server)" >/dev/null 2>&1 || break; sleep 0.2; done
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  mps_on=0
+}
+
+# mps_recover: after a program failed under MPS, a fault may leave the daemon refusing new clients for a
+# while ("busy or unavailable"): starts it afresh.
+mps_recover() {
+  [ "$mps_on" = 1 ] || return 0
+  mps_stop
+  sleep 1
+  mps_start "the next programs"
+}

@@ -12,7 +12,8 @@
 //       x type x operator, in place and out of place, counts 0, 1, 3, 7, 1000 and 65537, aligned and not;
 //       integers exact, floating point within a bound; all-reduce results bitwise equal on every rank; nothing
 //       written around the output; out of place, the input untouched
-//   matrix_small: the same for 4 types, 2 operators and 4 counts (for compute-sanitizer; not in "all")
+//   matrix_small: the same for 4 types, 2 operators and 4 counts (for compute-sanitizer; not in "all"); above 4
+//       ranks 2 types, 1 operator and 3 counts (both algorithms of every collective still)
 //   large (= large, large_windows, large_windows_packet): 256 MiB float32 all-reduce, an all-gather of
 //       128 MiB / nranks per rank, a reduce-scatter of 256 MiB, a 256 MiB broadcast (checked on the GPU); then,
 //       with MSCCLPP_COLL_SCRATCH_MB=1, odd counts cut into several windows (auto, and packets forced)
@@ -23,6 +24,10 @@
 //       without synchronizing in between; twice
 //   kill: every rank loops on 1 MiB all-reduces; the last is SIGKILLed; each survivor's stream drains within
 //       seconds, mscclppCommGetAsyncError says mscclppRemoteError, the next call fails at once, destroy works
+//   exit (= exit_in_flight, exit_after_kill, exit_after_fault): a rank calls exit() while its all-reduce waits
+//       for peers that join 2 s later; every survivor of a SIGKILLed rank calls exit() without synchronizing or
+//       destroying; a rank's own kernel faults and every rank calls exit() once it sees an error: each process
+//       ends within seconds, with the status it chose
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
 //       documented code and a log line; count 0 with null buffers works; the communicator still works after
@@ -574,12 +579,13 @@ std::string issueCall(Rank& R, const Call& c, const Pools& P, mscclppComm_t comm
   return "";
 }
 
-// Waits for `stream` with a deadline (the case runner's syncBounded, for any stream).
-std::string waitStream(Rank& R, cudaStream_t stream, const char* what)
+// Waits for `stream` (or, if given, for `event` on it) with a deadline (the case runner's syncBounded, for
+// any stream).
+std::string waitStream(Rank& R, cudaStream_t stream, const char* what, cudaEvent_t event = nullptr)
 {
   const double t0 = nowSec();
   for (;;) {
-    const cudaError_t e = cudaStreamQuery(stream);
+    const cudaError_t e = event ? cudaEventQuery(event) : cudaStreamQuery(stream);
     if (e == cudaSuccess) return "";
     if (e != cudaErrorNotReady) {
       R.fatal = true;
@@ -772,6 +778,13 @@ int matrixBody(Rank& R, const char* name)
     spec.types = {mscclppUint8, mscclppInt64, mscclppFloat32, mscclppBfloat16};
     spec.ops = {mscclppSum, mscclppMax};
     spec.counts = {0, 3, 1000, 70000};
+    if (R.nranks > 4) {
+      // Eight ranks or more take turns on one GPU under the sanitizer: fewer calls, each algorithm still
+      // (140000 float32 are above the all-reduce's packet limit; 70000 are below it).
+      spec.types = {mscclppUint8, mscclppFloat32};
+      spec.ops = {mscclppSum};
+      spec.counts = {3, 70000, 140000};
+    }
   } else {
     for (int t = 0; t < 10; ++t) spec.types.push_back(t);
     spec.ops = {mscclppSum, mscclppProd, mscclppMax, mscclppMin, mscclppAvg};
@@ -970,10 +983,26 @@ std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vect
       return captureErr;
     }
 
+    // Replays queued back to back are waited for one by one, each with the deadline of one: a hang is a
+    // replay that never ends, however long the queue (16 ranks on one GPU take over a second a replay).
+    std::vector<cudaEvent_t> done(replays, nullptr);
+    for (cudaEvent_t& e : done) TC_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    struct Events
+    {
+      std::vector<cudaEvent_t>& v;
+      ~Events()
+      {
+        for (cudaEvent_t e : v) cudaEventDestroy(e);
+      }
+    } destroyEvents{done};
+    int waited = -1;
     for (int i = 0; i < replays; ++i) {
       TC_CUDA(cudaGraphLaunch(exec, stream));
+      TC_CUDA(cudaEventRecord(done[i], stream));
       if (i >= checkedReplays && i != replays - 1) continue;
-      TC_TRY(waitStream(R, stream, fmt("replay %d of the graph", i).c_str()));
+      for (++waited; waited <= i; ++waited)
+        TC_TRY(waitStream(R, stream, fmt("replay %d of the graph", waited).c_str(), done[waited]));
+      waited = i;
       for (const Call& c : calls) {
         Call replayed = c;
         replayed.seed = c.seed + (uint64_t)i;
@@ -1110,9 +1139,11 @@ int graphBody(Rank& R)
 
 std::string caseSizes(Rank& R)
 {
-  // Around the packet limits (64 KiB broadcast, 256 KiB the others) and the 16-byte units.
+  // Around the packet limits (64 KiB broadcast, 256 KiB all-gather and reduce-scatter, 512 KiB all-reduce)
+  // and the 16-byte units.
   const uint64_t bytes[] = {1,     2,     3,     8,      15,     16,     17,     100,    255,     1000,    4096,
-                            4097,  65535, 65536, 65537,  131072, 262143, 262144, 262145, 524288, 1000001, 1048576};
+                            4097,  65535, 65536, 65537,  131072, 262143, 262144, 262145, 524288, 524289, 1000001,
+                            1048576};
   const size_t nBytes = sizeof(bytes) / sizeof(bytes[0]);
   const int n = R.nranks;
   Pools P;
@@ -1388,6 +1419,9 @@ const Group kGroups[] = {
   {"graph", "graph", true, 120, nullptr, "1", false},
   {"sizes", "sizes", true, 90, nullptr, nullptr, false},
   {"kill", "kill", true, 90, nullptr, nullptr, true},
+  {"exit_in_flight", "exit", true, 90, nullptr, nullptr, true},
+  {"exit_after_kill", "exit", true, 90, nullptr, nullptr, true},
+  {"exit_after_fault", "exit", true, 90, nullptr, nullptr, true},
   {"args", "args", true, 90, nullptr, nullptr, false},
 };
 
@@ -1695,6 +1729,192 @@ int runKill(int nranks, int port)
   return failed ? 1 : 0;
 }
 
+// ------------------------------------------------------------------------------------------------
+// exit: a process that ends while its communicator is alive is not held by the library
+// ------------------------------------------------------------------------------------------------
+
+struct ExitShared
+{
+  volatile int ready[kMaxRanks];
+  volatile double tExit[kMaxRanks]; // CLOCK_MONOTONIC, just before the rank called exit()
+  char note[kMaxRanks][200];
+};
+
+// in_flight: rank 0 queues an all-reduce that its peers join only 2 s later and calls exit() at once, its
+// kernel still waiting; after_kill: the last rank is SIGKILLed while every rank loops on all-reduces, and
+// each survivor calls exit() as soon as it sees the failure, without synchronizing or destroying. Either
+// way exit() must return (the process end) within seconds on every rank.
+enum ExitMode : int
+{
+  kExitInFlight,
+  kExitAfterKill,
+  kExitAfterFault,
+};
+
+__global__ void faultKernel(int* bad) { *bad = 1; }
+
+// after_fault: the last rank's own kernel writes to an unmapped address (under MPS every client on the GPU
+// sees the fault); it and every other rank call exit() once they see an error.
+int exitRankMain(int rank, int nranks, int port, ExitShared* S, ExitMode mode)
+{
+  const bool inFlight = mode == kExitInFlight;
+  auto fail = [&](const std::string& why) {
+    copyText(S->note[rank], sizeof(S->note[rank]), why);
+    return 1;
+  };
+  int ngpus = 0;
+  if (cudaGetDeviceCount(&ngpus) != cudaSuccess || ngpus < 1) return fail("no CUDA device visible");
+  if (cudaSetDevice(rank % ngpus) != cudaSuccess) return fail("cudaSetDevice failed");
+  mscclppComm_t comm = nullptr;
+  if (mscclppCommInitRank(&comm, nranks, fmt("127.0.0.1:%d", port).c_str(), rank) != mscclppSuccess)
+    return fail("mscclppCommInitRank failed");
+  const uint64_t count = (1u << 20) / sizeof(float);
+  char *send = nullptr, *recv = nullptr;
+  cudaStream_t stream = nullptr;
+  if (cudaMalloc((void**)&send, count * 4) != cudaSuccess || cudaMalloc((void**)&recv, count * 4) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return fail("allocations failed");
+  cudaMemset(send, 0, count * 4);
+  // A first call, synchronized: the set-up is done on every rank.
+  if (mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream) != mscclppSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess)
+    return fail("the first all-reduce failed");
+  S->ready[rank] = 1;
+  for (int r = 0; r < nranks; ++r)
+    while (!S->ready[r]) usleep(1000);
+  if (inFlight) {
+    if (rank != 0) usleep(2000000);
+    mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream);
+    if (rank == 0) {
+      S->tExit[rank] = nowSec();
+      exit(0);
+    }
+  }
+  if (mode == kExitAfterFault && rank == nranks - 1) {
+    usleep(300000);
+    faultKernel<<<1, 1, 0, stream>>>((int*)0x8);
+    const cudaError_t e = cudaStreamSynchronize(stream);
+    copyText(S->note[rank], sizeof(S->note[rank]), fmt("its own fault: %s", cudaGetErrorString(e)));
+    S->tExit[rank] = nowSec();
+    exit(4);
+  }
+  const double deadline = nowSec() + 60 * timeoutScale();
+  mscclppResult_t err = mscclppSuccess;
+  cudaError_t streamErr = cudaSuccess;
+  while (err == mscclppSuccess && nowSec() < deadline) {
+    if (mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream) != mscclppSuccess) break;
+    mscclppCommGetAsyncError(comm, &err);
+    streamErr = cudaStreamQuery(stream);
+    if (streamErr != cudaSuccess && streamErr != cudaErrorNotReady) break;
+    usleep(1000);
+  }
+  mscclppCommGetAsyncError(comm, &err);
+  if (err == mscclppSuccess && (streamErr == cudaSuccess || streamErr == cudaErrorNotReady))
+    return fail("no failure seen within 60 s");
+  S->tExit[rank] = nowSec();
+  exit(3);
+}
+
+int runExit(int nranks, int port, ExitMode mode)
+{
+  const bool inFlight = mode == kExitInFlight;
+  const char* name = inFlight                  ? "exit_with_a_collective_in_flight"
+                     : mode == kExitAfterKill ? "exit_after_a_peer_was_killed"
+                                              : "exit_after_a_gpu_fault";
+  if (nranks < 2) {
+    printf("SKIP %s: needs 2 ranks or more\n", name);
+    return 0;
+  }
+  const double scale = timeoutScale(), t0 = nowSec();
+  void* mem = mmap(nullptr, sizeof(ExitShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    printf("FAIL %s: mmap failed\n", name);
+    return 1;
+  }
+  ExitShared* S = (ExitShared*)mem;
+  memset((void*)S, 0, sizeof(ExitShared));
+  const int victim = mode == kExitAfterKill ? nranks - 1 : -1;
+  fflush(stdout);
+  fflush(stderr);
+  std::vector<pid_t> pids(nranks, -1);
+  for (int r = 0; r < nranks; ++r) {
+    pids[r] = example::forkRankProcess();
+    if (pids[r] == 0) {
+      gAlarmRank = r;
+      signal(SIGALRM, tc::onAlarm);
+      alarm((unsigned)(120 * scale));
+      const int rc = exitRankMain(r, nranks, port, S, mode);
+      fprintf(stderr, "[rank %d] %s\n", r, S->note[r]);
+      fflush(stderr);
+      _exit(rc);
+    }
+  }
+  std::vector<int> status(nranks, -1);
+  std::vector<double> ended(nranks, 0);
+  auto reap = [&](int r) {
+    int st = 0;
+    if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+      status[r] = st;
+      ended[r] = nowSec();
+    }
+    return status[r] != -1;
+  };
+  double deadline = nowSec() + 90 * scale;
+  bool ready = false;
+  while (!ready && nowSec() < deadline) {
+    ready = true;
+    for (int r = 0; r < nranks; ++r) ready = ready && S->ready[r] && !reap(r);
+    usleep(10000);
+  }
+  double tKill = 0;
+  if (ready && victim >= 0) {
+    usleep(500000);
+    kill(pids[victim], SIGKILL);
+    tKill = nowSec();
+  }
+  deadline = nowSec() + 60 * scale;
+  for (int left = nranks; left > 0 && nowSec() < deadline; usleep(10000)) {
+    left = 0;
+    for (int r = 0; r < nranks; ++r) left += !reap(r) ? 1 : 0;
+  }
+  int failed = 0;
+  std::string info;
+  for (int r = 0; r < nranks; ++r) {
+    if (!reap(r)) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], nullptr, 0);
+      printf("FAIL %s: rank %d still alive 60 s on (%s)\n", name, r,
+             S->tExit[r] > 0 ? fmt("it called exit() %.1f s before", nowSec() - S->tExit[r]).c_str() : S->note[r]);
+      ++failed;
+      continue;
+    }
+    if (r == victim) continue;
+    const int want = inFlight && r == 0 ? 0 : mode == kExitAfterFault && r == nranks - 1 ? 4 : 3;
+    const double took = S->tExit[r] > 0 ? ended[r] - S->tExit[r] : -1;
+    if (!ready) {
+      printf("FAIL %s: rank %d ended before every rank was ready: %s (%s)\n", name, r, describeStatus(status[r]).c_str(),
+             S->note[r]);
+      ++failed;
+    } else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != want) {
+      printf("FAIL %s: rank %d: %s, not exit status %d (%s)\n", name, r, describeStatus(status[r]).c_str(), want,
+             S->note[r]);
+      ++failed;
+    } else if (took < 0 || took > 10 * scale) {
+      printf("FAIL %s: rank %d: exit() took %.2f s to end the process\n", name, r, took);
+      ++failed;
+    } else {
+      info += fmt(" rank%d: exit() ended it in %.2f s%s;", r, took,
+                  tKill > 0 ? fmt(", %.2f s after the kill", ended[r] - tKill).c_str() : "");
+    }
+  }
+  if (!failed) printf("PASS %s:%s\n", name, info.c_str());
+  printf("SUMMARY %s (%d ranks, %.1f s): %d passed, %d failed\n", name, nranks, nowSec() - t0, failed ? 0 : 1,
+         failed ? 1 : 0);
+  fflush(stdout);
+  munmap(mem, sizeof(ExitShared));
+  return failed ? 1 : 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -1735,7 +1955,12 @@ int main(int argc, char** argv)
     opt.nranks = nranks;
     opt.port = groupPort;
     int rc;
-    if (g.kill) {
+    if (g.kill && !strncmp(g.name, "exit", 4)) {
+      rc = runExit(nranks, groupPort,
+                   !strcmp(g.name, "exit_in_flight")  ? kExitInFlight
+                   : !strcmp(g.name, "exit_after_kill") ? kExitAfterKill
+                                                        : kExitAfterFault);
+    } else if (g.kill) {
       rc = runKill(nranks, groupPort);
     } else {
       const Group* group = &g;

@@ -14,6 +14,7 @@
 
 use super::Collective;
 use super::kernel_args::MAX_BLOCKS;
+use crate::error::{Error, Result};
 
 /// The two families of algorithms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,12 +104,45 @@ pub fn windows(piece: u64, window: u64) -> impl Iterator<Item = (u64, u64)> {
     })
 }
 
-/// Blocks and threads of a launch that moves a window of `bytes` per piece. The same on every rank (it
-/// depends on nothing else), since a block waits for its namesakes on the peers.
-pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u64) -> (u32, u32) {
-    let (threads, unit, per_thread, most) = match protocol {
-        Protocol::Packet => (512u64, 8u64, 2u64, 32u64),
-        Protocol::Copy => (1024, 16, 1, 64),
+/// Threads of each block of a launch of `protocol` that has more than one block (a one-block launch may
+/// have fewer: see `grid`).
+pub fn threads(protocol: Protocol) -> u32 {
+    match protocol {
+        Protocol::Packet => 512,
+        Protocol::Copy => 1024,
+    }
+}
+
+/// The most blocks one launch may have when `sharers` ranks (this one included) run their kernels on the
+/// same GPU, which has `multiprocessors` that hold `per_multiprocessor` blocks of the kernel each.
+///
+/// A block waits for its namesakes on every peer, so every rank's blocks must be resident at once: with
+/// ranks sharing a GPU whose kernels run side by side (MPS), blocks of one rank that cannot find room
+/// while the others' spin would wait forever. Each rank takes at most its share of the GPU; a rank is at
+/// most one kernel ahead of its peers, and only after its previous kernel ended, so the shares never add
+/// up to more than the GPU holds. Refused, naming the limit, where a share would not hold one block.
+pub fn resident_share(kernel: &str, multiprocessors: u32, per_multiprocessor: u32, sharers: usize) -> Result<u32> {
+    let resident = multiprocessors as u64 * per_multiprocessor as u64;
+    let share = resident / sharers.max(1) as u64;
+    if share == 0 {
+        return Err(Error::invalid_usage(format!(
+            "{sharers} ranks share this GPU, but it holds only {resident} blocks of {kernel} at once \
+             ({multiprocessors} multiprocessors x {per_multiprocessor}): every rank's blocks must be resident \
+             together, so at most {resident} ranks can share it (fewer ranks per GPU, or a larger \
+             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)"
+        )));
+    }
+    Ok(share.min(MAX_BLOCKS as u64) as u32)
+}
+
+/// Blocks and threads of a launch that moves a window of `bytes` per piece, with at most `max_blocks`
+/// blocks (`resident_share`). The same on every rank (it depends on nothing else, and ranks sharing a GPU
+/// share it alike), since a block waits for its namesakes on the peers.
+pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u64, max_blocks: u32) -> (u32, u32) {
+    let threads = threads(protocol) as u64;
+    let (unit, per_thread, most) = match protocol {
+        Protocol::Packet => (8u64, 2u64, 32u64),
+        Protocol::Copy => (16, 1, 64),
     };
     // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
     // blocks.
@@ -118,7 +152,7 @@ pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u6
     };
     let blocks = units
         .div_ceil(threads * per_thread)
-        .clamp(1, most.min(MAX_BLOCKS as u64));
+        .clamp(1, most.min(MAX_BLOCKS as u64).min(max_blocks.max(1) as u64));
     let threads = if blocks == 1 {
         units.div_ceil(32).clamp(1, threads / 32) * 32
     } else {
@@ -189,14 +223,41 @@ mod tests {
         for c in ALL {
             for p in [Protocol::Packet, Protocol::Copy] {
                 for bytes in [1u64, 8, 100, 4096, 1 << 20, 1 << 30] {
-                    let (blocks, threads) = grid(c, p, 2, bytes);
+                    let (blocks, threads) = grid(c, p, 2, bytes, MAX_BLOCKS);
                     assert!((1..=MAX_BLOCKS).contains(&blocks));
                     assert!(threads % 32 == 0 && (32..=1024).contains(&threads));
                     assert!(threads > 2, "the flags need a thread per rank");
                 }
             }
         }
-        assert_eq!(grid(Collective::AllReduce, Protocol::Packet, 2, 1024), (1, 128));
-        assert_eq!(grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30).0, 64);
+        assert_eq!(
+            grid(Collective::AllReduce, Protocol::Packet, 2, 1024, MAX_BLOCKS),
+            (1, 128)
+        );
+        assert_eq!(
+            grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30, MAX_BLOCKS).0,
+            64
+        );
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_split_its_resident_blocks() {
+        // One H100 (132 multiprocessors, two 1024-thread blocks each): alone, a rank may fill it.
+        assert_eq!(resident_share("k", 132, 2, 1).unwrap(), MAX_BLOCKS);
+        // Eight ranks under MPS: 33 blocks each, 264 in all; the copy all-reduce of 1 GiB then has 33.
+        assert_eq!(resident_share("k", 132, 2, 8).unwrap(), 33);
+        assert_eq!(grid(Collective::AllReduce, Protocol::Copy, 8, 1 << 30, 33), (33, 1024));
+        assert_eq!(resident_share("k", 132, 1, 16).unwrap(), 8);
+        // A share below one block is refused, naming the kernel and the numbers.
+        let e = resident_share("mscclpp_allgather_copy", 6, 1, 16).unwrap_err();
+        assert!(
+            e.message.contains("16 ranks share this GPU")
+                && e.message.contains("only 6 blocks of mscclpp_allgather_copy"),
+            "{e}"
+        );
+        // A kernel that cannot run at all with these threads holds no block anywhere.
+        assert!(resident_share("k", 132, 0, 1).is_err());
+        // However small the share, a launch has at least one block.
+        assert_eq!(grid(Collective::AllGather, Protocol::Packet, 2, 1 << 20, 1).0, 1);
     }
 }

@@ -37,11 +37,19 @@ pub fn kernel_name(base: &str, op: Option<RedOp>, datatype: DataType) -> String 
     }
 }
 
+/// A kernel ready to launch, and what the occupancy calculator said of it.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadedKernel {
+    pub kernel: Kernel,
+    /// Blocks of the threads it was asked for with that one multiprocessor holds at once.
+    pub per_multiprocessor: u32,
+}
+
 /// The modules and kernels loaded into one context.
 pub struct LoadedKernels {
     gpu: GpuContext,
     // Kernels are declared before the modules that hold them.
-    kernels: HashMap<String, Kernel>,
+    kernels: HashMap<String, LoadedKernel>,
     modules: HashMap<&'static str, Module>,
 }
 
@@ -59,8 +67,9 @@ impl LoadedKernels {
         !self.kernels.contains_key(&kernel_name(base, op, datatype))
     }
 
-    /// The kernel of an algorithm for an operator and type, loading its module first if needed.
-    pub fn get(&mut self, base: &str, op: Option<RedOp>, datatype: DataType) -> Result<Kernel> {
+    /// The kernel of an algorithm for an operator and type, loading its module first if needed; its
+    /// occupancy is worked out once, for blocks of `threads` (the same for every launch of `base`).
+    pub fn get(&mut self, base: &str, op: Option<RedOp>, datatype: DataType, threads: u32) -> Result<LoadedKernel> {
         let name = kernel_name(base, op, datatype);
         if let Some(k) = self.kernels.get(&name) {
             return Ok(*k);
@@ -78,8 +87,16 @@ impl LoadedKernels {
             self.modules.insert(unit, module);
         }
         let kernel = self.modules[unit].kernel(&name)?;
-        self.kernels.insert(name, kernel);
-        Ok(kernel)
+        let loaded = LoadedKernel {
+            kernel,
+            per_multiprocessor: kernel.blocks_per_multiprocessor(threads)?,
+        };
+        log::info!(
+            "{name}: {} blocks of {threads} threads per multiprocessor",
+            loaded.per_multiprocessor
+        );
+        self.kernels.insert(name, loaded);
+        Ok(loaded)
     }
 }
 

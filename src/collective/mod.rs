@@ -9,7 +9,8 @@
 //!   cut into, and the grid;
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
-//! - `kernel_args.rs`: the kernels' one argument.
+//! - `kernel_args.rs`: the kernels' one argument;
+//! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting.
 //!
 //! Every launch is one epoch of a counter the kernels keep on the GPU, so that a replayed graph goes on
 //! counting; calls on one communicator must be ordered (one stream, or streams the application orders),
@@ -22,6 +23,7 @@ pub mod call;
 pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
+pub mod process_exit;
 pub mod scratch;
 
 pub use call::{Call, Collective};
@@ -154,13 +156,22 @@ impl Collectives {
         };
         let protocol = algorithm::choose(call.collective, message, ready.choice);
         let base = algorithm::kernel_base(call.collective, protocol);
-        let kernel = {
+        let loaded = {
             // A first kernel of its type loads a module, which a capture allows only in the relaxed mode.
             let _relaxed = (capturing && ready.kernels.needs_loading(base, call.op, call.datatype))
                 .then(RelaxedCapture::enter)
                 .transpose()?;
-            ready.kernels.get(base, call.op, call.datatype)?
+            ready
+                .kernels
+                .get(base, call.op, call.datatype, algorithm::threads(protocol))?
         };
+        // Checked before anything is queued: a grid the GPU cannot hold beside the other ranks' would hang.
+        let max_blocks = algorithm::resident_share(
+            &kernels::kernel_name(base, call.op, call.datatype),
+            ready.scratch.multiprocessors,
+            loaded.per_multiprocessor,
+            ready.scratch.gpu_sharers,
+        )?;
 
         let area = match protocol {
             Protocol::Packet => ready.scratch.packet_bytes,
@@ -188,12 +199,12 @@ impl Collectives {
             args.send = if call.send == 0 { 0 } else { call.send + offset };
             args.recv = call.recv + offset;
             args.bytes = bytes;
-            let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes);
+            let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes, max_blocks);
             // SAFETY: the arguments are `CollArgs`'s layout (kernel_args.rs); the application's buffers
             // were checked to hold the bytes the kernel touches (windows stay inside `sizes`); the scratch,
             // the state and the abort word live in `ready` until `clear`, which comes after the
             // application has synchronized; the stream was checked to be of this context.
-            unsafe { kernel.launch(blocks, threads, stream, &args)? };
+            unsafe { loaded.kernel.launch(blocks, threads, stream, &args)? };
         }
         Ok(())
     }
@@ -205,6 +216,7 @@ impl Collectives {
             .abort
             .get_or_try_init(|| AbortWord::new(gpu).map(Arc::new))?
             .clone();
+        process_exit::raise_at_exit(&abort);
         let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
         Ok(Ready {

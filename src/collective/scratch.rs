@@ -45,6 +45,11 @@ pub struct Scratch {
     pub copy_bytes: u64,
     /// `[0]`: the epoch of the last call; `[1]`: the blocks done with the current one.
     pub state: DeviceAllocation,
+    /// The most ranks of the communicator that share one GPU (their kernels share its multiprocessors),
+    /// and the fewest multiprocessors any rank's context has: the same on every rank, so that every rank
+    /// sizes its grids alike (a block waits for its namesakes on the peers).
+    pub gpu_sharers: usize,
+    pub multiprocessors: u32,
 }
 
 impl Scratch {
@@ -63,10 +68,14 @@ impl Scratch {
         let own = DeviceAllocation::zeroed_on(gpu, 2 * slot_bytes as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, 16, &stream)?;
         let me = ProcessId::this();
+        let device = device_key(gpu)?;
+        let multiprocessors =
+            gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
 
-        // Every rank's process and buffer, through the bootstrap.
+        // Every rank's process, GPU and buffer, through the bootstrap.
         let mut w = Writer::new();
         me.write(&mut w);
+        w.u64(device).u32(multiprocessors.max(0) as u32);
         IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
         let mine = w.into_bytes();
         let block = mine.len();
@@ -76,15 +85,20 @@ impl Scratch {
 
         let mut ptrs = [0; MAX_RANKS];
         let mut mappings = Vec::new();
+        let mut gpus: Vec<(u64, u64)> = Vec::with_capacity(nranks);
+        let mut fewest_multiprocessors = u32::MAX;
         for (peer, bytes) in all.chunks(block).enumerate() {
+            let mut r = Reader::new(bytes, "collective scratch");
+            let process = ProcessId::read(&mut r)?;
+            let peer_device = r.u64()?;
+            fewest_multiprocessors = fewest_multiprocessors.min(r.u32()?);
+            let export = IpcExport::read(&mut r)?;
+            r.finish()?;
+            gpus.push((process.host, peer_device));
             if peer == rank {
                 ptrs[peer] = own.ptr();
                 continue;
             }
-            let mut r = Reader::new(bytes, "collective scratch");
-            let process = ProcessId::read(&mut r)?;
-            let export = IpcExport::read(&mut r)?;
-            r.finish()?;
             if process.host != me.host {
                 return Err(Error::invalid_usage(format!(
                     "rank {peer} is on another machine: collectives between machines are not supported yet \
@@ -109,8 +123,14 @@ impl Scratch {
                 p
             };
         }
+        let gpu_sharers = gpus
+            .iter()
+            .map(|g| gpus.iter().filter(|h| *h == g).count())
+            .max()
+            .unwrap_or(1);
         log::info!(
-            "collectives set up: {} MiB of scratch ({} MiB of data per slot), {nranks} ranks",
+            "collectives set up: {} MiB of scratch ({} MiB of data per slot), {nranks} ranks, up to {gpu_sharers} \
+             on one GPU, {fewest_multiprocessors} multiprocessors",
             own.size() >> 20,
             data_bytes >> 20
         );
@@ -123,6 +143,8 @@ impl Scratch {
             packet_bytes,
             copy_bytes: data_bytes - packet_bytes,
             state,
+            gpu_sharers,
+            multiprocessors: fewest_multiprocessors,
         })
     }
 
@@ -130,6 +152,15 @@ impl Scratch {
     pub fn own(&self) -> DevicePtr {
         self.own.ptr()
     }
+}
+
+/// This rank's GPU as every process of the machine names it: its PCI bus id, hashed to a fixed size
+/// (ordinals differ between processes with different `CUDA_VISIBLE_DEVICES`).
+fn device_key(gpu: &GpuContext) -> Result<u64> {
+    let id = gpu.pci_bus_id()?;
+    Ok(id
+        .bytes()
+        .fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3)))
 }
 
 /// What the communicator keeps to abort its collectives without taking any lock.

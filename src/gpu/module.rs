@@ -67,6 +67,25 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// How many blocks of `threads` threads one multiprocessor can hold at once (registers, threads and
+    /// shared memory permitting): the driver's occupancy calculator, for the current context's device.
+    pub fn blocks_per_multiprocessor(&self, threads: u32) -> Result<u32> {
+        let mut blocks: std::ffi::c_int = 0;
+        // SAFETY: out-pointer to a local; the function handle comes from a loaded module (`Module::kernel`).
+        check(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut blocks,
+                    self.raw as CUfunction,
+                    threads as std::ffi::c_int,
+                    0,
+                )
+            },
+            || format!("cuOccupancyMaxActiveBlocksPerMultiprocessor({threads} threads)"),
+        )?;
+        Ok(blocks.max(0) as u32)
+    }
+
     /// Queues the kernel on `stream` with `grid` blocks of `threads` threads and one argument, `args`, a
     /// plain struct passed by value.
     ///
