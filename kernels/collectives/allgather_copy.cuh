@@ -10,7 +10,9 @@
 __device__ void allgatherCopy(const CollArgs& a)
 {
   const auto [epoch, units, part, aligned] = copyCall(a);
-  char* ownPiece = a.recv + a.rank * a.strideBytes;
+  // A rank without output (a gather's non-root: `recv` is null) sends its piece and stores nothing.
+  char* ownPiece = a.recv ? a.recv + a.rank * a.strideBytes : nullptr;
+  const bool keep = a.recv != nullptr;
   const bool inPlace = a.send == ownPiece;
 
   for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
@@ -19,10 +21,10 @@ __device__ void allgatherCopy(const CollArgs& a)
       const uint32_t peer = (a.rank + k) % a.nranks;
       storeScratch16(collData(a, peer, epoch) + a.rank * units * 16, j, v);
     }
-    if (!inPlace) storeUnit<uint4>(ownPiece, j, a.bytes, aligned, v);
+    if (keep && !inPlace) storeUnit<uint4>(ownPiece, j, a.bytes, aligned, v);
   }
   collSignal(a, epoch, 0);
-  if (collWait(a, epoch, 0)) {
+  if (collWait(a, epoch, 0) && keep) {
     const char* mine = collData(a, a.rank, epoch);
     for (uint32_t k = 1; k < a.nranks; k++) {
       const uint32_t source = (a.rank + a.nranks - k) % a.nranks;

@@ -9,7 +9,9 @@
 __device__ void allgatherPacket(const CollArgs& a)
 {
   const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
-  char* ownPiece = a.recv + a.rank * a.strideBytes;
+  // A rank without output (a gather's non-root: `recv` is null) sends its piece and stores nothing.
+  char* ownPiece = a.recv ? a.recv + a.rank * a.strideBytes : nullptr;
+  const bool keep = a.recv != nullptr;
   const bool inPlace = a.send == ownPiece;
 
   for (uint64_t i = first; i < units; i += step) {
@@ -18,11 +20,11 @@ __device__ void allgatherPacket(const CollArgs& a)
       const uint32_t peer = (a.rank + k) % a.nranks;
       putPacket(collPackets(a, peer, epoch), a.rank * units + i, v, flag);
     }
-    if (!inPlace) storeUnit<uint64_t>(ownPiece, i, a.bytes, aligned, v);
+    if (keep && !inPlace) storeUnit<uint64_t>(ownPiece, i, a.bytes, aligned, v);
   }
   bool aborted = false;
   const char* mine = collPackets(a, a.rank, epoch);
-  for (uint32_t k = 1; k < a.nranks && !aborted; k++) {
+  for (uint32_t k = 1; k < a.nranks && !aborted && keep; k++) {
     const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
     for (uint64_t i = first; i < units && !aborted; i += step) {
       const uint64_t v = getPacket(a, mine, source * units + i, flag, aborted);

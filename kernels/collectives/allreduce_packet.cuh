@@ -3,7 +3,8 @@
 // the same bits), with its own input. One link crossing; (n - 1) x the message on each rank's links.
 //
 // Scratch: [source rank][unit] packets of 8 data bytes. Each unit is written, read and reduced by the same
-// thread, so the output may be the input (in place).
+// thread, so the output may be the input (in place). A rank without output (a reduce's non-root: `recv` is
+// null) takes part all the same and stores nothing.
 #pragma once
 
 #include "packet.cuh"
@@ -30,7 +31,7 @@ __device__ void allreducePacket(const CollArgs& a)
       const uint64_t v = r == a.rank ? own : getPacket(a, mine, r * units + i, flag, aborted);
       acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
     }
-    storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, finishUnit<T, Op>(acc, a.nranks));
+    if (a.recv) storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, finishUnit<T, Op>(acc, a.nranks));
   }
   collEnd(a, epoch);
 }

@@ -44,14 +44,14 @@ __device__ void allreduceRsag(const CollArgs& a)
         acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
       }
       acc = finishUnit<T, Op>(acc, a.nranks);
-      storeUnit<uint4>(a.recv, u, a.bytes, aligned, acc);
+      if (a.recv) storeUnit<uint4>(a.recv, u, a.bytes, aligned, acc);
       for (uint32_t k = 1; k < a.nranks; k++) {
         const uint32_t peer = (a.rank + k) % a.nranks;
         storeScratch16(collData(a, peer, epoch) + gatherOffset + a.rank * shard * 16, j, acc);
       }
     }
     collSignal(a, epoch, 1);
-    if (collWait(a, epoch, 1)) {
+    if (collWait(a, epoch, 1) && a.recv) {
       // 3. The other shards, reduced by their owners.
       const char* gathered = mine + gatherOffset;
       for (uint32_t k = 1; k < a.nranks; k++) {

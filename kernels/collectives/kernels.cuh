@@ -8,10 +8,14 @@
 #include "allgather_packet.cuh"
 #include "allreduce_packet.cuh"
 #include "allreduce_rsag.cuh"
+#include "alltoall_copy.cuh"
+#include "alltoall_packet.cuh"
 #include "broadcast_copy.cuh"
 #include "broadcast_packet.cuh"
 #include "reducescatter_copy.cuh"
 #include "reducescatter_packet.cuh"
+#include "scatter_copy.cuh"
+#include "scatter_packet.cuh"
 
 #define MSCCLPP_COLL_THREADS 1024
 
@@ -38,4 +42,8 @@
   MSCCLPP_KERNEL(allgather_packet, allgatherPacket) \
   MSCCLPP_KERNEL(allgather_copy, allgatherCopy)     \
   MSCCLPP_KERNEL(broadcast_packet, broadcastPacket) \
-  MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)
+  MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)     \
+  MSCCLPP_KERNEL(alltoall_packet, alltoallPacket)   \
+  MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
+  MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \
+  MSCCLPP_KERNEL(scatter_copy, scatterCopy)

@@ -8,6 +8,10 @@
 //! | all-gather     | `allgather_packet`                       | `allgather_copy`                             |
 //! | reduce-scatter | `reducescatter_packet`                   | `reducescatter_copy`                         |
 //! | broadcast      | `broadcast_packet`                       | `broadcast_copy`                             |
+//! | reduce         | `allreduce_packet` (non-roots keep none) | `allreduce_rsag` (non-roots keep none)       |
+//! | gather         | `allgather_packet` (non-roots keep none) | `allgather_copy` (non-roots keep none)       |
+//! | scatter        | `scatter_packet`                         | `scatter_copy`                               |
+//! | all-to-all     | `alltoall_packet`                        | `alltoall_copy`                              |
 //!
 //! Packets carry 8 data bytes in 16 (the flag travels with the data: one link crossing, no signal), so they
 //! win while latency dominates; copies move 16-byte units and signal once per block and phase.
@@ -48,9 +52,10 @@ pub fn packet_limit(collective: Collective) -> u64 {
     match collective {
         // Two ranks sharing one H100 (MPS, 2026-11-25): packets 6.7 us at 512 KiB against 10.9 for the
         // two shots, even at 1 MiB, behind at 2 MiB; NVLink doubles what packets cost in bytes.
-        Collective::AllReduce => 512 << 10,
-        Collective::AllGather | Collective::ReduceScatter => 256 << 10,
-        Collective::Broadcast => 64 << 10,
+        Collective::AllReduce | Collective::Reduce => 512 << 10,
+        Collective::AllGather | Collective::ReduceScatter | Collective::Gather | Collective::AllToAll => 256 << 10,
+        // One sender, as a broadcast (not measured on their own yet).
+        Collective::Broadcast | Collective::Scatter => 64 << 10,
     }
 }
 
@@ -74,6 +79,12 @@ pub fn kernel_base(collective: Collective, protocol: Protocol) -> &'static str {
         (Collective::ReduceScatter, Protocol::Copy) => "reducescatter_copy",
         (Collective::Broadcast, Protocol::Packet) => "broadcast_packet",
         (Collective::Broadcast, Protocol::Copy) => "broadcast_copy",
+        (Collective::Reduce, p) => kernel_base(Collective::AllReduce, p),
+        (Collective::Gather, p) => kernel_base(Collective::AllGather, p),
+        (Collective::Scatter, Protocol::Packet) => "scatter_packet",
+        (Collective::Scatter, Protocol::Copy) => "scatter_copy",
+        (Collective::AllToAll, Protocol::Packet) => "alltoall_packet",
+        (Collective::AllToAll, Protocol::Copy) => "alltoall_copy",
     }
 }
 
@@ -83,14 +94,21 @@ pub fn window_bytes(collective: Collective, protocol: Protocol, nranks: usize, d
     let n = nranks as u64;
     let raw = match (collective, protocol) {
         // n regions of packets (16 bytes per 8) for the whole buffer.
-        (Collective::AllReduce, Protocol::Packet) => data_bytes / (2 * n),
+        (Collective::AllReduce | Collective::Reduce, Protocol::Packet) => data_bytes / (2 * n),
         // A reduce and a gather region of n shards of 1/n of the buffer each.
-        (Collective::AllReduce, Protocol::Copy) => data_bytes / 2 / (16 * n) * (16 * n),
+        (Collective::AllReduce | Collective::Reduce, Protocol::Copy) => data_bytes / 2 / (16 * n) * (16 * n),
         // n regions of one piece, as packets or as they are.
-        (Collective::AllGather | Collective::ReduceScatter, Protocol::Packet) => data_bytes / (2 * n),
-        (Collective::AllGather | Collective::ReduceScatter, Protocol::Copy) => data_bytes / n,
-        (Collective::Broadcast, Protocol::Packet) => data_bytes / 2,
-        (Collective::Broadcast, Protocol::Copy) => data_bytes,
+        (
+            Collective::AllGather | Collective::ReduceScatter | Collective::Gather | Collective::AllToAll,
+            Protocol::Packet,
+        ) => data_bytes / (2 * n),
+        (
+            Collective::AllGather | Collective::ReduceScatter | Collective::Gather | Collective::AllToAll,
+            Protocol::Copy,
+        ) => data_bytes / n,
+        // One region of the receiver's piece.
+        (Collective::Broadcast | Collective::Scatter, Protocol::Packet) => data_bytes / 2,
+        (Collective::Broadcast | Collective::Scatter, Protocol::Copy) => data_bytes,
     };
     raw / 16 * 16
 }
@@ -147,7 +165,7 @@ pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u6
     // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
     // blocks.
     let units = match (collective, protocol) {
-        (Collective::AllReduce, Protocol::Copy) => bytes.div_ceil(unit).div_ceil(nranks as u64),
+        (Collective::AllReduce | Collective::Reduce, Protocol::Copy) => bytes.div_ceil(unit).div_ceil(nranks as u64),
         _ => bytes.div_ceil(unit),
     };
     let blocks = units
@@ -165,11 +183,15 @@ pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u6
 mod tests {
     use super::*;
 
-    const ALL: [Collective; 4] = [
+    const ALL: [Collective; 8] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
         Collective::Broadcast,
+        Collective::Reduce,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::AllToAll,
     ];
 
     #[test]
@@ -196,11 +218,14 @@ mod tests {
                     let w = window_bytes(c, p, n, data);
                     assert!(w > 0 && w.is_multiple_of(16), "{c:?} {p:?} {n}");
                     let n = n as u64;
+                    let one_region = matches!(c, Collective::Broadcast | Collective::Scatter);
                     let need = match (c, p) {
-                        (Collective::AllReduce, Protocol::Packet) => n * w.div_ceil(8) * 16,
-                        (Collective::AllReduce, Protocol::Copy) => 2 * n * w.div_ceil(16).div_ceil(n) * 16,
-                        (_, Protocol::Packet) if c != Collective::Broadcast => n * w.div_ceil(8) * 16,
-                        (_, Protocol::Copy) if c != Collective::Broadcast => n * w.div_ceil(16) * 16,
+                        (Collective::AllReduce | Collective::Reduce, Protocol::Packet) => n * w.div_ceil(8) * 16,
+                        (Collective::AllReduce | Collective::Reduce, Protocol::Copy) => {
+                            2 * n * w.div_ceil(16).div_ceil(n) * 16
+                        }
+                        (_, Protocol::Packet) if !one_region => n * w.div_ceil(8) * 16,
+                        (_, Protocol::Copy) if !one_region => n * w.div_ceil(16) * 16,
                         (_, Protocol::Packet) => w.div_ceil(8) * 16,
                         (_, Protocol::Copy) => w.div_ceil(16) * 16,
                     };

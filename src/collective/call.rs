@@ -13,6 +13,14 @@ pub enum Collective {
     AllGather,
     ReduceScatter,
     Broadcast,
+    /// An all-reduce whose result only the root keeps.
+    Reduce,
+    /// An all-gather whose result only the root keeps.
+    Gather,
+    /// The root's piece r to rank r.
+    Scatter,
+    /// Every rank's piece r to rank r.
+    AllToAll,
 }
 
 impl Collective {
@@ -23,7 +31,31 @@ impl Collective {
             Collective::AllGather => "mscclppAllGather",
             Collective::ReduceScatter => "mscclppReduceScatter",
             Collective::Broadcast => "mscclppBroadcast",
+            Collective::Reduce => "ncclReduce",
+            Collective::Gather => "ncclGather",
+            Collective::Scatter => "ncclScatter",
+            Collective::AllToAll => "ncclAlltoAll",
         }
+    }
+
+    /// Whether the collective has a root (which ranks read or keep data depends on it).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter
+        )
+    }
+
+    /// Whether the application's buffers hold one piece per rank (`strideBytes` apart) on some rank.
+    pub fn per_rank_pieces(self) -> bool {
+        matches!(
+            self,
+            Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::Gather
+                | Collective::Scatter
+                | Collective::AllToAll
+        )
     }
 
     /// The name of the count argument, for messages.
@@ -32,6 +64,16 @@ impl Collective {
             Collective::AllGather => "sendcount",
             Collective::ReduceScatter => "recvcount",
             _ => "count",
+        }
+    }
+
+    /// The bytes that cross for one rank's `piece` (what the algorithm table is keyed by): the whole
+    /// buffer of an all-reduce, a reduce and a broadcast; the gathered or scattered buffer of the others.
+    pub fn message(self, piece: u64, nranks: usize) -> u64 {
+        if self.per_rank_pieces() {
+            piece.saturating_mul(nranks as u64)
+        } else {
+            piece
         }
     }
 }
@@ -58,9 +100,9 @@ pub struct Sizes {
     /// One rank's piece: the whole buffer of an all-reduce or a broadcast, the input of an all-gather,
     /// the output of a reduce-scatter.
     pub piece: u64,
-    /// The input buffer (0 where this rank reads none: a broadcast's non-root).
+    /// The input buffer (0 where this rank reads none: a broadcast's or a scatter's non-root).
     pub send: u64,
-    /// The output buffer.
+    /// The output buffer (0 where this rank keeps none: a reduce's or a gather's non-root).
     pub recv: u64,
 }
 
@@ -68,7 +110,7 @@ impl Call {
     /// Checks what can be checked without a GPU: the root, the sizes (no overflow), and that the buffers
     /// a non-empty call uses are not null. `root` is the application's int, checked here.
     pub fn sizes(&self, rank: usize, nranks: usize, root: i64) -> Result<Sizes> {
-        if self.collective == Collective::Broadcast {
+        if self.collective.rooted() {
             ensure_arg!(
                 root >= 0 && (root as u64) < nranks as u64,
                 "root is {root}; it must be in [0, nranks = {nranks})"
@@ -80,7 +122,7 @@ impl Call {
                 self.collective.count_name(),
                 self.count,
                 self.datatype.size(),
-                if matches!(self.collective, Collective::AllGather | Collective::ReduceScatter) {
+                if self.collective.per_rank_pieces() {
                     format!(" x nranks = {nranks}")
                 } else {
                     String::new()
@@ -114,6 +156,26 @@ impl Call {
                 send: if rank == self.root { piece } else { 0 },
                 recv: piece,
             },
+            Collective::Reduce => Sizes {
+                piece,
+                send: piece,
+                recv: if rank == self.root { piece } else { 0 },
+            },
+            Collective::Gather => Sizes {
+                piece,
+                send: piece,
+                recv: if rank == self.root { whole } else { 0 },
+            },
+            Collective::Scatter => Sizes {
+                piece,
+                send: if rank == self.root { whole } else { 0 },
+                recv: piece,
+            },
+            Collective::AllToAll => Sizes {
+                piece,
+                send: whole,
+                recv: whole,
+            },
         };
         if piece > 0 {
             ensure_arg!(
@@ -123,7 +185,7 @@ impl Call {
                 self.count
             );
             ensure_arg!(
-                self.recv != 0,
+                sizes.recv == 0 || self.recv != 0,
                 "recvbuff is NULL ({} = {})",
                 self.collective.count_name(),
                 self.count
@@ -167,6 +229,51 @@ mod tests {
         b.root = 1;
         assert_eq!(b.sizes(1, 2, 1).unwrap().send, 7);
         assert_eq!(b.sizes(0, 2, 1).unwrap().send, 0, "a non-root reads no input");
+        let mut r = call(Collective::Reduce, 3, DataType::Float32);
+        r.root = 1;
+        assert_eq!(
+            r.sizes(1, 4, 1).unwrap(),
+            Sizes {
+                piece: 12,
+                send: 12,
+                recv: 12
+            }
+        );
+        assert_eq!(r.sizes(0, 4, 1).unwrap().recv, 0, "a reduce's non-root keeps no output");
+        let mut g = call(Collective::Gather, 3, DataType::Int32);
+        g.root = 2;
+        assert_eq!(
+            g.sizes(2, 4, 2).unwrap(),
+            Sizes {
+                piece: 12,
+                send: 12,
+                recv: 48
+            }
+        );
+        assert_eq!(g.sizes(0, 4, 2).unwrap().recv, 0);
+        let sc = call(Collective::Scatter, 3, DataType::Int32);
+        assert_eq!(
+            sc.sizes(0, 4, 0).unwrap(),
+            Sizes {
+                piece: 12,
+                send: 48,
+                recv: 12
+            }
+        );
+        assert_eq!(
+            sc.sizes(1, 4, 0).unwrap().send,
+            0,
+            "a scatter's non-root reads no input"
+        );
+        let a = call(Collective::AllToAll, 3, DataType::Int8);
+        assert_eq!(
+            a.sizes(1, 4, 0).unwrap(),
+            Sizes {
+                piece: 3,
+                send: 12,
+                recv: 12
+            }
+        );
     }
 
     #[test]
@@ -200,5 +307,14 @@ mod tests {
         let mut nonroot = call(Collective::Broadcast, 4, DataType::Int32);
         nonroot.send = 0;
         assert!(nonroot.sizes(1, 2, 0).is_ok(), "a non-root's sendbuff is not used");
+        let mut reduce = call(Collective::Reduce, 4, DataType::Int32);
+        reduce.recv = 0;
+        assert!(
+            reduce.sizes(1, 2, 0).is_ok(),
+            "a reduce's non-root recvbuff is not used"
+        );
+        assert!(reduce.sizes(0, 2, 0).unwrap_err().message.contains("recvbuff is NULL"));
+        let gather = call(Collective::Gather, 4, DataType::Int32);
+        assert!(gather.sizes(0, 2, 5).unwrap_err().message.contains("root is 5"));
     }
 }

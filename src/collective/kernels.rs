@@ -123,10 +123,17 @@ mod tests {
             Collective::AllGather,
             Collective::ReduceScatter,
             Collective::Broadcast,
+            Collective::Reduce,
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
         ] {
             for p in [Protocol::Packet, Protocol::Copy] {
                 let base = kernel_base(c, p);
-                let reduces = matches!(c, Collective::AllReduce | Collective::ReduceScatter);
+                let reduces = matches!(
+                    c,
+                    Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
+                );
                 for t in DataType::ALL {
                     let ops: Vec<Option<RedOp>> = if reduces {
                         RedOp::ALL.iter().copied().map(Some).collect()

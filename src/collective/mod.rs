@@ -95,14 +95,17 @@ impl Collectives {
             return Ok(());
         }
         let gpu = &gpu()?;
-        // A broadcast's non-root reads no input (its size is 0 there).
+        // A broadcast's or a scatter's non-root reads no input, a reduce's or a gather's keeps no output
+        // (the size is 0 there).
         if sizes.send > 0 {
             gpu.check_buffer(call.send, sizes.send, "sendbuff")?;
         }
-        gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
+        if sizes.recv > 0 {
+            gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
+        }
         stream.check_context(gpu)?;
         if nranks == 1 {
-            // One rank: the result is the input (an average of one is the value itself).
+            // One rank: the result is the input (an average of one is the value itself; one piece).
             if call.send != call.recv {
                 // SAFETY: both ranges were checked above to be device memory of this context.
                 unsafe { stream.copy(call.recv, call.send, sizes.piece as usize)? };
@@ -149,11 +152,7 @@ impl Collectives {
         }
         let ready = ready.as_mut().expect("set up above");
 
-        let message = match call.collective {
-            Collective::AllGather => sizes.recv,
-            Collective::ReduceScatter => sizes.send,
-            _ => sizes.piece,
-        };
+        let message = call.collective.message(sizes.piece, nranks);
         let protocol = algorithm::choose(call.collective, message, ready.choice);
         let base = algorithm::kernel_base(call.collective, protocol);
         let loaded = {
@@ -178,10 +177,14 @@ impl Collectives {
             Protocol::Copy => ready.scratch.copy_bytes,
         };
         let window = algorithm::window_bytes(call.collective, protocol, nranks, area);
-        let stride = match call.collective {
-            Collective::AllGather | Collective::ReduceScatter => sizes.piece,
-            _ => 0,
+        let stride = if call.collective.per_rank_pieces() {
+            sizes.piece
+        } else {
+            0
         };
+        // A rank that reads no input or keeps no output passes null, which the kernels go by.
+        let send = if sizes.send == 0 { 0 } else { call.send };
+        let recv = if sizes.recv == 0 { 0 } else { call.recv };
         let mut args = KernelArgs {
             scratch: ready.scratch.ptrs,
             slot_bytes: ready.scratch.slot_bytes,
@@ -191,13 +194,13 @@ impl Collectives {
             rank: rank as u32,
             nranks: nranks as u32,
             root: call.root as u32,
-            aligned: (call.send.is_multiple_of(16) && call.recv.is_multiple_of(16) && stride.is_multiple_of(16)) as u32,
+            aligned: (send.is_multiple_of(16) && recv.is_multiple_of(16) && stride.is_multiple_of(16)) as u32,
             stride_bytes: stride,
             ..KernelArgs::default()
         };
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
-            args.send = if call.send == 0 { 0 } else { call.send + offset };
-            args.recv = call.recv + offset;
+            args.send = if send == 0 { 0 } else { send + offset };
+            args.recv = if recv == 0 { 0 } else { recv + offset };
             args.bytes = bytes;
             let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes, max_blocks);
             // SAFETY: the arguments are `CollArgs`'s layout (kernel_args.rs); the application's buffers
