@@ -5,7 +5,8 @@ The package installs one handler with ``mscclppSetLogHandler`` at import. For ev
 (on any thread: the caller's, a proxy's, the bootstrap's) it
 
 - appends the line to the calling thread's capture list, if a call of this package is in progress on that
-  thread (the library logs an error on the thread that made the failing call, before it returns);
+  thread, and to the thread's last few lines, numbered (the library logs an error on the thread that made
+  the failing call, before it returns: a failed call's exception takes the lines logged since it began);
 - hands the line to the logger ``mscclpp.<subsystem>`` (``mscclpp.ffi``, ``mscclpp.bootstrap``,
   ``mscclpp.proxy``, ...) at the line's level.
 
@@ -21,11 +22,12 @@ library's default handler, so that no library thread calls into a finalizing int
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import re
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Deque, List, Optional, Tuple
 
 from ._library import LOG_HANDLER, lib
 from .errors import error_for
@@ -40,7 +42,23 @@ _LEVELS = {
 # "MSCCLPP WARN rank 3 BOOTSTRAP: message"
 _LINE = re.compile(r"^MSCCLPP (?P<level>[A-Z]+) rank (?P<rank>\S+) (?P<subsystem>[A-Za-z0-9_]+): ")
 
-_state = threading.local()
+# Lines a failed call may have logged: the last few of each thread, numbered, so that a call need only note
+# the thread's count before it calls the library (see lines_since).
+_RECENT = 32
+
+
+class _ThreadLog(threading.local):
+    """What the handler keeps per thread: the capture list of a call in progress (or None), how many lines
+    the library logged on the thread so far, and the last of them with their numbers."""
+
+    capture: Optional[List[str]] = None
+    logged = 0
+
+    def __init__(self) -> None:
+        self.recent: Deque[Tuple[int, str]] = collections.deque(maxlen=_RECENT)
+
+
+_state = _ThreadLog()
 _installed = False
 logger = logging.getLogger("mscclpp")
 
@@ -51,7 +69,10 @@ def _handle_line(raw: Optional[int]) -> None:
         if not raw:
             return
         line = ctypes.string_at(raw).decode("utf-8", "replace").rstrip("\n")
-        capture = getattr(_state, "capture", None)
+        st = _state
+        st.logged = n = st.logged + 1
+        st.recent.append((n, line))
+        capture = st.capture
         if capture is not None:
             capture.append(line)
         m = _LINE.match(line)
@@ -109,7 +130,7 @@ class _Capture:
     """Collects the lines the library logs on this thread while it is active (nests)."""
 
     def __enter__(self) -> List[str]:
-        self.previous = getattr(_state, "capture", None)
+        self.previous = _state.capture
         self.lines: List[str] = []
         _state.capture = self.lines
         return self.lines
@@ -120,28 +141,16 @@ class _Capture:
             self.previous.extend(self.lines)
 
 
-def checked(name: str) -> Callable[..., None]:
-    """``call`` bound to the C function ``name`` once, for calls made per training step (the collectives):
-    the same capture and exception, without looking the function up or making a context manager per
-    call."""
-    fn: Callable[..., int] = getattr(lib.cdll, name)
-    state = _state
+def lines_since(mark: int) -> List[str]:
+    """The lines the library logged on this thread since its count (``_state.logged``, which a caller notes
+    before calling the library) was ``mark``: the last ``_RECENT`` at most."""
+    return [line for n, line in _state.recent if n > mark]
 
-    def run(*args: Any) -> None:
-        previous = getattr(state, "capture", None)
-        lines: List[str] = []
-        state.capture = lines
-        try:
-            rc = fn(*args)
-        finally:
-            state.capture = previous
-        if previous is not None:
-            previous.extend(lines)
-        if rc != 0:
-            raise error_for(rc, name, lines, _describe(rc), captured=_installed)
 
-    run.__name__ = name
-    return run
+def failure(name: str, rc: int, mark: int) -> Exception:
+    """The exception for result ``rc`` of the C function ``name``, called when this thread's count of logged
+    lines was ``mark``: the message carries the lines the call logged."""
+    return error_for(rc, name, lines_since(mark), _describe(rc), captured=_installed)
 
 
 def call(name: str, *args: Any) -> None:

@@ -23,19 +23,21 @@ and impossible shapes ``ValueError``, before the library is called; the library'
 package's exceptions (:class:`InvalidArgumentError` with its log line, :class:`CudaError`, ...).
 
 These are called once per training step, often for small buffers: the per-call work in Python is a few
-attribute reads, one driver call (is the communicator's GPU current on this thread?) and the library call;
-the C functions, the dtype tables and the framework of each buffer type are resolved once.
+attribute reads of each buffer, dict lookups and the library call (through ctypes, every argument a plain
+int); the C functions, the dtype tables, the framework of each buffer type and the stream accessor are
+resolved once, and the communicator's GPU is made current by the library itself once it has taken it (until
+then, by the package, see ``_first_calls``). ``python/benchmarks/host_call_cost.py`` measures this work.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from . import _cuda
+from . import _cuda, _log
 from ._library import lib
-from ._log import checked
 from .buffers import device_array, stream_handle
 from .comm import Communicator, _CommState, _int32
 from .errors import InvalidUsageError, ResultCode
@@ -259,7 +261,28 @@ def _resolve(tp: type) -> Any:
 # ---- the C functions, bound once ----
 
 _NAMES = ("mscclppAllReduce", "mscclppAllGather", "mscclppReduceScatter", "mscclppBroadcast")
-_fns: Dict[str, Callable[..., None]] = {n: checked(n) for n in _NAMES if lib.has(n)}
+
+
+def _bind(name: str) -> Callable[..., int]:
+    """The C function ``name`` as called per collective: every argument declared ``void*``. The library's
+    arguments here are pointers, a ``size_t`` and ``int``s, each passed in a 64-bit integer register (the
+    x86-64 and AArch64 calling conventions), where the callee reads an ``int`` from the low 32 bits (a
+    negative one arrives sign-extended, which those bits keep). ctypes passes a Python int as ``void*``
+    without making an object, and as ``size_t`` or ``int`` by making one per argument: measured, a call of
+    the seven costs a quarter to a third less this way. The ints are in range before they are passed
+    (element types and operators are the enums' values, a root is checked against the C int range)."""
+    declared = getattr(lib.cdll, name)
+    fast = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * len(declared.argtypes)))
+    return fast(ctypes.cast(declared, ctypes.c_void_p).value)
+
+
+# This thread's count of the lines the library logged: noted before a call, it finds the lines of a call
+# that failed (see _log.failure).
+_tlog = _log._state
+
+# The C functions the collectives call (the tests replace them with recorders): each returns the
+# mscclppResult_t, which the collectives turn into the package's exception.
+_fns: Dict[str, Callable[..., Any]] = {n: _bind(n) for n in _NAMES if lib.has(n)}
 
 
 def has_collectives() -> bool:
@@ -267,7 +290,7 @@ def has_collectives() -> bool:
     return len(_fns) == len(_NAMES)
 
 
-def _fn(name: str) -> Callable[..., None]:
+def _fn(name: str) -> Callable[..., Any]:
     f = _fns.get(name)
     if f is None:
         raise NotImplementedError(f"this libmscclpp ({lib.path}) does not export {name}; it needs a newer build")
@@ -285,7 +308,7 @@ def _state(comm: Any) -> _CommState:
 
 def _check_device(st: _CommState, device: Optional[int], what: str) -> None:
     """The buffers must be on the communicator's GPU; a communicator that has none yet takes theirs (as
-    ``connect`` does)."""
+    ``connect`` does). Called when the buffers' device is not the communicator's."""
     if device is None:
         return
     if st.device is None:
@@ -313,16 +336,21 @@ def _placement(send: int, send_bytes: int, recv: int, recv_bytes: int, in_place:
         raise ValueError(f"the input overlaps the output but is not where an in-place call has it ({shape})")
 
 
-def _run(st: _CommState, fn: Callable[..., None], args: Tuple[Any, ...]) -> None:
-    """Calls the library with the communicator's GPU current: directly when this thread has its context
-    current already (the usual case: the framework made it so), else within a push and pop of it, so that
-    the library picks the right GPU at the first call and the thread's own context is left as it was."""
+def _first_calls(st: _CommState, f: Callable[..., Any], args: Tuple[Any, ...], count: int) -> Any:
+    """Calls ``f`` (a collective's C function) before the library has taken its GPU (a communicator made
+    with no GPU current, before its first call with data): with the communicator's GPU current, so that
+    the library takes that one; the thread's own context is left as it was. Once the library has its GPU,
+    it makes that GPU's context current around each call itself (and puts the thread's back), and the
+    collectives call it directly."""
     ctx = st.context
     if ctx is not None and _cuda.current_context() == ctx:
-        fn(*args)
+        rc = f(*args)
     else:
         with _cuda.device_context(st.device):
-            fn(*args)
+            rc = f(*args)
+    if not rc and count and st.device is not None:
+        st.library_has_gpu = True  # a call with data took the GPU (an empty one returns before)
+    return rc
 
 
 def _info(x: Any, what: str) -> Tuple[Any, Tuple[int, int, int, Optional[int]]]:
@@ -330,25 +358,30 @@ def _info(x: Any, what: str) -> Tuple[Any, Tuple[int, int, int, Optional[int]]]:
     return a, a.info(x, what)
 
 
-def _tensor_and_out(tensor: Any, out: Any, collective: str,
-                    article: str) -> Tuple[Any, Any, int, int, int, int, Any]:
-    """The buffers of a collective whose output is ``tensor`` itself (``out`` None or ``tensor``) or a
-    separate ``out`` of the same element type and number of elements, not partly overlapping it: (accessor
-    of the output, output, send pointer, receive pointer, elements, type code, device)."""
-    a, (send, n, dt, dev) = _info(tensor, "tensor")
-    if out is None or out is tensor:
-        return a, tensor, send, send, n, dt, dev
-    a, o = _info(out, "out")
-    _same_type((send, n, dt, dev), o, "tensor and out")
-    if o[1] != n:
-        raise ValueError(f"out has {o[1]} elements and tensor {n}; {article} {collective} needs as many")
-    recv = o[0]
+def _out_of_place(tensor: Any, info: Tuple[int, int, int, Optional[int]], out: Any, collective: str,
+                  article: str) -> Tuple[Any, int, Optional[int]]:
+    """A separate ``out`` of ``tensor``'s element type and number of elements, not partly overlapping it:
+    (accessor of ``out``, receive pointer, device)."""
+    send, n, dt, dev = info
+    a = _adapters.get(out.__class__) or _resolve(out.__class__)
+    o = a.info(out, "out")
+    recv, m, odt, odev = o
+    if odt != dt or (odev != dev and odev is not None and dev is not None):
+        _same_type(info, o, "tensor and out")
+    if m != n:
+        raise ValueError(f"out has {m} elements and tensor {n}; {article} {collective} needs as many")
     nbytes = n * _ITEMSIZE[dt]
-    _placement(send, nbytes, recv, nbytes, recv, f"{collective}: out is tensor")
-    return a, out, send, recv, n, dt, o[3] if dev is None else dev
+    if recv != send and send < recv + nbytes and recv < send + nbytes:
+        _placement(send, nbytes, recv, nbytes, recv, f"{collective}: out is tensor")
+    return a, recv, odev if dev is None else dev
 
 
 # ---- the collectives ----
+#
+# Per call: the communicator's state, the operator (a dict lookup), each buffer's framework (a dict lookup
+# by type) and its address, size, element type and device (the framework's accessors), the stream, then
+# the library. The checks that raise are in the slow paths only: a call that passes them does no more work
+# for them than the comparisons.
 
 def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
     """Reduces ``tensor`` over the ranks with ``op`` (``mscclppAllReduce``); every rank gets the same bits.
@@ -357,12 +390,26 @@ def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = N
     ``tensor`` unless it is ``tensor``) the result goes there and ``tensor`` is left as it was. Returns the
     output. Queued on ``stream`` (default: the current stream of the output's framework).
     """
-    st = _state(comm)
-    code = _op(op)
-    a, out, send, recv, n, dt, dev = _tensor_and_out(tensor, out, "all-reduce", "an")
-    _check_device(st, dev, "tensor")
+    st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
+    code = _OPS.get(op) if op.__class__ is str else None
+    if code is None:
+        code = _op(op)
+    a = _adapters.get(tensor.__class__) or _resolve(tensor.__class__)
+    info = a.info(tensor, "tensor")
+    send, n, dt, dev = info
+    if out is None or out is tensor:
+        out, recv = tensor, send
+    else:
+        a, recv, dev = _out_of_place(tensor, info, out, "all-reduce", "an")
+    if dev != st.device:
+        _check_device(st, dev, "tensor")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
-    _run(st, _fns.get("mscclppAllReduce") or _fn("mscclppAllReduce"), (send, recv, n, dt, code, st._handle, s))
+    f = _fns.get("mscclppAllReduce") or _fn("mscclppAllReduce")
+    mark = _tlog.logged
+    args = (send, recv, n, dt, code, st._handle, s)
+    rc = f(*args) if st.library_has_gpu else _first_calls(st, f, args, n)
+    if rc:
+        raise _log.failure("mscclppAllReduce", rc, mark)
     return out
 
 
@@ -371,22 +418,33 @@ def all_gather(out: Any, inp: Any, *, comm: Communicator, stream: Any = None) ->
     times ``inp``'s elements, and ``out[r * n:(r + 1) * n]`` gets rank r's ``inp``. In place when ``inp`` is
     ``out[rank * n:(rank + 1) * n]``. Returns ``out``. Queued on ``stream`` (default: the current stream of
     ``out``'s framework)."""
-    st = _state(comm)
-    a, (recv, m, dt, dev) = _info(out, "out")
-    _, i = _info(inp, "inp")
-    _same_type(i, (recv, m, dt, dev), "inp and out")
-    send, n = i[0], i[1]
+    st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
+    a = _adapters.get(out.__class__) or _resolve(out.__class__)
+    o = a.info(out, "out")
+    recv, m, dt, dev = o
+    i = (_adapters.get(inp.__class__) or _resolve(inp.__class__)).info(inp, "inp")
+    send, n, idt, idev = i
+    if idt != dt or (idev != dev and idev is not None and dev is not None):
+        _same_type(i, o, "inp and out")
     nranks = st.size
     if m != n * nranks:
         raise ValueError(f"out has {m} elements; an all-gather of {n} elements per rank over {nranks} ranks needs "
                          f"{n * nranks}")
     piece = n * _ITEMSIZE[dt]
-    _placement(send, piece, recv, piece * nranks, recv + st.rank * piece,
-               f"all-gather: inp is out[rank * {n}:(rank + 1) * {n}]")
-    dev = i[3] if dev is None else dev
-    _check_device(st, dev, "out")
+    in_place = recv + st.rank * piece
+    if send != in_place and send < recv + piece * nranks and recv < send + piece:
+        _placement(send, piece, recv, piece * nranks, in_place, f"all-gather: inp is out[rank * {n}:(rank + 1) * {n}]")
+    if dev is None:
+        dev = idev
+    if dev != st.device:
+        _check_device(st, dev, "out")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
-    _run(st, _fns.get("mscclppAllGather") or _fn("mscclppAllGather"), (send, recv, n, dt, st._handle, s))
+    f = _fns.get("mscclppAllGather") or _fn("mscclppAllGather")
+    mark = _tlog.logged
+    args = (send, recv, n, dt, st._handle, s)
+    rc = f(*args) if st.library_has_gpu else _first_calls(st, f, args, n)
+    if rc:
+        raise _log.failure("mscclppAllGather", rc, mark)
     return out
 
 
@@ -395,25 +453,38 @@ def reduce_scatter(out: Any, inp: Any, op: Any = "sum", *, comm: Communicator, s
     ``inp`` has ``nranks`` times ``out``'s elements, and rank r's ``out`` gets the reduction of every rank's
     ``inp[r * n:(r + 1) * n]``. In place when ``out`` is ``inp[rank * n:(rank + 1) * n]``. Returns ``out``.
     Queued on ``stream`` (default: the current stream of ``out``'s framework)."""
-    st = _state(comm)
-    code = _op(op)
-    a, (recv, n, dt, dev) = _info(out, "out")
-    _, i = _info(inp, "inp")
-    _same_type(i, (recv, n, dt, dev), "inp and out")
-    send, m = i[0], i[1]
+    st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
+    code = _OPS.get(op) if op.__class__ is str else None
+    if code is None:
+        code = _op(op)
+    a = _adapters.get(out.__class__) or _resolve(out.__class__)
+    o = a.info(out, "out")
+    recv, n, dt, dev = o
+    i = (_adapters.get(inp.__class__) or _resolve(inp.__class__)).info(inp, "inp")
+    send, m, idt, idev = i
+    if idt != dt or (idev != dev and idev is not None and dev is not None):
+        _same_type(i, o, "inp and out")
     nranks = st.size
     if m != n * nranks:
         raise ValueError(f"inp has {m} elements; a reduce-scatter of {n} elements per rank over {nranks} ranks "
                          f"needs {n * nranks}")
     piece = n * _ITEMSIZE[dt]
     # In place, the output is the input's piece of this rank: the input starts rank * piece before it.
-    _placement(send, piece * nranks, recv, piece, recv - st.rank * piece,
-               f"reduce-scatter: out is inp[rank * {n}:(rank + 1) * {n}]")
-    dev = i[3] if dev is None else dev
-    _check_device(st, dev, "out")
+    in_place = recv - st.rank * piece
+    if send != in_place and send < recv + piece and recv < send + piece * nranks:
+        _placement(send, piece * nranks, recv, piece, in_place,
+                   f"reduce-scatter: out is inp[rank * {n}:(rank + 1) * {n}]")
+    if dev is None:
+        dev = idev
+    if dev != st.device:
+        _check_device(st, dev, "out")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
-    _run(st, _fns.get("mscclppReduceScatter") or _fn("mscclppReduceScatter"),
-         (send, recv, n, dt, code, st._handle, s))
+    f = _fns.get("mscclppReduceScatter") or _fn("mscclppReduceScatter")
+    mark = _tlog.logged
+    args = (send, recv, n, dt, code, st._handle, s)
+    rc = f(*args) if st.library_has_gpu else _first_calls(st, f, args, n)
+    if rc:
+        raise _log.failure("mscclppReduceScatter", rc, mark)
     return out
 
 
@@ -422,10 +493,23 @@ def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, st
     ``out`` (same element type and number of elements) the result goes there, and ``tensor`` is read on the
     root only. Returns the output. Queued on ``stream`` (default: the current stream of the output's
     framework). A root out of range is the library's ``InvalidArgumentError``."""
-    st = _state(comm)
-    root = root if root.__class__ is int and -(2**31) <= root < 2**31 else _int32("root", root)
-    a, out, send, recv, n, dt, dev = _tensor_and_out(tensor, out, "broadcast", "a")
-    _check_device(st, dev, "tensor")
+    st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
+    if root.__class__ is not int or not -(2**31) <= root < 2**31:
+        root = _int32("root", root)
+    a = _adapters.get(tensor.__class__) or _resolve(tensor.__class__)
+    info = a.info(tensor, "tensor")
+    send, n, dt, dev = info
+    if out is None or out is tensor:
+        out, recv = tensor, send
+    else:
+        a, recv, dev = _out_of_place(tensor, info, out, "broadcast", "a")
+    if dev != st.device:
+        _check_device(st, dev, "tensor")
     s = a.stream(out, dev) if stream is None else stream_handle(stream)
-    _run(st, _fns.get("mscclppBroadcast") or _fn("mscclppBroadcast"), (send, recv, n, dt, root, st._handle, s))
+    f = _fns.get("mscclppBroadcast") or _fn("mscclppBroadcast")
+    mark = _tlog.logged
+    args = (send, recv, n, dt, root, st._handle, s)
+    rc = f(*args) if st.library_has_gpu else _first_calls(st, f, args, n)
+    if rc:
+        raise _log.failure("mscclppBroadcast", rc, mark)
     return out

@@ -307,9 +307,12 @@ class _CommState:
         self.registered: List[RegisteredBuffer] = []
         self.proxy_running = False
         self._retained: Optional[int] = None
-        # The handle of the device's primary context while retained: a collective call whose thread has it
-        # current already calls the library directly (see collectives.py).
+        # The handle of the device's primary context while retained.
         self.context: Optional[int] = None
+        # Whether the library has taken its GPU (the context current when it was created, or at its first
+        # call that needed one): from then on it makes that context current around each call itself, and
+        # the collectives need not check which one is current on the calling thread (collectives.py).
+        self.library_has_gpu = False
 
     def set_device(self, device: Optional[int]) -> None:
         """Records the communicator's GPU and retains its primary context until close: the library keeps
@@ -407,6 +410,9 @@ class Communicator:
             st.release_device()
             raise
         st._handle = handle.value
+        # With a device (given, or current), its context was current on this thread during the init above:
+        # the library took it as the communicator's.
+        st.library_has_gpu = st.context is not None
         with st.lock:
             _open.add(st)
         self._st = st

@@ -8,6 +8,7 @@ DLPack; nothing is ever read from them: every call either fails its checks or st
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import enum
 import re
@@ -446,6 +447,52 @@ def test_the_arguments_each_collective_passes(comms: Any, recorded: Dict[str, Li
     assert recorded["mscclppReduceScatter"] == [(BASE + 4096, BASE, 6, f16, 1, h1, 77),
                                                 (BASE + 4096, BASE + 4096 + 12, 6, f16, 0, h1, 9)]
     assert recorded["mscclppBroadcast"] == [(BASE, BASE, 6, f16, 1, h1, 77), (BASE, BASE + 4096 + 12, 6, f16, 0, h1, 0)]
+
+
+def test_the_gpu_is_made_current_only_until_the_library_has_taken_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A communicator made with no GPU current: its calls run with its GPU's context pushed (or checked
+    current) until one call with data has succeeded; then the library, which makes its context current
+    itself, is called directly, without asking the driver. An empty call does not count."""
+    events: List[str] = []
+    ctx = 0xC0C0
+
+    @contextlib.contextmanager
+    def pushed(device: Any) -> Any:
+        events.append(f"push {device}")
+        yield
+
+    monkeypatch.setattr(_cuda, "device_context", pushed)
+    monkeypatch.setattr(_cuda, "current_context", lambda: events.append("asked") or 0x1234)
+    results = iter([0, 4, 0, 0])  # an empty call, a failing call, then two that succeed
+    for name in collectives._NAMES:
+        monkeypatch.setitem(collectives._fns, name, lambda *args: events.append("call") or next(results))
+    with mscclpp.Communicator(1, 0, unique_id=mscclpp.UniqueId.create()) as comm:
+        st = comm._st
+        assert not st.library_has_gpu, "no GPU was current when it was made"
+        st.device, st.context = 0, ctx  # as the first buffer's GPU would set them
+        events.clear()
+        mscclpp.all_reduce(Cai(0, ptr=0), comm=comm)
+        assert events == ["asked", "push 0", "call"] and not st.library_has_gpu, events
+        with pytest.raises(mscclpp.InvalidArgumentError):
+            mscclpp.broadcast(Cai(4), 0, comm=comm)
+        assert not st.library_has_gpu, "a failed call took no GPU"
+        events.clear()
+        mscclpp.all_gather(Cai(4), Cai(4, ptr=BASE + 64), comm=comm)
+        assert st.library_has_gpu and events == ["asked", "push 0", "call"], events
+        events.clear()
+        mscclpp.reduce_scatter(Cai(4), Cai(4, ptr=BASE + 64), comm=comm)
+        assert events == ["call"], events
+        st.device, st.context = None, None
+
+
+def test_a_failed_call_carries_only_its_own_lines(solo: Any) -> None:
+    """Lines logged on the thread before a call are not put into its exception: a failure takes the lines
+    logged since it began."""
+    with pytest.raises(mscclpp.InvalidArgumentError):
+        mscclpp.broadcast(Cai(4), 7, comm=solo)
+    with pytest.raises(mscclpp.InvalidArgumentError) as info:
+        mscclpp.broadcast(Cai(4), 9, comm=solo)
+    assert len(info.value.log_lines) == 1 and "root is 9;" in info.value.log_lines[0], info.value.log_lines
 
 
 def test_a_library_without_collectives_says_so(solo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
