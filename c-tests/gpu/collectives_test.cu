@@ -1964,7 +1964,9 @@ int main(int argc, char** argv)
       rc = runKill(nranks, groupPort);
     } else {
       const Group* group = &g;
-      rc = runRanks(g.name, opt, g.limitS, [group](Rank& R) { return groupRankMain(R, *group); });
+      // Above 4 ranks on one GPU each call takes longer (the ranks share its multiprocessors): the limit grows.
+      const double limit = g.limitS * std::max(1.0, nranks / 4.0);
+      rc = runRanks(g.name, opt, limit, [group](Rank& R) { return groupRankMain(R, *group); });
     }
     ++ran;
     failed += rc != 0;
