@@ -246,6 +246,14 @@ setting!(
     Warn,
     "`0`: communicators whose `ncclConfig_t` leaves `blocking` undefined initialise in the background"
 );
+setting!(
+    NCCL_FALLBACK,
+    "MSCCLPP_NCCL_FALLBACK",
+    "",
+    Values::Text,
+    Warn,
+    "path of NVIDIA's libnccl.so.2 (2.28 or later): the NCCL face makes an NVIDIA communicator beside each of its own and sends it what it does not carry out, and every collective of ranks on several hosts"
+);
 
 /// Every setting, in the order the README lists them.
 pub static ALL: &[&Setting] = &[
@@ -271,6 +279,7 @@ pub static ALL: &[&Setting] = &[
     &NCCL_DEBUG_FILE,
     &NCCL_COMM_ID,
     &NCCL_COMM_BLOCKING,
+    &NCCL_FALLBACK,
 ];
 
 /// The process environment's values of the declared settings, read once.

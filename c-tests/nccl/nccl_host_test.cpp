@@ -363,6 +363,7 @@ int main() {
   unsetenv("MSCCLPP_DEBUG");
   unsetenv("MSCCLPP_DEBUG_FILE");
   unsetenv("NCCL_COMM_ID");
+  unsetenv("MSCCLPP_NCCL_FALLBACK");  // its calls are refused here; nccl_fallback_test sets it
   layouts_and_values();
   version_and_errors();
   initialisation();

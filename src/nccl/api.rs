@@ -2,13 +2,15 @@
 //! of its device API. Exported (each with NCCL's `pnccl` twin) only with the `nccl-abi` feature, which
 //! builds `libnccl.so.2`. Each finds the communicator, checks its arguments as NCCL does (the error
 //! names the argument), and calls the core behind the panic boundary: the same `Communicator` calls that
-//! `mscclpp.h`'s functions make (`crate::ffi`).
+//! `mscclpp.h`'s functions make (`crate::ffi`). What the core does not carry out goes to the NVIDIA
+//! communicator beside ours where `MSCCLPP_NCCL_FALLBACK` made one (`fallback.rs`), else is refused.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
 use super::comm::{self as ncomm, NcclComm, PreMulSum};
 use super::config;
 use super::error::{self as nerror, code, not_yet};
+use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
 use crate::bootstrap::UniqueId;
@@ -60,6 +62,9 @@ enum Op {
         root: i64,
         stream: u64,
     },
+    /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
+    /// group.
+    Fallback(Forwarded),
 }
 
 type InitJob = Box<dyn FnOnce() -> Result<Communicator> + Send>;
@@ -133,8 +138,9 @@ fn datatype(v: c_int) -> Result<DataType> {
     check_datatype(v)?;
     if v >= datatype::FLOAT8E4M3 {
         return Err(Error::invalid_usage(format!(
-            "datatype {} ({v}) is not carried out by this library yet",
-            datatype_name(v)
+            "datatype {} ({v}) is not carried out by this library yet; {}",
+            datatype_name(v),
+            fallback::unavailable_hint()
         )));
     }
     DataType::from_c(v)
@@ -158,7 +164,8 @@ fn check_op(v: c_int, comm: &NcclComm) -> Result<Option<RedOp>> {
 fn redop(v: c_int, comm: &NcclComm) -> Result<RedOp> {
     check_op(v, comm)?.ok_or_else(|| {
         Error::invalid_usage(format!(
-            "op {v} (made by ncclRedOpCreatePreMulSum) is not carried out by this library yet"
+            "op {v} (made by ncclRedOpCreatePreMulSum) is not carried out by this library yet; {}",
+            fallback::unavailable_hint()
         ))
     })
 }
@@ -197,6 +204,10 @@ fn issue(op: Op) -> Result<ncclResult_t> {
             comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
             OK
         }
+        Op::Fallback(f) => {
+            f.issue()?;
+            OK
+        }
         Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),
     }
 }
@@ -217,6 +228,34 @@ fn collective(
     stream: *mut c_void,
 ) -> ncclResult_t {
     enqueue(name, comm, |c| {
+        check_datatype(datatype_value)?;
+        let builtin = op.map(|o| check_op(o, c)).transpose()?;
+        // fp8 types and PreMulSum operators have no kernels here; ranks on several hosts, no transport.
+        let native = datatype_value < datatype::FLOAT8E4M3 && !matches!(builtin, Some(None));
+        if let Some(f) = c.fallback_for_all().or(c.fallback().filter(|_| !native)) {
+            c.open()?;
+            if collective == Collective::Broadcast {
+                check_rank("root", root, c)?;
+            }
+            let op = match op {
+                Some(o) if o >= redop::NUM_OPS => c
+                    .premul(o)
+                    .and_then(|p| p.fallback)
+                    .ok_or_else(|| Error::invalid_usage(format!("op {o} has no twin on NVIDIA's communicator")))?,
+                Some(o) => o,
+                None => 0,
+            };
+            let call = fallback::Call::collective(
+                collective,
+                sendbuff as u64,
+                recvbuff as u64,
+                count,
+                datatype_value,
+                op,
+                root,
+            );
+            return forward(f, call, stream);
+        }
         let datatype = datatype(datatype_value)?;
         let op = op.map(|o| redop(o, c)).transpose()?;
         let core = c.usable()?;
@@ -241,14 +280,60 @@ fn collective(
     })
 }
 
-/// A function of NCCL's the core does not carry out yet: its arguments are checked as for a real call
-/// (`check`), then it fails with `ncclInvalidUsage`, naming itself.
-fn refused(name: &str, comm: ncclComm_t, check: impl FnOnce(&NcclComm) -> Result<()>) -> ncclResult_t {
+/// Issues `call` on NVIDIA's communicator `f`, now or at the group's end.
+fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -> Result<ncclResult_t> {
+    issue(Op::Fallback(Forwarded {
+        comm: f.clone(),
+        call,
+        stream: stream as u64,
+    }))
+}
+
+/// A call the core does not carry out: its arguments are checked as for a real call (`check`), then it
+/// goes to NVIDIA's communicator beside ours, or, where there is none, fails with `ncclInvalidUsage`
+/// naming itself and `MSCCLPP_NCCL_FALLBACK`.
+fn forwarded(
+    name: &str,
+    comm: ncclComm_t,
+    stream: *mut c_void,
+    check: impl FnOnce(&NcclComm) -> Result<()>,
+    call: fallback::Call,
+) -> ncclResult_t {
     enqueue(name, comm, |c| {
         check(c)?;
-        c.usable()?;
-        Err(not_yet(name))
+        c.open()?;
+        match c.fallback() {
+            Some(f) => forward(f, call, stream),
+            None => Err(not_yet(name)),
+        }
     })
+}
+
+/// A function of NCCL's the core does not carry out, called on the communicator's fallback (`call`) or,
+/// where there is none, refused as `forwarded` refuses.
+fn with_fallback(
+    name: &str,
+    comm: ncclComm_t,
+    check: impl FnOnce(&NcclComm) -> Result<()>,
+    call: impl FnOnce(&NcclComm, &Arc<fallback::Comm>) -> Result<ncclResult_t>,
+) -> ncclResult_t {
+    with_comm(name, comm, |c| {
+        check(c)?;
+        c.open()?;
+        match c.fallback() {
+            Some(f) => call(c, f),
+            None => Err(not_yet(name)),
+        }
+    })
+}
+
+/// Ends an initialisation: NVIDIA's communicator is made beside ours where `MSCCLPP_NCCL_FALLBACK` asks
+/// for one (every rank does this at once, as the initialisation itself), then the outcome is recorded.
+fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
+    if let Ok(core) = &result {
+        comm.attach_fallback(fallback::attach(core));
+    }
+    comm.complete(result);
 }
 
 /// How an initialisation reaches its peers: through `NCCL_COMM_ID`'s address where it is set (rank 0
@@ -278,7 +363,7 @@ fn run_init(comm: &NcclComm, gpu: Option<GpuContext>, job: InitJob) {
     if let Err(e) = &result {
         log::warn!("ncclCommInitRank: {}", e.message);
     }
-    comm.complete(result);
+    finish_init(comm, result);
 }
 
 /// The device a communicator made now on this thread works on (see `NcclComm::device`).
@@ -325,7 +410,7 @@ unsafe fn init_rank(
             return Ok(ncclResult_t::ncclInProgress);
         }
         let _rank = RankScope::enter(rank);
-        comm.complete(Ok(job()?));
+        finish_init(&comm, Ok(job()?));
         // SAFETY: checked non-null.
         unsafe { *out = ncomm::register(comm) };
         OK
@@ -338,9 +423,11 @@ unsafe fn init_rank(
 fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
     let mut inits = Vec::new();
     let mut by_comm: Vec<(Arc<Communicator>, Vec<QueuedCall>)> = Vec::new();
+    let mut forwarded = Vec::new();
     for op in ops {
         match op {
             Op::Init { comm, gpu, job } => inits.push((comm, gpu, job)),
+            Op::Fallback(f) => forwarded.push(f),
             Op::Collective {
                 comm,
                 call,
@@ -400,6 +487,14 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
         if let Some(e) = errors.into_iter().next() {
             first.get_or_insert(e);
         }
+    }
+    // NVIDIA's share of the group, in one NVIDIA group after ours: within a group NCCL promises no order
+    // between operations either, and every rank issues its share in the same place. Issued even after an
+    // error of ours, so that the peers' NVIDIA calls are not left waiting.
+    if let Some(f) = forwarded.first()
+        && let Err(e) = f.comm.library().issue_group(&forwarded)
+    {
+        first.get_or_insert(e);
     }
     match first {
         Some(e) => Err(e),
@@ -480,7 +575,11 @@ nccl_export! {
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
         let name = "ncclCommInitRankScalable";
-        if nId == 1 && !commIds.is_null() {
+        // Every rank is given the same ids, and one of our roots serves any number of ranks: the first id
+        // does. Taken only where MSCCLPP_NCCL_FALLBACK is set, as the other ids' roots are then left to
+        // time out unused.
+        let fallback_set = crate::settings::NCCL_FALLBACK.text().is_some();
+        if (nId == 1 || (nId > 1 && fallback_set)) && !commIds.is_null() {
             // SAFETY: checked non-null; the caller passes nId ids.
             let id = unsafe { &*commIds };
             // SAFETY: nccl.h's contract for each argument.
@@ -498,7 +597,8 @@ nccl_export! {
             // SAFETY: nccl.h's contract: NULL or the caller's config.
             unsafe { config::read(config, true) }?;
             Err(Error::invalid_usage(format!(
-                "{name} with {nId} ids is not carried out by this library yet (one id is)"
+                "{name} with {nId} ids is not carried out by this library yet (one id is); {}",
+                fallback::unavailable_hint()
             )))
         })
     }
@@ -522,7 +622,8 @@ nccl_export! {
             ensure_driver()?;
             let n = devices.len();
             let id = UniqueId::create(BOOTSTRAP_TIMEOUT)?;
-            let results: Vec<Result<Communicator>> = std::thread::scope(|s| {
+            type Made = Result<(Communicator, Option<Arc<fallback::Comm>>)>;
+            let results: Vec<Made> = std::thread::scope(|s| {
                 let workers: Vec<_> = devices
                     .iter()
                     .enumerate()
@@ -531,7 +632,9 @@ nccl_export! {
                         s.spawn(move || {
                             let _rank = RankScope::enter(rank);
                             GpuContext::set_device(device)?;
-                            Communicator::init_by_id(n, id, rank, BOOTSTRAP_TIMEOUT)
+                            let core = Communicator::init_by_id(n, id, rank, BOOTSTRAP_TIMEOUT)?;
+                            let f = fallback::attach(&core);
+                            Ok((core, f))
                         })
                     })
                     .collect();
@@ -542,13 +645,17 @@ nccl_export! {
             });
             if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
                 let e = e.clone();
-                for c in results.into_iter().flatten() {
+                for (c, f) in results.into_iter().flatten() {
                     let _ = c.destroy();
+                    if let Some(f) = f {
+                        let _ = f.abort();
+                    }
                 }
                 return Err(e);
             }
-            for (rank, (c, device)) in results.into_iter().flatten().zip(devices).enumerate() {
+            for (rank, ((c, f), device)) in results.into_iter().flatten().zip(devices).enumerate() {
                 let comm = NcclComm::pending(rank, n, Some(device), None);
+                comm.attach_fallback(f);
                 comm.complete(Ok(c));
                 // SAFETY: checked non-null; the caller provides ndev handles.
                 unsafe { *comms.add(rank) = ncomm::register(comm) };
@@ -582,6 +689,7 @@ nccl_export! {
             if let Some(core) = c.wait_core() {
                 core.destroy()?;
             }
+            c.destroy_fallback()?;
             OK
         })
     }
@@ -602,17 +710,26 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`).
     fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
-        refused("ncclCommRevoke", comm, |_| {
-            ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0");
-            Ok(())
-        })
+        with_fallback(
+            "ncclCommRevoke",
+            comm,
+            |_| {
+                ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0");
+                Ok(())
+            },
+            |_, f| {
+                f.revoke(revokeFlags)?;
+                OK
+            },
+        )
     }
 }
 
 nccl_export! {
-    /// Not carried out yet; `*newcomm` is set to NULL.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`): the new communicator is NVIDIA's alone;
+    /// otherwise refused, `*newcomm` set to NULL.
     fn ncclCommSplit / pncclCommSplit(
         comm: ncclComm_t,
         color: c_int,
@@ -620,8 +737,7 @@ nccl_export! {
         newcomm: *mut ncclComm_t,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
-        let _ = key;
-        refused("ncclCommSplit", comm, |_| {
+        let check = |_: &NcclComm| {
             non_null(newcomm, "newcomm")?;
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
@@ -632,12 +748,35 @@ nccl_export! {
             // SAFETY: nccl.h's contract: NULL or the caller's config.
             unsafe { config::read(config, true) }?;
             Ok(())
+        };
+        with_fallback("ncclCommSplit", comm, check, |c, f| {
+            // SAFETY: checked non-null by `check`.
+            unsafe { split(c, f, fallback::Split::Color { color, key }, newcomm, config) }
         })
     }
 }
 
+/// `ncclCommSplit` / `ncclCommShrink` on the fallback: NVIDIA's new communicator, behind a handle of ours
+/// (NULL where this rank is in none).
+unsafe fn split(
+    c: &NcclComm,
+    f: &Arc<fallback::Comm>,
+    how: fallback::Split,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> Result<ncclResult_t> {
+    // SAFETY: the caller's config, under nccl.h's contract.
+    let handle = match unsafe { f.split(how, config) }? {
+        Some((new, rank, nranks)) => ncomm::register(NcclComm::elsewhere(rank, nranks, c.device, new)),
+        None => std::ptr::null_mut(),
+    };
+    // SAFETY: the caller checked it non-null.
+    unsafe { *newcomm = handle };
+    OK
+}
+
 nccl_export! {
-    /// Not carried out yet; `*newcomm` is set to NULL.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), as `ncclCommSplit`.
     fn ncclCommShrink / pncclCommShrink(
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
@@ -646,7 +785,7 @@ nccl_export! {
         config: *mut ncclConfig_t,
         shrinkFlags: c_int,
     ) -> ncclResult_t {
-        refused("ncclCommShrink", comm, |c| {
+        let check = |c: &NcclComm| {
             non_null(newcomm, "newcomm")?;
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
@@ -670,6 +809,20 @@ nccl_export! {
             // SAFETY: nccl.h's contract: NULL or the caller's config.
             unsafe { config::read(config, true) }?;
             Ok(())
+        };
+        with_fallback("ncclCommShrink", comm, check, |c, f| {
+            let exclude = if excludeRanksCount > 0 {
+                // SAFETY: checked non-null by `check`; the caller passes excludeRanksCount ranks.
+                unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
+            } else {
+                Vec::new()
+            };
+            let how = fallback::Split::Shrink {
+                exclude,
+                flags: shrinkFlags,
+            };
+            // SAFETY: checked non-null by `check`.
+            unsafe { split(c, f, how, newcomm, config) }
         })
     }
 }
@@ -884,10 +1037,16 @@ nccl_export! {
                     )));
                 }
             }
+            let twin = c
+                .fallback()
+                // SAFETY: the caller's scalar, under nccl.h's contract (checked non-null).
+                .map(|f| unsafe { f.create_premul(scalar, datatype, residence) })
+                .transpose()?;
             let n = c.add_premul(PreMulSum {
                 datatype,
                 residence,
                 scalar: bytes,
+                fallback: twin,
             });
             // SAFETY: checked non-null.
             unsafe { *op = n };
@@ -903,10 +1062,14 @@ nccl_export! {
                 op >= redop::NUM_OPS,
                 "op is {op}, a built-in operator; only operators made by ncclRedOpCreatePreMulSum are destroyed"
             );
+            let made = c.remove_premul(op);
             ensure_arg!(
-                c.remove_premul(op).is_some(),
+                made.is_some(),
                 "op {op} was not made by ncclRedOpCreatePreMulSum on this comm (or was destroyed)"
             );
+            if let (Some(f), Some(twin)) = (c.fallback(), made.and_then(|m| m.fallback)) {
+                f.destroy_premul(twin)?;
+            }
             OK
         })
     }
@@ -988,7 +1151,7 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclReduce / pncclReduce(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -999,17 +1162,29 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (sendbuff, recvbuff, count, stream);
-        refused("ncclReduce", comm, |c| {
+        let (send, recv) = (sendbuff as u64, recvbuff as u64);
+        enqueue("ncclReduce", comm, |c| {
             check_datatype(datatype)?;
             check_op(op, c)?;
-            check_rank("root", root, c)
+            check_rank("root", root, c)?;
+            c.open()?;
+            let Some(f) = c.fallback() else {
+                return Err(not_yet("ncclReduce"));
+            };
+            let op = if op >= redop::NUM_OPS {
+                c.premul(op).and_then(|p| p.fallback).ok_or_else(|| {
+                    Error::invalid_usage(format!("op {op} has no twin on NVIDIA's communicator"))
+                })?
+            } else {
+                op
+            };
+            forward(f, fallback::Call::Reduce { send, recv, count, datatype, op, root }, stream)
         })
     }
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclAlltoAll / pncclAlltoAll(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1018,13 +1193,13 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (sendbuff, recvbuff, count, stream);
-        refused("ncclAlltoAll", comm, |_| check_datatype(datatype))
+        let call = fallback::Call::AlltoAll { send: sendbuff as u64, recv: recvbuff as u64, count, datatype };
+        forwarded("ncclAlltoAll", comm, stream, |_| check_datatype(datatype), call)
     }
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclGather / pncclGather(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1034,16 +1209,17 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (sendbuff, recvbuff, count, stream);
-        refused("ncclGather", comm, |c| {
+        let call = fallback::Call::Gather { send: sendbuff as u64, recv: recvbuff as u64, count, datatype, root };
+        let check = |c: &NcclComm| {
             check_datatype(datatype)?;
             check_rank("root", root, c)
-        })
+        };
+        forwarded("ncclGather", comm, stream, check, call)
     }
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclScatter / pncclScatter(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1053,16 +1229,17 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (sendbuff, recvbuff, count, stream);
-        refused("ncclScatter", comm, |c| {
+        let call = fallback::Call::Scatter { send: sendbuff as u64, recv: recvbuff as u64, count, datatype, root };
+        let check = |c: &NcclComm| {
             check_datatype(datatype)?;
             check_rank("root", root, c)
-        })
+        };
+        forwarded("ncclScatter", comm, stream, check, call)
     }
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclSend / pncclSend(
         sendbuff: *const c_void,
         count: usize,
@@ -1071,16 +1248,17 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (sendbuff, count, stream);
-        refused("ncclSend", comm, |c| {
+        let call = fallback::Call::Send { buf: sendbuff as u64, count, datatype, peer };
+        let check = |c: &NcclComm| {
             check_datatype(datatype)?;
             check_rank("peer", peer, c)
-        })
+        };
+        forwarded("ncclSend", comm, stream, check, call)
     }
 }
 
 nccl_export! {
-    /// Not carried out yet.
+    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
     fn ncclRecv / pncclRecv(
         recvbuff: *mut c_void,
         count: usize,
@@ -1089,11 +1267,12 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let _ = (recvbuff, count, stream);
-        refused("ncclRecv", comm, |c| {
+        let call = fallback::Call::Recv { buf: recvbuff as u64, count, datatype, peer };
+        let check = |c: &NcclComm| {
             check_datatype(datatype)?;
             check_rank("peer", peer, c)
-        })
+        };
+        forwarded("ncclRecv", comm, stream, check, call)
     }
 }
 

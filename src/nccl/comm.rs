@@ -1,8 +1,10 @@
 //! What an `ncclComm_t` names: the core's communicator (`crate::comm::Communicator`, the same one
 //! `mscclpp.h` uses) once it exists, and what NCCL's API keeps beside it: the state of a background
-//! initialisation, the device, `ncclCommFinalize`, registrations, windows and `PreMulSum` operators.
+//! initialisation, the device, `ncclCommFinalize`, registrations, windows, `PreMulSum` operators, and the
+//! NVIDIA communicator made beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`).
 
 use super::error::{code, from_core};
+use super::fallback;
 use super::types::{ncclComm_t, ncclResult_t};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -18,6 +20,9 @@ enum State {
     /// Initialising in the background (non-blocking config, or inside a group).
     Pending,
     Ready(Arc<Communicator>),
+    /// Made by NVIDIA's library alone (`ncclCommSplit` / `ncclCommShrink` of a communicator with a
+    /// fallback): every call goes to it.
+    Elsewhere,
     Failed(Error),
 }
 
@@ -29,6 +34,8 @@ pub struct PreMulSum {
     /// creation).
     pub residence: c_int,
     pub scalar: [u8; 8],
+    /// Its twin on the NVIDIA communicator beside ours, where there is one.
+    pub fallback: Option<c_int>,
 }
 
 pub struct NcclComm {
@@ -51,6 +58,8 @@ pub struct NcclComm {
     next_op: AtomicI32,
     /// The failure's message, kept for `ncclGetLastError` once the communicator has failed.
     failure_message: OnceCell<CString>,
+    /// NVIDIA's communicator beside ours (`MSCCLPP_NCCL_FALLBACK`), set before the initialisation ends.
+    fallback: OnceCell<Arc<fallback::Comm>>,
 }
 
 static COMMS: Registry<NcclComm> = Registry::new();
@@ -72,7 +81,35 @@ impl NcclComm {
             premul: Mutex::new(HashMap::new()),
             next_op: AtomicI32::new(super::types::redop::NUM_OPS),
             failure_message: OnceCell::new(),
+            fallback: OnceCell::new(),
         })
+    }
+
+    /// A communicator made by NVIDIA's library alone (a split of one with a fallback).
+    pub fn elsewhere(rank: usize, nranks: usize, device: Option<i32>, fallback: Arc<fallback::Comm>) -> Arc<NcclComm> {
+        let c = NcclComm::pending(rank, nranks, device, None);
+        let _ = c.fallback.set(fallback);
+        *c.state.lock() = State::Elsewhere;
+        c
+    }
+
+    /// Gives the communicator NVIDIA's communicator made beside it; before `complete`, so that every call
+    /// that finds the communicator ready finds it too.
+    pub fn attach_fallback(&self, f: Option<Arc<fallback::Comm>>) {
+        if let Some(f) = f {
+            let _ = self.fallback.set(f);
+        }
+    }
+
+    /// NVIDIA's communicator beside ours, if there is one.
+    pub fn fallback(&self) -> Option<&Arc<fallback::Comm>> {
+        self.fallback.get()
+    }
+
+    /// NVIDIA's communicator where every call goes to it: made by NVIDIA alone, or ranks on several hosts.
+    pub fn fallback_for_all(&self) -> Option<&Arc<fallback::Comm>> {
+        self.fallback()
+            .filter(|f| f.spans_hosts() || matches!(*self.state.lock(), State::Elsewhere))
     }
 
     /// Ends the initialisation with its result. A communicator abandoned meanwhile (`ncclCommAbort`) is
@@ -85,6 +122,9 @@ impl NcclComm {
                 if self.abandoned.load(Ordering::Acquire) {
                     let _ = c.abort();
                     let _ = c.destroy();
+                    if let Some(f) = self.fallback() {
+                        let _ = f.abort();
+                    }
                 }
                 State::Ready(c)
             }
@@ -100,6 +140,9 @@ impl NcclComm {
             State::Ready(c) => Ok(c.clone()),
             State::Pending => Err(Error::invalid_usage(
                 "comm is still being initialised: poll ncclCommGetAsyncError until it returns ncclSuccess",
+            )),
+            State::Elsewhere => Err(Error::invalid_usage(
+                "comm was made by NVIDIA's library (MSCCLPP_NCCL_FALLBACK): only calls it carries out work on it",
             )),
             State::Failed(e) => Err(Error::new(
                 e.kind,
@@ -117,6 +160,20 @@ impl NcclComm {
             ));
         }
         Ok(c)
+    }
+
+    /// Whether work may go to the communicator's fallback: ready (ours, or NVIDIA's alone) and not
+    /// finalized.
+    pub fn open(&self) -> Result<()> {
+        if !matches!(*self.state.lock(), State::Elsewhere) {
+            self.core()?;
+        }
+        if self.finalized.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "comm was finalized (ncclCommFinalize); only ncclCommDestroy may follow",
+            ));
+        }
+        Ok(())
     }
 
     /// The core communicator once the initialisation has ended, waiting for it (destroy and abort).
@@ -137,15 +194,36 @@ impl NcclComm {
         let c = match &*self.state.lock() {
             State::Pending => return ncclResult_t::ncclInProgress,
             State::Failed(e) => return code(e),
-            State::Ready(c) => c.clone(),
+            State::Ready(c) => Some(c.clone()),
+            State::Elsewhere => None,
+        };
+        let Some(c) = c else {
+            return self.fallback_async_error();
         };
         let r = from_core(c.async_error());
+        if r == ncclResult_t::ncclSuccess {
+            return self.fallback_async_error();
+        }
         if r != ncclResult_t::ncclSuccess
             && let Err(e) = c.check_usable()
         {
             let _ = self
                 .failure_message
                 .set(CString::new(e.message.replace('\0', "\\0")).unwrap_or_default());
+        }
+        r
+    }
+
+    /// NVIDIA's asynchronous error, where there is a fallback; its message is kept as the failure's.
+    fn fallback_async_error(&self) -> ncclResult_t {
+        let Some(f) = self.fallback() else {
+            return ncclResult_t::ncclSuccess;
+        };
+        let (r, message) = f.async_error();
+        if let Some(m) = message {
+            let _ = self
+                .failure_message
+                .set(CString::new(m.replace('\0', "\\0")).unwrap_or_default());
         }
         r
     }
@@ -157,9 +235,17 @@ impl NcclComm {
 
     /// Marks the communicator finalized (`ncclCommFinalize`).
     pub fn finalize(&self) -> Result<()> {
-        self.usable()?;
+        self.open()?;
+        if let Some(f) = self.fallback() {
+            f.finalize()?;
+        }
         self.finalized.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Frees the fallback's communicator (`ncclCommDestroy`, after the core's).
+    pub fn destroy_fallback(&self) -> Result<()> {
+        self.fallback().map_or(Ok(()), |f| f.destroy())
     }
 
     /// Aborts: the core's abort (the peers are told) and its release; a communicator still initialising is
@@ -170,6 +256,11 @@ impl NcclComm {
             State::Ready(c) => Some(c.clone()),
             _ => None,
         };
+        if let Some(f) = self.fallback()
+            && let Err(e) = f.abort()
+        {
+            log::info!("ncclCommAbort: aborting NVIDIA's communicator: {}", e.message);
+        }
         if let Some(c) = core {
             c.abort()?;
             // Peers may be gone: the release reports only this rank's own failure, which an abort ignores.
@@ -259,6 +350,7 @@ mod tests {
             datatype: 7,
             residence: 1,
             scalar: [0; 8],
+            fallback: None,
         };
         let a = c.add_premul(op);
         let b = c.add_premul(op);

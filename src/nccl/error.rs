@@ -50,11 +50,13 @@ pub fn describe(result: i32) -> &'static CStr {
     }
 }
 
-/// An error that says a function of NCCL's is not carried out by this library yet.
+/// An error that says a function of NCCL's is not carried out by this library yet, and how
+/// `MSCCLPP_NCCL_FALLBACK` would have it carried out.
 pub fn not_yet(function: &str) -> Error {
     Error::invalid_usage(format!(
         "{function} is not carried out by this library yet (only AllReduce, AllGather, ReduceScatter, \
-         Broadcast and Bcast are, on one machine)"
+         Broadcast and Bcast are, on one machine); {}",
+        super::fallback::unavailable_hint()
     ))
 }
 

@@ -1,7 +1,8 @@
 //! NCCL's API (`nccl.h` of NCCL 2.28.9): another face of the same core, as thin as `crate::ffi`. One
 //! communicator (`crate::comm`), one collectives path (`crate::collective`, through the calls
-//! `ffi/collectives.rs` makes), one failure path; what the core does not carry out yet fails with
-//! `ncclInvalidUsage`, naming the function.
+//! `ffi/collectives.rs` makes), one failure path; what the core does not carry out yet goes to NVIDIA's
+//! library where `MSCCLPP_NCCL_FALLBACK` names it, else fails with `ncclInvalidUsage`, naming the function
+//! and the setting.
 //!
 //! - `types.rs`: NCCL's result codes, type and operator numbers, `ncclUniqueId`, `ncclConfig_t`,
 //!   `ncclSimInfo_t`;
@@ -9,11 +10,14 @@
 //! - `comm.rs`: what an `ncclComm_t` names: the core's communicator and NCCL's bookkeeping beside it;
 //! - `group.rs`: `ncclGroupStart` / `ncclGroupEnd` bookkeeping (per thread);
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
+//! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
+//!   ours, which gets what the core does not carry out;
 //! - `api.rs`: the `extern "C"` functions, exported by the `nccl-abi` feature (`libnccl.so.2`).
 
 pub mod api;
 pub mod comm;
 pub mod config;
 pub mod error;
+pub mod fallback;
 pub mod group;
 pub mod types;

@@ -1,0 +1,333 @@
+// MSCCLPP_NCCL_FALLBACK without a GPU, against the fake NVIDIA library (fake_nvidia_nccl.c, built beside
+// this program as fake/libnccl.so.2 and fake-incomplete/libnccl.so.2). Settings are read once per process,
+// so each case runs in a child of its own (fork, before any call into the library) with its environment:
+// - unset: calls we do not carry out fail at once, ncclInvalidUsage, naming the function and the setting;
+// - the fake: two ranks made in one group get NVIDIA communicators beside ours, made from one NVIDIA id;
+//   Send/Recv/Reduce/AlltoAll/Gather/Scatter, fp8 and PreMulSum collectives reach the fake with the
+//   caller's arguments and the rank's fake communicator; calls in our group go inside one fake group at our
+//   group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it; split, shrink,
+//   revoke, async errors, finalize, destroy and abort reach it; our own collectives do not;
+// - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
+// - a path that does not exist, a library lacking a symbol, and NVIDIA's init refused: a WARN saying why,
+//   and our communicator still works.
+// Prints one line per check and "nccl fallback test: N passed, N failed".
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
+#include <fstream>
+#include <functional>
+#include <limits.h>
+#include <sstream>
+#include <string>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+struct Counts {
+  int passed, failed;
+};
+static Counts* counts;  // shared with the children
+static std::string dir, log_path, calls_path;
+
+static void check(bool ok, const std::string& what) {
+  ++(ok ? counts->passed : counts->failed);
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+}
+
+static void expect(ncclResult_t got, ncclResult_t want, const std::string& what) {
+  check(got == want, what + " -> " + std::to_string(got) + " (want " + std::to_string(want) + ")");
+}
+
+static std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+static void logged(const std::string& text) {
+  check(read_file(log_path).find(text) != std::string::npos, "log has: " + text);
+}
+
+// The fake's lines holding `text`.
+static std::vector<std::string> calls(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(read_file(calls_path));
+  for (std::string line; std::getline(in, line);)
+    if (line.find(text) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+static std::string field(const std::string& line, const std::string& name) {
+  size_t at = line.find(name + "=");
+  if (at == std::string::npos) return "";
+  at += name.size() + 1;
+  return line.substr(at, line.find(' ', at) - at);
+}
+
+static void two_ranks(ncclComm_t comms[2]) {
+  ncclUniqueId id;
+  expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclCommInitRank(&comms[0], 2, id, 0), ncclSuccess, "ncclCommInitRank(rank 0) in a group");
+  expect(ncclCommInitRank(&comms[1], 2, id, 1), ncclSuccess, "ncclCommInitRank(rank 1) in a group");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd: both ranks made");
+}
+
+static void *const BUF = (void*)0x1000, *const OUT = (void*)0x2000;
+static const cudaStream_t STREAM = (cudaStream_t)0x3000;
+
+static void unset_case() {
+  ncclUniqueId id;
+  ncclComm_t comm = NULL;
+  expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
+  expect(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess, "ncclCommInitRank(1 rank)");
+  expect(ncclSend(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclSend without the setting");
+  logged("ncclSend: ncclSend is not carried out by this library yet");
+  logged("set MSCCLPP_NCCL_FALLBACK to the path of NVIDIA's libnccl.so.2");
+  check(std::strstr(ncclGetLastError(NULL), "MSCCLPP_NCCL_FALLBACK") != NULL, "ncclGetLastError names the setting");
+  expect(ncclRecv(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclRecv without the setting");
+  expect(ncclReduce(BUF, OUT, 4, ncclFloat, ncclSum, 0, comm, STREAM), ncclInvalidUsage, "ncclReduce");
+  logged("ncclReduce: ncclReduce is not carried out");
+  expect(ncclAlltoAll(BUF, OUT, 4, ncclFloat, comm, STREAM), ncclInvalidUsage, "ncclAlltoAll");
+  expect(ncclGather(BUF, OUT, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclGather");
+  expect(ncclScatter(BUF, OUT, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclScatter");
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e5m2, ncclSum, comm, STREAM), ncclInvalidUsage, "ncclAllReduce(fp8)");
+  logged("ncclFloat8e5m2 (11) is not carried out by this library yet; set MSCCLPP_NCCL_FALLBACK");
+  ncclComm_t sub = (ncclComm_t)0x1;
+  expect(ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage, "ncclCommSplit");
+  check(sub == NULL, "ncclCommSplit set *newcomm to NULL");
+  logged("ncclCommSplit: ncclCommSplit is not carried out");
+  expect(ncclCommRevoke(comm, 0), ncclInvalidUsage, "ncclCommRevoke");
+  ncclUniqueId ids[2] = {id, id};
+  expect(ncclCommInitRankScalable(&sub, 1, 0, 2, ids, NULL), ncclInvalidUsage, "ncclCommInitRankScalable(2 ids)");
+  logged("with 2 ids is not carried out by this library yet (one id is); set MSCCLPP_NCCL_FALLBACK");
+  // Inside a group the refusal comes at the call, and fails the group's end.
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclSend(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclSend in a group");
+  expect(ncclGroupEnd(), ncclInvalidUsage, "the group's end fails");
+  expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
+  check(read_file(calls_path).empty(), "no fallback was loaded");
+}
+
+static void fake_case() {
+  ncclComm_t comms[2] = {NULL, NULL};
+  two_ranks(comms);
+  logged("MSCCLPP_NCCL_FALLBACK: loaded \"" + dir + "/fake/libnccl.so.2\", NVIDIA NCCL 2.29.1 (ncclGetVersion: 22901)");
+  logged("NVIDIA's communicator made beside ours");
+  int v = 0;
+  ncclGetVersion(&v);
+  check(v == 22809, "our ncclGetVersion is still ours (22809)");
+  auto ids = calls("ncclGetUniqueId");
+  auto inits = calls("ncclCommInitRank rank=");
+  check(ids.size() == 1, "one NVIDIA unique id (rank 0's), got " + std::to_string(ids.size()));
+  check(inits.size() == 2, "two NVIDIA communicators made, got " + std::to_string(inits.size()));
+  std::string fake_comm[2];
+  for (auto& l : inits) {
+    int r = std::atoi(field(l, "rank").c_str());
+    if (r == 0 || r == 1) fake_comm[r] = field(l, "comm");
+    check(field(l, "nranks") == "2" && !ids.empty() && field(l, "id") == field(ids[0], "id"),
+          "rank " + std::to_string(r) + " joined with 2 ranks and rank 0's id");
+  }
+  check(!fake_comm[0].empty() && !fake_comm[1].empty() && fake_comm[0] != fake_comm[1], "one fake comm per rank");
+
+  expect(ncclSend(BUF, 7, ncclFloat, 1, comms[0], STREAM), ncclSuccess, "ncclSend forwarded");
+  auto sends = calls("ncclSend ");
+  check(sends.size() == 1 && field(sends[0], "buff") == "0x1000" && field(sends[0], "count") == "7" &&
+            field(sends[0], "datatype") == "7" && field(sends[0], "peer") == "1" &&
+            field(sends[0], "comm") == fake_comm[0] && field(sends[0], "stream") == "0x3000",
+        "the fake got ncclSend's arguments and rank 0's fake comm: " + (sends.empty() ? "none" : sends[0]));
+  check(!sends.empty() && field(sends[0], "version") == "22901",
+        "the fake's own call to ncclGetVersion stayed inside it (RTLD_DEEPBIND)");
+
+  expect(ncclRecv(OUT, 7, ncclFloat, 0, comms[1], STREAM), ncclSuccess, "ncclRecv forwarded");
+  auto recvs = calls("ncclRecv ");
+  check(recvs.size() == 1 && field(recvs[0], "peer") == "0" && field(recvs[0], "comm") == fake_comm[1],
+        "the fake got ncclRecv on rank 1's fake comm");
+  expect(ncclReduce(BUF, OUT, 3, ncclInt32, ncclMax, 1, comms[0], STREAM), ncclSuccess, "ncclReduce forwarded");
+  auto reduces = calls("ncclReduce ");
+  check(reduces.size() == 1 && field(reduces[0], "op") == "2" && field(reduces[0], "root") == "1" &&
+            field(reduces[0], "datatype") == "2" && field(reduces[0], "recv") == "0x2000",
+        "the fake got ncclReduce's op, root, type and buffers");
+  expect(ncclAlltoAll(BUF, OUT, 5, ncclUint8, comms[0], STREAM), ncclSuccess, "ncclAlltoAll forwarded");
+  check(calls("ncclAlltoAll ").size() == 1 && field(calls("ncclAlltoAll ")[0], "count") == "5", "the fake got ncclAlltoAll");
+  expect(ncclGather(BUF, OUT, 5, ncclUint8, 1, comms[0], STREAM), ncclSuccess, "ncclGather forwarded");
+  expect(ncclScatter(BUF, OUT, 5, ncclUint8, 0, comms[0], STREAM), ncclSuccess, "ncclScatter forwarded");
+  check(calls("ncclGather ").size() == 1 && calls("ncclScatter ").size() == 1, "the fake got ncclGather, ncclScatter");
+  expect(ncclSend(BUF, 7, ncclFloat, 2, comms[0], STREAM), ncclInvalidArgument, "ncclSend(peer 2 of 2): checked here");
+  check(calls("ncclSend ").size() == 1, "a bad call is not forwarded");
+
+  // fp8 and PreMulSum go to the fake; a collective we carry out does not.
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat8e4m3, ncclSum, comms[0], STREAM), ncclSuccess, "ncclAllReduce(fp8) forwarded");
+  check(calls("datatype=10").size() == 1, "the fake got the fp8 all-reduce");
+  float scalar = 0.5f;
+  ncclRedOp_t op;
+  expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comms[0]), ncclSuccess,
+         "ncclRedOpCreatePreMulSum");
+  auto made = calls("ncclRedOpCreatePreMulSum");
+  check(made.size() == 1 && field(made[0], "comm") == fake_comm[0], "its twin made on the fake comm");
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat, op, comms[0], STREAM), ncclSuccess, "ncclAllReduce(PreMulSum) forwarded");
+  auto premul = calls("ncclAllReduce ");
+  check(premul.size() == 2 && !made.empty() && field(premul[1], "op") == field(made[0], "op"),
+        "the fake got its own operator (" + (made.empty() ? std::string("?") : field(made[0], "op")) + "), not ours (" +
+            std::to_string((int)op) + ")");
+  expect(ncclRedOpDestroy(op, comms[0]), ncclSuccess, "ncclRedOpDestroy");
+  check(calls("ncclRedOpDestroy").size() == 1, "its twin destroyed");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "ncclAllReduce(count 0), ours");
+  check(calls("ncclAllReduce ").size() == 2, "our own collective is not forwarded");
+
+  // A group: nothing reaches the fake before our group's end, then all of it inside one fake group.
+  size_t before = calls("").size();
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart (nested)");
+  expect(ncclSend(BUF, 1, ncclInt8, 1, comms[0], STREAM), ncclSuccess, "ncclSend in a group");
+  expect(ncclGroupEnd(), ncclSuccess, "inner ncclGroupEnd");
+  expect(ncclRecv(OUT, 1, ncclInt8, 0, comms[1], STREAM), ncclSuccess, "ncclRecv in a group");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "ours in the group");
+  check(calls("").size() == before, "nothing issued before the outermost end");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd");
+  auto all = calls("");
+  bool in_order = all.size() == before + 4 && all[before] == "ncclGroupStart" &&
+                  all[before + 1].rfind("ncclSend ", 0) == 0 && all[before + 2].rfind("ncclRecv ", 0) == 0 &&
+                  all[before + 3] == "ncclGroupEnd";
+  check(in_order, "the fake got GroupStart, Send, Recv, GroupEnd in order");
+
+  // Split and shrink: NVIDIA's new communicator behind a handle of ours, where every call goes.
+  ncclComm_t sub = NULL;
+  expect(ncclCommSplit(comms[0], 2, 1, &sub, NULL), ncclSuccess, "ncclCommSplit forwarded");
+  int rank = -1, count = -1;
+  check(sub != NULL && ncclCommUserRank(sub, &rank) == ncclSuccess && ncclCommCount(sub, &count) == ncclSuccess &&
+            rank == 1 && count == 3,
+        "the split comm has NVIDIA's rank (1) and size (3)");
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat, ncclSum, sub, STREAM), ncclSuccess, "ncclAllReduce on the split comm");
+  auto splits = calls("ncclCommSplit");
+  auto sub_reduce = calls("ncclAllReduce ");
+  check(!splits.empty() && sub_reduce.size() == 3 && field(sub_reduce[2], "comm") == field(splits[0], "new"),
+        "it went to the fake's split comm");
+  expect(ncclCommDestroy(sub), ncclSuccess, "ncclCommDestroy(split comm)");
+  check(calls("ncclCommDestroy").size() == 1, "the fake's split comm destroyed");
+  ncclComm_t none = (ncclComm_t)0x1;
+  expect(ncclCommSplit(comms[0], NCCL_SPLIT_NOCOLOR, 0, &none, NULL), ncclSuccess, "ncclCommSplit(NOCOLOR)");
+  check(none == NULL, "no comm for NCCL_SPLIT_NOCOLOR");
+  int exclude[1] = {1};
+  ncclComm_t shrunk = NULL;
+  expect(ncclCommShrink(comms[0], exclude, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT), ncclSuccess, "ncclCommShrink");
+  auto shrinks = calls("ncclCommShrink");
+  check(shrunk != NULL && shrinks.size() == 1 && field(shrinks[0], "first") == "1" && field(shrinks[0], "count") == "1",
+        "the fake got the excluded rank");
+  expect(ncclCommAbort(shrunk), ncclSuccess, "ncclCommAbort(shrunk comm)");
+  expect(ncclCommRevoke(comms[1], 0), ncclSuccess, "ncclCommRevoke forwarded");
+  check(calls("ncclCommRevoke comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommRevoke");
+
+  // NVIDIA's asynchronous error is ours too. The fake is reached through the loaded copy (RTLD_NOLOAD).
+  ncclResult_t async = ncclInternalError;
+  expect(ncclCommGetAsyncError(comms[0], &async), ncclSuccess, "ncclCommGetAsyncError");
+  check(async == ncclSuccess, "no asynchronous error");
+  void* fake = dlopen((dir + "/fake/libnccl.so.2").c_str(), RTLD_NOW | RTLD_NOLOAD);
+  auto set_error = fake ? (void (*)(int))dlsym(fake, "fake_nccl_set_async_error") : NULL;
+  check(set_error != NULL, "the fake is loaded (RTLD_NOLOAD finds it)");
+  if (set_error) {
+    set_error(6);
+    expect(ncclCommGetAsyncError(comms[0], &async), ncclSuccess, "ncclCommGetAsyncError");
+    check(async == ncclRemoteError, "NVIDIA's remote error is the comm's");
+    check(std::strstr(ncclGetLastError(comms[0]), "a remote peer is gone") != NULL, "ncclGetLastError gives NVIDIA's text");
+    set_error(0);
+  }
+
+  // The ends reach the fake.
+  expect(ncclCommFinalize(comms[1]), ncclSuccess, "ncclCommFinalize(rank 1)");
+  check(calls("ncclCommFinalize comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommFinalize");
+  expect(ncclSend(BUF, 1, ncclInt8, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend after finalize");
+  expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
+  check(calls("ncclCommDestroy comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommDestroy");
+  expect(ncclCommAbort(comms[0]), ncclSuccess, "ncclCommAbort(rank 0)");
+  check(calls("ncclCommAbort comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommAbort");
+}
+
+// Without RTLD_DEEPBIND the fake's call to its own ncclGetVersion reaches ours: the check above can fail.
+static void control_case() {
+  void* fake = dlopen((dir + "/fake/libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
+  auto send = fake ? (int (*)(const void*, size_t, int, int, void*, void*))dlsym(fake, "ncclSend") : NULL;
+  check(send != NULL, "the fake loaded without RTLD_DEEPBIND");
+  if (!send) return;
+  send(BUF, 1, 0, 0, NULL, NULL);
+  auto sends = calls("ncclSend ");
+  check(sends.size() == 1 && field(sends[0], "version") == "22809",
+        "without DEEPBIND the fake's ncclGetVersion call reaches ours (22809)");
+}
+
+// A fallback that cannot be had: a WARN saying why, our communicators work, the calls fail as unset.
+static void unusable_case(const std::string& why) {
+  ncclComm_t comms[2] = {NULL, NULL};
+  two_ranks(comms);
+  logged(why);
+  logged("this communicator goes on without the fallback");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "our collective works");
+  expect(ncclSend(BUF, 4, ncclFloat, 1, comms[0], STREAM), ncclInvalidUsage, "ncclSend without a fallback");
+  logged("is set, but this communicator has no NVIDIA communicator beside it");
+  check(calls("ncclSend").empty(), "nothing forwarded");
+  expect(ncclCommDestroy(comms[0]), ncclSuccess, "ncclCommDestroy(rank 0)");
+  expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
+}
+
+static void run(const char* name, const std::vector<std::pair<const char*, std::string>>& env,
+                const std::function<void()>& body) {
+  std::printf("-- %s\n", name);
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (auto& e : env) setenv(e.first, e.second.c_str(), 1);
+    int before = counts->failed;
+    body();
+    if (counts->failed != before) std::printf("log:\n%s\nfake's calls:\n%s", read_file(log_path).c_str(),
+                                              read_file(calls_path).c_str());
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  check(WIFEXITED(status) && WEXITSTATUS(status) == 0, std::string(name) + ": the child ended normally");
+  std::remove(log_path.c_str());
+  std::remove(calls_path.c_str());
+}
+
+int main() {
+  counts = (Counts*)mmap(NULL, sizeof(Counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (counts == MAP_FAILED) return 2;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return 2;
+  exe[n] = 0;
+  dir = std::string(exe).substr(0, std::string(exe).rfind('/'));
+  char tmp[] = "/tmp/nccl_fallback_test.XXXXXX";
+  if (!mkdtemp(tmp)) return 2;
+  log_path = std::string(tmp) + "/log";
+  calls_path = std::string(tmp) + "/calls";
+  // No setting leaks in from the caller's environment.
+  for (const char* v : {"MSCCLPP_NCCL_FALLBACK", "MSCCLPP_DEBUG", "NCCL_DEBUG", "NCCL_COMM_ID", "FAKE_NCCL_INIT_FAIL"})
+    unsetenv(v);
+  setenv("MSCCLPP_DEBUG_FILE", log_path.c_str(), 1);
+  setenv("FAKE_NCCL_LOG", calls_path.c_str(), 1);
+  std::string fake = dir + "/fake/libnccl.so.2";
+  run("without MSCCLPP_NCCL_FALLBACK", {}, unset_case);
+  run("MSCCLPP_NCCL_FALLBACK = the fake", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, fake_case);
+  run("the fake without RTLD_DEEPBIND (control)", {}, control_case);
+  run("a path that does not exist", {{"MSCCLPP_NCCL_FALLBACK", "/nonexistent/libnccl.so.2"}}, [] {
+    unusable_case("MSCCLPP_NCCL_FALLBACK: cannot load \"/nonexistent/libnccl.so.2\": /nonexistent/libnccl.so.2: "
+                  "cannot open shared object file: No such file or directory");
+  });
+  run("a library lacking ncclCommAbort", {{"MSCCLPP_NCCL_FALLBACK", dir + "/fake-incomplete/libnccl.so.2"}}, [] {
+    unusable_case("is not a usable NVIDIA NCCL (2.28 or later): symbol ncclCommAbort is missing");
+  });
+  run("NVIDIA's init refused", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"FAKE_NCCL_INIT_FAIL", "1"}}, [] {
+    unusable_case("NVIDIA's ncclCommInitRank (MSCCLPP_NCCL_FALLBACK) returned 5: fake: duplicate GPU detected");
+  });
+  rmdir(tmp);
+  std::printf("nccl fallback test: %d passed, %d failed\n", counts->passed, counts->failed);
+  return counts->failed ? 1 : 0;
+}

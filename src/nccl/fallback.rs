@@ -1,0 +1,907 @@
+//! `MSCCLPP_NCCL_FALLBACK`: NVIDIA's `libnccl.so.2`, loaded privately, and an NVIDIA communicator made
+//! beside each of ours, which gets what this library does not carry out (functions, types and operators
+//! it refuses) and every collective of ranks on several hosts (ours need every rank's GPU in one machine).
+//!
+//! - `Library`: the file, loaded once, lazily, with `RTLD_LOCAL | RTLD_DEEPBIND`: both are needed because
+//!   our `libnccl.so.2` exports the same names and is usually preloaded. `RTLD_LOCAL` keeps NVIDIA's names
+//!   out of the global scope (nothing else resolves to them), `RTLD_DEEPBIND` makes NVIDIA's own calls to its
+//!   own exported functions (`ncclSend` calling `ncclGroupStart`, say) resolve inside it, not to ours.
+//!   Every function used is resolved at load time, so that a library too old or not NCCL fails at once,
+//!   naming the symbol.
+//! - `attach`: at initialisation, after our communicator is made: rank 0 asks NVIDIA's library for a
+//!   unique id, which travels with each rank's host over our bootstrap; every rank then joins NVIDIA's
+//!   communicator on its current device. A rank that cannot (no library, NVIDIA's refusal) leaves every
+//!   rank without the fallback, with a WARN saying why; our communicator stays usable.
+//! - `Comm`: that NVIDIA communicator; `Call`: a call forwarded to it, issued at once or inside NVIDIA's
+//!   own group at the end of ours.
+
+use super::types::{NCCL_UNIQUE_ID_BYTES, ncclConfig_t, ncclResult_t, ncclUniqueId};
+use crate::collective::Collective;
+use crate::comm::Communicator;
+use crate::error::{Error, ErrorKind, Result};
+use crate::settings::NCCL_FALLBACK;
+use crate::transport::p2p::messages::ProcessId;
+use once_cell::sync::OnceCell;
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// NVIDIA's `ncclComm_t` (opaque to us).
+type RawComm = *mut c_void;
+type Stream = *mut c_void;
+
+type GetVersionFn = unsafe extern "C" fn(*mut c_int) -> c_int;
+type GetUniqueIdFn = unsafe extern "C" fn(*mut ncclUniqueId) -> c_int;
+type CommInitRankFn = unsafe extern "C" fn(*mut RawComm, c_int, ncclUniqueId, c_int) -> c_int;
+type CommFn = unsafe extern "C" fn(RawComm) -> c_int;
+type CommIntOutFn = unsafe extern "C" fn(RawComm, *mut c_int) -> c_int;
+type GetLastErrorFn = unsafe extern "C" fn(RawComm) -> *const c_char;
+type GroupFn = unsafe extern "C" fn() -> c_int;
+type ReduceLikeFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type GatherLikeFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, Stream) -> c_int;
+type RootedReduceFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, RawComm, Stream) -> c_int;
+type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
+type SplitFn = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut ncclConfig_t) -> c_int;
+type ShrinkFn = unsafe extern "C" fn(RawComm, *mut c_int, c_int, *mut RawComm, *mut ncclConfig_t, c_int) -> c_int;
+type RevokeFn = unsafe extern "C" fn(RawComm, c_int) -> c_int;
+type PreMulSumFn = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, RawComm) -> c_int;
+type RedOpDestroyFn = unsafe extern "C" fn(c_int, RawComm) -> c_int;
+
+/// NVIDIA's functions this file calls, each checked present at load time.
+struct Functions {
+    get_version: GetVersionFn,
+    get_unique_id: GetUniqueIdFn,
+    comm_init_rank: CommInitRankFn,
+    comm_finalize: CommFn,
+    comm_destroy: CommFn,
+    comm_abort: CommFn,
+    comm_get_async_error: CommIntOutFn,
+    comm_count: CommIntOutFn,
+    comm_user_rank: CommIntOutFn,
+    get_last_error: GetLastErrorFn,
+    group_start: GroupFn,
+    group_end: GroupFn,
+    all_reduce: ReduceLikeFn,
+    reduce_scatter: ReduceLikeFn,
+    all_gather: GatherLikeFn,
+    all_to_all: GatherLikeFn,
+    broadcast: ReduceLikeFn,
+    reduce: RootedReduceFn,
+    gather: ReduceLikeFn,
+    scatter: ReduceLikeFn,
+    send: SendFn,
+    recv: RecvFn,
+    comm_split: SplitFn,
+    comm_shrink: ShrinkFn,
+    comm_revoke: RevokeFn,
+    red_op_create_pre_mul_sum: PreMulSumFn,
+    red_op_destroy: RedOpDestroyFn,
+}
+
+/// NVIDIA's library, loaded. Never unloaded: its communicators and threads may outlive any one of ours.
+pub struct Library {
+    path: String,
+    version: c_int,
+    fns: Functions,
+}
+
+fn dlerror_string() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call on this thread.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "no detail from dlerror".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated (see above).
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+impl Library {
+    /// Loads the library at `path` and resolves every function; the error names the path and dlerror's
+    /// text, or the missing symbol.
+    pub fn load(path: &str) -> Result<Library> {
+        let cpath = CString::new(path)
+            .map_err(|_| Error::invalid_argument(format!("MSCCLPP_NCCL_FALLBACK \"{path}\" contains a NUL byte")))?;
+        // SAFETY: a NUL-terminated path. RTLD_NOW resolves everything up front so that failures show here;
+        // LOCAL and DEEPBIND keep NVIDIA's names and ours apart (see the module's comment).
+        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND) };
+        if handle.is_null() {
+            return Err(Error::system(format!(
+                "MSCCLPP_NCCL_FALLBACK: cannot load \"{path}\": {}",
+                dlerror_string()
+            )));
+        }
+        let sym = |s: &CStr| -> Result<*mut c_void> {
+            // SAFETY: a live handle and a NUL-terminated symbol name.
+            let p = unsafe { libc::dlsym(handle, s.as_ptr()) };
+            if p.is_null() {
+                Err(Error::system(format!(
+                    "MSCCLPP_NCCL_FALLBACK: \"{path}\" is not a usable NVIDIA NCCL (2.28 or later): symbol {} is \
+                     missing ({})",
+                    s.to_string_lossy(),
+                    dlerror_string()
+                )))
+            } else {
+                Ok(p)
+            }
+        };
+        macro_rules! f {
+            ($s:literal, $t:ty) => {
+                // SAFETY: the symbol is NCCL's exported function of that name, whose C signature the type
+                // restates from nccl.h (2.28).
+                unsafe { std::mem::transmute::<*mut c_void, $t>(sym($s)?) }
+            };
+        }
+        let fns = Functions {
+            get_version: f!(c"ncclGetVersion", GetVersionFn),
+            get_unique_id: f!(c"ncclGetUniqueId", GetUniqueIdFn),
+            comm_init_rank: f!(c"ncclCommInitRank", CommInitRankFn),
+            comm_finalize: f!(c"ncclCommFinalize", CommFn),
+            comm_destroy: f!(c"ncclCommDestroy", CommFn),
+            comm_abort: f!(c"ncclCommAbort", CommFn),
+            comm_get_async_error: f!(c"ncclCommGetAsyncError", CommIntOutFn),
+            comm_count: f!(c"ncclCommCount", CommIntOutFn),
+            comm_user_rank: f!(c"ncclCommUserRank", CommIntOutFn),
+            get_last_error: f!(c"ncclGetLastError", GetLastErrorFn),
+            group_start: f!(c"ncclGroupStart", GroupFn),
+            group_end: f!(c"ncclGroupEnd", GroupFn),
+            all_reduce: f!(c"ncclAllReduce", ReduceLikeFn),
+            reduce_scatter: f!(c"ncclReduceScatter", ReduceLikeFn),
+            all_gather: f!(c"ncclAllGather", GatherLikeFn),
+            all_to_all: f!(c"ncclAlltoAll", GatherLikeFn),
+            broadcast: f!(c"ncclBroadcast", ReduceLikeFn),
+            reduce: f!(c"ncclReduce", RootedReduceFn),
+            gather: f!(c"ncclGather", ReduceLikeFn),
+            scatter: f!(c"ncclScatter", ReduceLikeFn),
+            send: f!(c"ncclSend", SendFn),
+            recv: f!(c"ncclRecv", RecvFn),
+            comm_split: f!(c"ncclCommSplit", SplitFn),
+            comm_shrink: f!(c"ncclCommShrink", ShrinkFn),
+            comm_revoke: f!(c"ncclCommRevoke", RevokeFn),
+            red_op_create_pre_mul_sum: f!(c"ncclRedOpCreatePreMulSum", PreMulSumFn),
+            red_op_destroy: f!(c"ncclRedOpDestroy", RedOpDestroyFn),
+        };
+        let mut version: c_int = 0;
+        // SAFETY: a valid out-pointer.
+        let r = unsafe { (fns.get_version)(&mut version) };
+        if r != 0 {
+            return Err(Error::system(format!(
+                "MSCCLPP_NCCL_FALLBACK: \"{path}\"'s ncclGetVersion returned {r}"
+            )));
+        }
+        log::info!(
+            "MSCCLPP_NCCL_FALLBACK: loaded \"{path}\", NVIDIA NCCL {} (ncclGetVersion: {version})",
+            version_text(version)
+        );
+        Ok(Library {
+            path: path.to_string(),
+            version,
+            fns,
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn version(&self) -> c_int {
+        self.version
+    }
+
+    /// A failure of NVIDIA's `function` (result `r`, its last error's text) as our error of the same code.
+    fn check(&self, function: &str, r: c_int, comm: RawComm) -> Result<()> {
+        if r == ncclResult_t::ncclSuccess as c_int {
+            return Ok(());
+        }
+        // SAFETY: NCCL's function accepts a communicator or NULL and returns a string it keeps.
+        let text = unsafe { (self.fns.get_last_error)(comm) };
+        let detail = if text.is_null() {
+            String::new()
+        } else {
+            // SAFETY: non-null, NUL-terminated.
+            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+        };
+        let kind = match r {
+            1 => ErrorKind::Cuda,
+            2 => ErrorKind::System,
+            4 => ErrorKind::InvalidArgument,
+            5 => ErrorKind::InvalidUsage,
+            6 => ErrorKind::Remote,
+            7 => ErrorKind::InProgress,
+            _ => ErrorKind::Internal,
+        };
+        Err(Error::new(
+            kind,
+            format!("NVIDIA's {function} (MSCCLPP_NCCL_FALLBACK) returned {r}: {detail}"),
+        ))
+    }
+
+    fn unique_id(&self) -> Result<ncclUniqueId> {
+        let mut id = ncclUniqueId {
+            internal: [0; NCCL_UNIQUE_ID_BYTES],
+        };
+        // SAFETY: a valid out-pointer to 128 bytes.
+        let r = unsafe { (self.fns.get_unique_id)(&mut id) };
+        self.check("ncclGetUniqueId", r, std::ptr::null_mut())?;
+        Ok(id)
+    }
+
+    fn init_rank(&self, nranks: usize, id: ncclUniqueId, rank: usize) -> Result<RawComm> {
+        let mut comm: RawComm = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the id is passed by value as nccl.h declares.
+        let r = unsafe { (self.fns.comm_init_rank)(&mut comm, nranks as c_int, id, rank as c_int) };
+        self.check("ncclCommInitRank", r, std::ptr::null_mut())?;
+        Ok(comm)
+    }
+
+    /// Runs `calls` inside one NVIDIA group, so that NVIDIA sees the send/receive pairs and collectives of
+    /// our group together (issued apart, a rank's sends and its peer's could wait for each other). Every
+    /// call is issued and the group always ended; the first error is returned.
+    pub fn issue_group(&self, calls: &[Forwarded]) -> Result<()> {
+        // SAFETY: no arguments.
+        self.check(
+            "ncclGroupStart",
+            unsafe { (self.fns.group_start)() },
+            std::ptr::null_mut(),
+        )?;
+        let mut first = None;
+        for c in calls {
+            if let Err(e) = c.issue() {
+                first.get_or_insert(e);
+            }
+        }
+        // SAFETY: no arguments; closes the group opened above.
+        let end = self.check("ncclGroupEnd", unsafe { (self.fns.group_end)() }, std::ptr::null_mut());
+        match first {
+            Some(e) => Err(e),
+            None => end,
+        }
+    }
+}
+
+/// `22809` as `2.28.9` (NCCL's numbering since 2.9: major * 10000 + minor * 100 + patch; before, * 1000).
+pub fn version_text(v: c_int) -> String {
+    if v >= 20900 {
+        format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, v / 100 % 10, v % 100)
+    }
+}
+
+static LIBRARY: OnceCell<std::result::Result<Library, Error>> = OnceCell::new();
+
+/// The library `MSCCLPP_NCCL_FALLBACK` names, loaded at the first call; `None` when the setting is unset.
+/// A failure to load is kept, so that each later communicator reports the same reason without retrying.
+pub fn library() -> Option<Result<&'static Library>> {
+    let path = NCCL_FALLBACK.text()?;
+    Some(
+        LIBRARY
+            .get_or_init(|| Library::load(&path))
+            .as_ref()
+            .map_err(Clone::clone),
+    )
+}
+
+/// The setting's state, for messages about a call this library does not carry out.
+pub fn unavailable_hint() -> String {
+    match NCCL_FALLBACK.text() {
+        None => "set MSCCLPP_NCCL_FALLBACK to the path of NVIDIA's libnccl.so.2 to have it carried out there".into(),
+        Some(path) => format!(
+            "MSCCLPP_NCCL_FALLBACK=\"{path}\" is set, but this communicator has no NVIDIA communicator beside it \
+             (see the WARN at its initialisation)"
+        ),
+    }
+}
+
+/// An NVIDIA communicator made beside one of ours.
+pub struct Comm {
+    lib: &'static Library,
+    /// NVIDIA's `ncclComm_t`, as an address (it is only ever passed back to NVIDIA's functions).
+    handle: usize,
+    /// The ranks are on several hosts: every collective goes here (ours need one machine).
+    spans_hosts: bool,
+    /// Destroyed or aborted: it is ended once only.
+    ended: AtomicBool,
+}
+
+impl Comm {
+    fn new(lib: &'static Library, handle: RawComm, spans_hosts: bool) -> Arc<Comm> {
+        Arc::new(Comm {
+            lib,
+            handle: handle as usize,
+            spans_hosts,
+            ended: AtomicBool::new(false),
+        })
+    }
+
+    fn raw(&self) -> RawComm {
+        self.handle as RawComm
+    }
+
+    pub fn spans_hosts(&self) -> bool {
+        self.spans_hosts
+    }
+
+    pub fn library(&self) -> &'static Library {
+        self.lib
+    }
+
+    pub fn finalize(&self) -> Result<()> {
+        // SAFETY: a live NVIDIA communicator (ended ones are unregistered before any later call).
+        let r = unsafe { (self.lib.fns.comm_finalize)(self.raw()) };
+        self.lib.check("ncclCommFinalize", r, self.raw())
+    }
+
+    /// `ncclCommDestroy`, once.
+    pub fn destroy(&self) -> Result<()> {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // SAFETY: a live NVIDIA communicator, ended here only.
+        let r = unsafe { (self.lib.fns.comm_destroy)(self.raw()) };
+        self.lib.check("ncclCommDestroy", r, std::ptr::null_mut())
+    }
+
+    /// `ncclCommAbort`, once (also while another thread waits in a call on it, as NCCL allows).
+    pub fn abort(&self) -> Result<()> {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // SAFETY: a live NVIDIA communicator, ended here only.
+        let r = unsafe { (self.lib.fns.comm_abort)(self.raw()) };
+        self.lib.check("ncclCommAbort", r, std::ptr::null_mut())
+    }
+
+    /// NVIDIA's asynchronous error, with its last error's text when it is one.
+    pub fn async_error(&self) -> (ncclResult_t, Option<String>) {
+        if self.ended.load(Ordering::Acquire) {
+            return (ncclResult_t::ncclSuccess, None);
+        }
+        let mut r: c_int = 0;
+        // SAFETY: a live NVIDIA communicator and a valid out-pointer.
+        let called = unsafe { (self.lib.fns.comm_get_async_error)(self.raw(), &mut r) };
+        let r = if called != 0 { called } else { r };
+        let code = result_code(r);
+        if code == ncclResult_t::ncclSuccess || code == ncclResult_t::ncclInProgress {
+            return (code, None);
+        }
+        let e = self.lib.check("ncclCommGetAsyncError", r, self.raw()).err();
+        (code, e.map(|e| e.message))
+    }
+
+    /// `ncclCommSplit` (`ncclCommShrink` with `Split::Shrink`): NVIDIA's new communicator, and this rank's place in
+    /// it; `None` where this rank is in none (`NCCL_SPLIT_NOCOLOR`).
+    ///
+    /// # Safety
+    /// `config` is NULL or the caller's `ncclConfig_t`, as nccl.h's `ncclCommSplit` takes it.
+    pub unsafe fn split(
+        self: &Arc<Self>,
+        how: Split,
+        config: *mut ncclConfig_t,
+    ) -> Result<Option<(Arc<Comm>, usize, usize)>> {
+        let mut new: RawComm = std::ptr::null_mut();
+        let (name, r) = match how {
+            Split::Color { color, key } => (
+                "ncclCommSplit",
+                // SAFETY: a live communicator, a valid out-pointer; `config` is the caller's (NULL or theirs).
+                unsafe { (self.lib.fns.comm_split)(self.raw(), color, key, &mut new, config) },
+            ),
+            Split::Shrink { exclude, flags } => {
+                let mut exclude = exclude;
+                // SAFETY: as above; `exclude` holds the ranks NVIDIA reads, for the call's length.
+                let r = unsafe {
+                    (self.lib.fns.comm_shrink)(
+                        self.raw(),
+                        exclude.as_mut_ptr(),
+                        exclude.len() as c_int,
+                        &mut new,
+                        config,
+                        flags,
+                    )
+                };
+                ("ncclCommShrink", r)
+            }
+        };
+        self.lib.check(name, r, self.raw())?;
+        if new.is_null() {
+            return Ok(None);
+        }
+        let (mut rank, mut nranks) = (0, 0);
+        // SAFETY: NVIDIA's new communicator, valid out-pointers.
+        let r = unsafe { (self.lib.fns.comm_user_rank)(new, &mut rank) };
+        self.lib.check("ncclCommUserRank", r, new)?;
+        // SAFETY: as above.
+        let r = unsafe { (self.lib.fns.comm_count)(new, &mut nranks) };
+        self.lib.check("ncclCommCount", r, new)?;
+        Ok(Some((
+            Comm::new(self.lib, new, self.spans_hosts),
+            rank.max(0) as usize,
+            nranks.max(0) as usize,
+        )))
+    }
+
+    pub fn revoke(&self, flags: c_int) -> Result<()> {
+        // SAFETY: a live NVIDIA communicator.
+        let r = unsafe { (self.lib.fns.comm_revoke)(self.raw(), flags) };
+        self.lib.check("ncclCommRevoke", r, self.raw())
+    }
+
+    /// NVIDIA's twin of a `PreMulSum` operator of ours (its number, on NVIDIA's communicator).
+    ///
+    /// # Safety
+    /// `scalar` is what nccl.h's `ncclRedOpCreatePreMulSum` takes: a value of `datatype` in host memory, or
+    /// a device address, as `residence` says.
+    pub unsafe fn create_premul(&self, scalar: *mut c_void, datatype: c_int, residence: c_int) -> Result<c_int> {
+        let mut op: c_int = 0;
+        // SAFETY: a live communicator, a valid out-pointer; `scalar` is the caller's, valid for this call.
+        let r = unsafe { (self.lib.fns.red_op_create_pre_mul_sum)(&mut op, scalar, datatype, residence, self.raw()) };
+        self.lib.check("ncclRedOpCreatePreMulSum", r, self.raw())?;
+        Ok(op)
+    }
+
+    pub fn destroy_premul(&self, op: c_int) -> Result<()> {
+        // SAFETY: a live communicator; `op` was made on it.
+        let r = unsafe { (self.lib.fns.red_op_destroy)(op, self.raw()) };
+        self.lib.check("ncclRedOpDestroy", r, self.raw())
+    }
+}
+
+/// How `Comm::split` makes the new communicator.
+pub enum Split {
+    Color { color: c_int, key: c_int },
+    Shrink { exclude: Vec<c_int>, flags: c_int },
+}
+
+/// NVIDIA's result code as ours (an unknown one as an internal error).
+fn result_code(r: c_int) -> ncclResult_t {
+    use ncclResult_t::*;
+    match r {
+        0 => ncclSuccess,
+        1 => ncclUnhandledCudaError,
+        2 => ncclSystemError,
+        4 => ncclInvalidArgument,
+        5 => ncclInvalidUsage,
+        6 => ncclRemoteError,
+        7 => ncclInProgress,
+        _ => ncclInternalError,
+    }
+}
+
+/// A call forwarded to NVIDIA's library: buffers and streams as addresses, numbers as the caller gave
+/// them (operators already NVIDIA's: see `Comm::create_premul`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Call {
+    AllReduce {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+    },
+    AllGather {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+    },
+    ReduceScatter {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+    },
+    Broadcast {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+    },
+    Reduce {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        root: c_int,
+    },
+    AlltoAll {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+    },
+    Gather {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+    },
+    Scatter {
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        root: c_int,
+    },
+    Send {
+        buf: u64,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+    },
+    Recv {
+        buf: u64,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+    },
+}
+
+impl Call {
+    /// The call of one of the core's collectives (`op`: NVIDIA's number; unused where it takes none).
+    pub fn collective(
+        collective: Collective,
+        send: u64,
+        recv: u64,
+        count: usize,
+        datatype: c_int,
+        op: c_int,
+        root: c_int,
+    ) -> Call {
+        match collective {
+            Collective::AllReduce => Call::AllReduce {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+            },
+            Collective::AllGather => Call::AllGather {
+                send,
+                recv,
+                count,
+                datatype,
+            },
+            Collective::ReduceScatter => Call::ReduceScatter {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+            },
+            Collective::Broadcast => Call::Broadcast {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            },
+            Collective::Reduce => Call::Reduce {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+                root,
+            },
+            Collective::Gather => Call::Gather {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            },
+            Collective::Scatter => Call::Scatter {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            },
+            Collective::AllToAll => Call::AlltoAll {
+                send,
+                recv,
+                count,
+                datatype,
+            },
+        }
+    }
+}
+
+/// A call and the NVIDIA communicator and stream it goes to.
+pub struct Forwarded {
+    pub comm: Arc<Comm>,
+    pub call: Call,
+    pub stream: u64,
+}
+
+impl Forwarded {
+    /// Issues the call on NVIDIA's communicator.
+    pub fn issue(&self) -> Result<()> {
+        let f = &self.comm.lib.fns;
+        let (c, s) = (self.comm.raw(), self.stream as Stream);
+        let p = |a: u64| a as *const c_void;
+        let m = |a: u64| a as *mut c_void;
+        // SAFETY (every arm): NVIDIA's function with nccl.h's arguments, as the application passed them to
+        // ours (buffers and stream under nccl.h's contract), on a live NVIDIA communicator.
+        let (name, r) = match self.call {
+            Call::AllReduce {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+            } => ("ncclAllReduce", unsafe {
+                (f.all_reduce)(p(send), m(recv), count, datatype, op, c, s)
+            }),
+            Call::AllGather {
+                send,
+                recv,
+                count,
+                datatype,
+            } => ("ncclAllGather", unsafe {
+                (f.all_gather)(p(send), m(recv), count, datatype, c, s)
+            }),
+            Call::ReduceScatter {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+            } => ("ncclReduceScatter", unsafe {
+                (f.reduce_scatter)(p(send), m(recv), count, datatype, op, c, s)
+            }),
+            Call::Broadcast {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            } => ("ncclBroadcast", unsafe {
+                (f.broadcast)(p(send), m(recv), count, datatype, root, c, s)
+            }),
+            Call::Reduce {
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+                root,
+            } => ("ncclReduce", unsafe {
+                (f.reduce)(p(send), m(recv), count, datatype, op, root, c, s)
+            }),
+            Call::AlltoAll {
+                send,
+                recv,
+                count,
+                datatype,
+            } => ("ncclAlltoAll", unsafe {
+                (f.all_to_all)(p(send), m(recv), count, datatype, c, s)
+            }),
+            Call::Gather {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            } => ("ncclGather", unsafe {
+                (f.gather)(p(send), m(recv), count, datatype, root, c, s)
+            }),
+            Call::Scatter {
+                send,
+                recv,
+                count,
+                datatype,
+                root,
+            } => ("ncclScatter", unsafe {
+                (f.scatter)(p(send), m(recv), count, datatype, root, c, s)
+            }),
+            Call::Send {
+                buf,
+                count,
+                datatype,
+                peer,
+            } => ("ncclSend", unsafe { (f.send)(p(buf), count, datatype, peer, c, s) }),
+            Call::Recv {
+                buf,
+                count,
+                datatype,
+                peer,
+            } => ("ncclRecv", unsafe { (f.recv)(m(buf), count, datatype, peer, c, s) }),
+        };
+        self.comm.lib.check(name, r, c)
+    }
+}
+
+/// What each rank tells the others at `attach`: its host, whether it loaded the library, and (rank 0)
+/// NVIDIA's unique id.
+const HELLO_BYTES: usize = 8 + 1 + NCCL_UNIQUE_ID_BYTES;
+
+fn hello(host: u64, ready: bool, id: Option<&ncclUniqueId>) -> [u8; HELLO_BYTES] {
+    let mut b = [0u8; HELLO_BYTES];
+    b[..8].copy_from_slice(&host.to_le_bytes());
+    b[8] = ready as u8;
+    if let Some(id) = id {
+        for (o, &c) in b[9..].iter_mut().zip(id.internal.iter()) {
+            *o = c as u8;
+        }
+    }
+    b
+}
+
+/// The hosts, readiness and rank 0's id out of every rank's hello.
+fn read_hellos(all: &[u8]) -> (Vec<u64>, Vec<bool>, ncclUniqueId) {
+    let blocks: Vec<&[u8]> = all.chunks(HELLO_BYTES).collect();
+    let hosts = blocks
+        .iter()
+        .map(|b| u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+        .collect();
+    let ready = blocks.iter().map(|b| b[8] == 1).collect();
+    let id = ncclUniqueId {
+        internal: std::array::from_fn(|i| blocks[0][9 + i] as c_char),
+    };
+    (hosts, ready, id)
+}
+
+/// The ranks whose flag is false, for messages.
+fn ranks_without(flags: &[bool]) -> Vec<usize> {
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, ok)| !**ok)
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// Makes NVIDIA's communicator beside `core` where `MSCCLPP_NCCL_FALLBACK` is set: collective over the
+/// ranks (each calls it right after making its communicator, on the thread and device that made it).
+/// `None` when the setting is unset, or, with a WARN saying why, when some rank cannot have it.
+pub fn attach(core: &Communicator) -> Option<Arc<Comm>> {
+    NCCL_FALLBACK.text()?;
+    let (rank, nranks) = (core.rank(), core.nranks());
+    let lib = match library()? {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::warn!("{}; this communicator goes on without the fallback", e.message);
+            None
+        }
+    };
+    let mut id = None;
+    if rank == 0
+        && let Some(l) = lib
+    {
+        match l.unique_id() {
+            Ok(i) => id = Some(i),
+            Err(e) => log::warn!("{}; this communicator goes on without the fallback", e.message),
+        }
+    }
+    let ready = lib.is_some() && (rank != 0 || id.is_some());
+    let mut all = vec![0u8; HELLO_BYTES * nranks];
+    all[rank * HELLO_BYTES..(rank + 1) * HELLO_BYTES].copy_from_slice(&hello(
+        ProcessId::this().host,
+        ready,
+        id.as_ref(),
+    ));
+    if let Err(e) = core.bootstrap().all_gather(&mut all, HELLO_BYTES) {
+        log::warn!(
+            "MSCCLPP_NCCL_FALLBACK: exchanging NVIDIA's unique id failed ({}); no fallback",
+            e.message
+        );
+        return None;
+    }
+    let (hosts, readiness, id) = read_hellos(&all);
+    let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    let missing = ranks_without(&readiness);
+    if !missing.is_empty() {
+        log::warn!(
+            "MSCCLPP_NCCL_FALLBACK: rank(s) {missing:?} could not load NVIDIA's library or get its unique id; \
+             this communicator goes on without the fallback{}",
+            if spans_hosts {
+                " (its ranks span hosts, which its collectives do not support)"
+            } else {
+                ""
+            }
+        );
+        return None;
+    }
+    let lib = lib?;
+    let made = lib.init_rank(nranks, id, rank);
+    if let Err(e) = &made {
+        log::warn!(
+            "MSCCLPP_NCCL_FALLBACK: rank {rank}: {} (NVIDIA's NCCL refuses, among others, two ranks on one GPU); \
+             this communicator goes on without the fallback",
+            e.message
+        );
+    }
+    // Every rank learns whether all joined: one that did not leaves the others' NVIDIA communicator
+    // unusable, so those are aborted (locally: the peers are not waited for) and nobody routes to it.
+    let mut joined = vec![0u8; nranks];
+    joined[rank] = made.is_ok() as u8;
+    if let Err(e) = core.bootstrap().all_gather(&mut joined, 1) {
+        log::warn!(
+            "MSCCLPP_NCCL_FALLBACK: exchanging NVIDIA's outcome failed ({}); no fallback",
+            e.message
+        );
+        if let Ok(h) = made {
+            let _ = Comm::new(lib, h, spans_hosts).abort();
+        }
+        return None;
+    }
+    let failed = ranks_without(&joined.iter().map(|&b| b == 1).collect::<Vec<_>>());
+    let handle = made.ok()?;
+    let comm = Comm::new(lib, handle, spans_hosts);
+    if !failed.is_empty() {
+        log::warn!(
+            "MSCCLPP_NCCL_FALLBACK: NVIDIA's ncclCommInitRank failed on rank(s) {failed:?}; this communicator \
+             goes on without the fallback"
+        );
+        let _ = comm.abort();
+        return None;
+    }
+    log::info!(
+        "MSCCLPP_NCCL_FALLBACK: rank {rank} of {nranks}: NVIDIA's communicator made beside ours ({}){}",
+        lib.path(),
+        if spans_hosts {
+            "; the ranks span hosts: every collective goes to it"
+        } else {
+            ""
+        }
+    );
+    Some(comm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_read_as_nccl_writes_them() {
+        assert_eq!(version_text(22809), "2.28.9");
+        assert_eq!(version_text(22901), "2.29.1");
+        assert_eq!(version_text(2804), "2.8.4");
+    }
+
+    #[test]
+    fn hellos_carry_host_readiness_and_rank_0s_id() {
+        let id = ncclUniqueId {
+            internal: std::array::from_fn(|i| i as c_char),
+        };
+        let mut all = Vec::new();
+        all.extend_from_slice(&hello(7, true, Some(&id)));
+        all.extend_from_slice(&hello(7, false, None));
+        all.extend_from_slice(&hello(9, true, None));
+        let (hosts, ready, got) = read_hellos(&all);
+        assert_eq!(hosts, vec![7, 7, 9]);
+        assert_eq!(ready, vec![true, false, true]);
+        assert_eq!(got.internal, id.internal);
+        assert_eq!(ranks_without(&ready), vec![1]);
+    }
+
+    #[test]
+    fn a_missing_library_names_the_path_and_dlerror() {
+        let e = Library::load("/nonexistent/libnccl.so.2").err().unwrap();
+        assert_eq!(e.kind, ErrorKind::System);
+        assert!(e.message.contains("\"/nonexistent/libnccl.so.2\""), "{}", e.message);
+        assert!(e.message.contains("No such file"), "dlerror's text: {}", e.message);
+    }
+
+    #[test]
+    fn a_library_that_is_not_nccl_names_the_first_missing_symbol() {
+        // libc is loaded in every test process and exports no NCCL function.
+        let e = Library::load("libc.so.6").err().unwrap();
+        assert!(e.message.contains("symbol ncclGetVersion is missing"), "{}", e.message);
+    }
+
+    #[test]
+    fn nvidia_codes_map_to_ours() {
+        assert_eq!(result_code(0), ncclResult_t::ncclSuccess);
+        assert_eq!(result_code(6), ncclResult_t::ncclRemoteError);
+        assert_eq!(result_code(3), ncclResult_t::ncclInternalError);
+        assert_eq!(result_code(42), ncclResult_t::ncclInternalError);
+    }
+}
