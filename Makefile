@@ -66,8 +66,6 @@ HOST_TESTS := $(patsubst c-tests/host/%.cpp,build/tests/host/%,$(wildcard c-test
 GPU_TESTS := $(patsubst c-tests/gpu/%.cu,build/tests/gpu/%,$(wildcard c-tests/gpu/*.cu))
 LAYOUT_TESTS := build/tests/layout/layout_test build/tests/layout/layout_test_static build/tests/layout/layout_test_cuda
 NCCL_TESTS := $(patsubst c-tests/nccl/%.cpp,build/tests/nccl/%,$(wildcard c-tests/nccl/*.cpp))
-# Stand-ins for NVIDIA's libnccl.so.2 (soname and all) for the tests of MSCCLPP_NCCL_FALLBACK.
-NCCL_FAKES := build/tests/nccl/fake/libnccl.so.2 build/tests/nccl/fake-incomplete/libnccl.so.2
 BENCHES := $(patsubst examples-c/bench/%.cu,build/bench/%,$(wildcard examples-c/bench/*.cu))
 EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/bench/%,$(wildcard examples-c/*/*.cu)))
 CUDA_PROGRAMS := $(GPU_TESTS) $(BENCHES) $(EXAMPLES)
@@ -79,7 +77,7 @@ all: lib tests bench examples python
 
 lib: $(LIBRARY)
 
-tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(NCCL_TESTS) $(NCCL_FAKES) $(GPU_TESTS) legacy-abi
+tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(NCCL_TESTS) $(GPU_TESTS) legacy-abi
 
 bench: $(BENCHES) legacy-abi
 
@@ -178,20 +176,10 @@ build/examples/%: examples-c/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	  -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 # Programs of NCCL's API: our nccl.h and -lnccl only (libmscclpp is neither included nor linked).
-build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NCCL_FAKES)
+build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -pthread -Ibuild/include -MMD -MP $< -o $@ \
-	  -Lbuild/lib/nccl -lnccl -ldl -Wl,-rpath,'$$ORIGIN/../../lib/nccl'
-
-# The fake NVIDIA library; the incomplete one lacks ncclCommAbort.
-build/tests/nccl/fake/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
-	@mkdir -p $(@D)
-	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -Wl,-soname,libnccl.so.2 $< -o $@
-
-build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
-	@mkdir -p $(@D)
-	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -DFAKE_NCCL_INCOMPLETE \
-	  -Wl,-soname,libnccl.so.2 $< -o $@
+	  -Lbuild/lib/nccl -lnccl -Wl,-rpath,'$$ORIGIN/../../lib/nccl'
 
 # The layout test: warnings are errors; the g++ build is C++11 (the oldest the header supports) and the
 # header is also checked under the later standards. The nvcc build links cudart statically so that it runs

@@ -4,7 +4,8 @@
 # exactly `gpu tests: N passed, N failed`. Full logs go to $GPU_TEST_LOG_DIR (default build/test-logs).
 # With fewer than 2 GPUs it prints that it skipped and exits 0 without counting anything as passed; with one
 # GPU and MSCCLPP_TEST_MIN_GPUS=1 it runs the programs whose ranks may all share that GPU (collectives_test)
-# and says which it skipped and why. The collectives run under MPS, which this script starts and stops itself
+# and says which it skipped and why; then c-tests/run_nccl_gpu_tests.sh (NCCL's API). The collectives run
+# under MPS, which this script starts and stops itself
 # where nvidia-cuda-mps-control is installed (and says so where it is not).
 set -u
 
@@ -175,6 +176,20 @@ done
 # compute-sanitizer does not run under MPS: the ranks take turns on a shared GPU here.
 sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
 sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
+
+# NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks, PyTorch on it),
+# counted here; no summary line from it is a failure.
+nccl_log="$log_dir/nccl_gpu_tests.log"
+GPU_TEST_LOG_DIR="$log_dir" bash c-tests/run_nccl_gpu_tests.sh 2>&1 | tee "$nccl_log"
+nccl_summary=$(grep -E '^nccl gpu tests: [0-9]+ passed, [0-9]+ failed$' "$nccl_log" | tail -n 1)
+if [ -n "$nccl_summary" ]; then
+  read -r nccl_p nccl_f < <(sed -E 's/^nccl gpu tests: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/' <<<"$nccl_summary")
+  passed=$((passed + nccl_p))
+  failed=$((failed + nccl_f))
+else
+  echo "FAIL nccl_gpu_tests: c-tests/run_nccl_gpu_tests.sh ended without its summary line (log $nccl_log)"
+  failed=$((failed + 1))
+fi
 
 echo "-- all GPU tests took $(($(date +%s) - start_all))s; logs in $log_dir"
 echo "gpu tests: $passed passed, $failed failed"

@@ -1,0 +1,1477 @@
+// NCCL's API on GPUs, through our nccl.h and libnccl.so.2 alone (this program links no other library of
+// ours): what the NCCL face carries out natively today, each result checked element by element against a
+// host reference, and what it refuses today checked to be refused without touching the GPU.
+//
+// One process per rank, forked by the parent; rank r uses GPU r % GPUs, so every rank may share one GPU.
+// Rank 0 makes each communicator's ncclUniqueId and hands its 128 bytes to the others through memory
+// shared by the processes (as PyTorch hands it over its store).
+//
+//   nccl_gpu_test <all|main|kill|initall> [nranks] [--port P]
+//
+//   main: ncclGetVersion; ncclCommInitRank; Count / CuDevice / UserRank; ncclAllReduce (sum, prod, max, min,
+//       avg) x (float16, bfloat16, float32, int32, int64, uint8, float64) x counts 0, 1, 1000, 65537,
+//       2^20 + 3, in place and out of place; ncclAllGather, ncclReduceScatter (every operator), ncclBroadcast
+//       (in and out of place) and ncclBcast from rank 0 and the last rank; nothing written past an output,
+//       out of place the input untouched; collectives in one group, in nested groups, a group failed by a bad
+//       call; a CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig blocking and
+//       non-blocking (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess); ncclMemAlloc buffers
+//       registered with ncclCommRegister in an all-reduce; what the face refuses today (ncclSend, ncclRecv,
+//       ncclReduce, ncclAlltoAll, ncclGather, ncclScatter, Split, Shrink, Revoke, fp8, PreMulSum, the
+//       device API) returns ncclInvalidUsage naming the function, queues nothing, and the communicator still
+//       works; host memory as a buffer is ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy
+//   kill: every rank loops on all-reduces; the last is SIGKILLed; every survivor sees ncclRemoteError from
+//       ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same code,
+//       ncclGetLastError names the dead rank, and ncclCommAbort returns
+//   initall: ncclCommInitAll in one process with one device, and with every GPU where there are several
+//       (all-reduces on each in one group)
+//
+// Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
+// Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
+//
+// The case runner (examples-c/common/case_runner.h) includes mscclpp.h for its own types; nothing of it that
+// calls libmscclpp is used here, and the link (-lnccl only) would fail if anything were.
+#include "case_runner.h"
+
+#include <nccl.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+using namespace tc;
+
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// What the processes of one group share beside case_runner's results: the unique ids rank 0 makes
+// ------------------------------------------------------------------------------------------------
+
+constexpr int kMaxIds = 8;
+
+struct Board
+{
+  volatile int idReady[kMaxIds];
+  ncclUniqueId ids[kMaxIds];
+  volatile int skipMultiDevice; // initall: set by the rank where only one GPU is visible
+  char skipWhy[200];
+};
+
+Board* gBoard = nullptr;      // mapped shared by the parent before the ranks are forked
+ncclComm_t gComm = nullptr;   // the rank's communicator of the main group
+char* gPoolA = nullptr;       // device memory the cases carve their buffers from (inputs)
+char* gPoolB = nullptr;       // (outputs)
+uint64_t gPoolBytes = 0;
+
+const char* resultName(ncclResult_t r)
+{
+  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                "ncclRemoteError",   "ncclInProgress"};
+  return (int)r >= 0 && (int)r < 8 ? names[(int)r] : "not an ncclResult_t";
+}
+
+std::string lastError(ncclComm_t comm)
+{
+  const char* s = ncclGetLastError(comm);
+  return s ? s : "";
+}
+
+// An NCCL call that must succeed, inside a function returning std::string with `Rank& R` in scope.
+#define TN_OK(expr)                                                                                            \
+  do {                                                                                                         \
+    ncclResult_t r_ = (expr);                                                                                  \
+    if (r_ != ncclSuccess) {                                                                                   \
+      return ::tc::fmt("%s returned %s (%s:%d); last error: %s", #expr, resultName(r_), __FILE__, __LINE__,    \
+                       lastError(nullptr).c_str());                                                            \
+    }                                                                                                          \
+  } while (0)
+
+// An NCCL call that must return `want`.
+#define TN_EXPECT_RC(expr, want)                                                                               \
+  do {                                                                                                         \
+    ncclResult_t r_ = (expr);                                                                                  \
+    if (r_ != (want)) {                                                                                        \
+      return ::tc::fmt("%s returned %s, expected %s (%s:%d)", #expr, resultName(r_), resultName(want),         \
+                       __FILE__, __LINE__);                                                                    \
+    }                                                                                                          \
+  } while (0)
+
+// The id of communicator `slot`: rank 0 makes it, the others wait for it (bounded).
+std::string shareId(Rank& R, int slot, ncclUniqueId* id)
+{
+  if (slot < 0 || slot >= kMaxIds) return "internal: id slot out of range";
+  if (R.rank == 0) {
+    TN_OK(ncclGetUniqueId(id));
+    memcpy(&gBoard->ids[slot], id, sizeof(ncclUniqueId));
+    __sync_synchronize();
+    gBoard->idReady[slot] = 1;
+    return "";
+  }
+  const double deadline = nowSec() + R.hostTimeoutS;
+  while (!gBoard->idReady[slot]) {
+    if (nowSec() > deadline) {
+      R.fatal = true;
+      return fmt("rank 0 did not publish unique id %d within %.0f s", slot, R.hostTimeoutS);
+    }
+    usleep(1000);
+  }
+  __sync_synchronize();
+  memcpy(id, &gBoard->ids[slot], sizeof(ncclUniqueId));
+  return "";
+}
+
+// CUDA device, stream, the status block syncBounded reads, and the buffer pools (sized for the largest call:
+// an all-gather of 2^20 + 3 float64 per rank).
+std::string setUpRank(Rank& R)
+{
+  // Kernels load when the process starts (README.md, "Lazy module loading"); the runner's environment wins.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  // The ranks meet through the unique id here, not through an address in the environment.
+  unsetenv("NCCL_COMM_ID");
+  TC_CUDA(cudaGetDeviceCount(&R.nGpus));
+  TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
+  R.device = R.rank % R.nGpus;
+  if (R.nranks > R.nGpus) {
+    // Ranks sharing a GPU take turns or split it: be more patient.
+    R.hostTimeoutS *= 2;
+  }
+  TC_CUDA(cudaSetDevice(R.device));
+  TC_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaHostAlloc((void**)&R.status, sizeof(DevStatus), cudaHostAllocMapped));
+  memset((void*)R.status, 0, sizeof(DevStatus));
+  gPoolBytes = (uint64_t)R.nranks * ((1u << 20) + 3) * 8 + (1u << 16);
+  TC_CUDA(cudaMalloc((void**)&gPoolA, gPoolBytes));
+  TC_CUDA(cudaMalloc((void**)&gPoolB, gPoolBytes));
+  return "";
+}
+
+void freeRankBuffers(Rank& R)
+{
+  if (gPoolA) cudaFree(gPoolA);
+  if (gPoolB) cudaFree(gPoolB);
+  gPoolA = gPoolB = nullptr;
+  if (R.status) cudaFreeHost((void*)R.status);
+  if (R.stream) cudaStreamDestroy(R.stream);
+  R.status = nullptr;
+  R.stream = nullptr;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Types, values and the host reference
+// ------------------------------------------------------------------------------------------------
+
+const ncclDataType_t kTypes[] = {ncclFloat16, ncclBfloat16, ncclFloat32, ncclInt32, ncclInt64, ncclUint8, ncclFloat64};
+const ncclRedOp_t kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+
+const char* typeName(ncclDataType_t t)
+{
+  switch (t) {
+  case ncclInt8: return "int8";
+  case ncclUint8: return "uint8";
+  case ncclInt32: return "int32";
+  case ncclUint32: return "uint32";
+  case ncclInt64: return "int64";
+  case ncclUint64: return "uint64";
+  case ncclFloat16: return "float16";
+  case ncclFloat32: return "float32";
+  case ncclFloat64: return "float64";
+  case ncclBfloat16: return "bfloat16";
+  default: return "?";
+  }
+}
+
+const char* opName(ncclRedOp_t op)
+{
+  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
+  return (int)op >= 0 && (int)op < 5 ? names[(int)op] : "?";
+}
+
+size_t typeSize(ncclDataType_t t)
+{
+  switch (t) {
+  case ncclInt8:
+  case ncclUint8: return 1;
+  case ncclFloat16:
+  case ncclBfloat16: return 2;
+  case ncclInt32:
+  case ncclUint32:
+  case ncclFloat32: return 4;
+  default: return 8;
+  }
+}
+
+bool isFloat(ncclDataType_t t) { return t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat32 || t == ncclFloat64; }
+
+void storeElem(ncclDataType_t t, void* base, uint64_t i, double v)
+{
+  switch (t) {
+  case ncclInt8: ((int8_t*)base)[i] = (int8_t)v; break;
+  case ncclUint8: ((uint8_t*)base)[i] = (uint8_t)v; break;
+  case ncclInt32: ((int32_t*)base)[i] = (int32_t)v; break;
+  case ncclUint32: ((uint32_t*)base)[i] = (uint32_t)v; break;
+  case ncclInt64: ((int64_t*)base)[i] = (int64_t)v; break;
+  case ncclUint64: ((uint64_t*)base)[i] = (uint64_t)v; break;
+  case ncclFloat16: ((__half*)base)[i] = __float2half((float)v); break;
+  case ncclBfloat16: ((__nv_bfloat16*)base)[i] = __float2bfloat16((float)v); break;
+  case ncclFloat32: ((float*)base)[i] = (float)v; break;
+  default: ((double*)base)[i] = v; break;
+  }
+}
+
+double loadElem(ncclDataType_t t, const void* base, uint64_t i)
+{
+  switch (t) {
+  case ncclInt8: return ((const int8_t*)base)[i];
+  case ncclUint8: return ((const uint8_t*)base)[i];
+  case ncclInt32: return ((const int32_t*)base)[i];
+  case ncclUint32: return ((const uint32_t*)base)[i];
+  case ncclInt64: return (double)((const int64_t*)base)[i];
+  case ncclUint64: return (double)((const uint64_t*)base)[i];
+  case ncclFloat16: return __half2float(((const __half*)base)[i]);
+  case ncclBfloat16: return __bfloat162float(((const __nv_bfloat16*)base)[i]);
+  case ncclFloat32: return ((const float*)base)[i];
+  default: return ((const double*)base)[i];
+  }
+}
+
+// The value rank `from` contributes at index i, already rounded to the type. Chosen per operator so that
+// every order of reduction gives the exact result on 2 and 4 ranks (quarters of at most 8 for sums, powers of
+// two for products, wider ranges for max and min, 64-bit ones for int64), and never overflowing the type.
+double inputValue(ncclDataType_t t, ncclRedOp_t op, int from, uint64_t i, uint32_t salt)
+{
+  const uint64_t h = mix64(((uint64_t)salt << 40) ^ ((uint64_t)(from & 0xff) << 32) ^ i ^ ((uint64_t)t << 56));
+  double v;
+  switch (op) {
+  case ncclProd:
+    if (t == ncclUint8) v = 1 + (double)(h % 3);
+    else if (isFloat(t)) { static const double k[] = {-2, -1, -0.5, 0.5, 1, 2}; v = k[h % 6]; }
+    else { static const double k[] = {-2, -1, 1, 2}; v = k[h % 4]; }
+    break;
+  case ncclMax:
+  case ncclMin:
+    if (t == ncclUint8) v = (double)(h % 256);
+    else if (t == ncclInt64) v = (double)((int64_t)(h % (1ull << 41)) - (int64_t)(1ull << 40));
+    else if (isFloat(t)) v = ((double)(h % 513) - 256.0) / 4.0;
+    else v = (double)((int64_t)(h % 2000001) - 1000000);
+    break;
+  default: // sum, avg, and the collectives that do not reduce
+    if (t == ncclUint8) v = (double)(h % 16);
+    else if (isFloat(t)) v = ((double)(h % 65) - 32.0) / 4.0;
+    else v = (double)((int64_t)(h % 17) - 8);
+    break;
+  }
+  uint64_t bits[1] = {0};
+  storeElem(t, bits, 0, v);
+  return loadElem(t, bits, 0);
+}
+
+// op over the values of every rank, as NCCL defines it (avg: the sum divided by nranks, integers truncated
+// toward zero), rounded to the type.
+double reduceRef(ncclDataType_t t, ncclRedOp_t op, int nranks, const std::function<double(int)>& valueOf)
+{
+  double acc = valueOf(0);
+  for (int k = 1; k < nranks; ++k) {
+    const double v = valueOf(k);
+    switch (op) {
+    case ncclProd: acc *= v; break;
+    case ncclMax: acc = std::max(acc, v); break;
+    case ncclMin: acc = std::min(acc, v); break;
+    default: acc += v; break;
+    }
+  }
+  if (op == ncclAvg) acc = isFloat(t) ? acc / nranks : std::trunc(acc / nranks);
+  uint64_t bits[1] = {0};
+  storeElem(t, bits, 0, acc);
+  return loadElem(t, bits, 0);
+}
+
+bool closeEnough(ncclDataType_t t, double got, double want)
+{
+  if (!isFloat(t)) return got == want;
+  const double rel = t == ncclFloat16 ? 1e-3 : t == ncclBfloat16 ? 8e-3 : t == ncclFloat32 ? 1e-6 : 1e-12;
+  return std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want));
+}
+
+// ------------------------------------------------------------------------------------------------
+// One collective call: prepared (buffers carved from the pools, inputs uploaded, outputs set to a sentinel),
+// issued (alone or inside a group), checked (every output element, the bytes after it, out of place the
+// input).
+// ------------------------------------------------------------------------------------------------
+
+enum Coll : int
+{
+  kAllReduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast, // ncclBroadcast
+  kBcast,     // ncclBcast (in place by definition)
+};
+
+const char* collName(Coll c)
+{
+  static const char* names[] = {"allreduce", "allgather", "reducescatter", "broadcast", "bcast"};
+  return names[c];
+}
+
+constexpr uint64_t kGuard = 256;      // bytes after each output that nobody may write
+constexpr unsigned char kSentinel = 0xA5;
+constexpr unsigned char kGuardByte = 0x5A;
+
+struct Spec
+{
+  Coll coll = kAllReduce;
+  ncclDataType_t type = ncclFloat32;
+  ncclRedOp_t op = ncclSum;
+  uint64_t count = 0; // NCCL's count argument (sendcount, recvcount)
+  bool inPlace = false;
+  int root = 0;
+  uint32_t salt = 1;
+  // Buffers given by the case (ncclMemAlloc's) instead of the pools; out of place only.
+  char* extSend = nullptr;
+  char* extRecv = nullptr;
+};
+
+std::string describe(const Spec& s)
+{
+  std::string d = fmt("%s %s", collName(s.coll), typeName(s.type));
+  if (s.coll == kAllReduce || s.coll == kReduceScatter) d += fmt(" %s", opName(s.op));
+  if (s.coll == kBroadcast || s.coll == kBcast) d += fmt(" root %d", s.root);
+  return d + fmt(" count %llu %s", (unsigned long long)s.count, s.inPlace ? "in place" : "out of place");
+}
+
+struct Prepared
+{
+  Spec s;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  char* outBase = nullptr; // the output region as a whole (in place: inside the one buffer)
+  uint64_t outBytes = 0;
+  char* inBase = nullptr;  // out of place: the input, checked untouched
+  std::vector<unsigned char> input;
+  std::vector<double> want; // per output element
+};
+
+// The next free bytes of a pool, 256-byte aligned.
+struct Arena
+{
+  uint64_t a = 0, b = 0;
+};
+
+std::string carve(Rank& R, char* pool, uint64_t* used, uint64_t bytes, char** out)
+{
+  const uint64_t at = (*used + 255) & ~255ull;
+  if (at + bytes > gPoolBytes) {
+    R.fatal = true;
+    return fmt("internal: the pool is too small (%llu + %llu bytes)", (unsigned long long)at, (unsigned long long)bytes);
+  }
+  *used = at + bytes;
+  *out = pool + at;
+  return "";
+}
+
+std::string prepare(Rank& R, const Spec& s, Arena& arena, Prepared* p)
+{
+  p->s = s;
+  const int N = R.nranks, me = R.rank;
+  const uint64_t n = s.count, es = typeSize(s.type);
+  uint64_t inElems = n, outElems = n;
+  if (s.coll == kAllGather) outElems = n * N;
+  if (s.coll == kReduceScatter) inElems = n * N;
+  const uint64_t inBytes = inElems * es;
+  p->outBytes = outElems * es;
+
+  // This rank's input, and the reference of its output.
+  p->input.assign(inBytes, 0);
+  const ncclRedOp_t genOp = (s.coll == kAllReduce || s.coll == kReduceScatter) ? s.op : ncclSum;
+  for (uint64_t i = 0; i < inElems; ++i) storeElem(s.type, p->input.data(), i, inputValue(s.type, genOp, me, i, s.salt));
+  p->want.resize(outElems);
+  for (uint64_t j = 0; j < outElems; ++j) {
+    switch (s.coll) {
+    case kAllReduce:
+      p->want[j] = reduceRef(s.type, s.op, N, [&](int k) { return inputValue(s.type, s.op, k, j, s.salt); });
+      break;
+    case kReduceScatter:
+      p->want[j] = reduceRef(s.type, s.op, N, [&](int k) { return inputValue(s.type, s.op, k, (uint64_t)me * n + j, s.salt); });
+      break;
+    case kAllGather: p->want[j] = inputValue(s.type, ncclSum, (int)(j / n), j % n, s.salt); break;
+    default: p->want[j] = inputValue(s.type, ncclSum, s.root, j, s.salt); break;
+    }
+  }
+  if (n == 0) {
+    // NCCL allows any pointers for an empty call; NULL is the hardest case.
+    p->send = nullptr;
+    p->recv = nullptr;
+    return "";
+  }
+
+  if (s.extSend || s.extRecv) {
+    TC_EXPECT(s.extSend && s.extRecv && !s.inPlace, "internal: external buffers are for out-of-place calls");
+    p->inBase = s.extSend;
+    p->outBase = s.extRecv;
+  } else if (!s.inPlace) {
+    TC_TRY(carve(R, gPoolA, &arena.a, inBytes, &p->inBase));
+    TC_TRY(carve(R, gPoolB, &arena.b, p->outBytes + kGuard, &p->outBase));
+  } else {
+    // One buffer: NCCL's in-place layouts (all-gather's input is this rank's piece of the output,
+    // reduce-scatter's output is this rank's piece of the input).
+    const uint64_t bytes = std::max(inBytes, p->outBytes);
+    char* buf = nullptr;
+    TC_TRY(carve(R, gPoolB, &arena.b, bytes + kGuard, &buf));
+    p->outBase = buf;
+    if (s.coll == kReduceScatter) p->outBase = buf + (uint64_t)me * n * es;
+  }
+  char* whole = s.inPlace ? p->outBase - (s.coll == kReduceScatter ? (uint64_t)me * n * es : 0) : p->outBase;
+  const uint64_t wholeBytes = s.inPlace ? std::max(inBytes, p->outBytes) : p->outBytes;
+  // Sentinel over the output, guard bytes after the buffer (external buffers have no room for a guard).
+  TC_CUDA(cudaMemsetAsync(whole, kSentinel, wholeBytes, R.stream));
+  if (!s.extRecv) TC_CUDA(cudaMemsetAsync(whole + wholeBytes, kGuardByte, kGuard, R.stream));
+  char* sendAt = nullptr;
+  if (!s.inPlace) {
+    sendAt = p->inBase;
+    p->recv = p->outBase;
+  } else if (s.coll == kAllGather) {
+    sendAt = p->outBase + (uint64_t)me * n * es;
+    p->recv = p->outBase;
+  } else {
+    sendAt = whole;
+    p->recv = p->outBase;
+  }
+  TC_CUDA(cudaMemcpyAsync(sendAt, p->input.data(), inBytes, cudaMemcpyHostToDevice, R.stream));
+  p->send = sendAt;
+  return "";
+}
+
+ncclResult_t issue(const Prepared& p, ncclComm_t comm, cudaStream_t stream)
+{
+  const Spec& s = p.s;
+  switch (s.coll) {
+  case kAllReduce: return ncclAllReduce(p.send, p.recv, s.count, s.type, s.op, comm, stream);
+  case kAllGather: return ncclAllGather(p.send, p.recv, s.count, s.type, comm, stream);
+  case kReduceScatter: return ncclReduceScatter(p.send, p.recv, s.count, s.type, s.op, comm, stream);
+  case kBroadcast: return ncclBroadcast(p.send, p.recv, s.count, s.type, s.root, comm, stream);
+  default: return ncclBcast(p.recv, s.count, s.type, s.root, comm, stream);
+  }
+}
+
+// Checks the output (after the stream has drained), the guard, and out of place the input.
+std::string check(Rank& R, const Prepared& p)
+{
+  const Spec& s = p.s;
+  if (s.count == 0) return "";
+  std::vector<unsigned char> out(p.outBytes + (s.extRecv ? 0 : kGuard));
+  TC_CUDA(cudaMemcpyAsync(out.data(), p.outBase, out.size(), cudaMemcpyDeviceToHost, R.stream));
+  std::vector<unsigned char> in;
+  if (!s.inPlace) {
+    in.resize(p.input.size());
+    TC_CUDA(cudaMemcpyAsync(in.data(), p.inBase, in.size(), cudaMemcpyDeviceToHost, R.stream));
+  }
+  TC_TRY(syncBounded(R, "copy of the results"));
+  uint64_t bad = 0, first = 0;
+  double got0 = 0, want0 = 0;
+  for (uint64_t j = 0; j < p.want.size(); ++j) {
+    const double got = loadElem(s.type, out.data(), j);
+    if (!closeEnough(s.type, got, p.want[j])) {
+      if (bad++ == 0) {
+        first = j;
+        got0 = got;
+        want0 = p.want[j];
+      }
+    }
+  }
+  TC_EXPECT(bad == 0, "%s: %llu of %llu elements wrong, first at %llu: got %.17g, want %.17g", describe(s).c_str(),
+            (unsigned long long)bad, (unsigned long long)p.want.size(), (unsigned long long)first, got0, want0);
+  if (!s.extRecv) {
+    // In place the guard follows the whole buffer; out of place the output.
+    const uint64_t guardAt = p.outBytes;
+    if (!(s.inPlace && s.coll == kReduceScatter)) {
+      for (uint64_t k = 0; k < kGuard; ++k)
+        TC_EXPECT(out[guardAt + k] == kGuardByte, "%s: byte %llu after the output was written (0x%02x)",
+                  describe(s).c_str(), (unsigned long long)k, out[guardAt + k]);
+    }
+  }
+  if (!s.inPlace) {
+    TC_EXPECT(in == p.input, "%s: the input buffer was changed by an out-of-place call", describe(s).c_str());
+  }
+  return "";
+}
+
+// prepare + issue + sync + check, on `comm`.
+std::string runOne(Rank& R, ncclComm_t comm, const Spec& s)
+{
+  Arena arena;
+  Prepared p;
+  TC_TRY(prepare(R, s, arena, &p));
+  ncclResult_t r = issue(p, comm, R.stream);
+  TC_EXPECT(r == ncclSuccess, "%s returned %s: %s", describe(s).c_str(), resultName(r), lastError(comm).c_str());
+  TC_TRY(syncBounded(R, describe(s).c_str()));
+  return check(R, p);
+}
+
+const uint64_t kCounts[] = {0, 1, 1000, 65537, (1u << 20) + 3};
+const uint64_t kCountsRs[] = {0, 1, 1000, 65537}; // reduce-scatter: nranks x count in, every operator
+
+uint32_t gSalt = 100; // every call of the rank's sequence its own data (the same sequence on every rank)
+
+// ------------------------------------------------------------------------------------------------
+// Cases of the main group
+// ------------------------------------------------------------------------------------------------
+
+std::string caseInit(Rank& R)
+{
+  int v = 0;
+  TN_OK(ncclGetVersion(&v));
+  TC_EXPECT(v == NCCL_VERSION_CODE && v == 22809, "ncclGetVersion gave %d, expected 22809", v);
+  ncclUniqueId id;
+  TC_TRY(shareId(R, 0, &id));
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRank(&comm, R.nranks, id, R.rank);
+  if (r != ncclSuccess || comm == nullptr) {
+    R.fatal = true;
+    return fmt("ncclCommInitRank(nranks %d, rank %d) returned %s (comm %p): %s", R.nranks, R.rank, resultName(r),
+               (void*)comm, lastError(nullptr).c_str());
+  }
+  gComm = comm;
+  int count = -1, dev = -1, rank = -1;
+  TN_OK(ncclCommCount(comm, &count));
+  TN_OK(ncclCommCuDevice(comm, &dev));
+  TN_OK(ncclCommUserRank(comm, &rank));
+  TC_EXPECT(count == R.nranks && dev == R.device && rank == R.rank,
+            "Count/CuDevice/UserRank say %d/%d/%d, expected %d/%d/%d", count, dev, rank, R.nranks, R.device, R.rank);
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(comm, &async));
+  TC_EXPECT(async == ncclSuccess, "ncclCommGetAsyncError of a new communicator gave %s", resultName(async));
+  R.info = fmt("%d ranks on %d GPUs", R.nranks, R.nGpus);
+  return "";
+}
+
+std::string caseAllReduce(Rank& R, ncclDataType_t t, ncclRedOp_t op)
+{
+  for (uint64_t n : kCounts)
+    for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      Spec s;
+      s.coll = kAllReduce;
+      s.type = t;
+      s.op = op;
+      s.count = n;
+      s.inPlace = inPlace;
+      s.salt = ++gSalt;
+      TC_TRY(runOne(R, gComm, s));
+    }
+  return "";
+}
+
+std::string caseAllGather(Rank& R, ncclDataType_t t)
+{
+  for (uint64_t n : kCounts)
+    for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      Spec s;
+      s.coll = kAllGather;
+      s.type = t;
+      s.count = n;
+      s.inPlace = inPlace;
+      s.salt = ++gSalt;
+      TC_TRY(runOne(R, gComm, s));
+    }
+  return "";
+}
+
+std::string caseReduceScatter(Rank& R, ncclDataType_t t)
+{
+  for (ncclRedOp_t op : kOps)
+    for (uint64_t n : kCountsRs)
+      for (int inPlace = 0; inPlace < 2; ++inPlace) {
+        Spec s;
+        s.coll = kReduceScatter;
+        s.type = t;
+        s.op = op;
+        s.count = n;
+        s.inPlace = inPlace;
+        s.salt = ++gSalt;
+        TC_TRY(runOne(R, gComm, s));
+      }
+  return "";
+}
+
+std::string caseBroadcast(Rank& R, ncclDataType_t t)
+{
+  for (int root : {0, R.nranks - 1})
+    for (uint64_t n : kCounts)
+      for (int form = 0; form < 3; ++form) { // ncclBroadcast out of place, in place; ncclBcast
+        Spec s;
+        s.coll = form == 2 ? kBcast : kBroadcast;
+        s.type = t;
+        s.count = n;
+        s.inPlace = form != 0;
+        s.root = root;
+        s.salt = ++gSalt;
+        TC_TRY(runOne(R, gComm, s));
+      }
+  return "";
+}
+
+// Several collectives of different kinds between one ncclGroupStart and its ncclGroupEnd.
+std::string caseGroupSeveral(Rank& R)
+{
+  Spec a, b, c;
+  a.coll = kAllReduce, a.type = ncclFloat32, a.op = ncclSum, a.count = 1000, a.salt = ++gSalt;
+  b.coll = kAllGather, b.type = ncclInt32, b.count = 4097, b.salt = ++gSalt;
+  c.coll = kBroadcast, c.type = ncclBfloat16, c.count = 65537, c.root = R.nranks - 1, c.salt = ++gSalt;
+  Arena arena;
+  Prepared p[3];
+  TC_TRY(prepare(R, a, arena, &p[0]));
+  TC_TRY(prepare(R, b, arena, &p[1]));
+  TC_TRY(prepare(R, c, arena, &p[2]));
+  TN_OK(ncclGroupStart());
+  ncclResult_t rc[3];
+  for (int i = 0; i < 3; ++i) rc[i] = issue(p[i], gComm, R.stream);
+  ncclResult_t end = ncclGroupEnd();
+  for (int i = 0; i < 3; ++i)
+    TC_EXPECT(rc[i] == ncclSuccess, "%s inside the group returned %s", describe(p[i].s).c_str(), resultName(rc[i]));
+  TC_EXPECT(end == ncclSuccess, "ncclGroupEnd returned %s: %s", resultName(end), lastError(gComm).c_str());
+  TC_TRY(syncBounded(R, "the group's collectives"));
+  for (int i = 0; i < 3; ++i) TC_TRY(check(R, p[i]));
+  return "";
+}
+
+// Nested groups: nothing is issued at the inner end; everything at the outermost.
+std::string caseGroupNested(Rank& R)
+{
+  Spec a, b;
+  a.coll = kAllReduce, a.type = ncclFloat64, a.op = ncclMax, a.count = 1000, a.salt = ++gSalt;
+  b.coll = kReduceScatter, b.type = ncclFloat16, b.op = ncclSum, b.count = 333, b.inPlace = true, b.salt = ++gSalt;
+  Arena arena;
+  Prepared p[2];
+  TC_TRY(prepare(R, a, arena, &p[0]));
+  TC_TRY(prepare(R, b, arena, &p[1]));
+  TC_TRY(syncBounded(R, "the inputs"));
+  TN_OK(ncclGroupStart());
+  TN_OK(ncclGroupStart());
+  ncclResult_t r0 = issue(p[0], gComm, R.stream);
+  ncclResult_t inner = ncclGroupEnd();
+  // The outer group is still open: the all-reduce must not have been issued.
+  TC_TRY(syncBounded(R, "the stream after the inner ncclGroupEnd"));
+  std::vector<unsigned char> out(p[0].outBytes);
+  cudaError_t ce = cudaMemcpy(out.data(), p[0].outBase, out.size(), cudaMemcpyDeviceToHost);
+  ncclResult_t r1 = issue(p[1], gComm, R.stream);
+  ncclResult_t outer = ncclGroupEnd();
+  TC_EXPECT(r0 == ncclSuccess && r1 == ncclSuccess && inner == ncclSuccess && outer == ncclSuccess,
+            "calls %s, %s; inner end %s, outer end %s: %s", resultName(r0), resultName(r1), resultName(inner),
+            resultName(outer), lastError(gComm).c_str());
+  TC_CUDA(ce);
+  for (unsigned char ch : out)
+    TC_EXPECT(ch == kSentinel, "the all-reduce's output changed before the outermost ncclGroupEnd (issued early)");
+  TC_TRY(syncBounded(R, "the nested group's collectives"));
+  TC_TRY(check(R, p[0]));
+  return check(R, p[1]);
+}
+
+// A bad call inside a group fails the group: its end returns the error and issues nothing (as NCCL does),
+// and the next group starts clean.
+std::string caseGroupBadCall(Rank& R)
+{
+  Spec a;
+  a.coll = kAllReduce, a.type = ncclFloat32, a.op = ncclSum, a.count = 1000, a.salt = ++gSalt;
+  Arena arena;
+  Prepared p;
+  TC_TRY(prepare(R, a, arena, &p));
+  TN_OK(ncclGroupStart());
+  ncclResult_t good = issue(p, gComm, R.stream);
+  ncclResult_t bad = ncclAllReduce(p.send, p.recv, 1000, (ncclDataType_t)99, ncclSum, gComm, R.stream);
+  ncclResult_t end = ncclGroupEnd();
+  TC_EXPECT(good == ncclSuccess, "the good call inside the group returned %s", resultName(good));
+  TC_EXPECT(bad == ncclInvalidArgument, "datatype 99 inside the group returned %s, expected ncclInvalidArgument",
+            resultName(bad));
+  TC_EXPECT(end != ncclSuccess, "ncclGroupEnd of a group with a failed call returned ncclSuccess");
+  TC_TRY(syncBounded(R, "the stream after the failed group"));
+  std::vector<unsigned char> out(p.outBytes);
+  TC_CUDA(cudaMemcpy(out.data(), p.outBase, out.size(), cudaMemcpyDeviceToHost));
+  for (unsigned char ch : out) TC_EXPECT(ch == kSentinel, "the failed group issued its good all-reduce");
+  R.info = fmt("ncclGroupEnd returned %s", resultName(end));
+  // The next call (outside any group) works.
+  a.salt = ++gSalt;
+  return runOne(R, gComm, a);
+}
+
+__global__ void addKernel(float* p, uint64_t n, float v)
+{
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) p[i] += v;
+}
+
+// A graph of [add 1 to the input; ncclAllReduce] captured once and replayed 10 times: each replay's output is
+// the sum over the ranks of the input as that replay left it.
+std::string caseGraph(Rank& R)
+{
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = ++gSalt;
+  Arena arena;
+  Prepared p;
+  TC_TRY(prepare(R, s, arena, &p));
+  // A first call of the same kind outside the capture, as applications warm up before they capture.
+  TN_OK(issue(p, gComm, R.stream));
+  TC_TRY(syncBounded(R, "the warm-up all-reduce"));
+  TC_TRY(check(R, p));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TC_CUDA(cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeGlobal));
+  addKernel<<<gridFor(s.count), 256, 0, R.stream>>>((float*)p.inBase, s.count, 1.0f);
+  ncclResult_t r = issue(p, gComm, R.stream);
+  cudaError_t endRc = cudaStreamEndCapture(R.stream, &graph);
+  TC_EXPECT(r == ncclSuccess, "ncclAllReduce during the capture returned %s: %s", resultName(r), lastError(gComm).c_str());
+  TC_CUDA(endRc);
+  TC_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<float> out(s.count);
+  std::string why;
+  for (int k = 1; k <= 10 && why.empty(); ++k) {
+    TC_CUDA(cudaMemsetAsync(p.outBase, kSentinel, p.outBytes, R.stream));
+    TC_CUDA(cudaGraphLaunch(exec, R.stream));
+    TC_CUDA(cudaMemcpyAsync(out.data(), p.outBase, p.outBytes, cudaMemcpyDeviceToHost, R.stream));
+    why = syncBounded(R, fmt("replay %d", k).c_str());
+    for (uint64_t j = 0; j < s.count && why.empty(); ++j) {
+      double want = 0;
+      for (int q = 0; q < R.nranks; ++q) want += inputValue(s.type, ncclSum, q, j, s.salt) + k;
+      if (out[j] != (float)want) why = fmt("replay %d: element %llu is %.9g, want %.9g", k, (unsigned long long)j, out[j], want);
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  R.info = "10 replays checked";
+  return why;
+}
+
+// ncclCommInitRankConfig, blocking: a communicator of its own, an all-reduce on it, finalize and destroy.
+std::string caseConfigBlocking(Rank& R)
+{
+  ncclUniqueId id;
+  TC_TRY(shareId(R, 1, &id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.commName = "nccl_gpu_test_blocking";
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, R.nranks, id, R.rank, &config);
+  TC_EXPECT(r == ncclSuccess && comm != nullptr, "ncclCommInitRankConfig (blocking) returned %s: %s", resultName(r),
+            lastError(nullptr).c_str());
+  int count = -1;
+  TN_OK(ncclCommCount(comm, &count));
+  TC_EXPECT(count == R.nranks, "ncclCommCount gave %d", count);
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = ++gSalt;
+  std::string why = runOne(R, comm, s);
+  ncclResult_t fin = ncclCommFinalize(comm);
+  ncclResult_t des = ncclCommDestroy(comm);
+  TC_TRY(why);
+  TC_EXPECT(fin == ncclSuccess && des == ncclSuccess, "ncclCommFinalize %s, ncclCommDestroy %s", resultName(fin),
+            resultName(des));
+  return "";
+}
+
+// Polls ncclCommGetAsyncError until it is no longer ncclInProgress; *state gets the last value.
+std::string pollAsync(Rank& R, ncclComm_t comm, const char* what, ncclResult_t* state)
+{
+  const double deadline = nowSec() + R.hostTimeoutS * 2;
+  for (;;) {
+    ncclResult_t r = ncclCommGetAsyncError(comm, state);
+    TC_EXPECT(r == ncclSuccess, "ncclCommGetAsyncError (%s) returned %s", what, resultName(r));
+    if (*state != ncclInProgress) return "";
+    TC_EXPECT(nowSec() < deadline, "%s: still ncclInProgress after %.0f s", what, R.hostTimeoutS * 2);
+    usleep(1000);
+  }
+}
+
+// ncclCommInitRankConfig, non-blocking: ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess; calls
+// on such a communicator may also answer ncclInProgress, and are then polled the same way.
+std::string caseConfigNonBlocking(Rank& R)
+{
+  ncclUniqueId id;
+  TC_TRY(shareId(R, 2, &id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.commName = "nccl_gpu_test_nonblocking";
+  ncclComm_t comm = nullptr;
+  const double t0 = nowSec();
+  ncclResult_t r = ncclCommInitRankConfig(&comm, R.nranks, id, R.rank, &config);
+  const double tCall = nowSec() - t0;
+  TC_EXPECT(r == ncclInProgress && comm != nullptr, "ncclCommInitRankConfig (non-blocking) returned %s (comm %p): %s",
+            resultName(r), (void*)comm, lastError(nullptr).c_str());
+  ncclResult_t state = ncclInProgress;
+  TC_TRY(pollAsync(R, comm, "the initialisation", &state));
+  TC_EXPECT(state == ncclSuccess, "the non-blocking initialisation ended with %s: %s", resultName(state),
+            lastError(comm).c_str());
+  int rank = -1;
+  TN_OK(ncclCommUserRank(comm, &rank));
+  TC_EXPECT(rank == R.rank, "ncclCommUserRank gave %d", rank);
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclInt32, s.op = ncclMin, s.count = 4099, s.salt = ++gSalt;
+  Arena arena;
+  Prepared p;
+  TC_TRY(prepare(R, s, arena, &p));
+  r = issue(p, comm, R.stream);
+  TC_EXPECT(r == ncclSuccess || r == ncclInProgress, "ncclAllReduce on the non-blocking comm returned %s: %s",
+            resultName(r), lastError(comm).c_str());
+  if (r == ncclInProgress) {
+    TC_TRY(pollAsync(R, comm, "the all-reduce", &state));
+    TC_EXPECT(state == ncclSuccess, "the all-reduce ended with %s", resultName(state));
+  }
+  TC_TRY(syncBounded(R, "the all-reduce on the non-blocking comm"));
+  TC_TRY(check(R, p));
+  r = ncclCommFinalize(comm);
+  TC_EXPECT(r == ncclSuccess || r == ncclInProgress, "ncclCommFinalize returned %s", resultName(r));
+  if (r == ncclInProgress) {
+    TC_TRY(pollAsync(R, comm, "the finalize", &state));
+    TC_EXPECT(state == ncclSuccess, "ncclCommFinalize ended with %s", resultName(state));
+  }
+  TN_OK(ncclCommDestroy(comm));
+  R.info = fmt("ncclCommInitRankConfig returned in %.1f ms", tCall * 1e3);
+  return "";
+}
+
+// ncclMemAlloc buffers, registered, in an all-reduce; then deregistered and freed.
+std::string caseMemAlloc(Rank& R)
+{
+  const uint64_t count = 65537, bytes = count * 4;
+  void *a = nullptr, *b = nullptr;
+  TN_OK(ncclMemAlloc(&a, bytes));
+  TN_OK(ncclMemAlloc(&b, bytes));
+  TC_EXPECT(a && b, "ncclMemAlloc returned NULL");
+  cudaPointerAttributes attr;
+  TC_CUDA(cudaPointerGetAttributes(&attr, a));
+  TC_EXPECT(attr.type == cudaMemoryTypeDevice && attr.device == R.device,
+            "ncclMemAlloc's memory is of type %d on device %d, expected device memory on %d", (int)attr.type,
+            attr.device, R.device);
+  void *ha = nullptr, *hb = nullptr;
+  TN_OK(ncclCommRegister(gComm, a, bytes, &ha));
+  TN_OK(ncclCommRegister(gComm, b, bytes, &hb));
+  TC_EXPECT(ha && hb && ha != hb, "ncclCommRegister's handles %p and %p", ha, hb);
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = count, s.salt = ++gSalt;
+  s.extSend = (char*)a;
+  s.extRecv = (char*)b;
+  TC_TRY(runOne(R, gComm, s));
+  s.op = ncclMax, s.salt = ++gSalt;
+  TC_TRY(runOne(R, gComm, s));
+  TN_OK(ncclCommDeregister(gComm, ha));
+  TN_OK(ncclCommDeregister(gComm, hb));
+  ncclResult_t again = ncclCommDeregister(gComm, ha);
+  TC_EXPECT(again != ncclSuccess, "a second ncclCommDeregister of the same handle succeeded");
+  TN_OK(ncclMemFree(a));
+  TN_OK(ncclMemFree(b));
+  return "";
+}
+
+// Fills `bytes` of `buf` with the sentinel and waits, so that a refused call can be shown to leave it.
+std::string sentinel(Rank& R, void* buf, uint64_t bytes)
+{
+  TC_CUDA(cudaMemsetAsync(buf, kSentinel, bytes, R.stream));
+  return syncBounded(R, "the sentinel fill");
+}
+
+std::string untouched(Rank& R, const void* buf, uint64_t bytes, const char* what)
+{
+  // Nothing was queued: the stream is idle at once.
+  cudaError_t q = cudaStreamQuery(R.stream);
+  TC_EXPECT(q == cudaSuccess, "%s queued work on the stream (cudaStreamQuery: %s)", what, cudaGetErrorString(q));
+  std::vector<unsigned char> out(bytes);
+  TC_CUDA(cudaMemcpy(out.data(), buf, bytes, cudaMemcpyDeviceToHost));
+  for (unsigned char ch : out) TC_EXPECT(ch == kSentinel, "%s wrote into the output buffer", what);
+  return "";
+}
+
+// What the face refuses today: ncclInvalidUsage, the last error naming the function, nothing queued or
+// written, the communicator still usable. Every rank makes the same call, so none is left waiting.
+std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_t(void* send, void* recv)>& call)
+{
+  const uint64_t bytes = 4096 * 4 * R.nranks;
+  void* send = gPoolA;
+  void* recv = gPoolB;
+  TC_TRY(sentinel(R, recv, bytes));
+  ncclResult_t r = call(send, recv);
+  const std::string msg = lastError(gComm);
+  TC_EXPECT(r == ncclInvalidUsage, "%s returned %s, expected ncclInvalidUsage (refused today): %s", fn, resultName(r),
+            msg.c_str());
+  TC_EXPECT(msg.find(fn) != std::string::npos, "ncclGetLastError does not name %s: '%s'", fn, msg.c_str());
+  TC_TRY(untouched(R, recv, bytes, fn));
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after the refusal ncclCommGetAsyncError gives %s", resultName(async));
+  // The communicator still works.
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 1000, s.salt = ++gSalt;
+  TC_TRY(runOne(R, gComm, s));
+  R.info = "'" + msg.substr(0, 120) + "'";
+  return "";
+}
+
+void refusedCases(Rank& R)
+{
+  const int N = R.nranks, me = R.rank;
+  const int next = (me + 1) % N, prev = (me + N - 1) % N;
+  cudaStream_t st = R.stream;
+  ncclComm_t c = gComm;
+  runCase(R, "refused_today_ncclSend_ncclRecv", [&] {
+    TC_TRY(caseRefused(R, "ncclSend", [&](void* s, void*) { return ncclSend(s, 1000, ncclFloat32, next, c, st); }));
+    return caseRefused(R, "ncclRecv", [&](void*, void* d) { return ncclRecv(d, 1000, ncclFloat32, prev, c, st); });
+  });
+  runCase(R, "refused_today_send_recv_in_group", [&] {
+    return caseRefused(R, "ncclSend", [&](void* s, void* d) {
+      ncclGroupStart();
+      ncclResult_t a = ncclSend(s, 1000, ncclFloat32, next, c, st);
+      ncclResult_t b = ncclRecv(d, 1000, ncclFloat32, prev, c, st);
+      ncclResult_t e = ncclGroupEnd();
+      // The group's end reports the refusal too; the send's own code is what is checked.
+      if (b != ncclInvalidUsage || e == ncclSuccess) return ncclInternalError;
+      return a;
+    });
+  });
+  runCase(R, "refused_today_ncclReduce", [&] {
+    return caseRefused(R, "ncclReduce", [&](void* s, void* d) { return ncclReduce(s, d, 1000, ncclFloat32, ncclSum, N - 1, c, st); });
+  });
+  runCase(R, "refused_today_ncclAlltoAll", [&] {
+    return caseRefused(R, "ncclAlltoAll", [&](void* s, void* d) { return ncclAlltoAll(s, d, 1000, ncclFloat32, c, st); });
+  });
+  runCase(R, "refused_today_ncclGather", [&] {
+    return caseRefused(R, "ncclGather", [&](void* s, void* d) { return ncclGather(s, d, 1000, ncclFloat32, 0, c, st); });
+  });
+  runCase(R, "refused_today_ncclScatter", [&] {
+    return caseRefused(R, "ncclScatter", [&](void* s, void* d) { return ncclScatter(s, d, 1000, ncclFloat32, 0, c, st); });
+  });
+  runCase(R, "refused_today_ncclCommSplit", [&]() -> std::string {
+    ncclComm_t nc = (ncclComm_t)&R; // any non-NULL value: it must be set to NULL
+    TC_TRY(caseRefused(R, "ncclCommSplit", [&](void*, void*) { return ncclCommSplit(c, me % 2, me, &nc, nullptr); }));
+    TC_EXPECT(nc == nullptr, "ncclCommSplit left *newcomm = %p, expected NULL", (void*)nc);
+    return "";
+  });
+  runCase(R, "refused_today_ncclCommShrink", [&]() -> std::string {
+    ncclComm_t nc = (ncclComm_t)&R;
+    int exclude[1] = {N - 1};
+    TC_TRY(caseRefused(R, "ncclCommShrink",
+                       [&](void*, void*) { return ncclCommShrink(c, exclude, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT); }));
+    TC_EXPECT(nc == nullptr, "ncclCommShrink left *newcomm = %p, expected NULL", (void*)nc);
+    return "";
+  });
+  runCase(R, "refused_today_ncclCommRevoke", [&] {
+    return caseRefused(R, "ncclCommRevoke", [&](void*, void*) { return ncclCommRevoke(c, 0); });
+  });
+  runCase(R, "refused_today_allreduce_float8e4m3", [&] {
+    return caseRefused(R, "ncclFloat8e4m3",
+                       [&](void* s, void* d) { return ncclAllReduce(s, d, 1000, ncclFloat8e4m3, ncclSum, c, st); });
+  });
+  runCase(R, "refused_today_allreduce_premulsum", [&]() -> std::string {
+    float scalar = 0.5f;
+    ncclRedOp_t op = ncclNumOps;
+    TN_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, c));
+    TC_EXPECT((int)op >= (int)ncclNumOps, "ncclRedOpCreatePreMulSum made op %d, a built-in's number", (int)op);
+    std::string why = caseRefused(R, "ncclRedOpCreatePreMulSum",
+                                  [&](void* s, void* d) { return ncclAllReduce(s, d, 1000, ncclFloat32, op, c, st); });
+    TN_OK(ncclRedOpDestroy(op, c));
+    return why;
+  });
+  runCase(R, "refused_today_ncclDevCommCreate", [&] {
+    return caseRefused(R, "ncclDevComm", [&](void*, void*) { return ncclDevCommCreate(c, nullptr, nullptr); });
+  });
+}
+
+// Host memory where device memory belongs: ncclInvalidArgument naming the buffer, nothing queued, the
+// communicator still usable. Every rank passes the same bad buffer, so none is left waiting.
+std::string caseHostMemory(Rank& R)
+{
+  std::vector<float> host(65537 * R.nranks, 1.0f);
+  const uint64_t bytes = 65537 * 4;
+  TC_TRY(sentinel(R, gPoolB, bytes * R.nranks));
+  ncclResult_t r = ncclAllReduce(host.data(), gPoolB, 65537, ncclFloat32, ncclSum, gComm, R.stream);
+  std::string msg = lastError(gComm);
+  TC_EXPECT(r == ncclInvalidArgument, "ncclAllReduce from host memory returned %s, expected ncclInvalidArgument: %s",
+            resultName(r), msg.c_str());
+  TC_EXPECT(msg.find("sendbuff") != std::string::npos, "the last error does not name sendbuff: '%s'", msg.c_str());
+  TC_TRY(untouched(R, gPoolB, bytes, "ncclAllReduce from host memory"));
+  r = ncclAllGather(gPoolA, host.data(), 65537 / R.nranks, ncclFloat32, gComm, R.stream);
+  msg = lastError(gComm);
+  TC_EXPECT(r == ncclInvalidArgument, "ncclAllGather into host memory returned %s, expected ncclInvalidArgument: %s",
+            resultName(r), msg.c_str());
+  TC_EXPECT(msg.find("recvbuff") != std::string::npos, "the last error does not name recvbuff: '%s'", msg.c_str());
+  for (float v : host) TC_EXPECT(v == 1.0f, "ncclAllGather wrote into the host buffer it refused");
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after the refusals ncclCommGetAsyncError gives %s", resultName(async));
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = ++gSalt;
+  return runOne(R, gComm, s);
+}
+
+// ncclCommFinalize, then ncclCommDestroy: after the finalize only the destroy is accepted; after the destroy
+// the handle is dead.
+std::string caseFinalizeDestroy(Rank& R)
+{
+  TN_OK(ncclCommFinalize(gComm));
+  TC_TRY(sentinel(R, gPoolB, 4000));
+  ncclResult_t r = ncclAllReduce(gPoolA, gPoolB, 1000, ncclFloat32, ncclSum, gComm, R.stream);
+  TC_EXPECT(r == ncclInvalidUsage, "ncclAllReduce after ncclCommFinalize returned %s, expected ncclInvalidUsage",
+            resultName(r));
+  TC_TRY(untouched(R, gPoolB, 4000, "ncclAllReduce after ncclCommFinalize"));
+  ncclComm_t dead = gComm;
+  gComm = nullptr;
+  TN_OK(ncclCommDestroy(dead));
+  int count = -1;
+  r = ncclCommCount(dead, &count);
+  TC_EXPECT(r == ncclInvalidArgument, "ncclCommCount on a destroyed comm returned %s, expected ncclInvalidArgument",
+            resultName(r));
+  return oobBarrier(R, "after ncclCommDestroy");
+}
+
+int mainRank(Rank& R)
+{
+  std::string why = setUpRank(R);
+  if (!why.empty()) {
+    runCase(R, "setup", [&] { return why; });
+    return 1;
+  }
+  runCase(R, "init_rank_count_cudevice_userrank", [&] { return caseInit(R); });
+  for (ncclDataType_t t : kTypes)
+    for (ncclRedOp_t op : kOps)
+      runCase(R, fmt("allreduce_%s_%s", typeName(t), opName(op)), [&] { return caseAllReduce(R, t, op); });
+  for (ncclDataType_t t : kTypes) runCase(R, fmt("allgather_%s", typeName(t)), [&] { return caseAllGather(R, t); });
+  for (ncclDataType_t t : kTypes)
+    runCase(R, fmt("reducescatter_%s_every_op", typeName(t)), [&] { return caseReduceScatter(R, t); });
+  for (ncclDataType_t t : kTypes)
+    runCase(R, fmt("broadcast_bcast_%s_root_0_and_last", typeName(t)), [&] { return caseBroadcast(R, t); });
+  runCase(R, "group_three_collectives", [&] { return caseGroupSeveral(R); });
+  runCase(R, "group_nested", [&] { return caseGroupNested(R); });
+  runCase(R, "group_failed_by_a_bad_call", [&] { return caseGroupBadCall(R); });
+  runCase(R, "graph_allreduce_replayed_10_times", [&] { return caseGraph(R); });
+  runCase(R, "init_rank_config_blocking", [&] { return caseConfigBlocking(R); });
+  runCase(R, "init_rank_config_nonblocking", [&] { return caseConfigNonBlocking(R); });
+  runCase(R, "memalloc_register_allreduce", [&] { return caseMemAlloc(R); });
+  refusedCases(R);
+  runCase(R, "bad_input_host_memory", [&] { return caseHostMemory(R); });
+  runCase(R, "finalize_destroy", [&] { return caseFinalizeDestroy(R); });
+  freeRankBuffers(R);
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// initall: ncclCommInitAll in one process
+// ------------------------------------------------------------------------------------------------
+
+std::string caseInitAllOne(Rank& R)
+{
+  int dev = R.device;
+  ncclComm_t comm = nullptr;
+  TN_OK(ncclCommInitAll(&comm, 1, &dev));
+  int count = -1, cu = -1, rank = -1;
+  TN_OK(ncclCommCount(comm, &count));
+  TN_OK(ncclCommCuDevice(comm, &cu));
+  TN_OK(ncclCommUserRank(comm, &rank));
+  TC_EXPECT(count == 1 && cu == dev && rank == 0, "Count/CuDevice/UserRank say %d/%d/%d, expected 1/%d/0", count, cu,
+            rank, dev);
+  // One rank: every collective gives its input back (R.nranks is 1 here).
+  std::string why;
+  for (Coll coll : {kAllReduce, kAllGather, kReduceScatter, kBroadcast})
+    for (int inPlace = 0; inPlace < 2 && why.empty(); ++inPlace) {
+      Spec s;
+      s.coll = coll, s.type = ncclFloat32, s.op = ncclAvg, s.count = 65537, s.inPlace = inPlace, s.salt = ++gSalt;
+      why = runOne(R, comm, s);
+    }
+  ncclResult_t des = ncclCommDestroy(comm);
+  TC_TRY(why);
+  TC_EXPECT(des == ncclSuccess, "ncclCommDestroy returned %s", resultName(des));
+  return "";
+}
+
+// Every GPU, one rank each, in this one process: an all-reduce on each communicator in one group (the way
+// ncclCommInitAll's communicators are driven from one thread).
+std::string caseInitAllDevices(Rank& R, int ndev)
+{
+  std::vector<int> devs(ndev);
+  for (int d = 0; d < ndev; ++d) devs[d] = d;
+  std::vector<ncclComm_t> comms(ndev, nullptr);
+  TN_OK(ncclCommInitAll(comms.data(), ndev, devs.data()));
+  const uint64_t count = 65537;
+  std::vector<float*> bufs(ndev, nullptr);
+  std::vector<cudaStream_t> streams(ndev, nullptr);
+  std::string why;
+  for (int d = 0; d < ndev && why.empty(); ++d) {
+    int cu = -1, rank = -1;
+    if (ncclCommCuDevice(comms[d], &cu) != ncclSuccess || ncclCommUserRank(comms[d], &rank) != ncclSuccess || cu != d ||
+        rank != d)
+      why = fmt("communicator %d says device %d rank %d", d, cu, rank);
+    std::vector<float> in(count);
+    for (uint64_t j = 0; j < count; ++j) in[j] = (float)inputValue(ncclFloat32, ncclSum, d, j, 7);
+    if (cudaSetDevice(d) != cudaSuccess || cudaStreamCreateWithFlags(&streams[d], cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc((void**)&bufs[d], count * 4) != cudaSuccess ||
+        cudaMemcpy(bufs[d], in.data(), count * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+      why = fmt("buffers on device %d could not be made", d);
+  }
+  if (why.empty()) {
+    ncclGroupStart();
+    ncclResult_t rc = ncclSuccess;
+    for (int d = 0; d < ndev; ++d) {
+      cudaSetDevice(d);
+      ncclResult_t r = ncclAllReduce(bufs[d], bufs[d], count, ncclFloat32, ncclSum, comms[d], streams[d]);
+      if (r != ncclSuccess) rc = r;
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (rc != ncclSuccess || end != ncclSuccess)
+      why = fmt("the all-reduces returned %s, ncclGroupEnd %s: %s", resultName(rc), resultName(end), lastError(nullptr).c_str());
+  }
+  for (int d = 0; d < ndev && why.empty(); ++d) {
+    cudaSetDevice(d);
+    std::vector<float> out(count);
+    const double deadline = nowSec() + R.hostTimeoutS;
+    while (cudaStreamQuery(streams[d]) == cudaErrorNotReady && nowSec() < deadline) usleep(200);
+    if (cudaStreamQuery(streams[d]) != cudaSuccess) {
+      why = fmt("device %d's all-reduce did not finish within %.0f s", d, R.hostTimeoutS);
+      R.fatal = true;
+      break;
+    }
+    cudaMemcpy(out.data(), bufs[d], count * 4, cudaMemcpyDeviceToHost);
+    for (uint64_t j = 0; j < count && why.empty(); ++j) {
+      double want = 0;
+      for (int q = 0; q < ndev; ++q) want += inputValue(ncclFloat32, ncclSum, q, j, 7);
+      if (out[j] != (float)want) why = fmt("device %d element %llu is %.9g, want %.9g", d, (unsigned long long)j, out[j], want);
+    }
+  }
+  for (int d = 0; d < ndev; ++d) {
+    cudaSetDevice(d);
+    if (bufs[d]) cudaFree(bufs[d]);
+    if (streams[d]) cudaStreamDestroy(streams[d]);
+    if (comms[d] && ncclCommDestroy(comms[d]) != ncclSuccess && why.empty()) why = fmt("ncclCommDestroy of %d failed", d);
+  }
+  cudaSetDevice(R.device);
+  R.info = fmt("%d devices", ndev);
+  return why;
+}
+
+int initAllRank(Rank& R)
+{
+  std::string why = setUpRank(R);
+  if (!why.empty()) {
+    runCase(R, "initall_setup", [&] { return why; });
+    return 1;
+  }
+  runCase(R, "initall_one_device", [&] { return caseInitAllOne(R); });
+  if (R.nGpus > 1) {
+    const int ndev = std::min(R.nGpus, 8);
+    runCase(R, fmt("initall_%d_devices_allreduce_in_one_group", ndev), [&] { return caseInitAllDevices(R, ndev); });
+  } else {
+    snprintf(gBoard->skipWhy, sizeof(gBoard->skipWhy), "initall_every_device: one GPU visible (the one-device case ran)");
+    gBoard->skipMultiDevice = 1;
+  }
+  freeRankBuffers(R);
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// kill: the last rank SIGKILLed during all-reduces
+// ------------------------------------------------------------------------------------------------
+
+struct KillResult
+{
+  int finished;
+  unsigned long long iterations;
+  int asyncError;
+  double tDetect; // CLOCK_MONOTONIC, when the rank saw the failure
+  int syncRc;
+  double syncS;
+  int laterRc;
+  int abortRc;
+  double abortS;
+  char lastError[240];
+  char note[240];
+};
+
+struct KillShared
+{
+  volatile int ready[kMaxRanks];
+  volatile int stop;
+  KillResult res[kMaxRanks];
+};
+
+// Runs fn on a helper thread (with the device current) and waits at most `seconds`; false if it did not return.
+template <typename T>
+bool bounded(int device, double seconds, std::function<T()> fn, T* out)
+{
+  auto p = std::make_shared<std::promise<T>>();
+  std::future<T> f = p->get_future();
+  std::thread([p, fn, device] {
+    cudaSetDevice(device);
+    p->set_value(fn());
+  }).detach();
+  if (f.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return false;
+  *out = f.get();
+  return true;
+}
+
+int killRank(Rank& R, KillShared* S)
+{
+  KillResult& out = S->res[R.rank];
+  auto fail = [&](const std::string& why) {
+    copyText(out.note, sizeof(out.note), why);
+    fprintf(stderr, "[rank %d] %s\n", R.rank, why.c_str());
+    return 1;
+  };
+  std::string why = setUpRank(R);
+  if (!why.empty()) return fail(why);
+  ncclUniqueId id;
+  why = shareId(R, 0, &id);
+  if (!why.empty()) return fail(why);
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRank(&comm, R.nranks, id, R.rank);
+  if (r != ncclSuccess) return fail(fmt("ncclCommInitRank returned %s", resultName(r)));
+  // A checked first call: the set-up, and proof that the loop moves real data.
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = (1u << 20) / 4, s.salt = 5;
+  why = runOne(R, comm, s);
+  if (!why.empty()) return fail("the first all-reduce: " + why);
+  S->ready[R.rank] = 1;
+
+  // All-reduces until the failure shows, at most four in flight, watching the communicator's error.
+  cudaEvent_t events[4];
+  for (cudaEvent_t& e : events)
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate failed");
+  const double scale = timeoutScale();
+  const double loopDeadline = nowSec() + 60 * scale;
+  ncclResult_t async = ncclSuccess;
+  int loopRc = ncclSuccess;
+  for (unsigned long long i = 0;; ++i) {
+    if (i >= 4) {
+      while (cudaEventQuery(events[i % 4]) == cudaErrorNotReady) {
+        ncclCommGetAsyncError(comm, &async);
+        if (async != ncclSuccess || S->stop || nowSec() > loopDeadline) break;
+        usleep(100);
+      }
+    }
+    if (async != ncclSuccess) break;
+    if (S->stop || nowSec() > loopDeadline) return fail("no failure seen: the loop was stopped or ran out of time");
+    r = ncclAllReduce(gPoolA, gPoolB, s.count, ncclFloat32, ncclSum, comm, R.stream);
+    if (r != ncclSuccess) {
+      loopRc = r;
+      break;
+    }
+    cudaEventRecord(events[i % 4], R.stream);
+    out.iterations = i + 1;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) break;
+  }
+  out.tDetect = nowSec();
+  // The communicator's error may trail a failed call by a moment.
+  const double errDeadline = nowSec() + 10 * scale;
+  while (async == ncclSuccess && nowSec() < errDeadline) {
+    ncclCommGetAsyncError(comm, &async);
+    if (async == ncclSuccess) usleep(1000);
+  }
+  out.asyncError = (int)async;
+  copyText(out.lastError, sizeof(out.lastError), lastError(comm));
+  if (loopRc != ncclSuccess) fprintf(stderr, "[rank %d] the loop ended on a call returning %d\n", R.rank, loopRc);
+
+  // No hang: the queued kernels see the failure and end.
+  double t0 = nowSec();
+  cudaError_t syncRc = cudaSuccess;
+  cudaStream_t stream = R.stream;
+  if (!bounded<cudaError_t>(R.device, 10 * scale, [stream] { return cudaStreamSynchronize(stream); }, &syncRc)) {
+    fail("cudaStreamSynchronize did not return within 10 s: a kernel hangs on the dead rank");
+    _exit(2);
+  }
+  out.syncS = nowSec() - t0;
+  out.syncRc = (int)syncRc;
+  out.laterRc = (int)ncclAllReduce(gPoolA, gPoolB, s.count, ncclFloat32, ncclSum, comm, R.stream);
+  t0 = nowSec();
+  ncclResult_t abortRc = ncclSuccess;
+  if (!bounded<ncclResult_t>(R.device, 20 * scale, [comm] { return ncclCommAbort(comm); }, &abortRc)) {
+    fail("ncclCommAbort did not return within 20 s");
+    _exit(2);
+  }
+  out.abortS = nowSec() - t0;
+  out.abortRc = (int)abortRc;
+  for (cudaEvent_t& e : events) cudaEventDestroy(e);
+  freeRankBuffers(R);
+  out.finished = 1;
+  return 0;
+}
+
+int runKill(const Options& opt)
+{
+  const char* name = "kill_last_rank_during_allreduces";
+  const double scale = timeoutScale(), t0 = nowSec();
+  void* mem = mmap(nullptr, sizeof(KillShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    printf("FAIL %s: mmap failed\n", name);
+    return 1;
+  }
+  KillShared* S = (KillShared*)mem;
+  memset((void*)S, 0, sizeof(KillShared));
+  memset((void*)gBoard, 0, sizeof(Board));
+  const int nranks = opt.nranks, victim = nranks - 1;
+  fflush(stdout);
+  fflush(stderr);
+  std::vector<pid_t> pids(nranks, -1);
+  for (int r = 0; r < nranks; ++r) {
+    pids[r] = example::forkRankProcess();
+    if (pids[r] == 0) {
+      gAlarmRank = r;
+      signal(SIGALRM, tc::onAlarm);
+      alarm((unsigned)(180 * scale));
+      Rank R;
+      R.rank = r;
+      R.nranks = nranks;
+      R.hostTimeoutS = 30.0 * scale;
+      const int rc = killRank(R, S);
+      fflush(stdout);
+      fflush(stderr);
+      _exit(rc);
+    }
+  }
+  std::vector<int> status(nranks, -1);
+  auto reap = [&](int r) {
+    int st = 0;
+    if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) status[r] = st;
+    return status[r] != -1;
+  };
+  double deadline = nowSec() + 120 * scale;
+  bool ready = false, early = false;
+  while (!ready && !early && nowSec() < deadline) {
+    ready = true;
+    for (int r = 0; r < nranks; ++r) {
+      ready = ready && S->ready[r];
+      early = early || reap(r);
+    }
+    usleep(10000);
+  }
+  double tKill = 0;
+  if (ready && !early) {
+    usleep(1000000); // the loops well under way
+    kill(pids[victim], SIGKILL);
+    tKill = nowSec();
+  }
+  deadline = nowSec() + 60 * scale;
+  for (int left = nranks; left > 0 && tKill > 0 && nowSec() < deadline;) {
+    left = 0;
+    for (int r = 0; r < nranks; ++r) left += r != victim && !reap(r) ? 1 : 0;
+    usleep(10000);
+  }
+  S->stop = 1;
+  std::vector<bool> killed(nranks, false);
+  for (int r = 0; r < nranks; ++r) {
+    if (reap(r)) continue;
+    kill(pids[r], SIGKILL);
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    status[r] = st;
+    killed[r] = r != victim;
+  }
+  int failed = 0;
+  std::string info;
+  const std::string peer = fmt("rank %d", victim);
+  for (int r = 0; r < nranks; ++r) {
+    if (r == victim) continue;
+    const KillResult& o = S->res[r];
+    std::string why;
+    if (!ready || early) why = fmt("not every rank got its loop going (%s)", o.note[0] ? o.note : "see the log");
+    else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
+    else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished)
+      why = fmt("%s: %s", describeStatus(status[r]).c_str(), o.note);
+    else if (o.iterations == 0) why = "no all-reduce ran in the loop";
+    else if (o.asyncError != ncclRemoteError)
+      why = fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)o.asyncError));
+    else if (o.tDetect - tKill > 10 * scale) why = fmt("the failure showed %.2f s after the kill", o.tDetect - tKill);
+    else if (std::string(o.lastError).find(peer) == std::string::npos)
+      why = fmt("ncclGetLastError does not name %s: '%s'", peer.c_str(), o.lastError);
+    else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
+    else if (o.syncS > 5 * scale) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
+    else if (o.laterRc != ncclRemoteError)
+      why = fmt("the next ncclAllReduce returned %s, not ncclRemoteError", resultName((ncclResult_t)o.laterRc));
+    else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
+    else if (o.abortS > 10 * scale) why = fmt("ncclCommAbort took %.2f s", o.abortS);
+    if (!why.empty()) {
+      printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
+      ++failed;
+    } else {
+      info += fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, abort %.2f s;", r,
+                  o.iterations, o.tDetect - tKill, o.syncS, o.abortS);
+    }
+  }
+  if (!failed) printf("PASS %s:%s last error '%s'\n", name, info.c_str(), S->res[0].lastError);
+  printf("SUMMARY kill (%d ranks, %.1f s): %d passed, %d failed\n", nranks, nowSec() - t0, failed ? 0 : 1, failed ? 1 : 0);
+  fflush(stdout);
+  munmap(mem, sizeof(KillShared));
+  return failed ? 1 : 0;
+}
+
+// The number of CUDA devices, or -1 with *why set; asked in a child process, since the parent must not start
+// CUDA before it forks the ranks (CUDA does not survive fork()).
+int probeGpus(std::string* why)
+{
+  int fds[2];
+  if (pipe(fds) != 0) {
+    *why = fmt("pipe failed: %s", strerror(errno));
+    return -1;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = example::forkRankProcess();
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    char msg[256];
+    int len = snprintf(msg, sizeof(msg), "%d %s", e == cudaSuccess ? n : 0, e == cudaSuccess ? "" : cudaGetErrorString(e));
+    if (len > 0) (void)!write(fds[1], msg, (size_t)std::min(len, (int)sizeof(msg) - 1));
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[256] = {0};
+  ssize_t got = 0, k;
+  while (got < (ssize_t)sizeof(buf) - 1 && (k = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0) got += k;
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  int n = 0;
+  char rest[256] = {0};
+  if (sscanf(buf, "%d %255[^\n]", &n, rest) < 1) {
+    *why = "the probe process reported nothing";
+    return -1;
+  }
+  *why = rest;
+  return n;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+  const char* which = "all";
+  int argi = 1;
+  if (argc > 1 && argv[1][0] != '-' && !isdigit((unsigned char)argv[1][0])) which = argv[argi++];
+  // parseArgs reads [nranks] [--port P] after the group's name.
+  Options opt = parseArgs(argc - argi + 1, argv + argi - 1, 2);
+  const bool all = !strcmp(which, "all");
+  if (!all && strcmp(which, "main") && strcmp(which, "kill") && strcmp(which, "initall")) {
+    fprintf(stderr, "usage: %s <all|main|kill|initall> [nranks] [--port P]\n", argv[0]);
+    return 2;
+  }
+  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    printf("FAIL nccl_gpu_test: mmap failed: %s\n", strerror(errno));
+    return 1;
+  }
+  gBoard = (Board*)mem;
+  std::string why;
+  const int ngpus = probeGpus(&why);
+  if (ngpus <= 0) {
+    // Nothing ran: not a pass, and not this program's failure.
+    printf("SKIP nccl_gpu_test %s: no CUDA device usable (%s)\n", which, why.empty() ? "none visible" : why.c_str());
+    return 0;
+  }
+  int rc = 0;
+  if (all || !strcmp(which, "main")) {
+    memset((void*)gBoard, 0, sizeof(Board));
+    rc |= runRanks("nccl_main", opt, 600, mainRank);
+  }
+  if (all || !strcmp(which, "kill")) rc |= runKill(opt);
+  if (all || !strcmp(which, "initall")) {
+    memset((void*)gBoard, 0, sizeof(Board));
+    Options one = opt;
+    one.nranks = 1; // one process holds every rank
+    rc |= runRanks("nccl_initall", one, 180, initAllRank);
+    if (gBoard->skipMultiDevice) printf("SKIP %s\n", gBoard->skipWhy);
+  }
+  return rc;
+}
