@@ -16,7 +16,7 @@
 //! names a transport kind only in `new_transport`, where the transport of a new connection is chosen.
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
-use crate::collective::{Call, Collectives};
+use crate::collective::{Call, Collectives, P2pOp};
 use crate::connection::{Connection, EpochBlock, SetupMessage, TransportKind};
 use crate::error::{Error, Result};
 use crate::failure::FailureState;
@@ -500,6 +500,31 @@ impl Communicator {
             },
             call,
             root,
+            stream,
+        )
+    }
+
+    /// Sets the collectives up now (collective: every rank calls it), so that send and receive can follow;
+    /// see `Collectives::prepare`.
+    pub fn prepare_collectives(&self) -> Result<()> {
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = Self::gpu(&mut self.state.lock())?;
+        self.collectives.prepare(&self.bootstrap, &gpu)
+    }
+
+    /// `ncclSend` and `ncclRecv`: one group's sends and receives on this communicator and `stream`, in call
+    /// order (see `Collectives::run_p2p`).
+    pub fn send_recv(&self, ops: &[P2pOp], stream: AppStream) -> Result<()> {
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = || Self::gpu(&mut self.state.lock());
+        self.collectives.run_p2p(
+            &self.bootstrap,
+            gpu,
+            || self.check_usable(),
+            || {
+                let _ = self.abort();
+            },
+            ops,
             stream,
         )
     }

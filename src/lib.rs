@@ -15,9 +15,9 @@
 //!     per device.
 //!
 //!   A new transport is one more folder there and one line in `comm::new_transport`.
-//! - `collective/`: all-reduce, all-gather, reduce-scatter and broadcast: the host side (checks, the
-//!   algorithm table, scratch memory, launches); their kernels are in `kernels/collectives/`, one file per
-//!   algorithm, compiled by build.rs and embedded.
+//! - `collective/`: all-reduce, all-gather, reduce-scatter, broadcast and the rest of NCCL's collectives, and
+//!   send and receive: the host side (checks, the algorithm table, scratch memory, launches); their kernels
+//!   are in `kernels/collectives/`, one file per algorithm, compiled by build.rs and embedded.
 //! - `nccl/`: NCCL's API (`nccl.h`), another face of the same core, exported by the `nccl-abi` feature into
 //!   `libnccl.so.2`; the `mscclpp-abi` feature (the default) exports `ffi/`'s functions.
 //! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.

@@ -1,7 +1,8 @@
 // The kernels the library launches: one entry point per algorithm, reduction operator and element type,
 // named mscclpp_<algorithm>[_<op>_<type>] (src/collective/kernels.rs builds the same names). build.rs
 // compiles one translation unit per element type, each `MSCCLPP_REDUCING_KERNELS(<type name>, <C type>)`,
-// and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes.
+// and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes (send and receive among
+// them: mscclpp_p2p, whose argument is its own).
 #pragma once
 
 #include "allgather_copy.cuh"
@@ -12,6 +13,7 @@
 #include "alltoall_packet.cuh"
 #include "broadcast_copy.cuh"
 #include "broadcast_packet.cuh"
+#include "p2p.cuh"
 #include "reducescatter_copy.cuh"
 #include "reducescatter_packet.cuh"
 #include "scatter_copy.cuh"
@@ -46,4 +48,13 @@
   MSCCLPP_KERNEL(alltoall_packet, alltoallPacket)   \
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
   MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \
-  MSCCLPP_KERNEL(scatter_copy, scatterCopy)
+  MSCCLPP_KERNEL(scatter_copy, scatterCopy)         \
+  MSCCLPP_P2P_KERNEL()
+
+// __grid_constant__: the kernel reads its large argument where it lies, never copying it per thread.
+#define MSCCLPP_P2P_KERNEL()                                                     \
+  extern "C" __global__ void __launch_bounds__(MSCCLPP_P2P_THREADS)             \
+      mscclpp_p2p(const __grid_constant__ P2pArgs args)                          \
+  {                                                                              \
+    p2pKernel(args);                                                             \
+  }

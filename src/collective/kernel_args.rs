@@ -1,5 +1,6 @@
 //! The one argument every collective kernel takes, laid out as `CollArgs` in
-//! `kernels/collectives/common.cuh` (a test checks the offsets the device code relies on).
+//! `kernels/collectives/common.cuh`, and the send/receive kernel's, laid out as `P2pArgs` in
+//! `kernels/collectives/p2p.cuh` (tests check the offsets the device code relies on).
 
 use crate::gpu::DevicePtr;
 
@@ -28,6 +29,83 @@ pub struct KernelArgs {
     pub aligned: u32,
 }
 
+/// Lanes of the channel from one rank to another: a send is cut into up to this many contiguous parts,
+/// each streamed through its own lane (by its own block where the launch has blocks enough).
+pub const P2P_LANES: usize = 8;
+/// Bytes of one chunk: each lane is double-buffered, two chunks in the receiver's p2p area.
+pub const P2P_CHUNK_BYTES: u64 = 64 << 10;
+/// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
+/// once, so a group that holds more cannot be split into launches without risking a deadlock.
+pub const MAX_P2P_OPS: usize = 64;
+/// Channels of one launch: one per peer and direction.
+pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS;
+/// Bytes of counters at the start of a rank's p2p area: posted (written by the source), credit (written
+/// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
+pub const P2P_COUNTER_BYTES: u64 = 4 * (MAX_RANKS * P2P_LANES * 8) as u64;
+/// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
+/// all-to-all of 16 ranks sharing one GPU still has a block per channel.
+pub const P2P_THREADS: u32 = 512;
+
+/// What a channel carries: `P2pChannelArgs::kind`.
+pub const P2P_SEND: u32 = 0;
+pub const P2P_RECV: u32 = 1;
+
+/// One send or receive of a launch.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pOpArgs {
+    /// The application's buffer: read by a send, written by a receive.
+    pub ptr: DevicePtr,
+    pub bytes: u64,
+    /// 16-byte units of each lane but the last (see `p2p::lane_split`).
+    pub lane_units: u64,
+    pub lanes: u32,
+    /// Non-zero when `ptr` is a multiple of 16.
+    pub aligned: u32,
+}
+
+/// The sends to one peer, or the receives from one peer, of a launch: `ops` of `P2pArgs::ops` from
+/// `first_op` on, in call order, served by `blocks` blocks from `first_block` on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct P2pChannelArgs {
+    pub first_op: u32,
+    pub ops: u32,
+    pub first_block: u32,
+    pub blocks: u32,
+    pub peer: u32,
+    pub kind: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct P2pArgs {
+    pub ops: [P2pOpArgs; MAX_P2P_OPS],
+    pub channels: [P2pChannelArgs; MAX_P2P_CHANNELS],
+    /// Every rank's p2p area (this rank's own too), mapped here.
+    pub areas: [DevicePtr; MAX_RANKS],
+    pub abort_flag: DevicePtr,
+    pub rank: u32,
+    pub nranks: u32,
+    pub channel_count: u32,
+    pub reserved: u32,
+}
+
+impl Default for P2pArgs {
+    fn default() -> Self {
+        P2pArgs {
+            ops: [P2pOpArgs::default(); MAX_P2P_OPS],
+            channels: [P2pChannelArgs::default(); MAX_P2P_CHANNELS],
+            areas: [0; MAX_RANKS],
+            abort_flag: 0,
+            rank: 0,
+            nranks: 0,
+            channel_count: 0,
+            reserved: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,6 +120,48 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, rank), 64 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, aligned), 76 + 8 * MAX_RANKS);
         assert_eq!(size_of::<KernelArgs>(), 80 + 8 * MAX_RANKS);
+    }
+
+    #[test]
+    fn p2p_layout_matches_the_device_struct() {
+        assert_eq!(size_of::<P2pOpArgs>(), 32);
+        assert_eq!(offset_of!(P2pOpArgs, lane_units), 16);
+        assert_eq!(offset_of!(P2pOpArgs, aligned), 28);
+        assert_eq!(size_of::<P2pChannelArgs>(), 24);
+        assert_eq!(offset_of!(P2pChannelArgs, kind), 20);
+        let channels = 32 * MAX_P2P_OPS;
+        let areas = channels + 24 * MAX_P2P_CHANNELS;
+        assert_eq!(offset_of!(P2pArgs, channels), channels);
+        assert_eq!(offset_of!(P2pArgs, areas), areas);
+        assert_eq!(offset_of!(P2pArgs, abort_flag), areas + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(P2pArgs, rank), areas + 8 * MAX_RANKS + 8);
+        assert_eq!(offset_of!(P2pArgs, channel_count), areas + 8 * MAX_RANKS + 16);
+        assert_eq!(size_of::<P2pArgs>(), areas + 8 * MAX_RANKS + 24);
+        // Kernel parameters are limited to 4 KiB on every driver the library supports.
+        assert!(size_of::<P2pArgs>() <= 4096);
+    }
+
+    #[test]
+    fn p2p_constants_match_the_device_code() {
+        let p2p = include_str!("../../kernels/collectives/p2p.cuh");
+        for (name, value) in [
+            ("MSCCLPP_P2P_LANES", P2P_LANES as u64),
+            ("MSCCLPP_P2P_CHUNK_BYTES", P2P_CHUNK_BYTES),
+            ("MSCCLPP_P2P_MAX_OPS", MAX_P2P_OPS as u64),
+            ("MSCCLPP_P2P_MAX_CHANNELS", MAX_P2P_CHANNELS as u64),
+            ("MSCCLPP_P2P_THREADS", P2P_THREADS as u64),
+            ("MSCCLPP_P2P_SEND", P2P_SEND as u64),
+            ("MSCCLPP_P2P_RECV", P2P_RECV as u64),
+        ] {
+            assert!(
+                p2p.contains(&format!("#define {name} {value}\n")),
+                "p2p.cuh must define {name} as {value}"
+            );
+        }
+        assert_eq!(P2P_COUNTER_BYTES, 4096);
+        assert!(
+            p2p.contains("#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_LANES * 8)\n")
+        );
     }
 
     #[test]

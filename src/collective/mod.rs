@@ -1,5 +1,6 @@
-//! Collectives: all-reduce, all-gather, reduce-scatter and broadcast over any device buffers of the
-//! communicator's GPU, on the application's stream, capturable in CUDA graphs.
+//! Collectives: all-reduce, all-gather, reduce-scatter and broadcast (and the rest of NCCL's), and send and
+//! receive, over any device buffers of the communicator's GPU, on the application's stream, capturable in
+//! CUDA graphs.
 //!
 //! The host side lives here, the device side in `kernels/collectives/` (one file per algorithm, built by
 //! `make` into fatbins embedded in the library):
@@ -7,7 +8,10 @@
 //! - `datatype.rs`: element types and reduction operators;
 //! - `algorithm.rs`: the table that picks an algorithm by collective and size, the windows a large call is
 //!   cut into, and the grid;
-//! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call;
+//! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
+//!   `prepare`), with the p2p areas of send and receive;
+//! - `p2p.rs`: send and receive: a group's sends and receives checked, matched with themselves where they
+//!   name this rank, and carried by one launch;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting.
@@ -23,11 +27,13 @@ pub mod call;
 pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
+pub mod p2p;
 pub mod process_exit;
 pub mod scratch;
 
 pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp};
+pub use p2p::{P2pKind, P2pOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -68,6 +74,21 @@ impl Collectives {
     /// the streams of its collectives).
     pub fn clear(&self) {
         self.ready.lock().take();
+    }
+
+    /// Sets the collectives up now rather than at the first call: collective, every rank calls it in place
+    /// of its first call's set-up (NCCL's face does at the communicator's initialisation). Send and receive
+    /// need it: every peer's p2p area must be mapped before the first of them, which need not involve every
+    /// rank. Nothing to do for one rank.
+    pub fn prepare(&self, bootstrap: &Bootstrap, gpu: &GpuContext) -> Result<()> {
+        if bootstrap.nranks() == 1 {
+            return Ok(());
+        }
+        let mut ready = self.ready.lock();
+        if ready.is_none() {
+            *ready = Some(self.set_up(bootstrap, gpu)?);
+        }
+        Ok(())
     }
 
     /// Runs one collective call: checks it, sets the collectives up at the first call (collectively: every

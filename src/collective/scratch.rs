@@ -4,7 +4,9 @@
 //!
 //! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
 //! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
-//! and the rest for copies (packets never share memory with copied data; see `common.cuh`).
+//! and the rest for copies (packets never share memory with copied data; see `common.cuh`). The p2p area of
+//! send and receive (`p2p.rs`) follows the two slots in the same allocation, so that it is mapped by every
+//! peer in the same set-up, before any send or receive (the first of which need not involve every rank).
 
 use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
@@ -43,6 +45,8 @@ pub struct Scratch {
     pub packet_bytes: u64,
     /// The copy area of a slot, after its packet area.
     pub copy_bytes: u64,
+    /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
+    pub p2p: [DevicePtr; MAX_RANKS],
     /// `[0]`: the epoch of the last call; `[1]`: the blocks done with the current one.
     pub state: DeviceAllocation,
     /// The most ranks of the communicator that share one GPU (their kernels share its multiprocessors),
@@ -65,7 +69,8 @@ impl Scratch {
         let slot_bytes = FLAG_BYTES + data_bytes;
         // Zeroed off the legacy default stream: this may run inside the application's graph capture.
         let stream = Stream::new(gpu)?;
-        let own = DeviceAllocation::zeroed_on(gpu, 2 * slot_bytes as usize, &stream)?;
+        let p2p_offset = 2 * slot_bytes;
+        let own = DeviceAllocation::zeroed_on(gpu, (p2p_offset + super::p2p::area_bytes(nranks)) as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, 16, &stream)?;
         let me = ProcessId::this();
         let device = device_key(gpu)?;
@@ -135,6 +140,10 @@ impl Scratch {
             data_bytes >> 20
         );
         let packet_bytes = data_bytes / 4 / 16 * 16;
+        let mut p2p = [0; MAX_RANKS];
+        for (area, base) in p2p.iter_mut().zip(&ptrs).take(nranks) {
+            *area = base + p2p_offset;
+        }
         Ok(Scratch {
             _mappings: mappings,
             own,
@@ -142,6 +151,7 @@ impl Scratch {
             slot_bytes,
             packet_bytes,
             copy_bytes: data_bytes - packet_bytes,
+            p2p,
             state,
             gpu_sharers,
             multiprocessors: fewest_multiprocessors,

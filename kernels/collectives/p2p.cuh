@@ -1,0 +1,160 @@
+// Send and receive (ncclSend, ncclRecv): one launch carries every send to and receive from other ranks of
+// one rank's group, all at once, so that no order of calls inside a group can deadlock (a send and a
+// receive between the same two ranks in both directions, an all-to-all).
+//
+// Channel: each ordered pair source -> destination has, in the destination's p2p area, LANES lanes of two
+// chunk-sized halves. A send is cut into up to LANES contiguous parts (the same cut on both sides: it
+// depends on the byte count alone, which must match), each streamed through its own lane chunk by chunk.
+// Chunks are numbered per pair and lane from the first send of the communicator on (1, 2, ...; the counts
+// are kept in the rank's own memory, so a replayed CUDA graph goes on counting); chunk c goes through half
+// c % 2. The sender of chunk c waits until the receiver has copied chunk c - 2 out (credit >= c - 2, in the
+// sender's area), writes the half, and posts c (posted, in the receiver's area); the receiver waits until
+// posted >= c, copies the half out and gives the credit c back.
+//
+// Blocks: the sends to one peer, and the receives from one peer, form a channel served by its own blocks;
+// a block serves lanes b, b + blocks, ... of every op of its channel, lane by lane and in call order within
+// a lane, so that one block alone writes a lane's counters (they stay monotonic). Sender and receiver may
+// give a channel different numbers of blocks: the chunks, not the blocks, are what both sides agree on.
+// Every block of both launches is resident at once (the host keeps each launch within its share of the
+// GPU), and each side takes the (lane, op) pairs of a channel in the same order, so the first pair either
+// side waits on is always one the other side is working on or has passed.
+#pragma once
+
+#include "common.cuh"
+
+#define MSCCLPP_P2P_LANES 8
+#define MSCCLPP_P2P_CHUNK_BYTES 65536
+#define MSCCLPP_P2P_MAX_OPS 64
+#define MSCCLPP_P2P_MAX_CHANNELS 32
+#define MSCCLPP_P2P_THREADS 512
+#define MSCCLPP_P2P_SEND 0
+#define MSCCLPP_P2P_RECV 1
+// Counters at the start of a rank's p2p area, each [rank][lane] of 64 bits: posted (written by the source
+// rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
+// received from each rank. The halves follow: [source rank][lane][half][MSCCLPP_P2P_CHUNK_BYTES].
+#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_LANES * 8)
+#define MSCCLPP_P2P_POSTED 0
+#define MSCCLPP_P2P_CREDIT 1
+#define MSCCLPP_P2P_SENT 2
+#define MSCCLPP_P2P_RECEIVED 3
+
+// Laid out as src/collective/kernel_args.rs lays them out.
+struct P2pOp {
+  char* ptr;           // the application's buffer: read by a send, written by a receive
+  uint64_t bytes;
+  uint64_t laneUnits;  // 16-byte units of each lane but the last
+  uint32_t lanes;
+  uint32_t aligned;    // non-zero when ptr is a multiple of 16
+};
+
+struct P2pChannel {
+  uint32_t firstOp;  // ops[firstOp, firstOp + ops): the sends to `peer`, or the receives from it, in call order
+  uint32_t ops;
+  uint32_t firstBlock;
+  uint32_t blocks;
+  uint32_t peer;
+  uint32_t kind;  // MSCCLPP_P2P_SEND or MSCCLPP_P2P_RECV
+};
+
+struct P2pArgs {
+  P2pOp ops[MSCCLPP_P2P_MAX_OPS];
+  P2pChannel channels[MSCCLPP_P2P_MAX_CHANNELS];  // by firstBlock
+  char* areas[MSCCLPP_COLL_MAX_RANKS];              // every rank's p2p area (this rank's own too), mapped here
+  const volatile uint64_t* abortFlag;               // host memory: non-zero once the communicator is aborted
+  uint32_t rank;
+  uint32_t nranks;
+  uint32_t channelCount;
+  uint32_t reserved;
+};
+
+__device__ __forceinline__ uint64_t* p2pCounter(char* area, uint32_t which, uint32_t rank, uint32_t lane)
+{
+  return reinterpret_cast<uint64_t*>(area) +
+         (static_cast<uint64_t>(which) * MSCCLPP_COLL_MAX_RANKS + rank) * MSCCLPP_P2P_LANES + lane;
+}
+
+// The half of `area` (the receiver's) that chunk `chunk` of lane `lane` from `source` goes through.
+__device__ __forceinline__ char* p2pHalf(char* area, uint32_t source, uint32_t lane, uint64_t chunk)
+{
+  return area + MSCCLPP_P2P_COUNTER_BYTES +
+         ((static_cast<uint64_t>(source) * MSCCLPP_P2P_LANES + lane) * 2 + (chunk & 1)) * MSCCLPP_P2P_CHUNK_BYTES;
+}
+
+// Thread 0 waits until `*counter` (this rank's memory, written by a peer) reaches `target`; the block goes
+// on together. False once the communicator is aborted (the kernel should then end).
+__device__ __forceinline__ bool p2pWait(const P2pArgs& a, const uint64_t* counter, uint64_t target)
+{
+  int aborted = 0;
+  if (threadIdx.x == 0) {
+    uint32_t spins = 0;
+    while (loadAcquireSys(counter) < target) {
+      if (++spins % MSCCLPP_COLL_ABORT_POLL == 0 && *a.abortFlag != 0) {
+        aborted = 1;
+        break;
+      }
+    }
+  }
+  return __syncthreads_or(aborted) == 0;
+}
+
+// Once every thread of the block has moved its part of a chunk: thread 0 stores `value` into a peer's
+// `counter`, after the block's data stores (a send) or loads (a receive).
+__device__ __forceinline__ void p2pPublish(uint64_t* counter, uint64_t value)
+{
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    storeReleaseSys(counter, value);
+  }
+}
+
+__device__ void p2pKernel(const P2pArgs& a)
+{
+  uint32_t c = 0;
+  while (c + 1 < a.channelCount && blockIdx.x >= a.channels[c + 1].firstBlock) c++;
+  const P2pChannel& ch = a.channels[c];
+  const bool sending = ch.kind == MSCCLPP_P2P_SEND;
+  char* own = a.areas[a.rank];
+  char* peer = a.areas[ch.peer];
+
+  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < MSCCLPP_P2P_LANES; lane += ch.blocks) {
+    // This block alone moves this lane of this channel in this launch; the previous launch's count is
+    // visible since that launch ended before this one began.
+    uint64_t* count = p2pCounter(own, sending ? MSCCLPP_P2P_SENT : MSCCLPP_P2P_RECEIVED, ch.peer, lane);
+    const uint64_t first = *reinterpret_cast<volatile uint64_t*>(count);
+    uint64_t chunk = first;
+    for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
+      const P2pOp& op = a.ops[k];
+      if (lane >= op.lanes) continue;
+      const uint64_t begin = lane * op.laneUnits * 16;
+      const uint64_t laneEnd = begin + op.laneUnits * 16;
+      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      const bool aligned = op.aligned != 0;
+      // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
+      for (uint64_t off = begin; off < end; off += MSCCLPP_P2P_CHUNK_BYTES) {
+        chunk++;
+        const uint64_t rest = end - off;
+        const uint64_t n = rest < MSCCLPP_P2P_CHUNK_BYTES ? rest : MSCCLPP_P2P_CHUNK_BYTES;
+        const uint64_t units = unitsOf(n, 16);
+        if (sending) {
+          // Chunk c reuses the half of chunk c - 2, which the receiver must have copied out.
+          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_CREDIT, ch.peer, lane), chunk > 2 ? chunk - 2 : 0)) return;
+          char* half = p2pHalf(peer, a.rank, lane, chunk);
+          for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+            storeScratch16(half, u, loadUnit<uint4>(op.ptr + off, u, n, aligned));
+          }
+          p2pPublish(p2pCounter(peer, MSCCLPP_P2P_POSTED, a.rank, lane), chunk);
+        } else {
+          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_POSTED, ch.peer, lane), chunk)) return;
+          const char* half = p2pHalf(own, ch.peer, lane, chunk);
+          for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+            storeUnit<uint4>(op.ptr + off, u, n, aligned, loadScratch16(half, u));
+          }
+          p2pPublish(p2pCounter(peer, MSCCLPP_P2P_CREDIT, a.rank, lane), chunk);
+        }
+      }
+    }
+    // Every thread has passed the lane's last barrier (or moved nothing, leaving the count as it was).
+    if (threadIdx.x == 0 && chunk != first) *count = chunk;
+  }
+}

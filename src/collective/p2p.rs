@@ -1,0 +1,748 @@
+//! Send and receive (NCCL's `ncclSend` and `ncclRecv`): the sends and receives one rank made in one group on
+//! one communicator and stream (or a single call outside a group), carried out together.
+//!
+//! - Checked first (peers, sizes, null buffers, buffers of the communicator's GPU, the stream); nothing is
+//!   queued on an error. Calls of 0 elements do nothing.
+//! - Sends to this rank and receives from it are matched in call order (the k-th send with the k-th
+//!   receive, of the same size) and become copies on the stream.
+//! - The others go into one launch of `mscclpp_p2p` (`kernels/collectives/p2p.cuh` describes the protocol):
+//!   the sends to one peer, and the receives from one peer, form a channel with blocks of its own, so that
+//!   every channel progresses at once and no order of calls inside a group can deadlock. Splitting a group
+//!   into several launches could (a later launch may hold what a peer's earlier one waits for), so a group
+//!   is refused beyond `MAX_P2P_OPS` such calls, or beyond a block per channel in the launch's share of
+//!   the GPU (`algorithm::resident_share`).
+//!
+//! The kernel moves data through every receiver's p2p area, set up with the scratch (`scratch.rs`) before
+//! any send or receive: `Collectives::prepare`.
+
+use super::algorithm;
+use super::kernel_args::{
+    MAX_P2P_OPS, MAX_RANKS, P2P_CHUNK_BYTES, P2P_COUNTER_BYTES, P2P_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs,
+    P2pChannelArgs, P2pOpArgs,
+};
+use super::{Collectives, DataType, kernels};
+use crate::bootstrap::Bootstrap;
+use crate::ensure_arg;
+use crate::error::{Error, Result};
+use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture};
+
+/// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_p2p`).
+const KERNEL_BASE: &str = "p2p";
+/// Any type names the typeless kernels' unit.
+const BYTES: DataType = DataType::Uint8;
+
+/// A send or a receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum P2pKind {
+    Send,
+    Recv,
+}
+
+impl P2pKind {
+    /// The C function, for messages.
+    pub fn function(self) -> &'static str {
+        match self {
+            P2pKind::Send => "ncclSend",
+            P2pKind::Recv => "ncclRecv",
+        }
+    }
+
+    fn buffer_name(self) -> &'static str {
+        match self {
+            P2pKind::Send => "sendbuff",
+            P2pKind::Recv => "recvbuff",
+        }
+    }
+
+    fn device_kind(self) -> u32 {
+        match self {
+            P2pKind::Send => P2P_SEND,
+            P2pKind::Recv => P2P_RECV,
+        }
+    }
+}
+
+/// One send or receive as the application called it: `count` elements of `datatype` from `buffer` to
+/// `peer`, or from `peer` into `buffer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pOp {
+    pub kind: P2pKind,
+    pub peer: usize,
+    pub buffer: DevicePtr,
+    pub count: usize,
+    pub datatype: DataType,
+}
+
+/// A non-empty send or receive, checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Moved {
+    pub kind: P2pKind,
+    pub peer: usize,
+    pub buffer: DevicePtr,
+    pub bytes: u64,
+}
+
+impl Moved {
+    fn buffer_name(&self) -> String {
+        let direction = match self.kind {
+            P2pKind::Send => "to",
+            P2pKind::Recv => "from",
+        };
+        format!(
+            "{} of the {} {direction} rank {}",
+            self.kind.buffer_name(),
+            self.kind.function(),
+            self.peer
+        )
+    }
+}
+
+/// A send to this rank with its matching receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SelfCopy {
+    pub dst: DevicePtr,
+    pub src: DevicePtr,
+    pub bytes: u64,
+}
+
+/// A group's calls sorted out.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// Every non-empty call, in call order (their buffers are checked).
+    pub buffers: Vec<Moved>,
+    pub copies: Vec<SelfCopy>,
+    /// The calls to and from other ranks, in call order: the kernel's.
+    pub remote: Vec<Moved>,
+}
+
+/// "1st", "2nd", ...
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+impl Work {
+    /// Checks what can be checked without a GPU, drops empty calls and matches this rank's sends to itself
+    /// with its receives from itself.
+    pub fn sort(ops: &[P2pOp], rank: usize, nranks: usize) -> Result<Work> {
+        let mut work = Work::default();
+        // Names the call in messages (built only for one).
+        let call = |i: usize, op: &P2pOp| {
+            if ops.len() == 1 {
+                op.kind.function().to_string()
+            } else {
+                format!("{} (call {} of {} in the group)", op.kind.function(), i + 1, ops.len())
+            }
+        };
+        for (i, op) in ops.iter().enumerate() {
+            ensure_arg!(
+                op.peer < nranks,
+                "{}: peer is {}; it must be in [0, nranks = {nranks})",
+                call(i, op),
+                op.peer
+            );
+            let bytes = (op.count as u64)
+                .checked_mul(op.datatype.size() as u64)
+                .filter(|b| *b < 1u64 << 63)
+                .ok_or_else(|| {
+                    Error::invalid_argument(format!(
+                        "{}: count = {} elements of {} bytes overflow a 64-bit byte count",
+                        call(i, op),
+                        op.count,
+                        op.datatype.size()
+                    ))
+                })?;
+            if bytes == 0 {
+                continue;
+            }
+            ensure_arg!(
+                op.buffer != 0,
+                "{}: {} is NULL (count = {})",
+                call(i, op),
+                op.kind.buffer_name(),
+                op.count
+            );
+            let moved = Moved {
+                kind: op.kind,
+                peer: op.peer,
+                buffer: op.buffer,
+                bytes,
+            };
+            work.buffers.push(moved);
+            if op.peer != rank {
+                work.remote.push(moved);
+            }
+        }
+        if work.remote.len() > MAX_P2P_OPS {
+            return Err(Error::invalid_usage(format!(
+                "a group holds {} sends and receives to and from other ranks; at most {MAX_P2P_OPS} are carried \
+                 out together (they must run at once: split into several groups only where no send or receive of \
+                 a later group is what a peer waits for in an earlier one)",
+                work.remote.len()
+            )));
+        }
+        let to_self = |kind| {
+            work.buffers
+                .iter()
+                .filter(move |m| m.peer == rank && m.kind == kind)
+                .copied()
+        };
+        let sends: Vec<Moved> = to_self(P2pKind::Send).collect();
+        let recvs: Vec<Moved> = to_self(P2pKind::Recv).collect();
+        ensure_arg!(
+            sends.len() == recvs.len(),
+            "this rank sends to itself {} time(s) and receives from itself {} time(s) (non-empty calls); each \
+             send to itself needs a receive from itself in the same group",
+            sends.len(),
+            recvs.len()
+        );
+        for (k, (send, recv)) in sends.iter().zip(&recvs).enumerate() {
+            ensure_arg!(
+                send.bytes == recv.bytes,
+                "the {nth} ncclSend to this rank itself has {} bytes but the {nth} ncclRecv from itself has {}: \
+                 they are matched in call order and must have the same size",
+                send.bytes,
+                recv.bytes,
+                nth = ordinal(k + 1)
+            );
+            work.copies.push(SelfCopy {
+                dst: recv.buffer,
+                src: send.buffer,
+                bytes: send.bytes,
+            });
+        }
+        Ok(work)
+    }
+
+    /// Queues the copies of the sends to this rank.
+    fn copy_to_self(&self, stream: AppStream) -> Result<()> {
+        for c in self.copies.iter().filter(|c| c.dst != c.src) {
+            // SAFETY: both ranges were checked to be device memory of the communicator's context
+            // (`GpuContext::check_buffer`), which the stream belongs to.
+            unsafe { stream.copy(c.dst, c.src, c.bytes as usize)? };
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of one rank's p2p area with `nranks` ranks: the counters, then two chunks per source rank and lane.
+pub fn area_bytes(nranks: usize) -> u64 {
+    P2P_COUNTER_BYTES + nranks as u64 * P2P_LANES as u64 * 2 * P2P_CHUNK_BYTES
+}
+
+/// How a send (and the matching receive: the same on both sides, since it depends on the byte count
+/// alone) is cut into lanes: `(lanes, units)`, lane `l` covering bytes `[l * units * 16, (l + 1) * units *
+/// 16)` of `[0, bytes)`. A lane per chunk up to `P2P_LANES`; every lane starts on a 16-byte unit.
+pub fn lane_split(bytes: u64) -> (u32, u64) {
+    let lanes = bytes.div_ceil(P2P_CHUNK_BYTES).clamp(1, P2P_LANES as u64);
+    (lanes as u32, bytes.div_ceil(16).div_ceil(lanes))
+}
+
+/// The sends to one peer, or the receives from one, of a launch: `ops` (indices into the launch's calls, in
+/// call order) served by `blocks` blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Channel {
+    pub kind: P2pKind,
+    pub peer: usize,
+    pub ops: Vec<usize>,
+    pub blocks: u32,
+}
+
+/// The channels of a launch of `remote`, in order of their first call, with blocks for each within
+/// `max_blocks` (`fit_blocks`).
+pub fn channels(remote: &[Moved], max_blocks: u32) -> Result<Vec<Channel>> {
+    let mut channels: Vec<Channel> = Vec::new();
+    for (i, m) in remote.iter().enumerate() {
+        match channels.iter_mut().find(|c| c.kind == m.kind && c.peer == m.peer) {
+            Some(c) => c.ops.push(i),
+            None => channels.push(Channel {
+                kind: m.kind,
+                peer: m.peer,
+                ops: vec![i],
+                blocks: 0,
+            }),
+        }
+    }
+    // A block per lane of the channel's widest call: more would have nothing to do.
+    let wanted: Vec<u32> = channels
+        .iter()
+        .map(|c| c.ops.iter().map(|&i| lane_split(remote[i].bytes).0).max().unwrap_or(1))
+        .collect();
+    for (c, blocks) in channels.iter_mut().zip(fit_blocks(&wanted, max_blocks)?) {
+        c.blocks = blocks;
+    }
+    Ok(channels)
+}
+
+/// Blocks for channels that would each use `wanted[i]`, in all at most `max_blocks`: the largest cap on
+/// every channel that fits, and at least one block each. Refused, naming the numbers, where there are more
+/// channels than blocks.
+pub fn fit_blocks(wanted: &[u32], max_blocks: u32) -> Result<Vec<u32>> {
+    if wanted.len() as u64 > max_blocks as u64 {
+        return Err(Error::invalid_usage(format!(
+            "a group's sends and receives need a block per peer and direction, {} here, but a launch of \
+             mscclpp_p2p may have at most {max_blocks} on this GPU (its share of the blocks the GPU holds \
+             beside the other ranks sharing it): fewer peers per group, or fewer ranks per GPU",
+            wanted.len()
+        )));
+    }
+    let total = |cap: u32| wanted.iter().map(|&w| w.clamp(1, cap) as u64).sum::<u64>();
+    let most = wanted.iter().copied().max().unwrap_or(1).max(1);
+    let cap = (1..=most)
+        .rev()
+        .find(|&cap| total(cap) <= max_blocks as u64)
+        .unwrap_or(1);
+    Ok(wanted.iter().map(|&w| w.clamp(1, cap)).collect())
+}
+
+/// The kernel's argument for `remote` carried by `channels`, and the launch's blocks.
+pub fn kernel_args(
+    remote: &[Moved],
+    channels: &[Channel],
+    areas: &[DevicePtr; MAX_RANKS],
+    abort_flag: DevicePtr,
+    rank: usize,
+    nranks: usize,
+) -> (P2pArgs, u32) {
+    let mut args = P2pArgs {
+        areas: *areas,
+        abort_flag,
+        rank: rank as u32,
+        nranks: nranks as u32,
+        channel_count: channels.len() as u32,
+        ..P2pArgs::default()
+    };
+    let (mut op, mut block) = (0usize, 0u32);
+    for (slot, c) in args.channels.iter_mut().zip(channels) {
+        *slot = P2pChannelArgs {
+            first_op: op as u32,
+            ops: c.ops.len() as u32,
+            first_block: block,
+            blocks: c.blocks,
+            peer: c.peer as u32,
+            kind: c.kind.device_kind(),
+        };
+        for &i in &c.ops {
+            let m = &remote[i];
+            let (lanes, lane_units) = lane_split(m.bytes);
+            args.ops[op] = P2pOpArgs {
+                ptr: m.buffer,
+                bytes: m.bytes,
+                lane_units,
+                lanes,
+                aligned: m.buffer.is_multiple_of(16) as u32,
+            };
+            op += 1;
+        }
+        block += c.blocks;
+    }
+    (args, block)
+}
+
+impl Collectives {
+    /// Runs one rank's sends and receives of one group on one communicator and stream (`ops`, in call
+    /// order; a single call outside a group is a group of one): checks them, copies what this rank sends to
+    /// itself, and queues one kernel for the rest on `stream`. The collectives must have been set up
+    /// (`prepare`) unless every call is empty or names this rank.
+    ///
+    /// `gpu`, `aborted` and `abort_communicator` are `run`'s: the communicator is aborted when the call
+    /// fails after its peers may have started theirs.
+    pub fn run_p2p(
+        &self,
+        bootstrap: &Bootstrap,
+        gpu: impl FnOnce() -> Result<GpuContext>,
+        aborted: impl Fn() -> Result<()>,
+        abort_communicator: impl FnOnce(),
+        ops: &[P2pOp],
+        stream: AppStream,
+    ) -> Result<()> {
+        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
+        let work = Work::sort(ops, rank, nranks)?;
+        aborted()?;
+        if work.buffers.is_empty() {
+            return Ok(());
+        }
+        let gpu = &gpu()?;
+        for m in &work.buffers {
+            gpu.check_buffer(m.buffer, m.bytes, &m.buffer_name())?;
+        }
+        stream.check_context(gpu)?;
+        if work.remote.is_empty() {
+            return work.copy_to_self(stream);
+        }
+        if self.ready.lock().is_none() {
+            return Err(not_prepared());
+        }
+        let capturing = stream.is_capturing()?;
+        // From here on the peers' kernels may already wait for this one: a failure on this rank alone would
+        // leave them waiting forever, so it aborts the communicator.
+        self.launch_p2p(rank, nranks, &work, capturing, stream)
+            .inspect_err(|e| {
+                if aborted().is_ok() {
+                    log::warn!(
+                        "ncclSend/ncclRecv failed after its peers may have started theirs ({}); aborting the \
+                         communicator",
+                        e.message
+                    );
+                    abort_communicator();
+                }
+            })
+    }
+
+    fn launch_p2p(&self, rank: usize, nranks: usize, work: &Work, capturing: bool, stream: AppStream) -> Result<()> {
+        let mut ready = self.ready.lock();
+        let ready = ready.as_mut().ok_or_else(not_prepared)?;
+        let loaded = {
+            // A first launch loads the module, which a capture allows only in the relaxed mode.
+            let _relaxed = (capturing && ready.kernels.needs_loading(KERNEL_BASE, None, BYTES))
+                .then(RelaxedCapture::enter)
+                .transpose()?;
+            ready.kernels.get(KERNEL_BASE, None, BYTES, P2P_THREADS)?
+        };
+        // Checked before anything is queued: blocks the GPU cannot hold beside the other ranks' would hang.
+        let max_blocks = algorithm::resident_share(
+            &kernels::kernel_name(KERNEL_BASE, None, BYTES),
+            ready.scratch.multiprocessors,
+            loaded.per_multiprocessor,
+            ready.scratch.gpu_sharers,
+        )?;
+        let channels = channels(&work.remote, max_blocks)?;
+        let (args, blocks) = kernel_args(
+            &work.remote,
+            &channels,
+            &ready.scratch.p2p,
+            ready.abort.device_ptr(),
+            rank,
+            nranks,
+        );
+        work.copy_to_self(stream)?;
+        // SAFETY: the argument is `P2pArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
+        // bytes its call moves; the p2p areas and the abort word live in `ready` until `clear`, which comes
+        // after the application has synchronized; the stream was checked to be of this context.
+        unsafe { loaded.kernel.launch(blocks, P2P_THREADS, stream, &args) }
+    }
+}
+
+fn not_prepared() -> Error {
+    Error::invalid_usage(
+        "send and receive need the communicator's collectives set up first, by every rank at once \
+         (Collectives::prepare, which NCCL's face calls when it creates the communicator)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    fn op(kind: P2pKind, peer: usize, buffer: DevicePtr, count: usize) -> P2pOp {
+        P2pOp {
+            kind,
+            peer,
+            buffer,
+            count,
+            datatype: DataType::Float32,
+        }
+    }
+    use P2pKind::{Recv, Send};
+
+    #[test]
+    fn calls_are_checked_before_anything_else() {
+        let e = Work::sort(&[op(Send, 4, 0x1000, 1)], 0, 4).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains("ncclSend: peer is 4") && e.message.contains("nranks = 4"),
+            "{e}"
+        );
+        let e = Work::sort(&[op(Send, 1, 0x1000, 1), op(Recv, 1, 0, 3)], 0, 2).unwrap_err();
+        assert!(
+            e.message
+                .contains("ncclRecv (call 2 of 2 in the group): recvbuff is NULL (count = 3)"),
+            "{e}"
+        );
+        let e = Work::sort(&[op(Recv, 1, 0x1000, usize::MAX / 2)], 0, 2).unwrap_err();
+        assert!(e.message.contains("overflow"), "{e}");
+        // Empty calls do nothing, whatever their buffer; a peer out of range is still refused.
+        let w = Work::sort(&[op(Send, 1, 0, 0), op(Recv, 0, 0, 0)], 0, 2).unwrap();
+        assert_eq!(w, Work::default());
+        assert!(Work::sort(&[op(Send, 2, 0, 0)], 0, 2).is_err());
+    }
+
+    #[test]
+    fn sends_to_self_are_matched_with_receives_from_self_in_call_order() {
+        let w = Work::sort(
+            &[
+                op(Recv, 1, 0xa000, 8),
+                op(Send, 1, 0xb000, 8),
+                op(Send, 1, 0x1000, 4),
+                op(Recv, 1, 0x2000, 4),
+                op(Recv, 1, 0x3000, 2),
+                op(Send, 1, 0x4000, 2),
+                op(Send, 0, 0xc000, 1),
+            ],
+            1,
+            2,
+        )
+        .unwrap();
+        // A receive before its send still matches it (they are paired by order among their kind).
+        assert_eq!(
+            w.copies,
+            [
+                SelfCopy {
+                    dst: 0xa000,
+                    src: 0xb000,
+                    bytes: 32
+                },
+                SelfCopy {
+                    dst: 0x2000,
+                    src: 0x1000,
+                    bytes: 16
+                },
+                SelfCopy {
+                    dst: 0x3000,
+                    src: 0x4000,
+                    bytes: 8
+                },
+            ]
+        );
+        assert_eq!(w.buffers.len(), 7, "every buffer is checked");
+        assert_eq!(
+            w.remote.iter().map(|m| (m.kind, m.peer, m.buffer)).collect::<Vec<_>>(),
+            [(Send, 0, 0xc000)],
+            "only calls to other ranks go to the kernel"
+        );
+
+        let e = Work::sort(&[op(Send, 0, 0x1000, 4), op(Recv, 0, 0x2000, 2)], 0, 2).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains("1st ncclSend to this rank itself has 16 bytes")
+                && e.message.contains("1st ncclRecv from itself has 8"),
+            "{e}"
+        );
+        let e = Work::sort(&[op(Send, 0, 0x1000, 4)], 0, 1).unwrap_err();
+        assert!(
+            e.message
+                .contains("sends to itself 1 time(s) and receives from itself 0"),
+            "{e}"
+        );
+        // A receive of 0 elements does not match a send.
+        let e = Work::sort(&[op(Send, 0, 0x1000, 4), op(Recv, 0, 0x2000, 0)], 0, 1).unwrap_err();
+        assert!(e.message.contains("receives from itself 0"), "{e}");
+        assert_eq!(ordinal(2), "2nd");
+        assert_eq!(ordinal(12), "12th");
+        assert_eq!(ordinal(23), "23rd");
+    }
+
+    #[test]
+    fn a_group_beyond_the_launch_limit_is_refused_without_counting_self() {
+        let mut ops: Vec<P2pOp> = (0..MAX_P2P_OPS).map(|i| op(Send, 1 + i % 3, 0x1000, 1)).collect();
+        ops.push(op(Send, 0, 0x1000, 1));
+        ops.push(op(Recv, 0, 0x2000, 1));
+        ops.push(op(Recv, 2, 0x2000, 0));
+        assert_eq!(Work::sort(&ops, 0, 4).unwrap().remote.len(), MAX_P2P_OPS);
+        ops.push(op(Recv, 2, 0x2000, 1));
+        let e = Work::sort(&ops, 0, 4).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(
+            e.message.contains(&format!("holds {} sends", MAX_P2P_OPS + 1))
+                && e.message.contains(&format!("at most {MAX_P2P_OPS}")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn lanes_cover_every_byte_once_from_aligned_starts() {
+        let sizes = [
+            1u64,
+            15,
+            16,
+            17,
+            4096,
+            P2P_CHUNK_BYTES - 1,
+            P2P_CHUNK_BYTES,
+            P2P_CHUNK_BYTES + 1,
+            3 * P2P_CHUNK_BYTES + 5,
+            8 * P2P_CHUNK_BYTES,
+            8 * P2P_CHUNK_BYTES + 16,
+            (1 << 30) + 3,
+            (1 << 40) + 7,
+        ];
+        for bytes in sizes {
+            let (lanes, units) = lane_split(bytes);
+            assert!((1..=P2P_LANES as u32).contains(&lanes), "{bytes}");
+            assert_eq!(lanes as u64, bytes.div_ceil(P2P_CHUNK_BYTES).min(P2P_LANES as u64));
+            let mut covered = 0;
+            for lane in 0..lanes as u64 {
+                // As the kernel computes a lane's range.
+                let begin = lane * units * 16;
+                let end = (begin + units * 16).min(bytes);
+                assert_eq!(begin, covered, "{bytes}: lane {lane} starts where the previous ended");
+                assert!(
+                    begin.is_multiple_of(16) && end > begin,
+                    "{bytes}: lane {lane} [{begin}, {end})"
+                );
+                covered = end;
+            }
+            assert_eq!(covered, bytes, "{bytes}: the lanes cover the whole buffer");
+        }
+    }
+
+    /// Every chunk the kernel moves on each lane of a channel, in its order: (the call's place among the
+    /// channel's, offset, bytes). Written as p2p.cuh's loop is, for each block of the channel.
+    fn chunks(args: &P2pArgs, channel: usize) -> Vec<Vec<(usize, u64, u64)>> {
+        let ch = args.channels[channel];
+        let mut lanes = vec![Vec::new(); P2P_LANES];
+        for block in 0..ch.blocks {
+            let mut lane = block as usize;
+            while lane < P2P_LANES {
+                for k in 0..ch.ops as usize {
+                    let op = args.ops[ch.first_op as usize + k];
+                    if lane as u32 >= op.lanes {
+                        continue;
+                    }
+                    let begin = lane as u64 * op.lane_units * 16;
+                    let end = (begin + op.lane_units * 16).min(op.bytes);
+                    let mut off = begin;
+                    while off < end {
+                        lanes[lane].push((k, off, P2P_CHUNK_BYTES.min(end - off)));
+                        off += P2P_CHUNK_BYTES;
+                    }
+                }
+                lane += ch.blocks as usize;
+            }
+        }
+        lanes
+    }
+
+    fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64) -> Moved {
+        Moved {
+            kind,
+            peer,
+            buffer,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn sender_and_receiver_move_the_same_chunks_whatever_their_groups_and_budgets() {
+        let sizes = [100u64, 9 * P2P_CHUNK_BYTES + 48, 3 * P2P_CHUNK_BYTES, (20 << 20) + 1];
+        // Rank 0 sends these to rank 1, among receives from rank 1 and sends to rank 2, with a tight budget.
+        let mut sender = Vec::new();
+        for (i, &b) in sizes.iter().enumerate() {
+            sender.push(moved(Recv, 1, 0x10_0000, 4096));
+            sender.push(moved(Send, 1, 0x1000 + i as u64 * 3, b));
+            sender.push(moved(Send, 2, 0x2000, 1 << 20));
+        }
+        // Rank 1 receives them alone, with the whole GPU.
+        let receiver: Vec<Moved> = sizes.iter().map(|&b| moved(Recv, 0, 0x9000, b)).collect();
+        let areas = [0; MAX_RANKS];
+        for budget in [3u32, 4, 7, 128] {
+            let s = channels(&sender, budget).unwrap();
+            let r = channels(&receiver, 128).unwrap();
+            let (sa, sb) = kernel_args(&sender, &s, &areas, 0, 0, 3);
+            let (ra, rb) = kernel_args(&receiver, &r, &areas, 0, 1, 3);
+            assert!(sb <= budget && rb <= 128);
+            let to1 = s.iter().position(|c| c.kind == Send && c.peer == 1).unwrap();
+            assert_eq!(s[to1].ops, [1, 4, 7, 10], "the sends to one peer keep their call order");
+            let sent = chunks(&sa, to1);
+            let received = chunks(&ra, 0);
+            assert_eq!(sent, received, "budget {budget}");
+            // Every byte of every call moves once, in chunks that fit a half.
+            for (k, &b) in sizes.iter().enumerate() {
+                let mut pieces: Vec<(u64, u64)> =
+                    sent.iter().flatten().filter(|c| c.0 == k).map(|c| (c.1, c.2)).collect();
+                pieces.sort();
+                let mut at = 0;
+                for (off, n) in pieces {
+                    assert!(off == at && off.is_multiple_of(16) && n > 0 && n <= P2P_CHUNK_BYTES);
+                    at += n;
+                }
+                assert_eq!(at, b);
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_are_capped_to_fit_the_share_with_one_per_channel_at_least() {
+        assert_eq!(fit_blocks(&[8, 8, 8], 128).unwrap(), [8, 8, 8]);
+        assert_eq!(fit_blocks(&[8, 8, 8], 10).unwrap(), [3, 3, 3]);
+        assert_eq!(fit_blocks(&[8, 1, 1], 5).unwrap(), [3, 1, 1]);
+        assert_eq!(fit_blocks(&[2, 5], 2).unwrap(), [1, 1]);
+        assert!(fit_blocks(&[], 1).unwrap().is_empty());
+        let e = fit_blocks(&[1; 30], 16).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(e.message.contains("30 here") && e.message.contains("at most 16"), "{e}");
+    }
+
+    #[test]
+    fn the_argument_lays_channels_and_calls_out_contiguously() {
+        let remote = [
+            moved(Send, 2, 0x1000, 5 * P2P_CHUNK_BYTES),
+            moved(Recv, 2, 0x2008, 100),
+            moved(Send, 1, 0x3000, 16),
+            moved(Send, 2, 0x4000, 16),
+        ];
+        let mut areas = [0; MAX_RANKS];
+        areas[..3].copy_from_slice(&[0xa0, 0xb0, 0xc0]);
+        let c = channels(&remote, 128).unwrap();
+        assert_eq!(c.iter().map(|c| c.blocks).collect::<Vec<_>>(), [5, 1, 1]);
+        let (a, blocks) = kernel_args(&remote, &c, &areas, 0xdead, 0, 3);
+        assert_eq!(blocks, 7);
+        assert_eq!((a.rank, a.nranks, a.channel_count, a.abort_flag), (0, 3, 3, 0xdead));
+        assert_eq!(a.areas, areas);
+        assert_eq!(
+            a.channels[..3],
+            [
+                P2pChannelArgs {
+                    first_op: 0,
+                    ops: 2,
+                    first_block: 0,
+                    blocks: 5,
+                    peer: 2,
+                    kind: P2P_SEND
+                },
+                P2pChannelArgs {
+                    first_op: 2,
+                    ops: 1,
+                    first_block: 5,
+                    blocks: 1,
+                    peer: 2,
+                    kind: P2P_RECV
+                },
+                P2pChannelArgs {
+                    first_op: 3,
+                    ops: 1,
+                    first_block: 6,
+                    blocks: 1,
+                    peer: 1,
+                    kind: P2P_SEND
+                },
+            ]
+        );
+        assert_eq!(
+            a.ops[..4]
+                .iter()
+                .map(|o| (o.ptr, o.aligned, o.lanes))
+                .collect::<Vec<_>>(),
+            [(0x1000, 1, 5), (0x4000, 1, 1), (0x2008, 0, 1), (0x3000, 1, 1)]
+        );
+    }
+
+    #[test]
+    fn the_area_holds_every_half_the_kernel_addresses() {
+        for nranks in [1usize, 2, 16] {
+            // p2p.cuh's p2pHalf for the last source, lane and half, plus a chunk.
+            let last = P2P_COUNTER_BYTES
+                + (((nranks as u64 - 1) * P2P_LANES as u64 + P2P_LANES as u64 - 1) * 2 + 1) * P2P_CHUNK_BYTES
+                + P2P_CHUNK_BYTES;
+            assert_eq!(area_bytes(nranks), last);
+        }
+        assert_eq!(area_bytes(16), (16 << 20) + 4096);
+    }
+}
