@@ -12,6 +12,7 @@
 #   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc; helpers from examples-c/common/)
 #   build/tests/layout/layout_test, layout_test_cuda from c-tests/layout/layout_test.cpp (g++, nvcc)
 #   build/tests/nccl/<name>     from c-tests/nccl/<name>.cpp     (g++, against nccl.h and -lnccl)
+#   build/tests/nccl-gpu/<name> from c-tests/nccl-gpu/<name>.cu  (nvcc, against nccl.h and -lnccl alone)
 #   build/bench/<name>          from examples-c/bench/<name>.cu  (nvcc)
 #   build/examples/<dir>/<name> from examples-c/<dir>/<name>.cu  (nvcc; every <dir> but bench)
 #   build/python-venv           virtual environment with the Python package installed (pip install ./python),
@@ -66,6 +67,9 @@ HOST_TESTS := $(patsubst c-tests/host/%.cpp,build/tests/host/%,$(wildcard c-test
 GPU_TESTS := $(patsubst c-tests/gpu/%.cu,build/tests/gpu/%,$(wildcard c-tests/gpu/*.cu))
 LAYOUT_TESTS := build/tests/layout/layout_test build/tests/layout/layout_test_static build/tests/layout/layout_test_cuda
 NCCL_TESTS := $(patsubst c-tests/nccl/%.cpp,build/tests/nccl/%,$(wildcard c-tests/nccl/*.cpp))
+# Stand-ins for NVIDIA's libnccl.so.2 (soname and all) for the tests of MSCCLPP_NCCL_FALLBACK.
+NCCL_FAKES := build/tests/nccl/fake/libnccl.so.2 build/tests/nccl/fake-incomplete/libnccl.so.2
+NCCL_GPU_TESTS := $(patsubst c-tests/nccl-gpu/%.cu,build/tests/nccl-gpu/%,$(wildcard c-tests/nccl-gpu/*.cu))
 BENCHES := $(patsubst examples-c/bench/%.cu,build/bench/%,$(wildcard examples-c/bench/*.cu))
 EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/bench/%,$(wildcard examples-c/*/*.cu)))
 CUDA_PROGRAMS := $(GPU_TESTS) $(BENCHES) $(EXAMPLES)
@@ -77,7 +81,7 @@ all: lib tests bench examples python
 
 lib: $(LIBRARY)
 
-tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(NCCL_TESTS) $(GPU_TESTS) legacy-abi
+tests: $(LAYOUT_TESTS) $(HOST_TESTS) $(NCCL_TESTS) $(NCCL_FAKES) $(NCCL_GPU_TESTS) $(GPU_TESTS) legacy-abi
 
 bench: $(BENCHES) legacy-abi
 
@@ -176,10 +180,27 @@ build/examples/%: examples-c/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	  -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 # Programs of NCCL's API: our nccl.h and -lnccl only (libmscclpp is neither included nor linked).
-build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK)
+build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NCCL_FAKES)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -pthread -Ibuild/include -MMD -MP $< -o $@ \
-	  -Lbuild/lib/nccl -lnccl -Wl,-rpath,'$$ORIGIN/../../lib/nccl'
+	  -Lbuild/lib/nccl -lnccl -ldl -Wl,-rpath,'$$ORIGIN/../../lib/nccl'
+
+# The fake NVIDIA library; the incomplete one lacks ncclCommAbort.
+build/tests/nccl/fake/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -Wl,-soname,libnccl.so.2 $< -o $@
+
+build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -DFAKE_NCCL_INCOMPLETE \
+	  -Wl,-soname,libnccl.so.2 $< -o $@
+
+# GPU programs of NCCL's API: our nccl.h and -lnccl only, the CUDA runtime linked statically (so that no
+# other library of ours is needed at run time); the case runner's helpers from examples-c/common/.
+build/tests/nccl-gpu/%: c-tests/nccl-gpu/%.cu $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NVCC_READY)
+	@mkdir -p $(@D)
+	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
+	  $< -o $@ -Lbuild/lib/nccl -lnccl -Xlinker -rpath,'$$ORIGIN/../../lib/nccl'
 
 # The layout test: warnings are errors; the g++ build is C++11 (the oldest the header supports) and the
 # header is also checked under the later standards. The nvcc build links cudart statically so that it runs
