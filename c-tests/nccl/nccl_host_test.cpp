@@ -218,14 +218,23 @@ static void one_rank_calls() {
   expect(ncclRedOpDestroy(op, comm), ncclInvalidArgument, "ncclRedOpDestroy twice");
   expect(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument, "ncclRedOpDestroy(ncclSum)");
 
-  // Not carried out yet: ncclInvalidUsage naming the function, after the arguments are checked.
-  expect(ncclReduce(p, p, 4, ncclFloat, ncclSum, 0, comm, 0), ncclInvalidUsage, "ncclReduce: not yet");
-  logged("ncclReduce is not carried out by this library yet");
+  // Reduce, all-to-all, gather and scatter are carried out by the core: their arguments are checked here
+  // without a GPU, as the other collectives' are; a valid call then needs the GPU (no driver here).
   expect(ncclReduce(p, p, 4, ncclFloat, ncclSum, 3, comm, 0), ncclInvalidArgument, "ncclReduce(root 3)");
-  expect(ncclAlltoAll(p, p, 4, ncclFloat, comm, 0), ncclInvalidUsage, "ncclAlltoAll: not yet");
+  logged("root is 3");
+  expect(ncclReduce(p, NULL, 4, ncclFloat, ncclSum, 0, comm, 0), ncclInvalidArgument, "ncclReduce(root's recvbuff NULL)");
+  expect(ncclReduce(p, p, 4, ncclFloat, (ncclRedOp_t)9, 0, comm, 0), ncclInvalidArgument, "ncclReduce(op 9)");
   expect(ncclAlltoAll(p, p, 4, (ncclDataType_t)40, comm, 0), ncclInvalidArgument, "ncclAlltoAll(datatype 40)");
-  expect(ncclGather(p, p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclGather: not yet");
-  expect(ncclScatter(p, p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclScatter: not yet");
+  expect(ncclAlltoAll(NULL, p, 4, ncclFloat, comm, 0), ncclInvalidArgument, "ncclAlltoAll(sendbuff NULL)");
+  expect(ncclGather(p, p, 4, ncclFloat, -1, comm, 0), ncclInvalidArgument, "ncclGather(root -1)");
+  expect(ncclScatter(p, p, 4, ncclFloat, 1, comm, 0), ncclInvalidArgument, "ncclScatter(root 1 of 1)");
+  expect(ncclScatter(NULL, NULL, 0, ncclFloat, 0, comm, 0), ncclSuccess, "ncclScatter(count 0)");
+  for (auto [name, rc] : {std::pair<const char*, ncclResult_t>{"ncclReduce", ncclReduce(p, p, 4, ncclFloat, ncclSum, 0, comm, 0)},
+                          {"ncclAlltoAll", ncclAlltoAll(p, p, 4, ncclFloat, comm, 0)},
+                          {"ncclGather", ncclGather(p, p, 4, ncclFloat, 0, comm, 0)},
+                          {"ncclScatter", ncclScatter(p, p, 4, ncclFloat, 0, comm, 0)}})
+    check(rc == ncclUnhandledCudaError || rc == ncclInvalidArgument,
+          std::string(name) + ": carried out natively (no driver here, or host memory refused), not refused as unsupported");
   expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclSend: not yet");
   expect(ncclSend(p, 4, ncclFloat, 1, comm, 0), ncclInvalidArgument, "ncclSend(peer 1 of 1)");
   logged("peer is 1");

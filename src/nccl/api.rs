@@ -234,7 +234,7 @@ fn collective(
         let native = datatype_value < datatype::FLOAT8E4M3 && !matches!(builtin, Some(None));
         if let Some(f) = c.fallback_for_all().or(c.fallback().filter(|_| !native)) {
             c.open()?;
-            if collective == Collective::Broadcast {
+            if collective.rooted() {
                 check_rank("root", root, c)?;
             }
             let op = match op {
@@ -1151,7 +1151,7 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// `root`'s `recvbuff` gets the reduction of every rank's `sendbuff` (the others' is not used).
     fn ncclReduce / pncclReduce(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1162,29 +1162,12 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let (send, recv) = (sendbuff as u64, recvbuff as u64);
-        enqueue("ncclReduce", comm, |c| {
-            check_datatype(datatype)?;
-            check_op(op, c)?;
-            check_rank("root", root, c)?;
-            c.open()?;
-            let Some(f) = c.fallback() else {
-                return Err(not_yet("ncclReduce"));
-            };
-            let op = if op >= redop::NUM_OPS {
-                c.premul(op).and_then(|p| p.fallback).ok_or_else(|| {
-                    Error::invalid_usage(format!("op {op} has no twin on NVIDIA's communicator"))
-                })?
-            } else {
-                op
-            };
-            forward(f, fallback::Call::Reduce { send, recv, count, datatype, op, root }, stream)
-        })
+        collective("ncclReduce", Collective::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, comm, stream)
     }
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// Rank r's `recvbuff` piece p (`count` elements each) gets rank p's `sendbuff` piece r.
     fn ncclAlltoAll / pncclAlltoAll(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1193,13 +1176,12 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let call = fallback::Call::AlltoAll { send: sendbuff as u64, recv: recvbuff as u64, count, datatype };
-        forwarded("ncclAlltoAll", comm, stream, |_| check_datatype(datatype), call)
+        collective("ncclAlltoAll", Collective::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, comm, stream)
     }
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// `root`'s `recvbuff` piece r (`count` elements each) gets rank r's `sendbuff`.
     fn ncclGather / pncclGather(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1209,17 +1191,12 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let call = fallback::Call::Gather { send: sendbuff as u64, recv: recvbuff as u64, count, datatype, root };
-        let check = |c: &NcclComm| {
-            check_datatype(datatype)?;
-            check_rank("root", root, c)
-        };
-        forwarded("ncclGather", comm, stream, check, call)
+        collective("ncclGather", Collective::Gather, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
     }
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// Rank r's `recvbuff` (`count` elements) gets piece r of `root`'s `sendbuff`.
     fn ncclScatter / pncclScatter(
         sendbuff: *const c_void,
         recvbuff: *mut c_void,
@@ -1229,12 +1206,7 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let call = fallback::Call::Scatter { send: sendbuff as u64, recv: recvbuff as u64, count, datatype, root };
-        let check = |c: &NcclComm| {
-            check_datatype(datatype)?;
-            check_rank("root", root, c)
-        };
-        forwarded("ncclScatter", comm, stream, check, call)
+        collective("ncclScatter", Collective::Scatter, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
     }
 }
 

@@ -54,8 +54,8 @@ pub fn describe(result: i32) -> &'static CStr {
 /// `MSCCLPP_NCCL_FALLBACK` would have it carried out.
 pub fn not_yet(function: &str) -> Error {
     Error::invalid_usage(format!(
-        "{function} is not carried out by this library yet (only AllReduce, AllGather, ReduceScatter, \
-         Broadcast and Bcast are, on one machine); {}",
+        "{function} is not carried out by this library yet (AllReduce, AllGather, ReduceScatter, Broadcast, \
+         Bcast, Reduce, AlltoAll, Gather and Scatter are, on one machine); {}",
         super::fallback::unavailable_hint()
     ))
 }
