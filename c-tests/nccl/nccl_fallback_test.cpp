@@ -3,8 +3,9 @@
 // so each case runs in a child of its own (fork, before any call into the library) with its environment:
 // - unset: calls we do not carry out fail at once, ncclInvalidUsage, naming the function and the setting;
 // - the fake: two ranks made in one group get NVIDIA communicators beside ours, made from one NVIDIA id;
-//   Send/Recv/Reduce/AlltoAll/Gather/Scatter, fp8 and PreMulSum collectives reach the fake with the
-//   caller's arguments and the rank's fake communicator; calls in our group go inside one fake group at our
+//   Send/Recv/Reduce/AlltoAll/Gather/Scatter of fp8 types (which have no kernels here; of the other types
+//   these are ours), fp8 and PreMulSum collectives reach the fake with the caller's arguments and the
+//   rank's fake communicator; calls in our group go inside one fake group at our
 //   group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it; split, shrink,
 //   revoke, async errors, finalize, destroy and abort reach it; our own collectives do not;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
@@ -87,11 +88,11 @@ static void unset_case() {
   ncclComm_t comm = NULL;
   expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
   expect(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess, "ncclCommInitRank(1 rank)");
-  expect(ncclSend(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclSend without the setting");
-  logged("ncclSend: ncclSend is not carried out by this library yet");
+  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclSend without the setting");
+  logged("ncclSend: datatype ncclFloat8e4m3 (10) is not carried out by this library yet");
   logged("set MSCCLPP_NCCL_FALLBACK to the path of NVIDIA's libnccl.so.2");
   check(std::strstr(ncclGetLastError(NULL), "MSCCLPP_NCCL_FALLBACK") != NULL, "ncclGetLastError names the setting");
-  expect(ncclRecv(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclRecv without the setting");
+  expect(ncclRecv(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclRecv without the setting");
   expect(ncclReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, 0, comm, STREAM), ncclInvalidUsage, "ncclReduce(fp8)");
   logged("ncclReduce: datatype ncclFloat8e4m3 (10) is not carried out by this library yet");
   expect(ncclAlltoAll(BUF, OUT, 4, ncclFloat8e5m2, comm, STREAM), ncclInvalidUsage, "ncclAlltoAll(fp8)");
@@ -107,7 +108,7 @@ static void unset_case() {
   logged("with 2 ids is not carried out by this library yet (one id is); set MSCCLPP_NCCL_FALLBACK");
   // Inside a group the refusal comes at the call, and fails the group's end.
   expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
-  expect(ncclSend(BUF, 4, ncclFloat, 0, comm, STREAM), ncclInvalidUsage, "ncclSend in a group");
+  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclSend in a group");
   expect(ncclGroupEnd(), ncclInvalidUsage, "the group's end fails");
   expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
   check(read_file(calls_path).empty(), "no fallback was loaded");
@@ -134,16 +135,16 @@ static void fake_case() {
   }
   check(!fake_comm[0].empty() && !fake_comm[1].empty() && fake_comm[0] != fake_comm[1], "one fake comm per rank");
 
-  expect(ncclSend(BUF, 7, ncclFloat, 1, comms[0], STREAM), ncclSuccess, "ncclSend forwarded");
+  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 1, comms[0], STREAM), ncclSuccess, "ncclSend forwarded");
   auto sends = calls("ncclSend ");
   check(sends.size() == 1 && field(sends[0], "buff") == "0x1000" && field(sends[0], "count") == "7" &&
-            field(sends[0], "datatype") == "7" && field(sends[0], "peer") == "1" &&
+            field(sends[0], "datatype") == "10" && field(sends[0], "peer") == "1" &&
             field(sends[0], "comm") == fake_comm[0] && field(sends[0], "stream") == "0x3000",
         "the fake got ncclSend's arguments and rank 0's fake comm: " + (sends.empty() ? "none" : sends[0]));
   check(!sends.empty() && field(sends[0], "version") == "22901",
         "the fake's own call to ncclGetVersion stayed inside it (RTLD_DEEPBIND)");
 
-  expect(ncclRecv(OUT, 7, ncclFloat, 0, comms[1], STREAM), ncclSuccess, "ncclRecv forwarded");
+  expect(ncclRecv(OUT, 7, ncclFloat8e4m3, 0, comms[1], STREAM), ncclSuccess, "ncclRecv forwarded");
   auto recvs = calls("ncclRecv ");
   check(recvs.size() == 1 && field(recvs[0], "peer") == "0" && field(recvs[0], "comm") == fake_comm[1],
         "the fake got ncclRecv on rank 1's fake comm");
@@ -161,12 +162,15 @@ static void fake_case() {
   const ncclResult_t ours = ncclGather(BUF, OUT, 5, ncclUint8, 1, comms[0], STREAM);
   check(ours != ncclSuccess && calls("ncclGather ").size() == 1,
         "a gather of uint8 is ours, not forwarded (no GPU here: it fails in our core)");
-  expect(ncclSend(BUF, 7, ncclFloat, 2, comms[0], STREAM), ncclInvalidArgument, "ncclSend(peer 2 of 2): checked here");
+  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 2, comms[0], STREAM), ncclInvalidArgument, "ncclSend(peer 2 of 2): checked here");
   check(calls("ncclSend ").size() == 1, "a bad call is not forwarded");
 
   // fp8 and PreMulSum go to the fake; a collective we carry out does not.
   expect(ncclAllReduce(BUF, OUT, 9, ncclFloat8e4m3, ncclSum, comms[0], STREAM), ncclSuccess, "ncclAllReduce(fp8) forwarded");
-  check(calls("datatype=10").size() == 1, "the fake got the fp8 all-reduce");
+  {
+    auto fp8 = calls("ncclAllReduce ");
+    check(fp8.size() == 1 && field(fp8[0], "datatype") == "10", "the fake got the fp8 all-reduce");
+  }
   float scalar = 0.5f;
   ncclRedOp_t op;
   expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comms[0]), ncclSuccess,
@@ -187,9 +191,9 @@ static void fake_case() {
   size_t before = calls("").size();
   expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
   expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart (nested)");
-  expect(ncclSend(BUF, 1, ncclInt8, 1, comms[0], STREAM), ncclSuccess, "ncclSend in a group");
+  expect(ncclSend(BUF, 1, ncclFloat8e5m2, 1, comms[0], STREAM), ncclSuccess, "ncclSend in a group");
   expect(ncclGroupEnd(), ncclSuccess, "inner ncclGroupEnd");
-  expect(ncclRecv(OUT, 1, ncclInt8, 0, comms[1], STREAM), ncclSuccess, "ncclRecv in a group");
+  expect(ncclRecv(OUT, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclSuccess, "ncclRecv in a group");
   expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "ours in the group");
   check(calls("").size() == before, "nothing issued before the outermost end");
   expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd");
@@ -244,7 +248,7 @@ static void fake_case() {
   // The ends reach the fake.
   expect(ncclCommFinalize(comms[1]), ncclSuccess, "ncclCommFinalize(rank 1)");
   check(calls("ncclCommFinalize comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommFinalize");
-  expect(ncclSend(BUF, 1, ncclInt8, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend after finalize");
+  expect(ncclSend(BUF, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend after finalize");
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
   check(calls("ncclCommDestroy comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommDestroy");
   expect(ncclCommAbort(comms[0]), ncclSuccess, "ncclCommAbort(rank 0)");
@@ -270,7 +274,7 @@ static void unusable_case(const std::string& why) {
   logged(why);
   logged("this communicator goes on without the fallback");
   expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "our collective works");
-  expect(ncclSend(BUF, 4, ncclFloat, 1, comms[0], STREAM), ncclInvalidUsage, "ncclSend without a fallback");
+  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 1, comms[0], STREAM), ncclInvalidUsage, "ncclSend without a fallback");
   logged("is set, but this communicator has no NVIDIA communicator beside it");
   check(calls("ncclSend").empty(), "nothing forwarded");
   expect(ncclCommDestroy(comms[0]), ncclSuccess, "ncclCommDestroy(rank 0)");

@@ -235,10 +235,15 @@ static void one_rank_calls() {
                           {"ncclScatter", ncclScatter(p, p, 4, ncclFloat, 0, comm, 0)}})
     check(rc == ncclUnhandledCudaError || rc == ncclInvalidArgument,
           std::string(name) + ": carried out natively (no driver here, or host memory refused), not refused as unsupported");
-  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclSend: not yet");
+  // Send and receive are the core's: a send to this rank without its receive in the same call or group
+  // cannot complete, and is refused before anything is queued.
+  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidArgument, "ncclSend to self, unmatched");
   expect(ncclSend(p, 4, ncclFloat, 1, comm, 0), ncclInvalidArgument, "ncclSend(peer 1 of 1)");
   logged("peer is 1");
-  expect(ncclRecv(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclRecv: not yet");
+  expect(ncclRecv(p, 4, ncclFloat, 0, comm, 0), ncclInvalidArgument, "ncclRecv from self, unmatched");
+  expect(ncclSend(p, 0, ncclFloat, 0, comm, 0), ncclSuccess, "ncclSend(count 0) does nothing");
+  expect(ncclRecv(p, 4, ncclFloat8e4m3, 0, comm, 0), ncclInvalidUsage, "ncclRecv(fp8): no kernels here");
+  logged("MSCCLPP_NCCL_FALLBACK");
   ncclComm_t newcomm = (ncclComm_t)p;
   expect(ncclCommSplit(comm, 0, 0, &newcomm, NULL), ncclInvalidUsage, "ncclCommSplit: not yet");
   check(newcomm == NULL, "ncclCommSplit leaves *newcomm NULL");
@@ -284,8 +289,17 @@ static void one_rank_calls() {
   expect(ncclAllReduce(p, p, 4, (ncclDataType_t)12, ncclSum, comm, 0), ncclInvalidArgument, "a bad call in a group");
   expect(ncclGroupEnd(), ncclInvalidArgument, "fails its group's end");
   expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
-  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclInvalidUsage, "ncclSend in a group");
-  expect(ncclGroupEnd(), ncclInvalidUsage, "fails its group's end too");
+  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclSuccess, "ncclSend to self queued in a group");
+  expect(ncclGroupEnd(), ncclInvalidArgument, "its group's end refuses it, unmatched");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclRecv(p, 4, ncclFloat, 0, comm, 0), ncclSuccess, "ncclRecv from self queued");
+  expect(ncclSend(p, 4, ncclFloat, 0, comm, 0), ncclSuccess, "ncclSend to self queued after it");
+  const ncclResult_t matched = ncclGroupEnd();
+  check(matched == ncclUnhandledCudaError || matched == ncclInvalidArgument,
+        "a matched send and receive to self reach the GPU path at the group's end (no driver, or host memory)");
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclAllReduce(p, p, 4, ncclFloat, ncclSum, NULL, 0), ncclInvalidArgument, "a NULL comm in a group");
+  expect(ncclGroupEnd(), ncclInvalidArgument, "fails its group's end too");
   ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
   expect(ncclGroupSimulateEnd(NULL), ncclInvalidArgument, "ncclGroupSimulateEnd(NULL)");
   sim.magic = 1;

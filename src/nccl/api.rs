@@ -14,7 +14,7 @@ use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
 use crate::bootstrap::UniqueId;
-use crate::collective::{Call, Collective, DataType, RedOp};
+use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -62,6 +62,13 @@ enum Op {
         root: i64,
         stream: u64,
     },
+    /// A send or a receive: a group's are issued together, after the group's collectives, in one launch
+    /// per communicator (they must progress at the same time).
+    P2p {
+        comm: Arc<Communicator>,
+        op: P2pOp,
+        stream: u64,
+    },
     /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
     /// group.
     Fallback(Forwarded),
@@ -71,6 +78,31 @@ type InitJob = Box<dyn FnOnce() -> Result<Communicator> + Send>;
 
 /// A queued collective's arguments: the call, the application's root, its stream.
 type QueuedCall = (Call, i64, u64);
+
+/// A group's work on one communicator: its collectives, then its sends and receives (with their streams).
+struct CommWork {
+    comm: Arc<Communicator>,
+    calls: Vec<QueuedCall>,
+    p2p: Vec<(P2pOp, u64)>,
+}
+
+impl CommWork {
+    /// `comm`'s entry of `all`, made at its first work.
+    fn of(all: &mut Vec<CommWork>, comm: Arc<Communicator>) -> &mut CommWork {
+        let i = match all.iter().position(|w| Arc::ptr_eq(&w.comm, &comm)) {
+            Some(i) => i,
+            None => {
+                all.push(CommWork {
+                    comm,
+                    calls: Vec::new(),
+                    p2p: Vec::new(),
+                });
+                all.len() - 1
+            }
+        };
+        &mut all[i]
+    }
+}
 
 thread_local! {
     static GROUP: RefCell<Group<Op>> = RefCell::new(Group::default());
@@ -96,10 +128,15 @@ fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> 
     entry(name, || body(&found?))
 }
 
-/// `with_comm` for work that a group queues: a failure inside a group also fails the group's end.
+/// `with_comm` for work that a group queues: a failure inside a group (a NULL or destroyed communicator
+/// too) also fails the group's end.
 fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
-    with_comm(name, comm, |c| {
-        body(c).inspect_err(|e| group::with(&GROUP, |g| g.fail(e)))
+    let found = ncomm::lookup(comm);
+    let _rank = found.as_ref().ok().map(|c| RankScope::enter(c.rank));
+    entry(name, || {
+        found
+            .and_then(|c| body(&c))
+            .inspect_err(|e| group::with(&GROUP, |g| g.fail(e)))
     })
 }
 
@@ -204,6 +241,11 @@ fn issue(op: Op) -> Result<ncclResult_t> {
             comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
             OK
         }
+        Op::P2p { comm, op, stream } => {
+            // SAFETY: as above.
+            comm.send_recv(&[op], unsafe { AppStream::from_raw(stream) })?;
+            OK
+        }
         Op::Fallback(f) => {
             f.issue()?;
             OK
@@ -289,26 +331,6 @@ fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -
     }))
 }
 
-/// A call the core does not carry out: its arguments are checked as for a real call (`check`), then it
-/// goes to NVIDIA's communicator beside ours, or, where there is none, fails with `ncclInvalidUsage`
-/// naming itself and `MSCCLPP_NCCL_FALLBACK`.
-fn forwarded(
-    name: &str,
-    comm: ncclComm_t,
-    stream: *mut c_void,
-    check: impl FnOnce(&NcclComm) -> Result<()>,
-    call: fallback::Call,
-) -> ncclResult_t {
-    enqueue(name, comm, |c| {
-        check(c)?;
-        c.open()?;
-        match c.fallback() {
-            Some(f) => forward(f, call, stream),
-            None => Err(not_yet(name)),
-        }
-    })
-}
-
 /// A function of NCCL's the core does not carry out, called on the communicator's fallback (`call`) or,
 /// where there is none, refused as `forwarded` refuses.
 fn with_fallback(
@@ -329,10 +351,28 @@ fn with_fallback(
 
 /// Ends an initialisation: NVIDIA's communicator is made beside ours where `MSCCLPP_NCCL_FALLBACK` asks
 /// for one (every rank does this at once, as the initialisation itself), then the outcome is recorded.
+///
+/// Then the collectives are set up (scratch memory mapped between the ranks), collectively as the
+/// initialisation is: a first send or receive need not involve every rank, so their memory must be
+/// mapped before any. Without a GPU driver nothing is set up (a call that needs the GPU fails then); where
+/// the ranks span hosts our collectives cannot run, and NVIDIA's communicator carries everything if there
+/// is one, else the initialisation fails with the reason.
 fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
-    if let Ok(core) = &result {
-        comm.attach_fallback(fallback::attach(core));
-    }
+    let result = result.and_then(|core| {
+        comm.attach_fallback(fallback::attach(&core));
+        if ensure_driver().is_ok()
+            && let Err(e) = core.prepare_collectives()
+        {
+            if comm.fallback_for_all().is_none() {
+                return Err(e);
+            }
+            log::info!(
+                "our collectives are not set up ({}); NVIDIA's communicator carries every call",
+                e.message
+            );
+        }
+        Ok(core)
+    });
     comm.complete(result);
 }
 
@@ -422,7 +462,7 @@ unsafe fn init_rank(
 /// waits for its peers, which may be this thread's other communicators). Returns the first error.
 fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
     let mut inits = Vec::new();
-    let mut by_comm: Vec<(Arc<Communicator>, Vec<QueuedCall>)> = Vec::new();
+    let mut by_comm: Vec<CommWork> = Vec::new();
     let mut forwarded = Vec::new();
     for op in ops {
         match op {
@@ -433,10 +473,8 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
                 call,
                 root,
                 stream,
-            } => match by_comm.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &comm)) {
-                Some((_, calls)) => calls.push((call, root, stream)),
-                None => by_comm.push((comm, vec![(call, root, stream)])),
-            },
+            } => CommWork::of(&mut by_comm, comm).calls.push((call, root, stream)),
+            Op::P2p { comm, op, stream } => CommWork::of(&mut by_comm, comm).p2p.push((op, stream)),
         }
     }
     let mut first: Option<Error> = None;
@@ -449,16 +487,31 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
         });
         first = comms.iter().find_map(|c| c.core().err());
     }
-    let run = |comm: &Communicator, calls: &[QueuedCall]| -> Result<()> {
-        for (call, root, stream) in calls {
+    // Every rank issues a communicator's collectives first, in call order, then its sends and receives
+    // in one launch: the same order everywhere, so that no rank's kernel waits behind one its peer
+    // queued later.
+    let run = |work: &CommWork| -> Result<()> {
+        for (call, root, stream) in &work.calls {
             // SAFETY: nccl.h's contract for the stream of each call, kept until the group's end.
-            comm.collective(call, *root, unsafe { AppStream::from_raw(*stream) })?;
+            work.comm
+                .collective(call, *root, unsafe { AppStream::from_raw(*stream) })?;
+        }
+        if let Some((_, stream)) = work.p2p.first() {
+            // Two launches of one group on two streams could each wait for the other's share of the GPU.
+            if work.p2p.iter().any(|(_, s)| s != stream) {
+                return Err(Error::invalid_usage(
+                    "the sends and receives of one group on one communicator use several streams; this library \
+                     carries them out on one stream per communicator and group",
+                ));
+            }
+            let ops: Vec<P2pOp> = work.p2p.iter().map(|(op, _)| *op).collect();
+            // SAFETY: as above.
+            work.comm.send_recv(&ops, unsafe { AppStream::from_raw(*stream) })?;
         }
         Ok(())
     };
     if by_comm.len() == 1 {
-        let (comm, calls) = &by_comm[0];
-        if let Err(e) = run(comm, calls) {
+        if let Err(e) = run(&by_comm[0]) {
             first.get_or_insert(e);
         }
     } else if by_comm.len() > 1 {
@@ -466,12 +519,12 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
         let errors: Vec<Error> = std::thread::scope(|s| {
             let workers: Vec<_> = by_comm
                 .iter()
-                .map(|(comm, calls)| {
+                .map(|work| {
                     s.spawn(move || {
                         if let Some(g) = gpu {
                             let _ = g.make_current();
                         }
-                        run(comm, calls)
+                        run(work)
                     })
                 })
                 .collect();
@@ -1210,8 +1263,62 @@ nccl_export! {
     }
 }
 
+/// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), or on
+/// NVIDIA's communicator where ours sends everything there (ranks on several hosts) or the type has no
+/// kernel here (fp8).
+#[allow(clippy::too_many_arguments)]
+fn point_to_point(
+    name: &str,
+    kind: P2pKind,
+    buffer: u64,
+    count: usize,
+    datatype_value: c_int,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: *mut c_void,
+) -> ncclResult_t {
+    enqueue(name, comm, |c| {
+        check_datatype(datatype_value)?;
+        check_rank("peer", peer, c)?;
+        let native = datatype_value < datatype::FLOAT8E4M3;
+        if let Some(f) = c.fallback_for_all().or(c.fallback().filter(|_| !native)) {
+            c.open()?;
+            let call = match kind {
+                P2pKind::Send => fallback::Call::Send {
+                    buf: buffer,
+                    count,
+                    datatype: datatype_value,
+                    peer,
+                },
+                P2pKind::Recv => fallback::Call::Recv {
+                    buf: buffer,
+                    count,
+                    datatype: datatype_value,
+                    peer,
+                },
+            };
+            return forward(f, call, stream);
+        }
+        let datatype = datatype(datatype_value)?;
+        let core = c.usable()?;
+        let op = P2pOp {
+            kind,
+            peer: peer as usize,
+            buffer,
+            count,
+            datatype,
+        };
+        issue(Op::P2p {
+            comm: core,
+            op,
+            stream: stream as u64,
+        })
+    })
+}
+
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// Sends `count` elements of `sendbuff` to `peer`, which receives them with `ncclRecv` (in the same
+    /// group where both must progress together).
     fn ncclSend / pncclSend(
         sendbuff: *const c_void,
         count: usize,
@@ -1220,17 +1327,12 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let call = fallback::Call::Send { buf: sendbuff as u64, count, datatype, peer };
-        let check = |c: &NcclComm| {
-            check_datatype(datatype)?;
-            check_rank("peer", peer, c)
-        };
-        forwarded("ncclSend", comm, stream, check, call)
+        point_to_point("ncclSend", P2pKind::Send, sendbuff as u64, count, datatype, peer, comm, stream)
     }
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), else refused.
+    /// Receives `count` elements from `peer`'s `ncclSend` into `recvbuff`.
     fn ncclRecv / pncclRecv(
         recvbuff: *mut c_void,
         count: usize,
@@ -1239,12 +1341,7 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        let call = fallback::Call::Recv { buf: recvbuff as u64, count, datatype, peer };
-        let check = |c: &NcclComm| {
-            check_datatype(datatype)?;
-            check_rank("peer", peer, c)
-        };
-        forwarded("ncclRecv", comm, stream, check, call)
+        point_to_point("ncclRecv", P2pKind::Recv, recvbuff as u64, count, datatype, peer, comm, stream)
     }
 }
 
