@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The NCCL face's GPU tests (issue 25), from a tree built by `make`:
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
-#   alone) at 2 and 4 ranks;
+#   alone: every collective, send/receive, groups, graphs, refusals, a killed rank) at 2 and 4 ranks;
 # - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, 2 ranks,
 #   checked against gloo (skipped, and said so, where torch cannot be imported).
 # Rank r runs on GPU r % GPUs: with MSCCLPP_TEST_MIN_GPUS=1 one GPU is enough (every rank shares it), under
@@ -70,7 +70,8 @@ recover() { [ "$own_mps" = 1 ] && [ "$failed" -ne "$1" ] && mps_recover; }
 
 for n in 2 4; do
   before=$failed
-  run_program "nccl_gpu_test_$n" 900 "$bin" all "$n"
+  # main (up to 900 s at 4 ranks on one GPU), then the two kill runs and initall.
+  run_program "nccl_gpu_test_$n" 1500 "$bin" all "$n"
   recover "$before"
 done
 

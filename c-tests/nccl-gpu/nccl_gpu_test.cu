@@ -11,17 +11,29 @@
 //   main: ncclGetVersion; ncclCommInitRank; Count / CuDevice / UserRank; ncclAllReduce (sum, prod, max, min,
 //       avg) x (float16, bfloat16, float32, int32, int64, uint8, float64) x counts 0, 1, 1000, 65537,
 //       2^20 + 3, in place and out of place; ncclAllGather, ncclReduceScatter (every operator), ncclBroadcast
-//       (in and out of place) and ncclBcast from rank 0 and the last rank; nothing written past an output,
-//       out of place the input untouched; collectives in one group, in nested groups, a group failed by a bad
-//       call; a CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig blocking and
-//       non-blocking (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess); ncclMemAlloc buffers
-//       registered with ncclCommRegister in an all-reduce; what the face refuses today (ncclSend, ncclRecv,
-//       ncclReduce, ncclAlltoAll, ncclGather, ncclScatter, Split, Shrink, Revoke, fp8, PreMulSum, the
-//       device API) returns ncclInvalidUsage naming the function, queues nothing, and the communicator still
-//       works; host memory as a buffer is ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy
-//   kill: every rank loops on all-reduces; the last is SIGKILLed; every survivor sees ncclRemoteError from
-//       ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same code,
-//       ncclGetLastError names the dead rank, and ncclCommAbort returns
+//       (in and out of place) and ncclBcast from rank 0 and the last rank; ncclReduce (every operator on
+//       float16, bfloat16, int32, float64, counts 1 to 2^20 + 3, roots 0 and last, a non-root's recvbuff NULL
+//       or a real buffer left untouched, in place); ncclGather and ncclScatter (roots 0 and last, counts 1,
+//       1000, 70001, 2^18 + 5 per rank, in and out of place, the buffer a non-root does not use NULL or
+//       untouched) and ncclAlltoAll (counts 1 to 2^18 + 3 per peer, in and out of place) on uint8, bfloat16,
+//       float32, float64; nothing written past an output, out of place the input untouched; three gathers
+//       in packets back to back with the root late (on a communicator of its own); ncclSend/ncclRecv: a
+//       ring in one group (1, 65537, 2^20 + 7 elements of uint8 and float32, aligned and 4 bytes off),
+//       pairs both ways with the sends first, an all-to-all of sends and receives in one group (100003
+//       float32 per pair, this rank included), a rank to itself, two sends to one peer received in order,
+//       a send and a receive each alone outside a group (up to 1 MiB), a graph of a group replayed 5
+//       times, and the bad ones (peer out of range, an unmatched send to self: ncclInvalidArgument; fp8:
+//       ncclInvalidUsage naming MSCCLPP_NCCL_FALLBACK); collectives in one group, in nested groups, a group
+//       failed by a bad call; a CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig
+//       blocking and non-blocking (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess);
+//       ncclMemAlloc buffers registered with ncclCommRegister in an all-reduce; what the face refuses today
+//       (Split, Shrink, Revoke, fp8, PreMulSum, the device API) returns ncclInvalidUsage naming the
+//       function, queues nothing, and the communicator still works; host memory as a buffer is
+//       ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy
+//   kill: every rank loops on all-reduces, then (a second run) on groups of a send of 4 MiB to the next
+//       rank and a receive from the previous; the last is SIGKILLed; every survivor sees ncclRemoteError
+//       from ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same
+//       code, ncclGetLastError names the dead rank, and ncclCommAbort returns
 //   initall: ncclCommInitAll in one process with one device, and with every GPU where there are several
 //       (all-reduces on each in one group)
 //
@@ -55,6 +67,8 @@ struct Board
   ncclUniqueId ids[kMaxIds];
   volatile int skipMultiDevice; // initall: set by the rank where only one GPU is visible
   char skipWhy[200];
+  int arrivals;   // boardBarrier's count of arrivals, never reset within a group
+  int gatherHung; // gather_back_to_back: set by the root when its gathers did not finish
 };
 
 Board* gBoard = nullptr;      // mapped shared by the parent before the ranks are forked
@@ -75,6 +89,23 @@ std::string lastError(ncclComm_t comm)
 {
   const char* s = ncclGetLastError(comm);
   return s ? s : "";
+}
+
+// A barrier of the ranks through the board, usable as often as needed (case_runner's oobBarrier has 64
+// uses): every rank's k-th call waits for the k-th call of all the others.
+std::string boardBarrier(Rank& R, const char* where)
+{
+  const int arrived = __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
+  const int target = ((arrived - 1) / R.nranks + 1) * R.nranks;
+  const double deadline = nowSec() + R.hostTimeoutS;
+  while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < target) {
+    if (nowSec() > deadline) {
+      R.fatal = true;
+      return fmt("barrier (%s): the other ranks did not arrive within %.0f s", where, R.hostTimeoutS);
+    }
+    usleep(100);
+  }
+  return "";
 }
 
 // An NCCL call that must succeed, inside a function returning std::string with `Rank& R` in scope.
@@ -163,6 +194,8 @@ void freeRankBuffers(Rank& R)
 
 const ncclDataType_t kTypes[] = {ncclFloat16, ncclBfloat16, ncclFloat32, ncclInt32, ncclInt64, ncclUint8, ncclFloat64};
 const ncclRedOp_t kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+// Gather, Scatter, AlltoAll move bytes: one type per element size.
+const ncclDataType_t kMoveTypes[] = {ncclUint8, ncclBfloat16, ncclFloat32, ncclFloat64};
 
 const char* typeName(ncclDataType_t t)
 {
@@ -306,11 +339,16 @@ enum Coll : int
   kReduceScatter,
   kBroadcast, // ncclBroadcast
   kBcast,     // ncclBcast (in place by definition)
+  kReduce,
+  kGather,
+  kScatter,
+  kAlltoAll,
 };
 
 const char* collName(Coll c)
 {
-  static const char* names[] = {"allreduce", "allgather", "reducescatter", "broadcast", "bcast"};
+  static const char* names[] = {"allreduce", "allgather", "reducescatter", "broadcast", "bcast",
+                                "reduce",    "gather",    "scatter",       "alltoall"};
   return names[c];
 }
 
@@ -327,6 +365,9 @@ struct Spec
   bool inPlace = false;
   int root = 0;
   uint32_t salt = 1;
+  // Reduce and Gather: a non-root passes NULL as recvbuff; Scatter: as sendbuff (the buffer NCCL does not
+  // use there). Otherwise that rank passes a real buffer, which must be left untouched.
+  bool nullOther = false;
   // Buffers given by the case (ncclMemAlloc's) instead of the pools; out of place only.
   char* extSend = nullptr;
   char* extRecv = nullptr;
@@ -335,8 +376,10 @@ struct Spec
 std::string describe(const Spec& s)
 {
   std::string d = fmt("%s %s", collName(s.coll), typeName(s.type));
-  if (s.coll == kAllReduce || s.coll == kReduceScatter) d += fmt(" %s", opName(s.op));
-  if (s.coll == kBroadcast || s.coll == kBcast) d += fmt(" root %d", s.root);
+  if (s.coll == kAllReduce || s.coll == kReduceScatter || s.coll == kReduce) d += fmt(" %s", opName(s.op));
+  if (s.coll == kBroadcast || s.coll == kBcast || s.coll == kReduce || s.coll == kGather || s.coll == kScatter)
+    d += fmt(" root %d", s.root);
+  if (s.nullOther && !s.inPlace) d += " (NULL where unused)";
   return d + fmt(" count %llu %s", (unsigned long long)s.count, s.inPlace ? "in place" : "out of place");
 }
 
@@ -350,6 +393,7 @@ struct Prepared
   char* inBase = nullptr;  // out of place: the input, checked untouched
   std::vector<unsigned char> input;
   std::vector<double> want; // per output element
+  std::vector<char> stay;   // where non-empty: output elements that must still hold the sentinel
 };
 
 // The next free bytes of a pool, 256-byte aligned.
@@ -370,8 +414,11 @@ std::string carve(Rank& R, char* pool, uint64_t* used, uint64_t bytes, char** ou
   return "";
 }
 
+std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p);
+
 std::string prepare(Rank& R, const Spec& s, Arena& arena, Prepared* p)
 {
+  if (s.coll >= kReduce) return prepareRooted(R, s, arena, p);
   p->s = s;
   const int N = R.nranks, me = R.rank;
   const uint64_t n = s.count, es = typeSize(s.type);
@@ -442,10 +489,121 @@ std::string prepare(Rank& R, const Spec& s, Arena& arena, Prepared* p)
   return "";
 }
 
+// Reduce, Gather, Scatter, AlltoAll in NCCL's layouts. Out of place a rank's output region is its recvbuff
+// (none where it passes NULL), its input its sendbuff. In place the one buffer is the output region as a
+// whole: Gather's sendbuff is piece `rank` of it, Scatter's recvbuff piece `rank`; what a rank must not write
+// there (a gather's non-root: the other pieces; a scatter's non-root: the other pieces) is marked to stay.
+std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p)
+{
+  p->s = s;
+  const int N = R.nranks, me = R.rank;
+  const bool root = me == s.root;
+  const uint64_t n = s.count, es = typeSize(s.type);
+  const ncclRedOp_t genOp = s.coll == kReduce ? s.op : ncclSum;
+  // Elements of this rank's sendbuff and recvbuff as NCCL sizes them on the root (and on every rank for
+  // AlltoAll); a non-root's unused buffer has the root's size here too.
+  const uint64_t inElems = (s.coll == kScatter || s.coll == kAlltoAll) ? n * N : n;
+  const uint64_t outElems = (s.coll == kGather || s.coll == kAlltoAll) ? n * N : n;
+  // The value at element i of rank `from`'s sendbuff.
+  auto in = [&](int from, uint64_t i) { return inputValue(s.type, genOp, from, i, s.salt); };
+  // Whether this rank's sendbuff / recvbuff is used by NCCL.
+  const bool usesIn = s.coll != kScatter || root;
+  const bool usesOut = (s.coll != kReduce && s.coll != kGather) || root;
+
+  // What this rank uploads (a scatter's non-root: its own values into the buffer NCCL does not read).
+  p->input.assign(inElems * es, 0);
+  for (uint64_t i = 0; i < inElems; ++i) storeElem(s.type, p->input.data(), i, in(me, i));
+  // What NCCL's output is at element j of this rank's output region (out of place: recvbuff).
+  auto result = [&](uint64_t j) -> double {
+    switch (s.coll) {
+    case kReduce: return reduceRef(s.type, s.op, N, [&](int k) { return in(k, j); });
+    case kGather: return in((int)(j / n), j % n);
+    case kScatter: return in(s.root, (uint64_t)me * n + j);
+    default: return in((int)(j / n), (uint64_t)me * n + j % n);
+    }
+  };
+  if (n == 0) {
+    p->send = nullptr;
+    p->recv = nullptr;
+    return "";
+  }
+
+  if (!s.inPlace) {
+    const bool nullIn = !usesIn && s.nullOther, nullOut = !usesOut && s.nullOther;
+    if (!nullIn) TC_TRY(carve(R, gPoolA, &arena.a, inElems * es, &p->inBase));
+    if (!nullOut) {
+      TC_TRY(carve(R, gPoolB, &arena.b, outElems * es + kGuard, &p->outBase));
+      p->outBytes = outElems * es;
+      p->want.resize(outElems);
+      if (usesOut) {
+        for (uint64_t j = 0; j < outElems; ++j) p->want[j] = result(j);
+      } else {
+        p->stay.assign(outElems, 1);
+      }
+      TC_CUDA(cudaMemsetAsync(p->outBase, kSentinel, p->outBytes, R.stream));
+      TC_CUDA(cudaMemsetAsync(p->outBase + p->outBytes, kGuardByte, kGuard, R.stream));
+    }
+    if (p->inBase) TC_CUDA(cudaMemcpyAsync(p->inBase, p->input.data(), p->input.size(), cudaMemcpyHostToDevice, R.stream));
+    p->send = p->inBase;
+    p->recv = p->outBase;
+    if (!p->inBase) p->input.clear(); // nothing to check
+    return "";
+  }
+
+  // In place: one buffer of the larger size.
+  const uint64_t whole = std::max(inElems, outElems);
+  char* buf = nullptr;
+  TC_TRY(carve(R, gPoolB, &arena.b, whole * es + kGuard, &buf));
+  p->outBase = buf;
+  p->outBytes = whole * es;
+  TC_CUDA(cudaMemsetAsync(buf, kSentinel, p->outBytes, R.stream));
+  TC_CUDA(cudaMemsetAsync(buf + p->outBytes, kGuardByte, kGuard, R.stream));
+  p->want.assign(whole, 0);
+  p->stay.assign(whole, 0);
+  const uint64_t piece = (uint64_t)me * n; // this rank's piece of the buffer, in elements
+  switch (s.coll) {
+  case kReduce: // the root's result; a non-root's buffer is its input, unread and unwritten
+    for (uint64_t j = 0; j < n; ++j) p->want[j] = root ? result(j) : in(me, j);
+    TC_CUDA(cudaMemcpyAsync(buf, p->input.data(), n * es, cudaMemcpyHostToDevice, R.stream));
+    p->send = p->recv = buf;
+    break;
+  case kGather: // sendbuff is piece `rank` of the root's output
+    for (uint64_t j = 0; j < whole; ++j) {
+      if (root) p->want[j] = result(j);
+      else if (j >= piece && j < piece + n) p->want[j] = in(me, j - piece);
+      else p->stay[j] = 1;
+    }
+    TC_CUDA(cudaMemcpyAsync(buf + piece * es, p->input.data(), n * es, cudaMemcpyHostToDevice, R.stream));
+    p->send = buf + piece * es;
+    p->recv = buf;
+    break;
+  case kScatter: // recvbuff is piece `rank` of the root's input; a non-root's other pieces are not its own
+    for (uint64_t j = 0; j < whole; ++j) {
+      if (root) p->want[j] = in(me, j);
+      else if (j >= piece && j < piece + n) p->want[j] = result(j - piece);
+      else p->stay[j] = 1;
+    }
+    if (root) TC_CUDA(cudaMemcpyAsync(buf, p->input.data(), whole * es, cudaMemcpyHostToDevice, R.stream));
+    p->send = buf;
+    p->recv = buf + piece * es;
+    break;
+  default:
+    for (uint64_t j = 0; j < whole; ++j) p->want[j] = result(j);
+    TC_CUDA(cudaMemcpyAsync(buf, p->input.data(), whole * es, cudaMemcpyHostToDevice, R.stream));
+    p->send = p->recv = buf;
+    break;
+  }
+  return "";
+}
+
 ncclResult_t issue(const Prepared& p, ncclComm_t comm, cudaStream_t stream)
 {
   const Spec& s = p.s;
   switch (s.coll) {
+  case kReduce: return ncclReduce(p.send, p.recv, s.count, s.type, s.op, s.root, comm, stream);
+  case kGather: return ncclGather(p.send, p.recv, s.count, s.type, s.root, comm, stream);
+  case kScatter: return ncclScatter(p.send, p.recv, s.count, s.type, s.root, comm, stream);
+  case kAlltoAll: return ncclAlltoAll(p.send, p.recv, s.count, s.type, comm, stream);
   case kAllReduce: return ncclAllReduce(p.send, p.recv, s.count, s.type, s.op, comm, stream);
   case kAllGather: return ncclAllGather(p.send, p.recv, s.count, s.type, comm, stream);
   case kReduceScatter: return ncclReduceScatter(p.send, p.recv, s.count, s.type, s.op, comm, stream);
@@ -459,17 +617,26 @@ std::string check(Rank& R, const Prepared& p)
 {
   const Spec& s = p.s;
   if (s.count == 0) return "";
-  std::vector<unsigned char> out(p.outBytes + (s.extRecv ? 0 : kGuard));
-  TC_CUDA(cudaMemcpyAsync(out.data(), p.outBase, out.size(), cudaMemcpyDeviceToHost, R.stream));
+  // A non-root passing NULL as recvbuff has no output region.
+  std::vector<unsigned char> out(p.outBase ? p.outBytes + (s.extRecv ? 0 : kGuard) : 0);
+  if (p.outBase) TC_CUDA(cudaMemcpyAsync(out.data(), p.outBase, out.size(), cudaMemcpyDeviceToHost, R.stream));
   std::vector<unsigned char> in;
-  if (!s.inPlace) {
+  if (!s.inPlace && p.inBase) {
     in.resize(p.input.size());
     TC_CUDA(cudaMemcpyAsync(in.data(), p.inBase, in.size(), cudaMemcpyDeviceToHost, R.stream));
   }
   TC_TRY(syncBounded(R, "copy of the results"));
-  uint64_t bad = 0, first = 0;
+  uint64_t bad = 0, first = 0, moved = 0, firstMoved = 0;
   double got0 = 0, want0 = 0;
+  const uint64_t es = typeSize(s.type);
   for (uint64_t j = 0; j < p.want.size(); ++j) {
+    if (!p.stay.empty() && p.stay[j]) {
+      // An element NCCL does not write on this rank: every byte still the sentinel.
+      bool same = true;
+      for (uint64_t b = 0; b < es; ++b) same = same && out[j * es + b] == kSentinel;
+      if (!same && moved++ == 0) firstMoved = j;
+      continue;
+    }
     const double got = loadElem(s.type, out.data(), j);
     if (!closeEnough(s.type, got, p.want[j])) {
       if (bad++ == 0) {
@@ -481,7 +648,9 @@ std::string check(Rank& R, const Prepared& p)
   }
   TC_EXPECT(bad == 0, "%s: %llu of %llu elements wrong, first at %llu: got %.17g, want %.17g", describe(s).c_str(),
             (unsigned long long)bad, (unsigned long long)p.want.size(), (unsigned long long)first, got0, want0);
-  if (!s.extRecv) {
+  TC_EXPECT(moved == 0, "%s: %llu elements this rank must not write were written, first at %llu", describe(s).c_str(),
+            (unsigned long long)moved, (unsigned long long)firstMoved);
+  if (!s.extRecv && p.outBase) {
     // In place the guard follows the whole buffer; out of place the output.
     const uint64_t guardAt = p.outBytes;
     if (!(s.inPlace && s.coll == kReduceScatter)) {
@@ -490,7 +659,7 @@ std::string check(Rank& R, const Prepared& p)
                   describe(s).c_str(), (unsigned long long)k, out[guardAt + k]);
     }
   }
-  if (!s.inPlace) {
+  if (!s.inPlace && p.inBase) {
     TC_EXPECT(in == p.input, "%s: the input buffer was changed by an out-of-place call", describe(s).c_str());
   }
   return "";
@@ -876,6 +1045,395 @@ std::string untouched(Rank& R, const void* buf, uint64_t bytes, const char* what
   return "";
 }
 
+// ncclReduce: every operator, roots 0 and last, counts up to 2^20 + 3 (past the packets' limit, into the
+// copies); out of place with a non-root's recvbuff NULL, out of place with a real one left untouched, and in
+// place (a non-root's buffer keeps its input).
+const uint64_t kCountsReduce[] = {1, 1000, 65537, (1u << 20) + 3};
+
+std::string caseReduce(Rank& R, ncclDataType_t t)
+{
+  for (ncclRedOp_t op : kOps)
+    for (int root : {0, R.nranks - 1})
+      for (uint64_t n : kCountsReduce)
+        for (int form = 0; form < 3; ++form) {
+          Spec s;
+          s.coll = kReduce, s.type = t, s.op = op, s.count = n, s.root = root, s.salt = ++gSalt;
+          s.inPlace = form == 2;
+          s.nullOther = form == 0;
+          TC_TRY(runOne(R, gComm, s));
+        }
+  return "";
+}
+
+// The gathers' and scatters' counts per rank: packets, copies, and a count past 2^18 whose pieces are no
+// multiple of 16 bytes for any type.
+const uint64_t kCountsRooted[] = {1, 1000, 70001, (1u << 18) + 5};
+
+// ncclGather and ncclScatter: roots 0 and last, in and out of place (out of place once with NULL where a
+// non-root's buffer is unused, once with a real one left untouched).
+std::string caseGatherScatter(Rank& R, Coll coll, ncclDataType_t t)
+{
+  for (int root : {0, R.nranks - 1})
+    for (uint64_t n : kCountsRooted)
+      for (int form = 0; form < 3; ++form) {
+        Spec s;
+        s.coll = coll, s.type = t, s.count = n, s.root = root, s.salt = ++gSalt;
+        s.inPlace = form == 2;
+        s.nullOther = form == 0;
+        const std::string why = runOne(R, gComm, s);
+        // A gather's non-root waits for nobody in packets (see gather_back_to_back_root_late): the barrier
+        // keeps it from running calls ahead here, so that this case is about the data. Passed on failure
+        // too, so that the ranks' barriers stay in step.
+        if (coll == kGather) TC_TRY(boardBarrier(R, "between gathers"));
+        TC_TRY(why);
+      }
+  return "";
+}
+
+const uint64_t kCountsAlltoAll[] = {1, 1000, 65537, (1u << 18) + 3};
+
+std::string caseAlltoAll(Rank& R, ncclDataType_t t)
+{
+  for (uint64_t n : kCountsAlltoAll)
+    for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      Spec s;
+      s.coll = kAlltoAll, s.type = t, s.count = n, s.inPlace = inPlace, s.salt = ++gSalt;
+      TC_TRY(runOne(R, gComm, s));
+    }
+  return "";
+}
+
+// Three gathers in packets to one root, issued back to back, the root's half a second after the others':
+// a non-root keeps no output, so its kernels wait for nothing and its three calls end before the root's
+// first begins. Its third call's packets go to the same half of the root's scratch as its first's; the
+// root must still get each call's data (a library that lets them overwrite the first call's packets leaves
+// the root waiting for flags that never come). On a communicator of its own, aborted if the root hangs.
+std::string caseGatherBackToBack(Rank& R)
+{
+  ncclUniqueId id;
+  TC_TRY(shareId(R, 3, &id));
+  ncclComm_t comm = nullptr;
+  TN_OK(ncclCommInitRank(&comm, R.nranks, id, R.rank));
+  Arena arena;
+  Prepared p[3];
+  for (Prepared& q : p) {
+    Spec s;
+    s.coll = kGather, s.type = ncclFloat32, s.count = 1000, s.root = 0, s.nullOther = true, s.salt = ++gSalt;
+    TC_TRY(prepare(R, s, arena, &q));
+  }
+  TC_TRY(syncBounded(R, "the inputs"));
+  TC_TRY(boardBarrier(R, "before the gathers"));
+  if (R.rank == 0) usleep(500000);
+  ncclResult_t rc[3];
+  for (int i = 0; i < 3; ++i) rc[i] = issue(p[i], comm, R.stream);
+  // Bounded, and not fatal: a hang is this case's failure, ended by an abort below.
+  const double deadline = nowSec() + 20 * timeoutScale();
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaStreamQuery(R.stream)) == cudaErrorNotReady && nowSec() < deadline) usleep(200);
+  if (q != cudaSuccess) __atomic_store_n(&gBoard->gatherHung, 1, __ATOMIC_SEQ_CST);
+  TC_TRY(boardBarrier(R, "after the gathers"));
+  if (__atomic_load_n(&gBoard->gatherHung, __ATOMIC_SEQ_CST)) {
+    ncclResult_t ab = ncclCommAbort(comm);
+    TC_TRY(syncBounded(R, "the stream after ncclCommAbort"));
+    return fmt("the root's gathers did not finish within %.0f s (%s), ncclCommAbort %s: a non-root's later call "
+               "overwrote packets the root had not read yet",
+               20 * timeoutScale(), R.rank == 0 ? cudaGetErrorString(q) : "seen by the root", resultName(ab));
+  }
+  for (int i = 0; i < 3; ++i)
+    TC_EXPECT(rc[i] == ncclSuccess, "gather %d returned %s: %s", i, resultName(rc[i]), lastError(comm).c_str());
+  std::string why;
+  for (int i = 0; i < 3 && why.empty(); ++i) why = check(R, p[i]);
+  ncclResult_t des = ncclCommDestroy(comm);
+  TC_TRY(why);
+  TC_EXPECT(des == ncclSuccess, "ncclCommDestroy returned %s", resultName(des));
+  return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Send and receive: a plan of one rank's calls, their buffers, and the host reference
+// ------------------------------------------------------------------------------------------------
+
+// Element i of the k-th message `from` sends `to` in one plan (k counted among that pair's sends).
+double p2pValue(ncclDataType_t t, int from, int to, int k, uint64_t i, uint32_t salt)
+{
+  return inputValue(t, ncclSum, from, i, salt * 131u + (uint32_t)to * 17u + (uint32_t)k * 7919u);
+}
+
+struct P2pMsg
+{
+  bool send;
+  int peer;
+  ncclDataType_t type;
+  uint64_t count;
+  int k; // the k-th send to `peer` (or receive from it) of the plan
+  char* buf = nullptr;
+  std::vector<unsigned char> data; // a send's input
+};
+
+struct P2pPlan
+{
+  std::vector<P2pMsg> msgs; // in call order
+  uint32_t salt = 0;
+  uint64_t offset = 0;      // every buffer this many bytes past a 256-byte boundary
+
+  void add(bool send, int peer, ncclDataType_t t, uint64_t count)
+  {
+    int k = 0;
+    for (const P2pMsg& m : msgs) k += m.send == send && m.peer == peer ? 1 : 0;
+    P2pMsg m;
+    m.send = send, m.peer = peer, m.type = t, m.count = count, m.k = k;
+    msgs.push_back(m);
+  }
+};
+
+std::string describe(const P2pMsg& m)
+{
+  return fmt("%s rank %d (#%d of the pair, %llu x %s)", m.send ? "ncclSend to" : "ncclRecv from", m.peer, m.k,
+             (unsigned long long)m.count, typeName(m.type));
+}
+
+// Sends' inputs uploaded, receives' buffers (and kGuard bytes after them) set to the sentinel.
+std::string prepareP2p(Rank& R, P2pPlan& plan, Arena& arena)
+{
+  for (P2pMsg& m : plan.msgs) {
+    const uint64_t bytes = m.count * typeSize(m.type);
+    char* at = nullptr;
+    if (m.send) {
+      TC_TRY(carve(R, gPoolA, &arena.a, bytes + plan.offset, &at));
+      m.buf = at + plan.offset;
+      m.data.assign(bytes, 0);
+      for (uint64_t i = 0; i < m.count; ++i)
+        storeElem(m.type, m.data.data(), i, p2pValue(m.type, R.rank, m.peer, m.k, i, plan.salt));
+      TC_CUDA(cudaMemcpyAsync(m.buf, m.data.data(), bytes, cudaMemcpyHostToDevice, R.stream));
+    } else {
+      TC_TRY(carve(R, gPoolB, &arena.b, bytes + plan.offset + kGuard, &at));
+      m.buf = at + plan.offset;
+      TC_CUDA(cudaMemsetAsync(m.buf, kSentinel, bytes, R.stream));
+      TC_CUDA(cudaMemsetAsync(m.buf + bytes, kGuardByte, kGuard, R.stream));
+    }
+  }
+  return syncBounded(R, "the send and receive buffers");
+}
+
+// The plan's calls, in one group or each alone; the first failure named.
+std::string issueP2p(const P2pPlan& plan, ncclComm_t comm, cudaStream_t stream, bool grouped)
+{
+  if (grouped) TN_OK(ncclGroupStart());
+  std::string why;
+  for (const P2pMsg& m : plan.msgs) {
+    ncclResult_t r = m.send ? ncclSend(m.buf, m.count, m.type, m.peer, comm, stream)
+                            : ncclRecv(m.buf, m.count, m.type, m.peer, comm, stream);
+    if (r != ncclSuccess && why.empty()) why = fmt("%s returned %s: %s", describe(m).c_str(), resultName(r), lastError(comm).c_str());
+  }
+  if (grouped) {
+    ncclResult_t end = ncclGroupEnd();
+    if (end != ncclSuccess && why.empty()) why = fmt("ncclGroupEnd returned %s: %s", resultName(end), lastError(comm).c_str());
+  }
+  return why;
+}
+
+// After the stream drained: every receive element by element (plus `plus` on each value: a graph's
+// replays), the guard after it, and (where checkSends) every send's input untouched.
+std::string checkP2p(Rank& R, const P2pPlan& plan, double plus = 0, bool checkSends = true)
+{
+  for (const P2pMsg& m : plan.msgs) {
+    const uint64_t bytes = m.count * typeSize(m.type);
+    if (m.send && !checkSends) continue;
+    std::vector<unsigned char> got(bytes + (m.send ? 0 : kGuard));
+    TC_CUDA(cudaMemcpy(got.data(), m.buf, got.size(), cudaMemcpyDeviceToHost));
+    if (m.send) {
+      TC_EXPECT(got == m.data, "%s: the send buffer was changed", describe(m).c_str());
+      continue;
+    }
+    uint64_t bad = 0, first = 0;
+    double got0 = 0, want0 = 0;
+    for (uint64_t i = 0; i < m.count; ++i) {
+      const double want = p2pValue(m.type, m.peer, R.rank, m.k, i, plan.salt) + plus;
+      const double v = loadElem(m.type, got.data(), i);
+      if (!closeEnough(m.type, v, want) && bad++ == 0) first = i, got0 = v, want0 = want;
+    }
+    TC_EXPECT(bad == 0, "%s: %llu of %llu elements wrong, first at %llu: got %.17g, want %.17g", describe(m).c_str(),
+              (unsigned long long)bad, (unsigned long long)m.count, (unsigned long long)first, got0, want0);
+    for (uint64_t b = 0; b < kGuard; ++b)
+      TC_EXPECT(got[bytes + b] == kGuardByte, "%s: byte %llu after the receive buffer was written (0x%02x)",
+                describe(m).c_str(), (unsigned long long)b, got[bytes + b]);
+  }
+  return "";
+}
+
+std::string runP2p(Rank& R, P2pPlan& plan, bool grouped = true)
+{
+  Arena arena;
+  plan.salt = ++gSalt;
+  TC_TRY(prepareP2p(R, plan, arena));
+  TC_TRY(issueP2p(plan, gComm, R.stream, grouped));
+  TC_TRY(syncBounded(R, "the sends and receives"));
+  return checkP2p(R, plan);
+}
+
+int nextRank(const Rank& R) { return (R.rank + 1) % R.nranks; }
+int prevRank(const Rank& R) { return (R.rank + R.nranks - 1) % R.nranks; }
+
+// Each rank sends to the next and receives from the previous in one group; offset: the buffers' misalignment.
+std::string caseP2pRing(Rank& R, ncclDataType_t t, uint64_t offset)
+{
+  for (uint64_t n : {(uint64_t)1, (uint64_t)65537, (uint64_t)(1u << 20) + 7}) {
+    P2pPlan plan;
+    plan.offset = offset;
+    plan.add(true, nextRank(R), t, n);
+    plan.add(false, prevRank(R), t, n);
+    TC_TRY(runP2p(R, plan));
+  }
+  R.info = fmt("counts 1, 65537, 2^20 + 7%s", offset ? fmt(", buffers %llu bytes off 16", (unsigned long long)offset).c_str() : "");
+  return "";
+}
+
+// Pairs (0, 1), (2, 3), ... (an odd last rank pairs with itself): both directions in one group, the send
+// issued before the receive on both sides (4 MiB: the chunks' credits must flow both ways at once).
+std::string caseP2pPairs(Rank& R)
+{
+  const int partner = (R.rank ^ 1) < R.nranks ? (R.rank ^ 1) : R.rank;
+  for (uint64_t n : {(uint64_t)1000, (uint64_t)(1u << 20) + 7}) {
+    P2pPlan plan;
+    plan.add(true, partner, ncclFloat32, n);
+    plan.add(false, partner, ncclFloat32, n);
+    TC_TRY(runP2p(R, plan));
+  }
+  return "";
+}
+
+// An all-to-all by sends and receives in one group, this rank included: every send first, then every
+// receive; 100003 float32 per pair (more than 1 MiB: every lane, several chunks each).
+std::string caseP2pAlltoAll(Rank& R)
+{
+  P2pPlan plan;
+  for (int p = 0; p < R.nranks; ++p) plan.add(true, p, ncclFloat32, 100003);
+  for (int p = 0; p < R.nranks; ++p) plan.add(false, p, ncclFloat32, 100003);
+  return runP2p(R, plan);
+}
+
+// A rank to itself: a send then a receive in one group (a copy); two of them, matched in call order.
+std::string caseP2pSelf(Rank& R)
+{
+  for (uint64_t n : {(uint64_t)1, (uint64_t)65537, (uint64_t)(1u << 18) + 1}) {
+    P2pPlan plan;
+    plan.add(true, R.rank, ncclFloat64, n);
+    plan.add(false, R.rank, ncclFloat64, n);
+    TC_TRY(runP2p(R, plan));
+  }
+  P2pPlan two;
+  two.add(true, R.rank, ncclInt32, 1000);
+  two.add(true, R.rank, ncclInt32, 3001);
+  two.add(false, R.rank, ncclInt32, 1000);
+  two.add(false, R.rank, ncclInt32, 3001);
+  return runP2p(R, two);
+}
+
+// Two sends to the same peer in one group, of different sizes: the peer's two receives get them in order.
+std::string caseP2pTwoToOnePeer(Rank& R)
+{
+  P2pPlan plan;
+  plan.add(true, nextRank(R), ncclFloat32, 70001);
+  plan.add(true, nextRank(R), ncclFloat32, 300007);
+  plan.add(false, prevRank(R), ncclFloat32, 70001);
+  plan.add(false, prevRank(R), ncclFloat32, 300007);
+  return runP2p(R, plan);
+}
+
+// A send and a receive each alone, outside any group, the send first on every rank: each completes without
+// the other since a message of at most 1 MiB fits the receiver's buffering (8 lanes x 2 chunks of 64 KiB),
+// so the send's launch ends before the receive's begins on the same stream.
+std::string caseP2pAlone(Rank& R)
+{
+  for (uint64_t n : {(uint64_t)1000, (uint64_t)(1u << 18)}) {
+    P2pPlan plan;
+    plan.add(true, nextRank(R), ncclFloat32, n);
+    plan.add(false, prevRank(R), ncclFloat32, n);
+    TC_TRY(runP2p(R, plan, false));
+  }
+  R.info = "1000 and 262144 float32 (1 MiB)";
+  return "";
+}
+
+// A graph of [add 1 to the send buffer; a group of send to next, receive from previous] captured once and
+// replayed 5 times: replay k receives the previous rank's input plus k.
+std::string caseP2pGraph(Rank& R)
+{
+  P2pPlan plan;
+  const uint64_t n = 300007; // more than 1 MiB: credits flow inside each replay
+  plan.add(true, nextRank(R), ncclFloat32, n);
+  plan.add(false, prevRank(R), ncclFloat32, n);
+  // A first run outside the capture, as applications warm up before they capture.
+  TC_TRY(runP2p(R, plan));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TC_CUDA(cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeGlobal));
+  addKernel<<<gridFor(n), 256, 0, R.stream>>>((float*)plan.msgs[0].buf, n, 1.0f);
+  std::string issued = issueP2p(plan, gComm, R.stream, true);
+  cudaError_t endRc = cudaStreamEndCapture(R.stream, &graph);
+  TC_EXPECT(issued.empty(), "during the capture: %s", issued.c_str());
+  TC_CUDA(endRc);
+  TC_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::string why;
+  const uint64_t bytes = n * 4;
+  for (int k = 1; k <= 5 && why.empty(); ++k) {
+    cudaError_t e = cudaMemsetAsync(plan.msgs[1].buf, kSentinel, bytes, R.stream);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, R.stream);
+    if (e != cudaSuccess) why = fmt("replay %d: %s", k, cudaGetErrorString(e));
+    if (why.empty()) why = syncBounded(R, fmt("replay %d", k).c_str());
+    if (why.empty()) why = checkP2p(R, plan, k, false);
+    if (!why.empty()) why = fmt("replay %d: %s", k, why.c_str());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  R.info = "5 replays checked";
+  return why;
+}
+
+// Bad sends and receives: refused at the call (nothing queued, the output untouched), the same calls on
+// every rank so that none is left waiting; the communicator works after them.
+std::string caseP2pBad(Rank& R)
+{
+  const uint64_t bytes = 4000;
+  TC_TRY(sentinel(R, gPoolB, bytes));
+  const int N = R.nranks;
+  TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat32, N, gComm, R.stream), ncclInvalidArgument);
+  TN_EXPECT_RC(ncclRecv(gPoolB, 1000, ncclFloat32, N, gComm, R.stream), ncclInvalidArgument);
+  TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat32, -1, gComm, R.stream), ncclInvalidArgument);
+  std::string msg = lastError(gComm);
+  TC_EXPECT(msg.find("peer") != std::string::npos, "the last error does not name the peer: '%s'", msg.c_str());
+  // A send to itself with no receive from itself (alone, and in a group: its end fails).
+  TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat32, R.rank, gComm, R.stream), ncclInvalidArgument);
+  msg = lastError(gComm);
+  TC_EXPECT(msg.find("itself") != std::string::npos, "the unmatched send to self: last error '%s'", msg.c_str());
+  TN_OK(ncclGroupStart());
+  ncclResult_t a = ncclSend(gPoolA, 1000, ncclFloat32, R.rank, gComm, R.stream);
+  ncclResult_t b = ncclRecv(gPoolB, 999, ncclFloat32, R.rank, gComm, R.stream);
+  ncclResult_t end = ncclGroupEnd();
+  TC_EXPECT(a == ncclSuccess && b == ncclSuccess && end == ncclInvalidArgument,
+            "a send to self of 1000 and a receive from self of 999 in a group: %s, %s, ncclGroupEnd %s (expected "
+            "ncclInvalidArgument at the end)",
+            resultName(a), resultName(b), resultName(end));
+  TC_TRY(untouched(R, gPoolB, bytes, "a refused send or receive"));
+  if (getenv("MSCCLPP_NCCL_FALLBACK")) {
+    R.info = "fp8 not tried: MSCCLPP_NCCL_FALLBACK is set";
+  } else {
+    TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat8e4m3, nextRank(R), gComm, R.stream), ncclInvalidUsage);
+    msg = lastError(gComm);
+    TC_EXPECT(msg.find("MSCCLPP_NCCL_FALLBACK") != std::string::npos,
+              "the refusal of an fp8 send does not name MSCCLPP_NCCL_FALLBACK: '%s'", msg.c_str());
+    TN_EXPECT_RC(ncclRecv(gPoolB, 1000, ncclFloat8e5m2, prevRank(R), gComm, R.stream), ncclInvalidUsage);
+    TC_TRY(untouched(R, gPoolB, bytes, "a refused fp8 receive"));
+  }
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after the refusals ncclCommGetAsyncError gives %s", resultName(async));
+  P2pPlan plan;
+  plan.add(true, nextRank(R), ncclFloat32, 1000);
+  plan.add(false, prevRank(R), ncclFloat32, 1000);
+  return runP2p(R, plan);
+}
+
 // What the face refuses today: ncclInvalidUsage, the last error naming the function, nothing queued or
 // written, the communicator still usable. Every rank makes the same call, so none is left waiting.
 std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_t(void* send, void* recv)>& call)
@@ -904,36 +1462,8 @@ std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_
 void refusedCases(Rank& R)
 {
   const int N = R.nranks, me = R.rank;
-  const int next = (me + 1) % N, prev = (me + N - 1) % N;
   cudaStream_t st = R.stream;
   ncclComm_t c = gComm;
-  runCase(R, "refused_today_ncclSend_ncclRecv", [&] {
-    TC_TRY(caseRefused(R, "ncclSend", [&](void* s, void*) { return ncclSend(s, 1000, ncclFloat32, next, c, st); }));
-    return caseRefused(R, "ncclRecv", [&](void*, void* d) { return ncclRecv(d, 1000, ncclFloat32, prev, c, st); });
-  });
-  runCase(R, "refused_today_send_recv_in_group", [&] {
-    return caseRefused(R, "ncclSend", [&](void* s, void* d) {
-      ncclGroupStart();
-      ncclResult_t a = ncclSend(s, 1000, ncclFloat32, next, c, st);
-      ncclResult_t b = ncclRecv(d, 1000, ncclFloat32, prev, c, st);
-      ncclResult_t e = ncclGroupEnd();
-      // The group's end reports the refusal too; the send's own code is what is checked.
-      if (b != ncclInvalidUsage || e == ncclSuccess) return ncclInternalError;
-      return a;
-    });
-  });
-  runCase(R, "refused_today_ncclReduce", [&] {
-    return caseRefused(R, "ncclReduce", [&](void* s, void* d) { return ncclReduce(s, d, 1000, ncclFloat32, ncclSum, N - 1, c, st); });
-  });
-  runCase(R, "refused_today_ncclAlltoAll", [&] {
-    return caseRefused(R, "ncclAlltoAll", [&](void* s, void* d) { return ncclAlltoAll(s, d, 1000, ncclFloat32, c, st); });
-  });
-  runCase(R, "refused_today_ncclGather", [&] {
-    return caseRefused(R, "ncclGather", [&](void* s, void* d) { return ncclGather(s, d, 1000, ncclFloat32, 0, c, st); });
-  });
-  runCase(R, "refused_today_ncclScatter", [&] {
-    return caseRefused(R, "ncclScatter", [&](void* s, void* d) { return ncclScatter(s, d, 1000, ncclFloat32, 0, c, st); });
-  });
   runCase(R, "refused_today_ncclCommSplit", [&]() -> std::string {
     ncclComm_t nc = (ncclComm_t)&R; // any non-NULL value: it must be set to NULL
     TC_TRY(caseRefused(R, "ncclCommSplit", [&](void*, void*) { return ncclCommSplit(c, me % 2, me, &nc, nullptr); }));
@@ -1040,8 +1570,28 @@ int mainRank(Rank& R)
   runCase(R, "init_rank_config_blocking", [&] { return caseConfigBlocking(R); });
   runCase(R, "init_rank_config_nonblocking", [&] { return caseConfigNonBlocking(R); });
   runCase(R, "memalloc_register_allreduce", [&] { return caseMemAlloc(R); });
+  for (ncclDataType_t t : {ncclFloat16, ncclBfloat16, ncclInt32, ncclFloat64})
+    runCase(R, fmt("reduce_%s_every_op_roots_0_and_last", typeName(t)), [&] { return caseReduce(R, t); });
+  for (ncclDataType_t t : kMoveTypes) {
+    runCase(R, fmt("gather_%s_roots_0_and_last", typeName(t)), [&] { return caseGatherScatter(R, kGather, t); });
+    runCase(R, fmt("scatter_%s_roots_0_and_last", typeName(t)), [&] { return caseGatherScatter(R, kScatter, t); });
+    runCase(R, fmt("alltoall_%s", typeName(t)), [&] { return caseAlltoAll(R, t); });
+  }
+  runCase(R, "p2p_ring_uint8", [&] { return caseP2pRing(R, ncclUint8, 0); });
+  runCase(R, "p2p_ring_float32", [&] { return caseP2pRing(R, ncclFloat32, 0); });
+  runCase(R, "p2p_ring_unaligned_by_4_bytes_uint8", [&] { return caseP2pRing(R, ncclUint8, 4); });
+  runCase(R, "p2p_ring_unaligned_by_4_bytes_float32", [&] { return caseP2pRing(R, ncclFloat32, 4); });
+  runCase(R, "p2p_pairs_both_ways_sends_first", [&] { return caseP2pPairs(R); });
+  runCase(R, "p2p_alltoall_in_one_group", [&] { return caseP2pAlltoAll(R); });
+  runCase(R, "p2p_to_self", [&] { return caseP2pSelf(R); });
+  runCase(R, "p2p_two_sends_to_one_peer_in_order", [&] { return caseP2pTwoToOnePeer(R); });
+  runCase(R, "p2p_alone_outside_a_group_up_to_1MiB", [&] { return caseP2pAlone(R); });
+  runCase(R, "p2p_graph_replayed_5_times", [&] { return caseP2pGraph(R); });
+  runCase(R, "p2p_bad_inputs", [&] { return caseP2pBad(R); });
   refusedCases(R);
   runCase(R, "bad_input_host_memory", [&] { return caseHostMemory(R); });
+  // Late: a failure here may leave a kernel waiting on its own communicator.
+  runCase(R, "gather_back_to_back_root_late", [&] { return caseGatherBackToBack(R); });
   runCase(R, "finalize_destroy", [&] { return caseFinalizeDestroy(R); });
   freeRankBuffers(R);
   return 0;
@@ -1200,7 +1750,20 @@ bool bounded(int device, double seconds, std::function<T()> fn, T* out)
   return true;
 }
 
-int killRank(Rank& R, KillShared* S)
+// One step of the loop: an all-reduce of 1 MiB, or (p2p) a group of a send of 4 MiB to the next rank and a
+// receive of 4 MiB from the previous one.
+ncclResult_t killStep(Rank& R, ncclComm_t comm, bool p2p)
+{
+  const uint64_t count = p2p ? (1u << 20) : (1u << 20) / 4;
+  if (!p2p) return ncclAllReduce(gPoolA, gPoolB, count, ncclFloat32, ncclSum, comm, R.stream);
+  ncclGroupStart();
+  ncclResult_t a = ncclSend(gPoolA, count, ncclFloat32, nextRank(R), comm, R.stream);
+  ncclResult_t b = ncclRecv(gPoolB, count, ncclFloat32, prevRank(R), comm, R.stream);
+  ncclResult_t end = ncclGroupEnd();
+  return a != ncclSuccess ? a : b != ncclSuccess ? b : end;
+}
+
+int killRank(Rank& R, KillShared* S, bool p2p)
 {
   KillResult& out = S->res[R.rank];
   auto fail = [&](const std::string& why) {
@@ -1217,13 +1780,26 @@ int killRank(Rank& R, KillShared* S)
   ncclResult_t r = ncclCommInitRank(&comm, R.nranks, id, R.rank);
   if (r != ncclSuccess) return fail(fmt("ncclCommInitRank returned %s", resultName(r)));
   // A checked first call: the set-up, and proof that the loop moves real data.
-  Spec s;
-  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = (1u << 20) / 4, s.salt = 5;
-  why = runOne(R, comm, s);
-  if (!why.empty()) return fail("the first all-reduce: " + why);
+  if (p2p) {
+    P2pPlan plan;
+    plan.add(true, nextRank(R), ncclFloat32, 1u << 20);
+    plan.add(false, prevRank(R), ncclFloat32, 1u << 20);
+    plan.salt = 5;
+    Arena arena;
+    why = prepareP2p(R, plan, arena);
+    if (why.empty()) why = issueP2p(plan, comm, R.stream, true);
+    if (why.empty()) why = syncBounded(R, "the first sends and receives");
+    if (why.empty()) why = checkP2p(R, plan);
+    if (!why.empty()) return fail("the first ring of sends and receives: " + why);
+  } else {
+    Spec s;
+    s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = (1u << 20) / 4, s.salt = 5;
+    why = runOne(R, comm, s);
+    if (!why.empty()) return fail("the first all-reduce: " + why);
+  }
   S->ready[R.rank] = 1;
 
-  // All-reduces until the failure shows, at most four in flight, watching the communicator's error.
+  // Steps until the failure shows, at most four in flight, watching the communicator's error.
   cudaEvent_t events[4];
   for (cudaEvent_t& e : events)
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate failed");
@@ -1241,7 +1817,7 @@ int killRank(Rank& R, KillShared* S)
     }
     if (async != ncclSuccess) break;
     if (S->stop || nowSec() > loopDeadline) return fail("no failure seen: the loop was stopped or ran out of time");
-    r = ncclAllReduce(gPoolA, gPoolB, s.count, ncclFloat32, ncclSum, comm, R.stream);
+    r = killStep(R, comm, p2p);
     if (r != ncclSuccess) {
       loopRc = r;
       break;
@@ -1272,7 +1848,7 @@ int killRank(Rank& R, KillShared* S)
   }
   out.syncS = nowSec() - t0;
   out.syncRc = (int)syncRc;
-  out.laterRc = (int)ncclAllReduce(gPoolA, gPoolB, s.count, ncclFloat32, ncclSum, comm, R.stream);
+  out.laterRc = (int)killStep(R, comm, p2p);
   t0 = nowSec();
   ncclResult_t abortRc = ncclSuccess;
   if (!bounded<ncclResult_t>(R.device, 20 * scale, [comm] { return ncclCommAbort(comm); }, &abortRc)) {
@@ -1287,9 +1863,9 @@ int killRank(Rank& R, KillShared* S)
   return 0;
 }
 
-int runKill(const Options& opt)
+int runKill(const Options& opt, bool p2p)
 {
-  const char* name = "kill_last_rank_during_allreduces";
+  const char* name = p2p ? "kill_last_rank_during_send_recv_ring" : "kill_last_rank_during_allreduces";
   const double scale = timeoutScale(), t0 = nowSec();
   void* mem = mmap(nullptr, sizeof(KillShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) {
@@ -1313,7 +1889,7 @@ int runKill(const Options& opt)
       R.rank = r;
       R.nranks = nranks;
       R.hostTimeoutS = 30.0 * scale;
-      const int rc = killRank(R, S);
+      const int rc = killRank(R, S, p2p);
       fflush(stdout);
       fflush(stderr);
       _exit(rc);
@@ -1368,7 +1944,7 @@ int runKill(const Options& opt)
     else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
     else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished)
       why = fmt("%s: %s", describeStatus(status[r]).c_str(), o.note);
-    else if (o.iterations == 0) why = "no all-reduce ran in the loop";
+    else if (o.iterations == 0) why = "no call ran in the loop";
     else if (o.asyncError != ncclRemoteError)
       why = fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)o.asyncError));
     else if (o.tDetect - tKill > 10 * scale) why = fmt("the failure showed %.2f s after the kill", o.tDetect - tKill);
@@ -1377,7 +1953,8 @@ int runKill(const Options& opt)
     else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
     else if (o.syncS > 5 * scale) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
     else if (o.laterRc != ncclRemoteError)
-      why = fmt("the next ncclAllReduce returned %s, not ncclRemoteError", resultName((ncclResult_t)o.laterRc));
+      why = fmt("the next %s returned %s, not ncclRemoteError", p2p ? "group of ncclSend/ncclRecv" : "ncclAllReduce",
+                resultName((ncclResult_t)o.laterRc));
     else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
     else if (o.abortS > 10 * scale) why = fmt("ncclCommAbort took %.2f s", o.abortS);
     if (!why.empty()) {
@@ -1389,7 +1966,8 @@ int runKill(const Options& opt)
     }
   }
   if (!failed) printf("PASS %s:%s last error '%s'\n", name, info.c_str(), S->res[0].lastError);
-  printf("SUMMARY kill (%d ranks, %.1f s): %d passed, %d failed\n", nranks, nowSec() - t0, failed ? 0 : 1, failed ? 1 : 0);
+  printf("SUMMARY %s (%d ranks, %.1f s): %d passed, %d failed\n", p2p ? "kill_p2p" : "kill", nranks, nowSec() - t0,
+         failed ? 0 : 1, failed ? 1 : 0);
   fflush(stdout);
   munmap(mem, sizeof(KillShared));
   return failed ? 1 : 0;
@@ -1463,9 +2041,12 @@ int main(int argc, char** argv)
   int rc = 0;
   if (all || !strcmp(which, "main")) {
     memset((void*)gBoard, 0, sizeof(Board));
-    rc |= runRanks("nccl_main", opt, 600, mainRank);
+    rc |= runRanks("nccl_main", opt, 900, mainRank);
   }
-  if (all || !strcmp(which, "kill")) rc |= runKill(opt);
+  if (all || !strcmp(which, "kill")) {
+    rc |= runKill(opt, false);
+    rc |= runKill(opt, true);
+  }
   if (all || !strcmp(which, "initall")) {
     memset((void*)gBoard, 0, sizeof(Board));
     Options one = opt;

@@ -19,11 +19,16 @@ number of ranks):
     path, so that one is mapped too; no call reaches it (the note of the PASS line names it);
   - all_reduce (sum, avg, max, min; and sum on bfloat16, float16, int32, int64), all_gather_into_tensor,
     all_gather, reduce_scatter_tensor (sum, max), broadcast from rank 0 and the last rank, barrier;
-  - what the face refuses today (reduce, send/recv, all_to_all_single): tried, and reported as SKIP where
-    torch raises NCCL's "invalid usage"; checked against gloo once one of them succeeds;
+  - reduce (sum to rank 0, max to the last rank: the root's result, the others' tensors left as they
+    were), all_to_all_single with even splits (NCCL's ncclAlltoAll or a group of sends and receives, as
+    torch picks) and uneven ones (a group of ncclSend/ncclRecv), send/recv both ways between pairs,
+    isend/irecv around a ring, batch_isend_irecv both ways around a ring in one batch, gather and scatter
+    from rank 0 and the last rank;
   - destroy_process_group returns.
 Prints one line per case (PASS name / FAIL name: why / SKIP name: why) and exits non-zero on any FAIL.
-The values are small integers, so every order of summation gives the same bits.
+The values are small integers, so every order of summation gives the same bits. Where ranks exchange
+pieces, gloo's reference is an all_gather (or broadcast) of every rank's input, from which each rank
+takes what it should have got.
 """
 
 from __future__ import annotations
@@ -186,67 +191,124 @@ def worker(rank: int, nranks: int, port: int, queue) -> None:
         torch.cuda.synchronize()
         return f"{(time.monotonic() - t0) * 1e3:.1f} ms"
 
-    def refused_today(name, call, check):
-        """Tries an operation the face refuses today: NCCL's invalid usage is a SKIP; success is checked."""
+    def gloo_inputs(x):
+        """Every rank's x (same length on every rank) in float64, by gloo."""
+        parts = [torch.empty(x.numel(), dtype=torch.float64) for _ in range(nranks)]
+        dist.all_gather(parts, x.double(), group=gloo)
+        return parts
+
+    def reduce(op, dst, salt):
         def body():
-            try:
-                result = call()
-                torch.cuda.synchronize()
-            except Exception as e:  # torch raises DistBackendError (a RuntimeError) with NCCL's text
-                text = str(e)
-                low = text.lower()
-                if "invalid usage" in low or "not carried out" in low:
-                    return ("SKIP", f"refused by the NCCL face today, as expected: {text.splitlines()[0][:200]}")
-                raise
-            check(result)
-            return "carried out now, and checked against gloo"
+            x = values(salt, N)
+            want = gloo_all_reduce(x, op)
+            t = x.to(device)
+            dist.reduce(t, dst=dst, op=op)
+            torch.cuda.synchronize()
+            # A non-root's tensor is its input (ncclReduce in place: recvbuff is not used there).
+            expect_equal(f"reduce {op} to {dst}", t, want if rank == dst else x.double())
         return body
 
-    def reduce_call():
-        x = values(30, N)
-        want = gloo_all_reduce(x, dist.ReduceOp.SUM)
-        t = x.to(device)
-        dist.reduce(t, dst=0)
-        return t, want
-
-    def reduce_check(result):
-        t, want = result
-        if rank == 0:
-            expect_equal("reduce", t, want)
-
-    def send_recv_call():
-        x = values(31, N)
-        peer = rank ^ 1
-        if peer >= nranks:
-            return None
-        t = x.to(device)
-        if rank % 2 == 0:
-            dist.send(t, dst=peer)
-        else:
-            dist.recv(t, src=peer)
-        sent = values(31, N)  # this rank's values; the peer's are made the same way with its rank
-        g = torch.Generator().manual_seed(1000 * 31 + peer)
-        peers = torch.randint(-8, 9, (N,), generator=g).to(torch.float32)
-        return t, sent, peers
-
-    def send_recv_check(result):
-        if result is None:
-            return
-        t, sent, peers = result
-        expect_equal("send/recv", t, (sent if rank % 2 == 0 else peers).double())
-
-    def all_to_all_call():
+    def all_to_all_even():
         x = values(32, nranks * N)
-        parts = [torch.empty(nranks * N, dtype=torch.float64) for _ in range(nranks)]
-        dist.all_gather(parts, x.double(), group=gloo)
+        parts = gloo_inputs(x)
         want = torch.cat([parts[k][rank * N:(rank + 1) * N] for k in range(nranks)])
         out = torch.empty(nranks * N, device=device)
         dist.all_to_all_single(out, x.to(device))
-        return out, want
+        torch.cuda.synchronize()
+        expect_equal("all_to_all_single (even)", out, want)
 
-    def all_to_all_check(result):
-        out, want = result
-        expect_equal("all_to_all_single", out, want)
+    def all_to_all_uneven():
+        # Rank r sends split(r, p) elements to rank p: every pair its own size, some of them odd.
+        def split(r, p):
+            return 100 * (1 + (r + 2 * p) % 3) + 7 * r + p
+
+        sizes_in = [split(rank, p) for p in range(nranks)]
+        sizes_out = [split(p, rank) for p in range(nranks)]
+        longest = max(sum(split(r, p) for p in range(nranks)) for r in range(nranks))
+        x = values(33, sum(sizes_in))
+        # gloo's all_gather wants equal sizes: every rank's input padded to the longest.
+        parts = gloo_inputs(torch.cat([x, torch.zeros(longest - x.numel())]))
+        pieces = []
+        for p in range(nranks):
+            at = sum(split(p, q) for q in range(rank))
+            pieces.append(parts[p][at:at + split(p, rank)])
+        want = torch.cat(pieces)
+        out = torch.full((sum(sizes_out),), -1000.0, device=device)
+        dist.all_to_all_single(out, x.to(device), output_split_sizes=sizes_out, input_split_sizes=sizes_in)
+        torch.cuda.synchronize()
+        expect_equal("all_to_all_single (uneven)", out, want)
+        return f"{sum(sizes_in)} elements out, {sum(sizes_out)} in"
+
+    def send_recv():
+        # Pairs (0, 1), (2, 3), ...: the even rank sends first, the odd one receives first, then the other way.
+        peer = rank ^ 1
+        parts = gloo_inputs(values(31, N))
+        if peer >= nranks:
+            return "no partner for this rank (odd nranks)"
+        mine = values(31, N).to(device)
+        got = torch.full((N,), -1000.0, device=device)
+        if rank % 2 == 0:
+            dist.send(mine, dst=peer)
+            dist.recv(got, src=peer)
+        else:
+            dist.recv(got, src=peer)
+            dist.send(mine, dst=peer)
+        torch.cuda.synchronize()
+        expect_equal(f"recv from {peer}", got, parts[peer])
+        expect_equal("the sent tensor", mine, parts[rank])
+
+    def isend_irecv_ring():
+        nxt, prv = (rank + 1) % nranks, (rank - 1) % nranks
+        parts = gloo_inputs(values(34, N))
+        mine = values(34, N).to(device)
+        got = torch.full((N,), -1000.0, device=device)
+        works = [dist.isend(mine, dst=nxt), dist.irecv(got, src=prv)]
+        for w in works:
+            w.wait()
+        torch.cuda.synchronize()
+        expect_equal(f"irecv from {prv}", got, parts[prv])
+
+    def batch_ring_both_ways():
+        # Sends to next and previous, receives from previous and next, in one batch (one NCCL group). With
+        # two ranks next and previous are the same rank: the k-th send meets the peer's k-th receive.
+        nxt, prv = (rank + 1) % nranks, (rank - 1) % nranks
+        fwd, bwd = values(35, N), values(36, N + 3)
+        parts_fwd, parts_bwd = gloo_inputs(fwd), gloo_inputs(bwd)
+        from_prv = torch.full((N,), -1000.0, device=device)
+        from_nxt = torch.full((N + 3,), -1000.0, device=device)
+        ops = [dist.P2POp(dist.isend, fwd.to(device), nxt), dist.P2POp(dist.irecv, from_prv, prv),
+               dist.P2POp(dist.isend, bwd.to(device), prv), dist.P2POp(dist.irecv, from_nxt, nxt)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        torch.cuda.synchronize()
+        expect_equal(f"from {prv} (its forward tensor)", from_prv, parts_fwd[prv])
+        expect_equal(f"from {nxt} (its backward tensor)", from_nxt, parts_bwd[nxt])
+
+    def gather(dst, salt):
+        def body():
+            x = values(salt, N)
+            parts = gloo_inputs(x)
+            outs = [torch.full((N,), -1000.0, device=device) for _ in range(nranks)] if rank == dst else None
+            t = x.to(device)
+            dist.gather(t, gather_list=outs, dst=dst)
+            torch.cuda.synchronize()
+            expect_equal("gather's input", t, x.double())
+            if rank == dst:
+                for k in range(nranks):
+                    expect_equal(f"gather piece {k} at {dst}", outs[k], parts[k])
+        return body
+
+    def scatter(src, salt):
+        def body():
+            x = values(salt, nranks * N)  # the source's pieces where this rank is the source
+            whole = x.double().clone()
+            dist.broadcast(whole, src=src, group=gloo)
+            ins = [p.to(device) for p in x.split(N)] if rank == src else None
+            out = torch.full((N,), -1000.0, device=device)
+            dist.scatter(out, scatter_list=ins, src=src)
+            torch.cuda.synchronize()
+            expect_equal(f"scatter piece {rank} from {src}", out, whole[rank * N:(rank + 1) * N])
+        return body
 
     R = dist.ReduceOp
     case("init_process_group_nccl", lambda: f"{nranks} ranks, rank {rank} on {device}")
@@ -262,11 +324,18 @@ def worker(rank: int, nranks: int, port: int, queue) -> None:
     case("broadcast_from_rank_0", broadcast(0, 11))
     case(f"broadcast_from_rank_{nranks - 1}", broadcast(nranks - 1, 12))
     case("barrier", barrier)
-    # The refused ones last: torch's all_to_all_single (ncclSend/ncclRecv between its own ncclGroupStart and
-    # ncclGroupEnd, without a guard) leaves the thread's group open when a call inside it fails.
-    case("reduce", refused_today("reduce", reduce_call, reduce_check))
-    case("send_recv", refused_today("send_recv", send_recv_call, send_recv_check))
-    case("all_to_all_single", refused_today("all_to_all_single", all_to_all_call, all_to_all_check))
+    last = nranks - 1
+    case("reduce_sum_to_rank_0", reduce(R.SUM, 0, 30))
+    case(f"reduce_max_to_rank_{last}", reduce(R.MAX, last, 37))
+    case("all_to_all_single_even", all_to_all_even)
+    case("all_to_all_single_uneven", all_to_all_uneven)
+    case("send_recv_pairs_both_ways", send_recv)
+    case("isend_irecv_ring", isend_irecv_ring)
+    case("batch_isend_irecv_ring_both_ways", batch_ring_both_ways)
+    case("gather_to_rank_0", gather(0, 38))
+    case(f"gather_to_rank_{last}", gather(last, 39))
+    case("scatter_from_rank_0", scatter(0, 40))
+    case(f"scatter_from_rank_{last}", scatter(last, 41))
 
     def destroy():
         t0 = time.monotonic()
