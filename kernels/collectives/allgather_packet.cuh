@@ -24,11 +24,15 @@ __device__ void allgatherPacket(const CollArgs& a)
   }
   bool aborted = false;
   const char* mine = collPackets(a, a.rank, epoch);
-  for (uint32_t k = 1; k < a.nranks && !aborted && keep; k++) {
+  for (uint32_t k = 1; k < a.nranks && !aborted; k++) {
     const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
+    // A rank without output still waits for the root's packets of this call: the root then has finished
+    // the previous call, so this rank, one call ahead at most, never overwrites packets the root still
+    // reads (nothing else holds it back: it needs no data of its own).
+    if (!keep && source != a.root) continue;
     for (uint64_t i = first; i < units && !aborted; i += step) {
       const uint64_t v = getPacket(a, mine, source * units + i, flag, aborted);
-      storeUnit<uint64_t>(a.recv + source * a.strideBytes, i, a.bytes, aligned, v);
+      if (keep) storeUnit<uint64_t>(a.recv + source * a.strideBytes, i, a.bytes, aligned, v);
     }
   }
   collEnd(a, epoch);
