@@ -9,7 +9,8 @@
 
 __device__ void allgatherCopy(const CollArgs& a)
 {
-  const auto [epoch, units, part, aligned] = copyCall(a);
+  const CopyCall c = copyCall(a);
+  const auto [epoch, units, part, aligned] = c;
   // A rank without output (a gather's non-root: `recv` is null) sends its piece and stores nothing.
   char* ownPiece = a.recv ? a.recv + a.rank * a.strideBytes : nullptr;
   const bool keep = a.recv != nullptr;
@@ -24,14 +25,6 @@ __device__ void allgatherCopy(const CollArgs& a)
     if (keep && !inPlace) storeUnit<uint4>(ownPiece, j, a.bytes, aligned, v);
   }
   collSignal(a, epoch, 0);
-  if (collWait(a, epoch, 0) && keep) {
-    const char* mine = collData(a, a.rank, epoch);
-    for (uint32_t k = 1; k < a.nranks; k++) {
-      const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
-      for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-        storeUnit<uint4>(a.recv + source * a.strideBytes, j, a.bytes, aligned, loadScratch16(mine + source * units * 16, j));
-      }
-    }
-  }
+  if (collWait(a, epoch, 0) && keep) copyPiecesFromPeers(a, c);
   collEnd(a, epoch);
 }

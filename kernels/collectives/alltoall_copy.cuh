@@ -10,15 +10,10 @@
 
 __device__ void alltoallCopy(const CollArgs& a)
 {
-  const auto [epoch, units, part, aligned] = copyCall(a);
+  const CopyCall c = copyCall(a);
+  const auto [epoch, units, part, aligned] = c;
 
-  for (uint32_t k = 1; k < a.nranks; k++) {
-    const uint32_t peer = (a.rank + k) % a.nranks;
-    char* region = collData(a, peer, epoch) + a.rank * units * 16;
-    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-      storeScratch16(region, j, loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, aligned));
-    }
-  }
+  copyPiecesToPeers(a, c);
   if (a.send != a.recv) {
     for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
       const uint4 v = loadUnit<uint4>(a.send + a.rank * a.strideBytes, j, a.bytes, aligned);
@@ -26,14 +21,6 @@ __device__ void alltoallCopy(const CollArgs& a)
     }
   }
   collSignal(a, epoch, 0);
-  if (collWait(a, epoch, 0)) {
-    const char* mine = collData(a, a.rank, epoch);
-    for (uint32_t k = 1; k < a.nranks; k++) {
-      const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
-      for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-        storeUnit<uint4>(a.recv + source * a.strideBytes, j, a.bytes, aligned, loadScratch16(mine + source * units * 16, j));
-      }
-    }
-  }
+  if (collWait(a, epoch, 0)) copyPiecesFromPeers(a, c);
   collEnd(a, epoch);
 }

@@ -12,11 +12,11 @@ __device__ void broadcastCopy(const CollArgs& a)
 {
   const auto [epoch, units, part, aligned] = copyCall(a);
 
+  if (!collRootGate(a, epoch)) {
+    collEnd(a, epoch);
+    return;
+  }
   if (a.rank == a.root) {
-    if (!collWait(a, epoch, 1)) {
-      collEnd(a, epoch);
-      return;
-    }
     for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
       const uint4 v = loadUnit<uint4>(a.send, j, a.bytes, aligned);
       for (uint32_t k = 1; k < a.nranks; k++) storeScratch16(collData(a, (a.rank + k) % a.nranks, epoch), j, v);
@@ -24,7 +24,6 @@ __device__ void broadcastCopy(const CollArgs& a)
     }
     collSignal(a, epoch, 0);
   } else {
-    collSignal(a, epoch, 1, static_cast<int>(a.root));
     if (!collWait(a, epoch, 0, static_cast<int>(a.root))) {
       collEnd(a, epoch);
       return;

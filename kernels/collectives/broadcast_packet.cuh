@@ -13,18 +13,17 @@ __device__ void broadcastPacket(const CollArgs& a)
 {
   const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
 
+  if (!collRootGate(a, epoch)) {
+    collEnd(a, epoch);
+    return;
+  }
   if (a.rank == a.root) {
-    if (!collWait(a, epoch, 1)) {
-      collEnd(a, epoch);
-      return;
-    }
     for (uint64_t i = first; i < units; i += step) {
       const uint64_t v = loadUnit<uint64_t>(a.send, i, a.bytes, aligned);
       for (uint32_t k = 1; k < a.nranks; k++) putPacket(collPackets(a, (a.rank + k) % a.nranks, epoch), i, v, flag);
       if (a.send != a.recv) storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, v);
     }
   } else {
-    collSignal(a, epoch, 1, static_cast<int>(a.root));
     bool aborted = false;
     const char* mine = collPackets(a, a.rank, epoch);
     for (uint64_t i = first; i < units && !aborted; i += step) {

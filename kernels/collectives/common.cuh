@@ -202,3 +202,42 @@ __device__ __forceinline__ CopyCall copyCall(const CollArgs& a)
   const uint64_t units = unitsOf(a.bytes, 16);
   return {collBegin(a), units, blockRange(units, blockIdx.x, gridDim.x), a.aligned != 0};
 }
+
+// ---- pieces between ranks (copy kernels) -------------------------------------------------------------
+// Every peer's piece of this rank's input (`strideBytes` apart in `send`) into that peer's scratch, in the
+// region of this rank: this block's units of each piece.
+__device__ __forceinline__ void copyPiecesToPeers(const CollArgs& a, const CopyCall& c)
+{
+  for (uint32_t k = 1; k < a.nranks; k++) {
+    const uint32_t peer = (a.rank + k) % a.nranks;
+    char* region = collData(a, peer, c.epoch) + a.rank * c.units * 16;
+    for (uint64_t j = c.part.begin + threadIdx.x; j < c.part.end; j += blockDim.x) {
+      storeScratch16(region, j, loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, c.aligned));
+    }
+  }
+}
+
+// What every peer wrote into this rank's scratch (a region per source) into the source's piece of `recv`
+// (`strideBytes` apart): this block's units of each piece. After the peers' signals.
+__device__ __forceinline__ void copyPiecesFromPeers(const CollArgs& a, const CopyCall& c)
+{
+  const char* mine = collData(a, a.rank, c.epoch);
+  for (uint32_t k = 1; k < a.nranks; k++) {
+    const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
+    for (uint64_t j = c.part.begin + threadIdx.x; j < c.part.end; j += blockDim.x) {
+      storeUnit<uint4>(a.recv + source * a.strideBytes, j, a.bytes, c.aligned, loadScratch16(mine + source * c.units * 16, j));
+    }
+  }
+}
+
+// ---- one sender (broadcast, scatter) -----------------------------------------------------------------
+// A root needs no data of its peers, so nothing would hold it back from running two calls ahead and
+// overwriting a slot a peer still reads: every non-root first tells the root it is in this call (phase 1),
+// and the root waits for all of them. Returns false once the communicator is aborted.
+__device__ __forceinline__ bool collRootGate(const CollArgs& a, uint64_t epoch)
+{
+  if (a.rank == a.root) return collWait(a, epoch, 1);
+  collSignal(a, epoch, 1, static_cast<int>(a.root));
+  return true;
+}
+

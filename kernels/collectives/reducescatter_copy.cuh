@@ -10,15 +10,10 @@
 template <typename T, typename Op>
 __device__ void reducescatterCopy(const CollArgs& a)
 {
-  const auto [epoch, units, part, aligned] = copyCall(a);
+  const CopyCall c = copyCall(a);
+  const auto [epoch, units, part, aligned] = c;
 
-  for (uint32_t k = 1; k < a.nranks; k++) {
-    const uint32_t peer = (a.rank + k) % a.nranks;
-    char* region = collData(a, peer, epoch) + a.rank * units * 16;
-    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-      storeScratch16(region, j, loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, aligned));
-    }
-  }
+  copyPiecesToPeers(a, c);
   collSignal(a, epoch, 0);
   if (collWait(a, epoch, 0)) {
     const char* mine = collData(a, a.rank, epoch);

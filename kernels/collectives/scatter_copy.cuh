@@ -1,7 +1,6 @@
 // Scatter by copies (larger messages): the root writes each peer's piece of its input into that peer's
 // scratch in 16-byte units and signals it; each peer copies its piece out. As in a broadcast, the root first
-// waits for every peer to say it is in this call, since no data of the peers holds it back otherwise: it
-// could run two calls ahead and overwrite a slot a peer still reads.
+// waits for every peer to say it is in this call (collRootGate).
 //
 // Scratch: one region of the receiver's piece. In place at the root when its output is its own piece of
 // the input.
@@ -13,11 +12,11 @@ __device__ void scatterCopy(const CollArgs& a)
 {
   const auto [epoch, units, part, aligned] = copyCall(a);
 
+  if (!collRootGate(a, epoch)) {
+    collEnd(a, epoch);
+    return;
+  }
   if (a.rank == a.root) {
-    if (!collWait(a, epoch, 1)) {
-      collEnd(a, epoch);
-      return;
-    }
     for (uint32_t k = 1; k < a.nranks; k++) {
       const uint32_t peer = (a.rank + k) % a.nranks;
       char* region = collData(a, peer, epoch);
@@ -33,7 +32,6 @@ __device__ void scatterCopy(const CollArgs& a)
     }
     collSignal(a, epoch, 0);
   } else {
-    collSignal(a, epoch, 1, static_cast<int>(a.root));
     if (!collWait(a, epoch, 0, static_cast<int>(a.root))) {
       collEnd(a, epoch);
       return;

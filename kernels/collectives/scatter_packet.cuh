@@ -1,6 +1,6 @@
 // Scatter with packets (small messages): the root writes each peer's piece of its input as packets into
 // that peer's scratch; each peer copies its piece out as the packets arrive. The root first waits for every
-// peer to say it is in this call (see scatter_copy.cuh).
+// peer to say it is in this call (collRootGate).
 //
 // Scratch: one region of packets of the receiver's piece.
 #pragma once
@@ -11,11 +11,11 @@ __device__ void scatterPacket(const CollArgs& a)
 {
   const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
 
+  if (!collRootGate(a, epoch)) {
+    collEnd(a, epoch);
+    return;
+  }
   if (a.rank == a.root) {
-    if (!collWait(a, epoch, 1)) {
-      collEnd(a, epoch);
-      return;
-    }
     const char* own = a.send + a.rank * a.strideBytes;
     for (uint64_t i = first; i < units; i += step) {
       for (uint32_t k = 1; k < a.nranks; k++) {
@@ -26,7 +26,6 @@ __device__ void scatterPacket(const CollArgs& a)
       if (own != a.recv) storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, loadUnit<uint64_t>(own, i, a.bytes, aligned));
     }
   } else {
-    collSignal(a, epoch, 1, static_cast<int>(a.root));
     bool aborted = false;
     const char* mine = collPackets(a, a.rank, epoch);
     for (uint64_t i = first; i < units && !aborted; i += step) {
