@@ -24,41 +24,6 @@ passed=0
 failed=0
 start_all=$(date +%s)
 
-# run_program LABEL LIMIT_SECONDS COMMAND...
-run_program() {
-  local label=$1 limit=$2
-  shift 2
-  local log="$log_dir/$label.log"
-  if [ ! -x "$1" ]; then
-    echo "FAIL $label: $1 is missing (not built)"
-    failed=$((failed + 1))
-    return
-  fi
-  echo "== $label: $* (limit ${limit}s, log $log)"
-  local t0 rc p f
-  t0=$(date +%s)
-  timeout -k 10 "$limit" "$@" >"$log" 2>&1
-  rc=$?
-  p=$(grep -c '^PASS ' "$log")
-  f=$(grep -c '^FAIL ' "$log")
-  grep -E '^(PASS|FAIL|SKIP) ' "$log" | sed -E "s/^(PASS|FAIL|SKIP) /\1 $label: /"
-  passed=$((passed + p))
-  failed=$((failed + f))
-  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      echo "FAIL $label: timed out after ${limit}s"
-    else
-      echo "FAIL $label: exit code $rc without a FAIL line"
-    fi
-    failed=$((failed + 1))
-  fi
-  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
-    echo "-- last lines of $log:"
-    tail -n 30 "$log" | sed 's/^/   /'
-  fi
-  echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
-}
-
 sanitizer=$(command -v compute-sanitizer || true)
 if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   sanitizer=/usr/local/cuda/bin/compute-sanitizer

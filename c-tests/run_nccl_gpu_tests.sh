@@ -24,41 +24,6 @@ mkdir -p "$log_dir"
 passed=0
 failed=0
 
-# run_program LABEL LIMIT_SECONDS COMMAND...: counts the PASS and FAIL lines; a missing program, a timeout or
-# a non-zero exit without a FAIL line is one failure.
-run_program() {
-  local label=$1 limit=$2
-  shift 2
-  local log="$log_dir/$label.log" rc p f t0
-  if [[ "$1" == */* ]] && [ ! -x "$1" ]; then
-    echo "FAIL $label: $1 is missing (not built)"
-    failed=$((failed + 1))
-    return
-  fi
-  echo "== $label: $* (limit ${limit}s, log $log)"
-  t0=$(date +%s)
-  timeout -k 10 "$limit" "$@" >"$log" 2>&1
-  rc=$?
-  p=$(grep -c '^PASS ' "$log")
-  f=$(grep -c '^FAIL ' "$log")
-  grep -E '^(PASS|FAIL|SKIP) ' "$log" | sed -E "s/^(PASS|FAIL|SKIP) /\1 $label: /"
-  passed=$((passed + p))
-  failed=$((failed + f))
-  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-      echo "FAIL $label: timed out after ${limit}s"
-    else
-      echo "FAIL $label: exit code $rc without a FAIL line"
-    fi
-    failed=$((failed + 1))
-  fi
-  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
-    echo "-- last lines of $log:"
-    tail -n 30 "$log" | sed 's/^/   /'
-  fi
-  echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
-}
-
 # The caller (run_gpu_tests.sh) may have started MPS already; otherwise start it for these runs.
 own_mps=0
 if [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then

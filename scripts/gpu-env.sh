@@ -82,3 +82,39 @@ mps_recover() {
   sleep 1
   mps_start "the next programs"
 }
+
+# run_program LABEL LIMIT_SECONDS COMMAND...: runs a test program with a time limit, its output in
+# $log_dir/LABEL.log; prints its PASS/FAIL/SKIP lines and adds them to the caller's `passed` and `failed`; a
+# missing program, a timeout or a non-zero exit without a FAIL line is one failure.
+run_program() {
+  local label=$1 limit=$2
+  shift 2
+  local log="$log_dir/$label.log" rc p f t0
+  if [[ "$1" == */* ]] && [ ! -x "$1" ]; then
+    echo "FAIL $label: $1 is missing (not built)"
+    failed=$((failed + 1))
+    return
+  fi
+  echo "== $label: $* (limit ${limit}s, log $log)"
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  p=$(grep -c '^PASS ' "$log")
+  f=$(grep -c '^FAIL ' "$log")
+  grep -E '^(PASS|FAIL|SKIP) ' "$log" | sed -E "s/^(PASS|FAIL|SKIP) /\1 $label: /"
+  passed=$((passed + p))
+  failed=$((failed + f))
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "FAIL $label: timed out after ${limit}s"
+    else
+      echo "FAIL $label: exit code $rc without a FAIL line"
+    fi
+    failed=$((failed + 1))
+  fi
+  if [ "$rc" -ne 0 ] || [ "$f" -ne 0 ]; then
+    echo "-- last lines of $log:"
+    tail -n 30 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
+}
