@@ -6,8 +6,9 @@
 //   Send/Recv/Reduce/AlltoAll/Gather/Scatter of fp8 types (which have no kernels here; of the other types
 //   these are ours), fp8 and PreMulSum collectives reach the fake with the caller's arguments and the
 //   rank's fake communicator; calls in our group go inside one fake group at our
-//   group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it; split, shrink,
-//   revoke, async errors, finalize, destroy and abort reach it; our own collectives do not;
+//   group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it; async errors,
+//   finalize, destroy, abort and revoke reach it; split and shrink (ours on one host) and our own
+//   collectives do not, and a split comm gets a fake comm of its own;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
 // - a path that does not exist, a library lacking a symbol, and NVIDIA's init refused: a WARN saying why,
 //   and our communicator still works.
@@ -98,11 +99,12 @@ static void unset_case() {
   expect(ncclAlltoAll(BUF, OUT, 4, ncclFloat8e5m2, comm, STREAM), ncclInvalidUsage, "ncclAlltoAll(fp8)");
   expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e5m2, ncclSum, comm, STREAM), ncclInvalidUsage, "ncclAllReduce(fp8)");
   logged("ncclFloat8e5m2 (11) is not carried out by this library yet; set MSCCLPP_NCCL_FALLBACK");
+  // Split and shrink are ours: they need no setting.
   ncclComm_t sub = (ncclComm_t)0x1;
-  expect(ncclCommSplit(comm, 0, 0, &sub, NULL), ncclInvalidUsage, "ncclCommSplit");
-  check(sub == NULL, "ncclCommSplit set *newcomm to NULL");
-  logged("ncclCommSplit: ncclCommSplit is not carried out");
-  expect(ncclCommRevoke(comm, 0), ncclInvalidUsage, "ncclCommRevoke");
+  expect(ncclCommSplit(comm, 0, 0, &sub, NULL), ncclSuccess, "ncclCommSplit without the setting");
+  int one = 0;
+  check(sub != NULL && ncclCommCount(sub, &one) == ncclSuccess && one == 1, "a split comm of one rank");
+  expect(ncclCommDestroy(sub), ncclSuccess, "ncclCommDestroy(split comm)");
   ncclUniqueId ids[2] = {id, id};
   expect(ncclCommInitRankScalable(&sub, 1, 0, 2, ids, NULL), ncclInvalidUsage, "ncclCommInitRankScalable(2 ids)");
   logged("with 2 ids is not carried out by this library yet (one id is); set MSCCLPP_NCCL_FALLBACK");
@@ -110,6 +112,7 @@ static void unset_case() {
   expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
   expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclSend in a group");
   expect(ncclGroupEnd(), ncclInvalidUsage, "the group's end fails");
+  expect(ncclCommRevoke(comm, 0), ncclSuccess, "ncclCommRevoke without the setting");
   expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
   check(read_file(calls_path).empty(), "no fallback was loaded");
 }
@@ -203,32 +206,37 @@ static void fake_case() {
                   all[before + 3] == "ncclGroupEnd";
   check(in_order, "the fake got GroupStart, Send, Recv, GroupEnd in order");
 
-  // Split and shrink: NVIDIA's new communicator behind a handle of ours, where every call goes.
-  ncclComm_t sub = NULL;
-  expect(ncclCommSplit(comms[0], 2, 1, &sub, NULL), ncclSuccess, "ncclCommSplit forwarded");
+  // On one host split, shrink and revoke are ours, and the fake gets none of them (ranks on several
+  // hosts would have them forwarded); a split comm gets an NVIDIA communicator of its own, as any init.
+  size_t twins = calls("ncclCommInitRank rank=").size();
+  ncclComm_t subs[2] = {NULL, NULL};
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclCommSplit(comms[0], 2, 1, &subs[0], NULL), ncclSuccess, "ncclCommSplit(rank 0) in a group");
+  expect(ncclCommSplit(comms[1], 2, 0, &subs[1], NULL), ncclSuccess, "ncclCommSplit(rank 1) in a group");
+  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd makes both");
   int rank = -1, count = -1;
-  check(sub != NULL && ncclCommUserRank(sub, &rank) == ncclSuccess && ncclCommCount(sub, &count) == ncclSuccess &&
-            rank == 1 && count == 3,
-        "the split comm has NVIDIA's rank (1) and size (3)");
-  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat, ncclSum, sub, STREAM), ncclSuccess, "ncclAllReduce on the split comm");
-  auto splits = calls("ncclCommSplit");
+  check(subs[0] != NULL && ncclCommUserRank(subs[0], &rank) == ncclSuccess && ncclCommCount(subs[0], &count) == ncclSuccess &&
+            rank == 1 && count == 2,
+        "rank 0's split comm: rank 1 of 2 (by key)");
+  check(calls("ncclCommSplit").empty(), "the fake got no ncclCommSplit");
+  auto twin_inits = calls("ncclCommInitRank rank=");
+  check(twin_inits.size() == twins + 2, "the split comms got NVIDIA communicators beside them");
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, subs[0], STREAM), ncclSuccess, "ncclAllReduce(fp8) on the split comm");
   auto sub_reduce = calls("ncclAllReduce ");
-  check(!splits.empty() && sub_reduce.size() == 3 && field(sub_reduce[2], "comm") == field(splits[0], "new"),
-        "it went to the fake's split comm");
-  expect(ncclCommDestroy(sub), ncclSuccess, "ncclCommDestroy(split comm)");
-  check(calls("ncclCommDestroy").size() == 1, "the fake's split comm destroyed");
+  check(sub_reduce.size() == 3 && field(sub_reduce[2], "comm") != fake_comm[0] && field(sub_reduce[2], "comm") != fake_comm[1],
+        "it went to the split comm's own fake comm");
+  expect(ncclCommDestroy(subs[0]), ncclSuccess, "ncclCommDestroy(split comm)");
+  expect(ncclCommDestroy(subs[1]), ncclSuccess, "ncclCommDestroy(split comm)");
   ncclComm_t none = (ncclComm_t)0x1;
-  expect(ncclCommSplit(comms[0], NCCL_SPLIT_NOCOLOR, 0, &none, NULL), ncclSuccess, "ncclCommSplit(NOCOLOR)");
+  expect(ncclCommSplit(comms[0], NCCL_SPLIT_NOCOLOR, 0, &none, NULL), ncclSuccess, "ncclCommSplit(NOCOLOR, rank 0)");
   check(none == NULL, "no comm for NCCL_SPLIT_NOCOLOR");
+  expect(ncclCommSplit(comms[1], NCCL_SPLIT_NOCOLOR, 0, &none, NULL), ncclSuccess, "ncclCommSplit(NOCOLOR, rank 1)");
   int exclude[1] = {1};
   ncclComm_t shrunk = NULL;
   expect(ncclCommShrink(comms[0], exclude, 1, &shrunk, NULL, NCCL_SHRINK_DEFAULT), ncclSuccess, "ncclCommShrink");
-  auto shrinks = calls("ncclCommShrink");
-  check(shrunk != NULL && shrinks.size() == 1 && field(shrinks[0], "first") == "1" && field(shrinks[0], "count") == "1",
-        "the fake got the excluded rank");
+  check(shrunk != NULL && ncclCommCount(shrunk, &count) == ncclSuccess && count == 1, "rank 1 left out: one rank");
+  check(calls("ncclCommShrink").empty(), "the fake got no ncclCommShrink");
   expect(ncclCommAbort(shrunk), ncclSuccess, "ncclCommAbort(shrunk comm)");
-  expect(ncclCommRevoke(comms[1], 0), ncclSuccess, "ncclCommRevoke forwarded");
-  check(calls("ncclCommRevoke comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommRevoke");
 
   // NVIDIA's asynchronous error is ours too. The fake is reached through the loaded copy (RTLD_NOLOAD).
   ncclResult_t async = ncclInternalError;
@@ -251,6 +259,12 @@ static void fake_case() {
   expect(ncclSend(BUF, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend after finalize");
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
   check(calls("ncclCommDestroy comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommDestroy");
+  // Our revoke revokes NVIDIA's communicator beside ours too: forwarded work is the communicator's work.
+  expect(ncclCommRevoke(comms[0], 0), ncclSuccess, "ncclCommRevoke(rank 0)");
+  check(calls("ncclCommRevoke comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommRevoke");
+  size_t reduces_before = calls("ncclAllReduce ").size();
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, comms[0], STREAM), ncclInvalidUsage, "fp8 on a revoked comm");
+  check(calls("ncclAllReduce ").size() == reduces_before, "it is not forwarded");
   expect(ncclCommAbort(comms[0]), ncclSuccess, "ncclCommAbort(rank 0)");
   check(calls("ncclCommAbort comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommAbort");
 }

@@ -234,6 +234,39 @@ impl Bootstrap {
         self.recv_frame(peer, Key::user(tag))
     }
 
+    /// Sends `data` to `peer` under `tag` among the messages of communicator splits and shrinks. Unlike
+    /// `send` it goes out after a failure too, as long as the connection to `peer` is up: the survivors
+    /// of a failure agree on their new communicator through it (see `recv_split`).
+    pub fn send_split(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        self.send_frame_as(peer, Key::split(tag), data, true)
+    }
+
+    /// Receives the oldest message that `peer` sent under `tag` with `send_split`. `despite_failure`
+    /// keeps waiting after the job failed, as long as the connection to `peer` is up (or its message came
+    /// before it closed); `deadline` bounds the wait.
+    pub fn recv_split(
+        &self,
+        peer: usize,
+        tag: u64,
+        despite_failure: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<u8>> {
+        ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        self.shared()
+            .mailbox
+            .take_until(peer, Key::split(tag), despite_failure, deadline)
+            .map_err(|e| Error::new(e.kind, format!("rank {}: {}", self.rank, e.message)))
+    }
+
     pub(super) fn shared(&self) -> &Shared {
         self.receiver.shared()
     }
@@ -243,8 +276,15 @@ impl Bootstrap {
     }
 
     pub(super) fn send_frame(&self, peer: usize, key: Key, data: &[u8]) -> Result<()> {
+        self.send_frame_as(peer, key, data, false)
+    }
+
+    /// `send_frame`; `despite_failure` sends after the job failed too.
+    fn send_frame_as(&self, peer: usize, key: Key, data: &[u8], despite_failure: bool) -> Result<()> {
         let rank = self.rank;
-        if let Some(f) = self.failure() {
+        if let Some(f) = self.failure()
+            && !despite_failure
+        {
             return Err(f.error());
         }
         if peer == rank {
@@ -260,7 +300,9 @@ impl Bootstrap {
                 )));
             }
             // A send that failed because the job failed (the socket of a silent peer is shut down) says so.
-            Err(_) if self.failure().is_some() => return Err(self.failure().expect("checked").error()),
+            Err(_) if self.failure().is_some() && !despite_failure => {
+                return Err(self.failure().expect("checked").error());
+            }
             Err(e) => {
                 return Err(Error::remote(format!(
                     "rank {rank}: sending {} bytes ({:?} tag {}) to peer {peer} at {} failed: {e}",

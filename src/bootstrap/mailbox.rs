@@ -117,9 +117,24 @@ impl Mailbox {
     /// is open. Messages that arrived before a connection closed are still delivered; once the job has
     /// failed, nothing is: the failure's error comes back at once.
     pub fn take(&self, peer: usize, key: Key) -> Result<Vec<u8>> {
+        self.take_until(peer, key, false, None)
+    }
+
+    /// `take`, where `despite_failure` keeps waiting after the job failed (for as long as the peer's own
+    /// connection is open: the survivors of a failure still talk to one another), and `deadline`, where
+    /// given, ends the wait with a `Remote` error.
+    pub fn take_until(
+        &self,
+        peer: usize,
+        key: Key,
+        despite_failure: bool,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<u8>> {
         let mut state = self.state.lock();
         loop {
-            if let Some(e) = &state.failure {
+            if let Some(e) = &state.failure
+                && !despite_failure
+            {
                 return Err(Error::new(
                     e.kind,
                     format!(
@@ -142,7 +157,19 @@ impl Mailbox {
                     key.space, key.tag
                 )));
             }
-            self.changed.wait(&mut state);
+            match deadline {
+                None => self.changed.wait(&mut state),
+                Some(d) => {
+                    if self.changed.wait_until(&mut state, d).timed_out()
+                        && state.queues.get(&(peer, key)).is_none_or(|q| q.is_empty())
+                    {
+                        return Err(Error::remote(format!(
+                            "waiting for a message from peer {peer} ({:?} tag {}): nothing came in time",
+                            key.space, key.tag
+                        )));
+                    }
+                }
+            }
         }
     }
 }
@@ -211,6 +238,31 @@ mod tests {
         // The first failure stays.
         m.fail(Error::invalid_usage("later"));
         assert!(m.take(1, Key::user(1)).unwrap_err().message.contains("rank 1 failed"));
+    }
+
+    #[test]
+    fn a_wait_despite_the_failure_goes_on_until_the_message_its_link_closing_or_its_deadline() {
+        let m = Arc::new(Mailbox::new(0, 3));
+        m.fail(Error::remote("rank 2 failed (connection closed)"));
+        assert!(m.take(1, Key::user(1)).is_err(), "a plain wait fails at once");
+        let m2 = m.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            m2.deliver(1, Key::user(1), b"survivor".to_vec());
+        });
+        let far = Some(Instant::now() + Duration::from_secs(30));
+        assert_eq!(m.take_until(1, Key::user(1), true, far).unwrap(), b"survivor");
+        t.join().unwrap();
+        m.close(2, "peer closed its connection".into());
+        let e = m.take_until(2, Key::user(1), true, far).unwrap_err();
+        assert!(e.message.contains("closed"), "{}", e.message);
+        let start = Instant::now();
+        let e = m
+            .take_until(1, Key::user(1), true, Some(start + Duration::from_millis(100)))
+            .unwrap_err();
+        assert!(start.elapsed() >= Duration::from_millis(100));
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("nothing came in time"), "{}", e.message);
     }
 
     #[test]

@@ -815,3 +815,33 @@ fn idle_ranks_are_alive_and_an_orderly_close_is_no_failure() {
     let e = ranks[0].recv(2, 5).unwrap_err();
     assert!(e.message.contains("rank 2 left"), "{e}");
 }
+
+#[test]
+fn survivors_of_a_failure_still_exchange_split_messages() {
+    let (ranks, fake) = job_with_fake_last_rank(3, patient());
+    // Before any failure: in order per tag, apart from user messages of the same tag.
+    ranks[0].send_split(1, 7, b"before").unwrap();
+    ranks[0].send(1, 7, b"user").unwrap();
+    assert_eq!(ranks[1].recv_split(0, 7, false, None).unwrap(), b"before");
+    assert_eq!(ranks[1].recv(0, 7).unwrap(), b"user");
+    drop(fake);
+    for b in &ranks {
+        failure_within(b, Duration::from_secs(5));
+    }
+    // Plain messages are over; split messages between the survivors still go both ways.
+    assert!(ranks[0].send(1, 8, b"x").is_err());
+    let far = Some(Instant::now() + T);
+    on_ranks(2, |r| {
+        let b = &ranks[r];
+        b.send_split(1 - r, 9, format!("survivor {r}").as_bytes()).unwrap();
+        let got = b.recv_split(1 - r, 9, true, far).unwrap();
+        assert_eq!(got, format!("survivor {}", 1 - r).as_bytes());
+        // A wait that does not go on despite the failure fails at once, as every other wait does.
+        assert_eq!(b.recv_split(1 - r, 9, false, far).unwrap_err().kind, ErrorKind::Remote);
+    });
+    // The dead rank's connection is closed: a wait for it ends at once rather than at the deadline.
+    let start = Instant::now();
+    let e = ranks[0].recv_split(2, 9, true, far).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5), "{e}");
+    assert!(ranks[0].send_split(5, 1, b"").is_err(), "a peer out of range");
+}

@@ -200,6 +200,10 @@ pub enum Space {
     Goodbye = 4,
     /// An abort notice (`Notice`).
     Abort = 5,
+    /// Messages of communicator splits and shrinks (`Bootstrap::send_split`): the survivors of a failure
+    /// agree on their new communicator through them, so they are delivered and may be waited for after
+    /// the job failed.
+    Split = 6,
 }
 
 impl Space {
@@ -223,6 +227,13 @@ impl Key {
             tag,
         }
     }
+
+    pub fn split(tag: u64) -> Key {
+        Key {
+            space: Space::Split,
+            tag,
+        }
+    }
 }
 
 pub fn encode_frame_header(key: Key, len: u64) -> [u8; FRAME_HEADER_LEN] {
@@ -241,6 +252,7 @@ pub fn decode_frame_header(b: &[u8; FRAME_HEADER_LEN]) -> Result<(Key, u64), Str
         3 => Space::Heartbeat,
         4 => Space::Goodbye,
         5 => Space::Abort,
+        6 => Space::Split,
         s => return Err(format!("frame of unknown kind {s}")),
     };
     if r.u32().map_err(why)? != 0 {

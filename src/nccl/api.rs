@@ -9,7 +9,7 @@
 
 use super::comm::{self as ncomm, NcclComm, PreMulSum};
 use super::config;
-use super::error::{self as nerror, code, not_yet};
+use super::error::{self as nerror, code};
 use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
@@ -74,7 +74,7 @@ enum Op {
     Fallback(Forwarded),
 }
 
-type InitJob = Box<dyn FnOnce() -> Result<Communicator> + Send>;
+type InitJob = super::split::Job;
 
 /// A queued collective's arguments: the call, the application's root, its stream.
 type QueuedCall = (Call, i64, u64);
@@ -124,7 +124,7 @@ fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_
 /// `entry` with the communicator behind `comm`; what it logs names its rank.
 fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
     let found = ncomm::lookup(comm);
-    let _rank = found.as_ref().ok().map(|c| RankScope::enter(c.rank));
+    let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || body(&found?))
 }
 
@@ -132,7 +132,7 @@ fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> 
 /// too) also fails the group's end.
 fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
     let found = ncomm::lookup(comm);
-    let _rank = found.as_ref().ok().map(|c| RankScope::enter(c.rank));
+    let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || {
         found
             .and_then(|c| body(&c))
@@ -209,10 +209,10 @@ fn redop(v: c_int, comm: &NcclComm) -> Result<RedOp> {
 
 /// Checks a rank argument (`root`, `peer`) against the communicator's size.
 fn check_rank(name: &str, v: c_int, comm: &NcclComm) -> Result<()> {
+    let nranks = comm.nranks()?;
     ensure_arg!(
-        v >= 0 && (v as usize) < comm.nranks,
-        "{name} is {v}; it must be in [0, nranks = {})",
-        comm.nranks
+        v >= 0 && (v as usize) < nranks,
+        "{name} is {v}; it must be in [0, nranks = {nranks})"
     );
     Ok(())
 }
@@ -312,7 +312,7 @@ fn collective(
         };
         // The checks the core makes without a GPU (root, sizes, NULL buffers), made here too so that a
         // call queued in a group fails at once.
-        call.sizes(c.rank, c.nranks, root as i64)?;
+        call.sizes(core.rank(), core.nranks(), root as i64)?;
         issue(Op::Collective {
             comm: core,
             call,
@@ -329,24 +329,6 @@ fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -
         call,
         stream: stream as u64,
     }))
-}
-
-/// A function of NCCL's the core does not carry out, called on the communicator's fallback (`call`) or,
-/// where there is none, refused as `forwarded` refuses.
-fn with_fallback(
-    name: &str,
-    comm: ncclComm_t,
-    check: impl FnOnce(&NcclComm) -> Result<()>,
-    call: impl FnOnce(&NcclComm, &Arc<fallback::Comm>) -> Result<ncclResult_t>,
-) -> ncclResult_t {
-    with_comm(name, comm, |c| {
-        check(c)?;
-        c.open()?;
-        match c.fallback() {
-            Some(f) => call(c, f),
-            None => Err(not_yet(name)),
-        }
-    })
 }
 
 /// Ends an initialisation: NVIDIA's communicator is made beside ours where `MSCCLPP_NCCL_FALLBACK` asks
@@ -398,10 +380,10 @@ fn run_init(comm: &NcclComm, gpu: Option<GpuContext>, job: InitJob) {
     if let Some(g) = gpu {
         let _ = g.make_current();
     }
-    let _rank = RankScope::enter(comm.rank);
+    let _rank = comm.rank().map(RankScope::enter);
     let result = job();
     if let Err(e) = &result {
-        log::warn!("ncclCommInitRank: {}", e.message);
+        log::warn!("initialising a communicator: {}", e.message);
     }
     finish_init(comm, result);
 }
@@ -434,27 +416,45 @@ unsafe fn init_rank(
         let job = init_job(nranks, rank, id)?;
         let gpu = GpuContext::current_if_any();
         let comm = NcclComm::pending(rank, nranks, current_device(gpu), cfg.name);
-        let in_group = group::with(&GROUP, |g| g.open());
-        if in_group || !cfg.blocking {
-            let handle = ncomm::register(comm.clone());
-            // SAFETY: checked non-null.
-            unsafe { *out = handle };
-            if in_group {
-                group::with(&GROUP, |g| g.queue(Op::Init { comm, gpu, job }));
-                return OK;
-            }
-            std::thread::Builder::new()
-                .name(format!("nccl-init-{rank}"))
-                .spawn(move || run_init(&comm, gpu, job))
-                .map_err(|e| Error::system(format!("cannot start the initialisation thread: {e}")))?;
-            return Ok(ncclResult_t::ncclInProgress);
-        }
-        let _rank = RankScope::enter(rank);
-        finish_init(&comm, Ok(job()?));
+        comm.set_blocking(cfg.blocking);
         // SAFETY: checked non-null.
-        unsafe { *out = ncomm::register(comm) };
-        OK
+        unsafe { start(out, comm, gpu, cfg.blocking, job) }
     })
+}
+
+/// Makes `comm` by running `job`, as its config and the group say: inside a group, at the group's end
+/// (`*out` set now); non-blocking, on a thread of its own (`*out` set now, `ncclInProgress`); else now,
+/// `*out` set once it is made. Initialisations, splits and shrinks all end here.
+///
+/// # Safety
+/// `out` is non-null and writable.
+unsafe fn start(
+    out: *mut ncclComm_t,
+    comm: Arc<NcclComm>,
+    gpu: Option<GpuContext>,
+    blocking: bool,
+    job: InitJob,
+) -> Result<ncclResult_t> {
+    let in_group = group::with(&GROUP, |g| g.open());
+    if in_group || !blocking {
+        let handle = ncomm::register(comm.clone());
+        // SAFETY: the caller's contract.
+        unsafe { *out = handle };
+        if in_group {
+            group::with(&GROUP, |g| g.queue(Op::Init { comm, gpu, job }));
+            return OK;
+        }
+        std::thread::Builder::new()
+            .name("nccl-init".into())
+            .spawn(move || run_init(&comm, gpu, job))
+            .map_err(|e| Error::system(format!("cannot start the initialisation thread: {e}")))?;
+        return Ok(ncclResult_t::ncclInProgress);
+    }
+    let _rank = comm.rank().map(RankScope::enter);
+    finish_init(&comm, Ok(job()?));
+    // SAFETY: the caller's contract.
+    unsafe { *out = ncomm::register(comm) };
+    OK
 }
 
 /// Issues a group's work: the initialisations all at once, then the collectives, in order per
@@ -763,26 +763,64 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`).
+    /// Stops the communicator's work without freeing it (`NcclComm::revoke`: our abort, the peers told);
+    /// afterwards only `ncclCommShrink`, `ncclCommDestroy`, `ncclCommAbort` and the queries work on it,
+    /// and `ncclCommGetAsyncError` reports `ncclSuccess` unless a peer died. Where the ranks span hosts,
+    /// NVIDIA's communicator carries everything and is revoked instead.
     fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
-        with_fallback(
-            "ncclCommRevoke",
-            comm,
-            |_| {
-                ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0");
-                Ok(())
-            },
-            |_, f| {
+        with_comm("ncclCommRevoke", comm, |c| {
+            ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0 (NCCL_REVOKE_DEFAULT)");
+            if let Some(f) = c.fallback_for_all() {
+                c.open()?;
                 f.revoke(revokeFlags)?;
-                OK
-            },
-        )
+                return OK;
+            }
+            c.revoke()?;
+            OK
+        })
     }
 }
 
+/// The blocking mode of a split or shrink: its config's, or the parent's where it has none (NCCL's new
+/// communicator inherits the parent's configuration then).
+///
+/// # Safety
+/// `config` is NULL or the caller's `ncclConfig_t`.
+unsafe fn child_config(parent: &NcclComm, config: *const ncclConfig_t) -> Result<config::Config> {
+    if config.is_null() {
+        return Ok(config::Config::default_for(parent.blocking()));
+    }
+    let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag().unwrap_or(true);
+    // SAFETY: the caller's contract.
+    unsafe { config::read(config, blocking_default) }
+}
+
+/// Makes the new communicator of a split or shrink of `parent` with `job`, as `start` does.
+///
+/// # Safety
+/// `newcomm` is non-null and writable.
+unsafe fn start_child(
+    parent: &NcclComm,
+    newcomm: *mut ncclComm_t,
+    place: Option<(usize, usize)>,
+    cfg: config::Config,
+    job: InitJob,
+) -> Result<ncclResult_t> {
+    let gpu = GpuContext::current_if_any();
+    let comm = match place {
+        Some((rank, nranks)) => NcclComm::pending(rank, nranks, parent.device, cfg.name),
+        None => NcclComm::unplaced(parent.device, cfg.name),
+    };
+    comm.set_blocking(cfg.blocking);
+    // SAFETY: the caller's contract.
+    unsafe { start(newcomm, comm, gpu, cfg.blocking, job) }
+}
+
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`): the new communicator is NVIDIA's alone;
-    /// otherwise refused, `*newcomm` set to NULL.
+    /// The ranks that pass one color make a new communicator, ordered by key, then by parent rank
+    /// (collective over the parent; `NCCL_SPLIT_NOCOLOR`: none, `*newcomm` NULL). Blocking or not as its
+    /// config says (the parent's mode without one); inside a group, made at its end. See `split.rs`.
+    /// Where the ranks span hosts, NVIDIA's library makes it (NVIDIA's alone).
     fn ncclCommSplit / pncclCommSplit(
         comm: ncclComm_t,
         color: c_int,
@@ -790,7 +828,7 @@ nccl_export! {
         newcomm: *mut ncclComm_t,
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
-        let check = |_: &NcclComm| {
+        with_comm("ncclCommSplit", comm, |c| {
             non_null(newcomm, "newcomm")?;
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
@@ -799,12 +837,21 @@ nccl_export! {
                 "color is {color}; it must not be negative, or NCCL_SPLIT_NOCOLOR"
             );
             // SAFETY: nccl.h's contract: NULL or the caller's config.
-            unsafe { config::read(config, true) }?;
-            Ok(())
-        };
-        with_fallback("ncclCommSplit", comm, check, |c, f| {
-            // SAFETY: checked non-null by `check`.
-            unsafe { split(c, f, fallback::Split::Color { color, key }, newcomm, config) }
+            let cfg = unsafe { child_config(c, config) }?;
+            if let Some(f) = c.fallback_for_all() {
+                c.open()?;
+                // SAFETY: checked non-null above.
+                return unsafe { split(c, f, fallback::Split::Color { color, key }, newcomm, config) };
+            }
+            let parent = c.usable()?;
+            let count = c.next_split();
+            super::split::announce(&parent, count, color, key)?;
+            if color == NCCL_SPLIT_NOCOLOR {
+                return OK;
+            }
+            let job = super::split::split_job(parent, count, color, key, BOOTSTRAP_TIMEOUT);
+            // SAFETY: checked non-null.
+            unsafe { start_child(c, newcomm, None, cfg, job) }
         })
     }
 }
@@ -829,7 +876,11 @@ unsafe fn split(
 }
 
 nccl_export! {
-    /// Carried out by the fallback only (`MSCCLPP_NCCL_FALLBACK`), as `ncclCommSplit`.
+    /// The parent's ranks but the excluded ones make a new communicator, in parent order; the excluded
+    /// ranks do not call it. Works after a failure, the dead ranks excluded: the survivors meet over the
+    /// parent's connections between them (see `split.rs`). `NCCL_SHRINK_ABORT` first revokes the parent
+    /// (`ncclCommRevoke`). Blocking or not as `ncclCommSplit`. Where the ranks span hosts, NVIDIA's library
+    /// makes it (NVIDIA's alone).
     fn ncclCommShrink / pncclCommShrink(
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
@@ -838,44 +889,52 @@ nccl_export! {
         config: *mut ncclConfig_t,
         shrinkFlags: c_int,
     ) -> ncclResult_t {
-        let check = |c: &NcclComm| {
+        with_comm("ncclCommShrink", comm, |c| {
             non_null(newcomm, "newcomm")?;
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
             ensure_arg!(
-                excludeRanksCount >= 0 && (excludeRanksCount as usize) < c.nranks,
-                "excludeRanksCount is {excludeRanksCount}; it must be in [0, nranks = {})",
-                c.nranks
-            );
-            if excludeRanksCount > 0 {
-                non_null(excludeRanksList, "excludeRanksList")?;
-                // SAFETY: checked non-null; the caller passes excludeRanksCount ranks.
-                let ranks = unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) };
-                for &r in ranks {
-                    check_rank("excludeRanksList's rank", r, c)?;
-                }
-            }
-            ensure_arg!(
                 matches!(shrinkFlags, NCCL_SHRINK_DEFAULT | NCCL_SHRINK_ABORT),
                 "shrinkFlags is {shrinkFlags}; it must be NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
             );
-            // SAFETY: nccl.h's contract: NULL or the caller's config.
-            unsafe { config::read(config, true) }?;
-            Ok(())
-        };
-        with_fallback("ncclCommShrink", comm, check, |c, f| {
+            let (rank, nranks) = c.place()?;
+            ensure_arg!(
+                excludeRanksCount >= 0 && (excludeRanksCount as usize) < nranks,
+                "excludeRanksCount is {excludeRanksCount}; it must be in [0, nranks = {nranks})"
+            );
             let exclude = if excludeRanksCount > 0 {
-                // SAFETY: checked non-null by `check`; the caller passes excludeRanksCount ranks.
+                non_null(excludeRanksList, "excludeRanksList")?;
+                // SAFETY: checked non-null; the caller passes excludeRanksCount ranks.
                 unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
             } else {
                 Vec::new()
             };
-            let how = fallback::Split::Shrink {
-                exclude,
-                flags: shrinkFlags,
-            };
-            // SAFETY: checked non-null by `check`.
-            unsafe { split(c, f, how, newcomm, config) }
+            let (kept, excluded) = super::split::survivors(nranks, &exclude)?;
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            let cfg = unsafe { child_config(c, config) }?;
+            if let Some(f) = c.fallback_for_all() {
+                c.open()?;
+                let how = fallback::Split::Shrink {
+                    exclude,
+                    flags: shrinkFlags,
+                };
+                // SAFETY: checked non-null above.
+                return unsafe { split(c, f, how, newcomm, config) };
+            }
+            ensure_arg!(
+                excluded.binary_search(&rank).is_err(),
+                "excludeRanksList holds this rank ({rank}): the ranks left out do not call ncclCommShrink"
+            );
+            // Any state of the parent will do (failed, revoked, finalized): a shrink is how one goes on.
+            let parent = c.core()?;
+            if shrinkFlags == NCCL_SHRINK_ABORT {
+                c.revoke()?;
+            }
+            let index = kept.iter().position(|&r| r == rank).expect("not excluded, so kept");
+            let place = Some((index, kept.len()));
+            let job = super::split::shrink_job(parent, c.next_shrink(), kept, excluded, BOOTSTRAP_TIMEOUT);
+            // SAFETY: checked non-null.
+            unsafe { start_child(c, newcomm, place, cfg, job) }
         })
     }
 }
@@ -922,8 +981,9 @@ nccl_export! {
     fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
         with_comm("ncclCommCount", comm, |c| {
             non_null(count, "count")?;
+            let n = c.nranks()?;
             // SAFETY: checked non-null.
-            unsafe { *count = c.nranks as c_int };
+            unsafe { *count = n as c_int };
             OK
         })
     }
@@ -933,8 +993,9 @@ nccl_export! {
     fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
         with_comm("ncclCommUserRank", comm, |c| {
             non_null(rank, "rank")?;
+            let (r, _) = c.place()?;
             // SAFETY: checked non-null.
-            unsafe { *rank = c.rank as c_int };
+            unsafe { *rank = r as c_int };
             OK
         })
     }

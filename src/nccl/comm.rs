@@ -14,7 +14,10 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+
+/// `rank` and `nranks` of a communicator whose place is not known yet (a split still exchanging).
+const UNPLACED: usize = usize::MAX;
 
 enum State {
     /// Initialising in the background (non-blocking config, or inside a group).
@@ -39,8 +42,10 @@ pub struct PreMulSum {
 }
 
 pub struct NcclComm {
-    pub rank: usize,
-    pub nranks: usize,
+    /// Its rank and size: known at creation, except for a split's, which learns them from the other
+    /// ranks (`UNPLACED` until then; see `place`).
+    rank: AtomicUsize,
+    nranks: AtomicUsize,
     /// The CUDA device of the communicator: the one current when it was made (device 0 where none was,
     /// which the core then picks too); `None` without a CUDA driver.
     pub device: Option<i32>,
@@ -51,6 +56,14 @@ pub struct NcclComm {
     /// `ncclCommAbort` came while the initialisation ran: the communicator is aborted once it exists.
     abandoned: AtomicBool,
     finalized: AtomicBool,
+    /// `ncclCommRevoke` (or `ncclCommShrink` with `NCCL_SHRINK_ABORT`) stopped its work.
+    revoked: AtomicBool,
+    /// Whether its calls block (its config's `blocking`): a split or shrink without a config inherits it.
+    blocking: AtomicBool,
+    /// How many splits and shrinks of it this rank has started: every rank starts them in the same order,
+    /// so that the count tells one's messages from another's.
+    splits: AtomicU64,
+    shrinks: AtomicU64,
     /// `ncclCommRegister` handles and `ncclCommWindowRegister` windows: (address, bytes) by token.
     pub registrations: Registry<(u64, usize)>,
     pub windows: Registry<(u64, usize)>,
@@ -68,14 +81,18 @@ impl NcclComm {
     /// A communicator whose core is still to be made (`complete` gives it).
     pub fn pending(rank: usize, nranks: usize, device: Option<i32>, name: Option<String>) -> Arc<NcclComm> {
         Arc::new(NcclComm {
-            rank,
-            nranks,
+            rank: AtomicUsize::new(rank),
+            nranks: AtomicUsize::new(nranks),
             device,
             name,
             state: Mutex::new(State::Pending),
             ready: Condvar::new(),
             abandoned: AtomicBool::new(false),
             finalized: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+            blocking: AtomicBool::new(true),
+            splits: AtomicU64::new(0),
+            shrinks: AtomicU64::new(0),
             registrations: Registry::new(),
             windows: Registry::new(),
             premul: Mutex::new(HashMap::new()),
@@ -83,6 +100,49 @@ impl NcclComm {
             failure_message: OnceCell::new(),
             fallback: OnceCell::new(),
         })
+    }
+
+    /// A communicator whose rank and size its initialisation will tell (a split's).
+    pub fn unplaced(device: Option<i32>, name: Option<String>) -> Arc<NcclComm> {
+        Self::pending(UNPLACED, UNPLACED, device, name)
+    }
+
+    /// Its rank, once known (`place`); `None` before.
+    pub fn rank(&self) -> Option<usize> {
+        Some(self.rank.load(Ordering::Acquire)).filter(|&r| r != UNPLACED)
+    }
+
+    /// Its rank and size: known from its creation, or else once its initialisation has ended (before, the
+    /// error of `core`: still initialising, or failed).
+    pub fn place(&self) -> Result<(usize, usize)> {
+        let nranks = self.nranks.load(Ordering::Acquire);
+        if nranks != UNPLACED {
+            return Ok((self.rank.load(Ordering::Acquire), nranks));
+        }
+        self.core().map(|c| (c.rank(), c.nranks()))
+    }
+
+    /// Its size (`place`).
+    pub fn nranks(&self) -> Result<usize> {
+        self.place().map(|(_, n)| n)
+    }
+
+    pub fn blocking(&self) -> bool {
+        self.blocking.load(Ordering::Relaxed)
+    }
+
+    pub fn set_blocking(&self, blocking: bool) {
+        self.blocking.store(blocking, Ordering::Relaxed);
+    }
+
+    /// The number of this rank's next split of this communicator.
+    pub fn next_split(&self) -> u64 {
+        self.splits.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The number of this rank's next shrink of this communicator.
+    pub fn next_shrink(&self) -> u64 {
+        self.shrinks.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A communicator made by NVIDIA's library alone (a split of one with a fallback).
@@ -118,6 +178,8 @@ impl NcclComm {
         let state = match result {
             Ok(c) => {
                 let c = Arc::new(c);
+                self.rank.store(c.rank(), Ordering::Release);
+                self.nranks.store(c.nranks(), Ordering::Release);
                 c.watch_failures();
                 if self.abandoned.load(Ordering::Acquire) {
                     let _ = c.abort();
@@ -151,22 +213,28 @@ impl NcclComm {
         }
     }
 
-    /// The core communicator for work on it: also refused once finalized.
+    /// The core communicator for work on it: also refused once finalized or revoked.
     pub fn usable(&self) -> Result<Arc<Communicator>> {
         let c = self.core()?;
-        if self.finalized.load(Ordering::Acquire) {
-            return Err(Error::invalid_usage(
-                "comm was finalized (ncclCommFinalize); only ncclCommDestroy may follow",
-            ));
-        }
+        self.check_not_ended()?;
         Ok(c)
     }
 
-    /// Whether work may go to the communicator's fallback: ready (ours, or NVIDIA's alone) and not
-    /// finalized.
+    /// Whether work may go to the communicator's fallback: ready (ours, or NVIDIA's alone), not finalized
+    /// and not revoked.
     pub fn open(&self) -> Result<()> {
         if !matches!(*self.state.lock(), State::Elsewhere) {
             self.core()?;
+        }
+        self.check_not_ended()
+    }
+
+    fn check_not_ended(&self) -> Result<()> {
+        if self.revoked.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "comm was revoked (ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT); only ncclCommShrink, \
+                 ncclCommDestroy and ncclCommAbort may follow",
+            ));
         }
         if self.finalized.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(
@@ -174,6 +242,26 @@ impl NcclComm {
             ));
         }
         Ok(())
+    }
+
+    /// `ncclCommRevoke`: stops the communicator's work on every rank, without freeing it. That is our
+    /// abort (`Communicator::abort`: kernels waiting on peers are released, the peers are told and stop
+    /// theirs too), with the communicator kept for `ncclCommShrink`, `ncclCommDestroy` or `ncclCommAbort`;
+    /// every other call on it is refused from now on. NVIDIA's communicator beside ours, if any, is
+    /// revoked too (calls forwarded to it are the communicator's work as well).
+    pub fn revoke(&self) -> Result<()> {
+        let core = self.core()?;
+        self.revoked.store(true, Ordering::Release);
+        if let Some(f) = self.fallback()
+            && let Err(e) = f.revoke(0)
+        {
+            log::info!("ncclCommRevoke: revoking NVIDIA's communicator: {}", e.message);
+        }
+        core.abort()
+    }
+
+    pub fn revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     /// The core communicator once the initialisation has ended, waiting for it (destroy and abort).
@@ -200,6 +288,15 @@ impl NcclComm {
         let Some(c) = c else {
             return self.fallback_async_error();
         };
+        // A revoked communicator's own abort, and the peers' aborts (they revoke too), are what revoking
+        // means, not errors; a peer that died is still one.
+        if self.revoked()
+            && c.bootstrap()
+                .failure()
+                .is_none_or(|f| f.is_local_abort() || f.cause == crate::bootstrap::Cause::Aborted)
+        {
+            return ncclResult_t::ncclSuccess;
+        }
         let r = from_core(c.async_error());
         if r == ncclResult_t::ncclSuccess {
             return self.fallback_async_error();
@@ -332,13 +429,35 @@ mod tests {
     }
 
     #[test]
+    fn a_split_learns_its_place_from_its_initialisation() {
+        let c = NcclComm::unplaced(None, None);
+        assert_eq!(c.rank(), None);
+        assert_eq!(
+            c.place().unwrap_err().kind,
+            ErrorKind::InvalidUsage,
+            "still initialising"
+        );
+        c.complete(Err(Error::remote("the leader never sent the id")));
+        let e = c.place().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("the leader never sent the id"), "{}", e.message);
+        let c = NcclComm::pending(2, 3, None, None);
+        assert_eq!(
+            (c.rank(), c.nranks().unwrap()),
+            (Some(2), 3),
+            "an init's place is known at once"
+        );
+        assert_eq!((c.next_split(), c.next_split(), c.next_shrink()), (0, 1, 0));
+    }
+
+    #[test]
     fn handles_are_checked() {
         let e = lookup(std::ptr::null_mut()).err().unwrap();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         let e = lookup(0x4d53_0000_0000_0010 as ncclComm_t).err().unwrap();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         let h = register(NcclComm::pending(1, 4, Some(0), None));
-        assert_eq!(lookup(h).unwrap().rank, 1);
+        assert_eq!(lookup(h).unwrap().place().unwrap(), (1, 4));
         assert!(unregister(h).is_ok());
         assert!(lookup(h).is_err() && unregister(h).is_err());
     }

@@ -50,16 +50,6 @@ pub fn describe(result: i32) -> &'static CStr {
     }
 }
 
-/// An error that says a function of NCCL's is not carried out by this library yet, and how
-/// `MSCCLPP_NCCL_FALLBACK` would have it carried out.
-pub fn not_yet(function: &str) -> Error {
-    Error::invalid_usage(format!(
-        "{function} is not carried out by this library yet (AllReduce, AllGather, ReduceScatter, Broadcast, \
-         Bcast, Reduce, AlltoAll, Gather and Scatter are, on one machine); {}",
-        super::fallback::unavailable_hint()
-    ))
-}
-
 thread_local! {
     /// The message of the last error of a call made on this thread.
     static LAST: RefCell<CString> = RefCell::new(CString::default());

@@ -9,6 +9,8 @@
 //! - `config.rs`: a caller's `ncclConfig_t`, read by its own size and version;
 //! - `comm.rs`: what an `ncclComm_t` names: the core's communicator and NCCL's bookkeeping beside it;
 //! - `group.rs`: `ncclGroupStart` / `ncclGroupEnd` bookkeeping (per thread);
+//! - `split.rs`: `ncclCommSplit` and `ncclCommShrink`: how the ranks agree on a new communicator (after
+//!   a failure too);
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out;
@@ -20,4 +22,5 @@ pub mod config;
 pub mod error;
 pub mod fallback;
 pub mod group;
+pub mod split;
 pub mod types;

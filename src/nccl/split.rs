@@ -1,0 +1,346 @@
+//! `ncclCommSplit` and `ncclCommShrink` carried out by the library: how the ranks of a parent
+//! communicator agree on a new one. The new communicator is then made as an initialisation makes one
+//! (`Communicator::init_by_id`, its own bootstrap), from a unique id that one of its ranks creates, so that
+//! the root of its bootstrap lives in that rank's process.
+//!
+//! Their messages travel over the parent's bootstrap, in its space for splits and shrinks
+//! (`Bootstrap::send_split`), tagged with the count of this rank's splits (or shrinks) of the parent:
+//! every rank starts them in the same order, so that two at once (in one group) do not mix.
+//!
+//! - Split: every rank sends its color and key to every other rank when it calls (a send never waits for
+//!   the peer), then receives theirs; a rank of `NCCL_SPLIT_NOCOLOR` needs nothing back and is done. Each
+//!   color's members are ordered by key, then by parent rank; the first creates the id and sends it to
+//!   the others. The parent must be healthy: a failure ends the waits.
+//! - Shrink: the ranks that stay are the parent's not excluded, in parent order; the first of them (every
+//!   survivor passes the same list, so every survivor knows which) creates the id and sends it, with the
+//!   list, to the others, which check that their list is the same. An excluded rank, dead or alive, takes
+//!   no part. After a failure the parent's bootstrap refuses its ordinary messages, but its connections
+//!   between live ranks stay up (the receive threads go on reading and sending heartbeats): split
+//!   messages still go through them, and the waits for them go on despite the failure, ending only when
+//!   the awaited peer's own connection closes or at the bootstrap's timeout.
+
+use super::types::NCCL_SPLIT_NOCOLOR;
+use crate::bootstrap::UniqueId;
+use crate::comm::Communicator;
+use crate::ensure_arg;
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a new communicator's initialisation runs (see `api.rs`).
+pub type Job = Box<dyn FnOnce() -> Result<Communicator> + Send>;
+
+/// The rounds of a split or shrink, in the low bits of a message's tag (the count of splits or shrinks
+/// above them).
+const COLORS: u64 = 0;
+const SPLIT_ID: u64 = 1;
+const SHRINK_ID: u64 = 2;
+
+fn tag(count: u64, round: u64) -> u64 {
+    (count << 2) | round
+}
+
+/// The parent ranks of `color` in the new communicator's rank order: by key, then by parent rank.
+/// `entries` holds each parent rank's (color, key).
+pub fn members(entries: &[(i32, i32)], color: i32) -> Vec<usize> {
+    let mut m: Vec<usize> = (0..entries.len()).filter(|&r| entries[r].0 == color).collect();
+    m.sort_by_key(|&r| (entries[r].1, r));
+    m
+}
+
+/// The parent ranks a shrink keeps (in order), after checking the excluded ones: each in
+/// `[0, nranks)`, and at least one rank left. The excluded ranks come back sorted, without repeats.
+pub fn survivors(nranks: usize, exclude: &[i32]) -> Result<(Vec<usize>, Vec<usize>)> {
+    let mut excluded = Vec::with_capacity(exclude.len());
+    for &r in exclude {
+        ensure_arg!(
+            r >= 0 && (r as usize) < nranks,
+            "excludeRanksList holds {r}; ranks are in [0, nranks = {nranks})"
+        );
+        excluded.push(r as usize);
+    }
+    excluded.sort_unstable();
+    excluded.dedup();
+    let kept: Vec<usize> = (0..nranks).filter(|r| excluded.binary_search(r).is_err()).collect();
+    ensure_arg!(!kept.is_empty(), "excludeRanksList leaves no rank of the {nranks}");
+    Ok((kept, excluded))
+}
+
+/// A split's first step, when the rank calls: its color and key to every other rank.
+pub fn announce(parent: &Communicator, count: u64, color: i32, key: i32) -> Result<()> {
+    parent.check_usable()?;
+    let b = parent.bootstrap();
+    let mut bytes = color.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&key.to_le_bytes());
+    for peer in (0..b.nranks()).filter(|&p| p != b.rank()) {
+        b.send_split(peer, tag(count, COLORS), &bytes)?;
+    }
+    Ok(())
+}
+
+/// The rest of a split of a rank with a color, after `announce`: the others' colors and keys, the id,
+/// the new communicator.
+pub fn split_job(parent: Arc<Communicator>, count: u64, color: i32, key: i32, timeout: Duration) -> Job {
+    Box::new(move || {
+        debug_assert_ne!(color, NCCL_SPLIT_NOCOLOR);
+        let b = parent.bootstrap();
+        let (me, n) = (b.rank(), b.nranks());
+        let mut entries = vec![(color, key); n];
+        for (peer, entry) in entries.iter_mut().enumerate().filter(|(p, _)| *p != me) {
+            let got = b.recv_split(peer, tag(count, COLORS), false, None)?;
+            let bytes: [u8; 8] = got.as_slice().try_into().map_err(|_| {
+                Error::internal(format!(
+                    "ncclCommSplit: rank {peer} sent {} bytes, not a color and a key",
+                    got.len()
+                ))
+            })?;
+            *entry = (
+                i32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")),
+                i32::from_le_bytes(bytes[4..].try_into().expect("4 bytes")),
+            );
+        }
+        let members = members(&entries, color);
+        let index = members
+            .iter()
+            .position(|&r| r == me)
+            .ok_or_else(|| Error::internal("a rank is not among the members of its own color"))?;
+        let id = if index == 0 {
+            let id = UniqueId::create(timeout)?;
+            for &peer in &members[1..] {
+                b.send_split(peer, tag(count, SPLIT_ID), &id.to_bytes())?;
+            }
+            id
+        } else {
+            read_id(&b.recv_split(members[0], tag(count, SPLIT_ID), false, None)?)?
+        };
+        log::info!(
+            "ncclCommSplit: color {color}, key {key}: rank {index} of {} (parent ranks {:?})",
+            members.len(),
+            members
+        );
+        Communicator::init_by_id(members.len(), &id, index, timeout)
+    })
+}
+
+/// A shrink of the survivors `kept` (parent ranks, in order; this rank among them), the others
+/// (`excluded`) left out. Works on a failed parent too (see the module's comment); the survivors must all
+/// call it within `timeout` of one another.
+pub fn shrink_job(
+    parent: Arc<Communicator>,
+    count: u64,
+    kept: Vec<usize>,
+    excluded: Vec<usize>,
+    timeout: Duration,
+) -> Job {
+    Box::new(move || {
+        let b = parent.bootstrap();
+        let me = b.rank();
+        let index = kept
+            .iter()
+            .position(|&r| r == me)
+            .ok_or_else(|| Error::internal("a shrinking rank is not among the survivors"))?;
+        let id = if index == 0 {
+            let id = UniqueId::create(timeout)?;
+            let mut message = id.to_bytes().to_vec();
+            for &r in &excluded {
+                message.extend_from_slice(&(r as u32).to_le_bytes());
+            }
+            for &peer in &kept[1..] {
+                b.send_split(peer, tag(count, SHRINK_ID), &message)?;
+            }
+            id
+        } else {
+            let deadline = Instant::now() + timeout;
+            let got = b.recv_split(kept[0], tag(count, SHRINK_ID), true, Some(deadline))?;
+            if got.len() < 128 || (got.len() - 128) % 4 != 0 {
+                return Err(Error::internal(format!(
+                    "ncclCommShrink: rank {} sent {} bytes, not an id and a list of ranks",
+                    kept[0],
+                    got.len()
+                )));
+            }
+            let theirs: Vec<usize> = got[128..]
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
+                .collect();
+            if theirs != excluded {
+                return Err(Error::invalid_argument(format!(
+                    "ncclCommShrink: rank {} excludes ranks {theirs:?}, this rank {excluded:?}: every rank that \
+                     stays must pass the same excludeRanksList",
+                    kept[0]
+                )));
+            }
+            read_id(&got[..128])?
+        };
+        log::info!(
+            "ncclCommShrink: rank {index} of {} (parent ranks {:?} left out)",
+            kept.len(),
+            excluded
+        );
+        Communicator::init_by_id(kept.len(), &id, index, timeout)
+    })
+}
+
+fn read_id(bytes: &[u8]) -> Result<UniqueId> {
+    let bytes: &[u8; 128] = bytes
+        .try_into()
+        .map_err(|_| Error::internal(format!("a unique id of {} bytes", bytes.len())))?;
+    UniqueId::from_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn members_are_ordered_by_key_then_parent_rank() {
+        // Parent ranks 0..6: colors 0,1,0,1,0,-1; keys reverse the order within color 0, tie within 1.
+        let entries = [(0, 9), (1, 5), (0, 3), (1, 5), (0, 1), (-1, 0)];
+        assert_eq!(members(&entries, 0), vec![4, 2, 0]);
+        assert_eq!(members(&entries, 1), vec![1, 3], "equal keys keep parent order");
+        assert!(members(&entries, 7).is_empty());
+    }
+
+    #[test]
+    fn survivors_are_checked_and_kept_in_parent_order() {
+        let (kept, excluded) = survivors(5, &[3, 1, 3]).unwrap();
+        assert_eq!((kept, excluded), (vec![0, 2, 4], vec![1, 3]));
+        assert_eq!(survivors(3, &[]).unwrap().0, vec![0, 1, 2]);
+        for bad in [&[5][..], &[-1], &[0, 1, 2]] {
+            let e = survivors(3, bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{bad:?}");
+            assert!(e.message.contains("excludeRanksList"), "{}", e.message);
+        }
+    }
+
+    const T: Duration = Duration::from_secs(30);
+
+    /// `n` communicators of one job, made on threads of this process (no GPU needed).
+    fn job(n: usize) -> Vec<Arc<Communicator>> {
+        crate::logging::init();
+        let id = UniqueId::create(T).unwrap();
+        std::thread::scope(|s| {
+            let made: Vec<_> = (0..n)
+                .map(|r| {
+                    let id = &id;
+                    s.spawn(move || Arc::new(Communicator::init_by_id(n, id, r, T).unwrap()))
+                })
+                .collect();
+            made.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Runs `f(rank)` on a thread per rank; the results in rank order.
+    fn on_ranks<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+        std::thread::scope(|s| {
+            let all: Vec<_> = (0..n)
+                .map(|r| {
+                    s.spawn({
+                        let f = &f;
+                        move || f(r)
+                    })
+                })
+                .collect();
+            all.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_split_makes_one_communicator_per_color_in_key_order() {
+        let parent = job(4);
+        // Two splits at once of one parent (as in a group): colors by parity with keys reversing the
+        // order, and one color with rank 3 left out.
+        let places = on_ranks(4, |r| {
+            let p = &parent[r];
+            announce(p, 0, (r % 2) as i32, 10 - r as i32).unwrap();
+            let second = if r == 3 { NCCL_SPLIT_NOCOLOR } else { 5 };
+            announce(p, 1, second, 0).unwrap();
+            let first = split_job(p.clone(), 0, (r % 2) as i32, 10 - r as i32, T)().unwrap();
+            let other = (r != 3).then(|| split_job(p.clone(), 1, 5, 0, T)().unwrap());
+            // The new communicators work: a barrier over each one's own bootstrap.
+            first.bootstrap().barrier().unwrap();
+            if let Some(o) = &other {
+                o.bootstrap().barrier().unwrap();
+            }
+            ((first.rank(), first.nranks()), other.map(|o| (o.rank(), o.nranks())))
+        });
+        assert_eq!(
+            places,
+            vec![
+                ((1, 2), Some((0, 3))),
+                ((1, 2), Some((1, 3))),
+                ((0, 2), Some((2, 3))),
+                ((0, 2), None)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_survivors_of_a_failure_shrink_to_a_working_communicator() {
+        let mut parent = job(4);
+        // Rank 3 aborts and goes: every other rank's parent has failed.
+        let gone = parent.pop().unwrap();
+        gone.abort().unwrap();
+        drop(gone);
+        for p in &parent {
+            let start = Instant::now();
+            while p.check_usable().is_ok() {
+                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let (kept, excluded) = survivors(4, &[3]).unwrap();
+        let places = on_ranks(3, |r| {
+            let new = shrink_job(parent[r].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            (new.rank(), new.nranks())
+        });
+        assert_eq!(places, vec![(0, 3), (1, 3), (2, 3)]);
+        // A second shrink of the same failed parent, leaving rank 0 out too: rank 1 is the new root.
+        let (kept, excluded) = survivors(4, &[3, 0]).unwrap();
+        let places = on_ranks(2, |i| {
+            let new = shrink_job(parent[i + 1].clone(), 1, kept.clone(), excluded.clone(), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            (new.rank(), new.nranks())
+        });
+        assert_eq!(places, vec![(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn survivors_with_different_lists_are_told() {
+        let parent = job(3);
+        let short = Duration::from_secs(2);
+        let results = on_ranks(2, |r| {
+            let list: &[i32] = if r == 0 { &[2] } else { &[2, 2] };
+            let (kept, excluded) = survivors(3, list).unwrap();
+            assert_eq!(excluded, vec![2], "repeats count once");
+            let list: &[i32] = if r == 0 { &[2] } else { &[] };
+            let (_, excluded) = survivors(3, list).unwrap();
+            shrink_job(parent[r].clone(), 0, kept, excluded, short)().err()
+        });
+        let e = results[1].as_ref().expect("rank 1's list differs from rank 0's");
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("same excludeRanksList"), "{}", e.message);
+        assert!(
+            results[0].is_some(),
+            "rank 0 waits for rank 1 in vain, until its timeout"
+        );
+    }
+
+    #[test]
+    fn rounds_and_counts_make_distinct_tags() {
+        let tags = [
+            tag(0, COLORS),
+            tag(0, SPLIT_ID),
+            tag(0, SHRINK_ID),
+            tag(1, COLORS),
+            tag(1, SPLIT_ID),
+        ];
+        for (i, a) in tags.iter().enumerate() {
+            for b in &tags[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+    }
+}
