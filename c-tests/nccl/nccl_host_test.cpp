@@ -349,6 +349,22 @@ static void two_ranks() {
   expect(ncclCommUserRank(comms[1], &r), ncclSuccess, "ncclCommUserRank");
   check(n == 2 && r == 1, "count 2, rank 1");
 
+  // ncclGroupSimulateEnd: an estimate from our algorithm table's choice, growing with the size; nothing is
+  // issued (no GPU is needed).
+  void* buf = (void*)0x1000;
+  float small = -1, large = -1;
+  for (float* out : {&small, &large}) {
+    ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+    expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+    expect(ncclAllReduce(buf, buf, out == &small ? 256 : (256u << 20), ncclFloat, ncclSum, comms[0], 0), ncclSuccess,
+           "ncclAllReduce queued");
+    expect(ncclGroupSimulateEnd(&sim), ncclSuccess, "ncclGroupSimulateEnd");
+    *out = sim.estimatedTime;
+  }
+  check(small > 0 && large > 100 * small,
+        "the estimate of a 1 GiB all-reduce is far above that of 1 KiB (" + std::to_string(small) + " and " +
+            std::to_string(large) + " us)");
+
   // Two non-blocking inits from one thread, outside a group.
   ncclUniqueId id2;
   expect(ncclGetUniqueId(&id2), ncclSuccess, "ncclGetUniqueId");

@@ -122,6 +122,36 @@ pub fn windows(piece: u64, window: u64) -> impl Iterator<Item = (u64, u64)> {
     })
 }
 
+/// A rough model of one call's time in microseconds, for `ncclGroupSimulateEnd`: the algorithm the table
+/// picks, a fixed cost per launch, and the bytes each rank's links carry at a rate of that family. The
+/// rates are round figures of the order measured between two H200s over NVLink (docs/PERFORMANCE.md), not
+/// a measurement of this machine: the model ranks choices, it does not time them.
+pub fn estimate_us(collective: Collective, nranks: usize, message: u64) -> f64 {
+    const PACKET_LAUNCH_US: f64 = 3.0;
+    const COPY_LAUNCH_US: f64 = 8.0;
+    // Bytes per microsecond (1 GB/s is 1000 B/µs). Packets carry 8 data bytes in 16.
+    const PACKET_BYTES_PER_US: f64 = 100_000.0;
+    const COPY_BYTES_PER_US: f64 = 350_000.0;
+    let protocol = choose(collective, message, Choice::Auto);
+    let n = nranks.max(1) as f64;
+    let others = (n - 1.0) / n;
+    // The share of the message each rank's links carry.
+    let carried = match (collective, protocol) {
+        (Collective::AllReduce | Collective::Reduce, Protocol::Packet) => n - 1.0,
+        (Collective::AllReduce | Collective::Reduce, Protocol::Copy) => 2.0 * others,
+        (Collective::Broadcast, _) => n - 1.0,
+        _ => others,
+    };
+    let (launch, rate) = match protocol {
+        Protocol::Packet => (PACKET_LAUNCH_US, PACKET_BYTES_PER_US),
+        Protocol::Copy => (COPY_LAUNCH_US, COPY_BYTES_PER_US),
+    };
+    if message == 0 || nranks <= 1 {
+        return 0.0;
+    }
+    launch + message as f64 * carried / rate
+}
+
 /// Threads of each block of a launch of `protocol` that has more than one block (a one-block launch may
 /// have fewer: see `grid`).
 pub fn threads(protocol: Protocol) -> u32 {
@@ -263,6 +293,24 @@ mod tests {
             grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30, MAX_BLOCKS).0,
             64
         );
+    }
+
+    #[test]
+    fn estimates_grow_with_size_and_cost_nothing_for_nothing() {
+        for c in ALL {
+            assert_eq!(estimate_us(c, 2, 0), 0.0);
+            assert_eq!(
+                estimate_us(c, 1, 1 << 20),
+                0.0,
+                "one rank is a copy the model leaves out"
+            );
+            let small = estimate_us(c, 2, 1024);
+            let large = estimate_us(c, 2, 1 << 30);
+            assert!(small > 0.0 && large > 100.0 * small, "{c:?}: {small} {large}");
+        }
+        // 1 GiB all-reduce on 2 ranks, two shots: 8 µs + 1 GiB x 1 / 350 GB/s.
+        let t = estimate_us(Collective::AllReduce, 2, 1 << 30);
+        assert!((t - (8.0 + (1u64 << 30) as f64 / 350_000.0)).abs() < 1e-6, "{t}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
 use crate::bootstrap::UniqueId;
-use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp};
+use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp, algorithm};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -1442,13 +1442,35 @@ nccl_export! {
                 "simInfo's magic is {:#x}, not {NCCL_SIM_INFO_MAGIC:#x}: initialise it with NCCL_SIM_INFO_INITIALIZER",
                 info.magic
             );
-            let r = match group::with(&GROUP, |g| g.end())? {
-                None => OK,
-                Some(ended) => run_group(ended?.into_iter().filter(|op| matches!(op, Op::Init { .. })).collect()),
+            let (r, estimate) = match group::with(&GROUP, |g| g.end())? {
+                None => (OK, 0.0),
+                Some(ended) => {
+                    let ops = ended?;
+                    let estimate: f64 = ops.iter().map(simulated_us).sum();
+                    (run_group(ops.into_iter().filter(|op| matches!(op, Op::Init { .. })).collect()), estimate)
+                }
             };
-            info.estimatedTime = 0.0;
+            info.estimatedTime = estimate as f32;
             r
         })
+    }
+}
+
+/// What `ncclGroupSimulateEnd` reports for one queued call, in microseconds: our algorithm table's choice
+/// and its model (`algorithm::estimate_us`); a send or receive as the copy family's share of one message;
+/// nothing for initialisations and for calls that go to NVIDIA's library (its own estimate is not asked).
+fn simulated_us(op: &Op) -> f64 {
+    match op {
+        Op::Collective { comm, call, .. } => {
+            let piece = (call.count as u64).saturating_mul(call.datatype.size() as u64);
+            let nranks = comm.nranks();
+            algorithm::estimate_us(call.collective, nranks, call.collective.message(piece, nranks))
+        }
+        Op::P2p { op, .. } => {
+            let bytes = (op.count as u64).saturating_mul(op.datatype.size() as u64);
+            algorithm::estimate_us(Collective::AllToAll, 2, bytes.saturating_mul(2))
+        }
+        Op::Init { .. } | Op::Fallback(_) => 0.0,
     }
 }
 
