@@ -104,7 +104,12 @@ const LEGACY_FUNCTIONS: [&str; 18] = [
 ];
 
 /// Functions of ours beyond the legacy header (each documented as an extension in the header).
-const EXTENSION_FUNCTIONS: [&str; 2] = ["mscclppCommAbort", "mscclppCommGetAsyncError"];
+const EXTENSION_FUNCTIONS: [&str; 4] = [
+    "mscclppCommAbort",
+    "mscclppCommGetAsyncError",
+    "mscclppCommRegister",
+    "mscclppCommDeregister",
+];
 
 /// Warns when the generated declarations are not exactly the legacy set and our extensions: every exported
 /// `extern "C"` function in `src/ffi/` lands in the public header, so a helper exported by mistake (or a

@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::failure::FailureState;
 use crate::gpu::{AppStream, DevicePtr, GpuContext, pointer_info};
 use crate::proxy::trigger::MAX_CONNECTIONS;
+use crate::registration::Registrations;
 use crate::transport::ib::IbTransport;
 use crate::transport::p2p::P2pTransport;
 use crate::transport::{FlagsCarried, RegisteredWrite, Transport};
@@ -124,6 +125,8 @@ pub struct Communicator {
     failures: Arc<FailureState>,
     /// The collectives (`mscclppAllReduce` and the others), set up at the first call.
     collectives: Collectives,
+    /// Buffers registered with it (`mscclppCommRegister`, `ncclCommRegister`, windows).
+    registrations: Registrations,
 }
 
 impl Communicator {
@@ -161,6 +164,7 @@ impl Communicator {
             state: Mutex::new(state),
             failures: Arc::default(),
             collectives: Collectives::default(),
+            registrations: Registrations::default(),
         }
     }
 
@@ -175,6 +179,11 @@ impl Communicator {
     }
     pub(crate) fn failures(&self) -> &FailureState {
         &self.failures
+    }
+    /// Its registered buffers. Usable in every state, aborted included: registering involves no peer,
+    /// and deregistering must stay possible for the application's clean-up.
+    pub fn registrations(&self) -> &Registrations {
+        &self.registrations
     }
 
     /// Tells the transports and their proxies to abort, after a peer failed, `mscclppCommAbort` or a proxy's
@@ -546,6 +555,10 @@ impl Communicator {
         }
         st.transports.clear();
         st.connections.clear();
+        let registered = self.registrations.clear();
+        if registered > 0 {
+            log::info!("{registered} registration(s) still held were freed with the communicator");
+        }
         if let Some(g) = st.gpu.take() {
             g.release();
         }

@@ -6,6 +6,8 @@
 //! - `bootstrap/`: TCP rendezvous, all-gather, barrier and point-to-point messages between ranks.
 //! - `comm.rs`: the communicator: its bootstrap, connection list, state machine and transports, which
 //!   it loops over (`comm::new_transport` picks the transport of a new connection).
+//! - `registration.rs`: the buffers registered with a communicator (`mscclppCommRegister`, NCCL's
+//!   `ncclCommRegister` and windows): their ranges and allocations, checked again at every lookup.
 //! - `failure.rs`: what the communicator does when a peer fails or it is aborted, and what it reports.
 //! - `connection.rs`: what every connection has: peer, tag, buffer, epoch block, set-up message envelope.
 //! - `transport/`: the `Transport` interface and one folder per transport, holding all of its code:
@@ -39,6 +41,7 @@ pub mod logging;
 pub mod nccl;
 pub mod proxy;
 pub mod registered_memory;
+pub mod registration;
 pub mod settings;
 pub mod transport;
 pub mod types;

@@ -150,6 +150,27 @@ int main() {
   CASE("RegisteredBufferWrite(srcBuff NULL)", mscclppRegisteredBufferWrite(comm, &reg, nullptr, 8, 0, 0, 0), ARG, "srcBuff");
   CASE("RegisteredBufferWrite(empty regMem)", mscclppRegisteredBufferWrite(comm, &reg, fake, 8, 0, 0, 0), ARG, "regMem");
 
+  // Registration (MSCCLPP_HAS_REGISTRATION): arguments first, then the driver's query of the buffer.
+  void* handle = fake;
+  CASE("CommRegister(comm NULL)", mscclppCommRegister(nullptr, fake, 8, &handle), ARG, "comm");
+  CASE("CommRegister(handle NULL)", mscclppCommRegister(comm, fake, 8, nullptr), ARG, "handle is NULL");
+  CASE("CommRegister(buff NULL)", mscclppCommRegister(comm, nullptr, 8, &handle), ARG, "buff is NULL");
+  CASE("CommRegister(size 0)", mscclppCommRegister(comm, fake, 0, &handle), ARG, "size is 0");
+  CASE("CommRegister(made-up comm)", mscclppCommRegister((mscclppComm_t)0x1234, fake, 8, &handle), USAGE,
+       "not a live communicator");
+  {
+    // Host memory: refused by the driver's query on a GPU machine, or for want of a driver elsewhere.
+    size_t m = mark();
+    mscclppResult_t r = mscclppCommRegister(comm, fake, 8, &handle);
+    expect("CommRegister(host memory) fails", r == ARG || r == mscclppUnhandledCudaError ? ARG : r, ARG, "mscclppCommRegister", m);
+    expect("CommRegister leaves *handle alone on error", handle == fake ? OK : ARG, OK, nullptr, mark());
+  }
+  CASE("CommDeregister(comm NULL)", mscclppCommDeregister(nullptr, fake), ARG, "comm");
+  CASE("CommDeregister(handle NULL)", mscclppCommDeregister(comm, nullptr), ARG, "handle is NULL");
+  CASE("CommDeregister(never issued)", mscclppCommDeregister(comm, (void*)0x4d53000000bc0000ull), USAGE,
+       "not a live registration");
+  CASE("CommDeregister(an address)", mscclppCommDeregister(comm, fake), USAGE, "not a live registration");
+
   // Collectives: argument checks come before any GPU work, so they hold on machines without a GPU.
   void* dev = fake;  // never dereferenced: every case below fails (or does nothing) before touching it
   CASE("AllReduce(comm NULL)", mscclppAllReduce(dev, dev, 4, mscclppFloat32, mscclppSum, nullptr, nullptr), ARG, "comm");
@@ -208,6 +229,8 @@ int main() {
   CASE("CommGetAsyncError after destroy", mscclppCommGetAsyncError(comm, &asyncErr), USAGE,
        "not a live communicator");
   CASE("CommAbort after destroy", mscclppCommAbort(comm), USAGE, "not a live communicator");
+  CASE("CommRegister after destroy", mscclppCommRegister(comm, fake, 8, &handle), USAGE, "not a live communicator");
+  CASE("CommDeregister after destroy", mscclppCommDeregister(comm, fake), USAGE, "not a live communicator");
   CASE("AllReduce after destroy", mscclppAllReduce(dev, dev, 4, mscclppFloat32, mscclppSum, comm, nullptr), USAGE,
        "not a live communicator");
   CASE("SetLogHandler(NULL) restores default", mscclppSetLogHandler(nullptr), OK, nullptr);

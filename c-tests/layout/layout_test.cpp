@@ -157,6 +157,12 @@ SAME(decltype(&mscclppRegisteredBufferWrite), mscclppResult_t (*)(mscclppComm_t,
 #endif
 SAME(decltype(&mscclppCommAbort), mscclppResult_t (*)(mscclppComm_t));
 SAME(decltype(&mscclppCommGetAsyncError), mscclppResult_t (*)(mscclppComm_t, mscclppResult_t*));
+#ifndef MSCCLPP_HAS_REGISTRATION
+#error "mscclpp.h does not define MSCCLPP_HAS_REGISTRATION"
+#endif
+// NCCL's shapes: ncclCommRegister(comm, buff, size, void** handle), ncclCommDeregister(comm, handle).
+SAME(decltype(&mscclppCommRegister), mscclppResult_t (*)(mscclppComm_t, void*, size_t, void**));
+SAME(decltype(&mscclppCommDeregister), mscclppResult_t (*)(mscclppComm_t, void*));
 // The default argument: legacy callers leave ibDev out.
 SAME(decltype(mscclppConnect(std::declval<mscclppComm_t>(), 1, 0, std::declval<void*>(), 8, mscclppTransportP2P)),
      mscclppResult_t);
@@ -255,6 +261,8 @@ static void checkSymbols()
     reinterpret_cast<const void*>(&mscclppRegisteredBufferWrite),
     reinterpret_cast<const void*>(&mscclppCommAbort),
     reinterpret_cast<const void*>(&mscclppCommGetAsyncError),
+    reinterpret_cast<const void*>(&mscclppCommRegister),
+    reinterpret_cast<const void*>(&mscclppCommDeregister),
   };
   for (const void* symbol : symbols) {
     CHECK(symbol != nullptr);

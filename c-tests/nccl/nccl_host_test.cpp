@@ -265,17 +265,41 @@ static void one_rank_calls() {
   logged("device API");
   expect(ncclDevCommDestroy(comm, NULL), ncclInvalidUsage, "ncclDevCommDestroy: not offered");
 
-  // Registration and windows: handles.
-  void* handle = NULL;
-  expect(ncclCommRegister(comm, p, 64, &handle), ncclSuccess, "ncclCommRegister");
+  // Registration and windows (the core's table, as mscclppCommRegister): arguments first; a host address
+  // is refused by the driver's query (ncclInvalidArgument on a GPU machine, ncclUnhandledCudaError
+  // without a driver); a handle never issued, or one deregistered already, is ncclInvalidUsage; NULL
+  // handles are NCCL's "nothing registered" and deregister as a no-op.
+  void* handle = p;
   expect(ncclCommRegister(comm, p, 64, NULL), ncclInvalidArgument, "ncclCommRegister(handle NULL)");
-  expect(ncclCommDeregister(comm, handle), ncclSuccess, "ncclCommDeregister");
-  expect(ncclCommDeregister(comm, handle), ncclInvalidArgument, "ncclCommDeregister twice");
-  ncclWindow_t win = NULL;
+  logged("handle is NULL");
+  expect(ncclCommRegister(comm, NULL, 64, &handle), ncclInvalidArgument, "ncclCommRegister(buff NULL)");
+  logged("buff is NULL");
+  expect(ncclCommRegister(comm, p, 0, &handle), ncclInvalidArgument, "ncclCommRegister(size 0)");
+  logged("size is 0");
+  expect(ncclCommRegister(NULL, p, 64, &handle), ncclInvalidArgument, "ncclCommRegister(comm NULL)");
+  ncclResult_t reg = ncclCommRegister(comm, p, 64, &handle);
+  check(reg == ncclInvalidArgument || reg == ncclUnhandledCudaError, "ncclCommRegister(host address) is refused");
+  check(handle == p, "a refused ncclCommRegister leaves *handle alone");
+  expect(ncclCommDeregister(comm, (void*)0x4d53000000ba0000ull), ncclInvalidUsage, "ncclCommDeregister(never issued)");
+  logged("is not a live registration");
+  expect(ncclCommDeregister(comm, p), ncclInvalidUsage, "ncclCommDeregister(an address)");
+  expect(ncclCommDeregister(comm, NULL), ncclSuccess, "ncclCommDeregister(NULL): nothing to do");
+  expect(ncclCommDeregister(NULL, p), ncclInvalidArgument, "ncclCommDeregister(comm NULL)");
+  ncclWindow_t win = (ncclWindow_t)p;
   expect(ncclCommWindowRegister(comm, p, 4096, &win, 5), ncclInvalidArgument, "ncclCommWindowRegister(flags 5)");
-  expect(ncclCommWindowRegister(comm, p, 4096, &win, NCCL_WIN_COLL_SYMMETRIC), ncclSuccess, "ncclCommWindowRegister");
-  expect(ncclCommWindowDeregister(comm, win), ncclSuccess, "ncclCommWindowDeregister");
-  expect(ncclCommWindowDeregister(comm, win), ncclInvalidArgument, "ncclCommWindowDeregister twice");
+  expect(ncclCommWindowRegister(comm, p, 4096, NULL, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+         "ncclCommWindowRegister(win NULL)");
+  expect(ncclCommWindowRegister(comm, NULL, 4096, &win, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+         "ncclCommWindowRegister(buff NULL)");
+  expect(ncclCommWindowRegister(comm, p, 0, &win, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+         "ncclCommWindowRegister(size 0)");
+  reg = ncclCommWindowRegister(comm, p, 4096, &win, NCCL_WIN_COLL_SYMMETRIC);
+  check(reg == ncclInvalidArgument || reg == ncclUnhandledCudaError, "ncclCommWindowRegister(host address) is refused");
+  check(win == (ncclWindow_t)p, "a refused ncclCommWindowRegister leaves *win alone");
+  expect(ncclCommWindowDeregister(comm, (ncclWindow_t)0x4d53000000bb0000ull), ncclInvalidUsage,
+         "ncclCommWindowDeregister(never issued)");
+  logged("is not a live window");
+  expect(ncclCommWindowDeregister(comm, NULL), ncclSuccess, "ncclCommWindowDeregister(NULL): nothing to do");
 
   // Memory.
   void* mem = p;

@@ -14,10 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// High bits of every token, so that tokens are recognisable and never valid addresses.
 const TOKEN_TAG: u64 = 0x4d53_0000_0000_0000;
 
-/// Shared by every registry: a token names one object of one registry, ever.
+/// Shared by every registry (and `registration::Registrations`): a token names one object, ever.
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-fn new_token() -> u64 {
+pub(crate) fn new_token() -> u64 {
     TOKEN_TAG | (NEXT.fetch_add(1, Ordering::Relaxed) << 4)
 }
 

@@ -10,6 +10,8 @@ pub mod api;
 #[cfg(feature = "mscclpp-abi")]
 pub mod collectives;
 pub mod handles;
+#[cfg(feature = "mscclpp-abi")]
+pub mod registration;
 
 use crate::error::{Error, Result};
 use crate::types::mscclppResult_t;

@@ -167,6 +167,9 @@ pub struct PointerInfo {
     pub alloc_size: usize,
     /// The device ordinal the memory lives on.
     pub device: i32,
+    /// The driver's id of the allocation (`CU_POINTER_ATTRIBUTE_BUFFER_ID`): unique in the process for its
+    /// lifetime, so that memory freed and allocated again at the same address has another.
+    pub buffer_id: u64,
 }
 
 /// Checks that `[ptr, ptr+size)` is device memory inside one allocation and says where that starts. One
@@ -177,20 +180,24 @@ pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo
     let mut device: i32 = -1;
     let mut base: DevicePtr = 0;
     let mut alloc_size: usize = 0;
+    let mut buffer_id: u64 = 0;
     let mut attributes = [
         A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
         A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
         A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
         A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
     ];
-    let mut data: [*mut std::ffi::c_void; 4] = [
+    let mut data: [*mut std::ffi::c_void; 5] = [
         (&mut mem_type as *mut u32).cast(),
         (&mut device as *mut i32).cast(),
         (&mut base as *mut DevicePtr).cast(),
         (&mut alloc_size as *mut usize).cast(),
+        (&mut buffer_id as *mut u64).cast(),
     ];
     // SAFETY: each data pointer is a local of the attribute's type (32-bit type and ordinal, a device
-    // pointer, a size); for an address CUDA does not know the driver writes defaults and succeeds.
+    // pointer, a size, a 64-bit id); for an address CUDA does not know the driver writes defaults and
+    // succeeds.
     let rc = unsafe {
         sys::cuPointerGetAttributes(attributes.len() as u32, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr)
     };
@@ -213,5 +220,6 @@ pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo
         base,
         alloc_size,
         device,
+        buffer_id,
     })
 }

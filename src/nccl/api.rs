@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::ffi::{catch_panic, non_null};
 use crate::gpu::{AppStream, DeviceAllocation, GpuContext, ensure_driver};
 use crate::logging::RankScope;
+use crate::registration::Kind;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::cell::RefCell;
@@ -1057,13 +1058,13 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Registers a buffer for the communicator's calls. Calls copy through the communicator's scratch
-    /// whether a buffer is registered or not, so this keeps a handle only.
+    /// Registers a buffer with the communicator (`crate::registration`, as `mscclppCommRegister`): local,
+    /// its allocation recorded so that memory freed and allocated again is told apart. The collectives do
+    /// not use registrations yet.
     fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
         with_comm("ncclCommRegister", comm, |c| {
             non_null(handle, "handle")?;
-            non_null(buff, "buff")?;
-            let token = c.registrations.insert(Arc::new((buff as u64, size)));
+            let token = register(c, buff, size, Kind::Buffer)?;
             // SAFETY: checked non-null.
             unsafe { *handle = token as *mut c_void };
             OK
@@ -1072,20 +1073,20 @@ nccl_export! {
 }
 
 nccl_export! {
+    /// Forgets a registration. A NULL handle is NCCL's "nothing registered" (what its register gives
+    /// without local registration): nothing to do.
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
         with_comm("ncclCommDeregister", comm, |c| {
-            non_null(handle, "handle")?;
-            ensure_arg!(
-                c.registrations.remove(handle as u64).is_some(),
-                "handle {handle:p} is not a registration of this comm"
-            );
+            if !handle.is_null() {
+                c.core()?.registrations().deregister(handle as u64, Kind::Buffer, "handle")?;
+            }
             OK
         })
     }
 }
 
 nccl_export! {
-    /// Registers a window (kept as a handle, as `ncclCommRegister` is).
+    /// Registers a window: a registration of its own kind in the same table, its flags kept.
     fn ncclCommWindowRegister / pncclCommWindowRegister(
         comm: ncclComm_t,
         buff: *mut c_void,
@@ -1095,12 +1096,11 @@ nccl_export! {
     ) -> ncclResult_t {
         with_comm("ncclCommWindowRegister", comm, |c| {
             non_null(win, "win")?;
-            non_null(buff, "buff")?;
             ensure_arg!(
                 matches!(winFlags, NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC),
                 "winFlags is {winFlags}; it must be NCCL_WIN_DEFAULT (0) or NCCL_WIN_COLL_SYMMETRIC (1)"
             );
-            let token = c.windows.insert(Arc::new((buff as u64, size)));
+            let token = register(c, buff, size, Kind::Window { flags: winFlags })?;
             // SAFETY: checked non-null.
             unsafe { *win = token as ncclWindow_t };
             OK
@@ -1109,16 +1109,29 @@ nccl_export! {
 }
 
 nccl_export! {
+    /// Forgets a window (NULL: nothing to do, as `ncclCommDeregister`).
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
         with_comm("ncclCommWindowDeregister", comm, |c| {
-            non_null(win, "win")?;
-            ensure_arg!(
-                c.windows.remove(win as u64).is_some(),
-                "win {win:p} is not a window of this comm"
-            );
+            if !win.is_null() {
+                c.core()?.registrations().deregister(win as u64, Kind::Window { flags: 0 }, "win")?;
+            }
             OK
         })
     }
+}
+
+/// Registers `[buff, buff + size)` of `kind` with the core communicator: the arguments first (so that they
+/// are reported whatever the communicator's state), then its state (refused once revoked or finalized),
+/// then the driver. Memory of `ncclMemAlloc` is marked as the library's own.
+fn register(c: &NcclComm, buff: *mut c_void, size: usize, kind: Kind) -> Result<u64> {
+    crate::registration::check_range(buff as u64, size)?;
+    let core = c.usable()?;
+    let start = buff as u64;
+    let library_memory = ALLOCATIONS
+        .lock()
+        .values()
+        .any(|a| start >= a.ptr() && start + size as u64 <= a.ptr() + a.size() as u64);
+    core.registrations().register(start, size, kind, library_memory)
 }
 
 // ---- operators ----

@@ -1,7 +1,8 @@
 //! What an `ncclComm_t` names: the core's communicator (`crate::comm::Communicator`, the same one
 //! `mscclpp.h` uses) once it exists, and what NCCL's API keeps beside it: the state of a background
-//! initialisation, the device, `ncclCommFinalize`, registrations, windows, `PreMulSum` operators, and the
-//! NVIDIA communicator made beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`).
+//! initialisation, the device, `ncclCommFinalize`, `PreMulSum` operators, and the
+//! NVIDIA communicator made beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`). Registrations and
+//! windows are the core's (`Communicator::registrations`).
 
 use super::error::{code, from_core};
 use super::fallback;
@@ -64,9 +65,6 @@ pub struct NcclComm {
     /// so that the count tells one's messages from another's.
     splits: AtomicU64,
     shrinks: AtomicU64,
-    /// `ncclCommRegister` handles and `ncclCommWindowRegister` windows: (address, bytes) by token.
-    pub registrations: Registry<(u64, usize)>,
-    pub windows: Registry<(u64, usize)>,
     premul: Mutex<HashMap<c_int, PreMulSum>>,
     next_op: AtomicI32,
     /// The failure's message, kept for `ncclGetLastError` once the communicator has failed.
@@ -93,8 +91,6 @@ impl NcclComm {
             blocking: AtomicBool::new(true),
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
-            registrations: Registry::new(),
-            windows: Registry::new(),
             premul: Mutex::new(HashMap::new()),
             next_op: AtomicI32::new(super::types::redop::NUM_OPS),
             failure_message: OnceCell::new(),
