@@ -26,6 +26,7 @@
 //! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
 //! - `codec.rs`: the byte codec of set-up and bootstrap messages.
+//! - `dynlib.rs`: shared libraries loaded at run time (libibverbs, NVIDIA's NCCL as a fallback).
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
 
 pub mod bootstrap;
@@ -33,6 +34,7 @@ pub mod codec;
 pub mod collective;
 pub mod comm;
 pub mod connection;
+pub mod dynlib;
 pub mod error;
 pub mod failure;
 pub mod ffi;

@@ -18,6 +18,7 @@
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclConfig_t, ncclResult_t, ncclUniqueId};
 use crate::collective::Collective;
 use crate::comm::Communicator;
+use crate::dynlib;
 use crate::error::{Error, ErrorKind, Result};
 use crate::settings::NCCL_FALLBACK;
 use crate::transport::p2p::messages::ProcessId;
@@ -87,45 +88,25 @@ pub struct Library {
     fns: Functions,
 }
 
-fn dlerror_string() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call on this thread.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "no detail from dlerror".into()
-    } else {
-        // SAFETY: non-null, NUL-terminated (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
 impl Library {
     /// Loads the library at `path` and resolves every function; the error names the path and dlerror's
     /// text, or the missing symbol.
     pub fn load(path: &str) -> Result<Library> {
         let cpath = CString::new(path)
             .map_err(|_| Error::invalid_argument(format!("MSCCLPP_NCCL_FALLBACK \"{path}\" contains a NUL byte")))?;
-        // SAFETY: a NUL-terminated path. RTLD_NOW resolves everything up front so that failures show here;
-        // LOCAL and DEEPBIND keep NVIDIA's names and ours apart (see the module's comment).
-        let handle = unsafe { libc::dlopen(cpath.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND) };
-        if handle.is_null() {
-            return Err(Error::system(format!(
-                "MSCCLPP_NCCL_FALLBACK: cannot load \"{path}\": {}",
-                dlerror_string()
-            )));
-        }
+        // RTLD_NOW resolves everything up front so that failures show here; LOCAL and DEEPBIND keep NVIDIA's
+        // names and ours apart (see the module's comment).
+        let handle = dynlib::open(&cpath, libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND)
+            .map_err(|e| Error::system(format!("MSCCLPP_NCCL_FALLBACK: cannot load \"{path}\": {e}")))?;
         let sym = |s: &CStr| -> Result<*mut c_void> {
-            // SAFETY: a live handle and a NUL-terminated symbol name.
-            let p = unsafe { libc::dlsym(handle, s.as_ptr()) };
-            if p.is_null() {
-                Err(Error::system(format!(
+            // SAFETY: the handle `open` just returned, never closed while this runs.
+            unsafe { dynlib::symbol(handle, s) }.map_err(|e| {
+                Error::system(format!(
                     "MSCCLPP_NCCL_FALLBACK: \"{path}\" is not a usable NVIDIA NCCL (2.28 or later): symbol {} is \
-                     missing ({})",
-                    s.to_string_lossy(),
-                    dlerror_string()
-                )))
-            } else {
-                Ok(p)
-            }
+                     missing ({e})",
+                    s.to_string_lossy()
+                ))
+            })
         };
         macro_rules! f {
             ($s:literal, $t:ty) => {

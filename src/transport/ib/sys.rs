@@ -6,6 +6,7 @@
 //! which call through `context->ops`; `post_send` and `poll_cq` below do the same.
 #![allow(non_camel_case_types)]
 
+use crate::dynlib;
 use crate::error::{Error, Result};
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 
@@ -318,43 +319,26 @@ pub struct Library {
     pub fns: Functions,
 }
 
-fn dlerror_string() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call on this thread.
-    let e = unsafe { libc::dlerror() };
-    if e.is_null() {
-        "unknown error".into()
-    } else {
-        // SAFETY: non-null, NUL-terminated (see above).
-        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-    }
-}
-
 impl Library {
     /// Loads `name` (a file name searched like any shared library, or a path).
     pub fn load(name: &str) -> Result<Library> {
         let cname = CString::new(name)
             .map_err(|_| Error::invalid_argument(format!("MSCCLPP_IBV_SO \"{name}\" contains a NUL byte")))?;
-        // SAFETY: a NUL-terminated name; RTLD_NOW resolves everything up front so failures show here.
-        let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err(Error::system(format!(
-                "cannot load the InfiniBand verbs library \"{name}\" ({}); install libibverbs (rdma-core) \
-                 or point MSCCLPP_IBV_SO at it",
-                dlerror_string()
-            )));
-        }
+        // RTLD_NOW resolves everything up front so that failures show here.
+        let handle = dynlib::open(&cname, libc::RTLD_NOW | libc::RTLD_LOCAL).map_err(|e| {
+            Error::system(format!(
+                "cannot load the InfiniBand verbs library \"{name}\" ({e}); install libibverbs (rdma-core) or \
+                 point MSCCLPP_IBV_SO at it"
+            ))
+        })?;
         let sym = |s: &CStr| -> Result<*mut c_void> {
-            // SAFETY: a live handle and a NUL-terminated symbol name.
-            let p = unsafe { libc::dlsym(handle, s.as_ptr()) };
-            if p.is_null() {
-                Err(Error::system(format!(
-                    "\"{name}\" is not a usable libibverbs: symbol {} is missing ({})",
-                    s.to_string_lossy(),
-                    dlerror_string()
-                )))
-            } else {
-                Ok(p)
-            }
+            // SAFETY: the handle `open` just returned, never closed while this runs.
+            unsafe { dynlib::symbol(handle, s) }.map_err(|e| {
+                Error::system(format!(
+                    "\"{name}\" is not a usable libibverbs: symbol {} is missing ({e})",
+                    s.to_string_lossy()
+                ))
+            })
         };
         macro_rules! f {
             ($s:literal, $t:ty) => {
