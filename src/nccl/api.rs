@@ -288,15 +288,15 @@ fn collective(
                 Some(o) => o,
                 None => 0,
             };
-            let call = fallback::Call::collective(
+            let call = fallback::Call::Collective {
                 collective,
-                sendbuff as u64,
-                recvbuff as u64,
+                send: sendbuff as u64,
+                recv: recvbuff as u64,
                 count,
-                datatype_value,
+                datatype: datatype_value,
                 op,
                 root,
-            );
+            };
             return forward(f, call, stream);
         }
         let datatype = datatype(datatype_value)?;

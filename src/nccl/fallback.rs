@@ -454,59 +454,14 @@ fn result_code(r: c_int) -> ncclResult_t {
 /// them (operators already NVIDIA's: see `Comm::create_premul`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Call {
-    AllReduce {
+    /// One of the core's collectives; `op` (NVIDIA's number) and `root` where the collective takes them.
+    Collective {
+        collective: Collective,
         send: u64,
         recv: u64,
         count: usize,
         datatype: c_int,
         op: c_int,
-    },
-    AllGather {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-    },
-    ReduceScatter {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-        op: c_int,
-    },
-    Broadcast {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-    },
-    Reduce {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-        op: c_int,
-        root: c_int,
-    },
-    AlltoAll {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-    },
-    Gather {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-        root: c_int,
-    },
-    Scatter {
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
         root: c_int,
     },
     Send {
@@ -521,77 +476,6 @@ pub enum Call {
         datatype: c_int,
         peer: c_int,
     },
-}
-
-impl Call {
-    /// The call of one of the core's collectives (`op`: NVIDIA's number; unused where it takes none).
-    pub fn collective(
-        collective: Collective,
-        send: u64,
-        recv: u64,
-        count: usize,
-        datatype: c_int,
-        op: c_int,
-        root: c_int,
-    ) -> Call {
-        match collective {
-            Collective::AllReduce => Call::AllReduce {
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-            },
-            Collective::AllGather => Call::AllGather {
-                send,
-                recv,
-                count,
-                datatype,
-            },
-            Collective::ReduceScatter => Call::ReduceScatter {
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-            },
-            Collective::Broadcast => Call::Broadcast {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            },
-            Collective::Reduce => Call::Reduce {
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-                root,
-            },
-            Collective::Gather => Call::Gather {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            },
-            Collective::Scatter => Call::Scatter {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            },
-            Collective::AllToAll => Call::AlltoAll {
-                send,
-                recv,
-                count,
-                datatype,
-            },
-        }
-    }
 }
 
 /// A call and the NVIDIA communicator and stream it goes to.
@@ -611,77 +495,43 @@ impl Forwarded {
         // SAFETY (every arm): NVIDIA's function with nccl.h's arguments, as the application passed them to
         // ours (buffers and stream under nccl.h's contract), on a live NVIDIA communicator.
         let (name, r) = match self.call {
-            Call::AllReduce {
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-            } => ("ncclAllReduce", unsafe {
-                (f.all_reduce)(p(send), m(recv), count, datatype, op, c, s)
-            }),
-            Call::AllGather {
-                send,
-                recv,
-                count,
-                datatype,
-            } => ("ncclAllGather", unsafe {
-                (f.all_gather)(p(send), m(recv), count, datatype, c, s)
-            }),
-            Call::ReduceScatter {
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-            } => ("ncclReduceScatter", unsafe {
-                (f.reduce_scatter)(p(send), m(recv), count, datatype, op, c, s)
-            }),
-            Call::Broadcast {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            } => ("ncclBroadcast", unsafe {
-                (f.broadcast)(p(send), m(recv), count, datatype, root, c, s)
-            }),
-            Call::Reduce {
+            Call::Collective {
+                collective,
                 send,
                 recv,
                 count,
                 datatype,
                 op,
                 root,
-            } => ("ncclReduce", unsafe {
-                (f.reduce)(p(send), m(recv), count, datatype, op, root, c, s)
-            }),
-            Call::AlltoAll {
-                send,
-                recv,
-                count,
-                datatype,
-            } => ("ncclAlltoAll", unsafe {
-                (f.all_to_all)(p(send), m(recv), count, datatype, c, s)
-            }),
-            Call::Gather {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            } => ("ncclGather", unsafe {
-                (f.gather)(p(send), m(recv), count, datatype, root, c, s)
-            }),
-            Call::Scatter {
-                send,
-                recv,
-                count,
-                datatype,
-                root,
-            } => ("ncclScatter", unsafe {
-                (f.scatter)(p(send), m(recv), count, datatype, root, c, s)
-            }),
+            } => {
+                let (send, recv) = (p(send), m(recv));
+                match collective {
+                    Collective::AllReduce => ("ncclAllReduce", unsafe {
+                        (f.all_reduce)(send, recv, count, datatype, op, c, s)
+                    }),
+                    Collective::AllGather => ("ncclAllGather", unsafe {
+                        (f.all_gather)(send, recv, count, datatype, c, s)
+                    }),
+                    Collective::ReduceScatter => ("ncclReduceScatter", unsafe {
+                        (f.reduce_scatter)(send, recv, count, datatype, op, c, s)
+                    }),
+                    Collective::Broadcast => ("ncclBroadcast", unsafe {
+                        (f.broadcast)(send, recv, count, datatype, root, c, s)
+                    }),
+                    Collective::Reduce => ("ncclReduce", unsafe {
+                        (f.reduce)(send, recv, count, datatype, op, root, c, s)
+                    }),
+                    Collective::AllToAll => ("ncclAlltoAll", unsafe {
+                        (f.all_to_all)(send, recv, count, datatype, c, s)
+                    }),
+                    Collective::Gather => ("ncclGather", unsafe {
+                        (f.gather)(send, recv, count, datatype, root, c, s)
+                    }),
+                    Collective::Scatter => ("ncclScatter", unsafe {
+                        (f.scatter)(send, recv, count, datatype, root, c, s)
+                    }),
+                }
+            }
             Call::Send {
                 buf,
                 count,
