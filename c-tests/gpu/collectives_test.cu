@@ -1622,71 +1622,31 @@ int runKill(int nranks, int port)
   }
   const double scale = timeoutScale();
   const double t0 = nowSec();
-  void* mem = mmap(nullptr, sizeof(KillShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
+  KillShared* S = mapShared<KillShared>();
+  if (!S) {
     printf("FAIL %s: mmap failed\n", name);
     return 1;
   }
-  KillShared* S = (KillShared*)mem;
-  memset((void*)S, 0, sizeof(KillShared));
   const int victim = nranks - 1;
-  fflush(stdout);
-  fflush(stderr);
-  std::vector<pid_t> pids(nranks, -1);
-  for (int r = 0; r < nranks; ++r) {
-    pids[r] = example::forkRankProcess();
-    if (pids[r] == 0) {
-      gAlarmRank = r;
-      signal(SIGALRM, tc::onAlarm);
-      alarm((unsigned)(150 * scale));
-      const int rc = killRankMain(r, nranks, port, S);
-      if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-  }
-  std::vector<int> status(nranks, -1);
-  auto reap = [&](int r) {
-    int st = 0;
-    if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) status[r] = st;
-    return status[r] != -1;
-  };
+  ForkedRanks ranks(nranks, 150 * scale, [&](int r) {
+    const int rc = killRankMain(r, nranks, port, S);
+    if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
+    return rc;
+  });
   // Every rank in its loop (or one gone early).
-  double deadline = nowSec() + 90 * scale;
-  bool ready = false, early = false;
-  while (!ready && !early && nowSec() < deadline) {
-    ready = true;
-    for (int r = 0; r < nranks; ++r) {
-      ready = ready && S->ready[r];
-      early = early || reap(r);
-    }
-    usleep(10000);
-  }
+  bool early = false;
+  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 90 * scale, &early);
   double tKill = 0;
-  if (ready && !early) {
+  if (ready) {
     usleep(1000000);
-    kill(pids[victim], SIGKILL);
+    ranks.kill(victim);
     tKill = nowSec();
-  }
-  // Survivors finish on their own; the deadline turns a hang into a failure.
-  deadline = nowSec() + 60 * scale;
-  for (int left = nranks; left > 0 && nowSec() < deadline;) {
-    left = 0;
-    for (int r = 0; r < nranks; ++r) left += r != victim && !reap(r) ? 1 : 0;
-    if (tKill == 0) break;
-    usleep(10000);
+    // Survivors finish on their own; the deadline turns a hang into a failure.
+    ranks.waitEnded(60 * scale, victim);
   }
   S->stop = 1;
-  std::vector<bool> killed(nranks, false);
-  for (int r = 0; r < nranks; ++r) {
-    if (reap(r)) continue;
-    kill(pids[r], SIGKILL);
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    status[r] = st;
-    killed[r] = r != victim;
-  }
+  std::vector<bool> killed = ranks.killRest();
+  killed[victim] = false;
   int failed = 0;
   std::string info;
   const double lim = scale;
@@ -1696,8 +1656,8 @@ int runKill(int nranks, int port)
     std::string why;
     if (!ready || early) why = fmt("not every rank got its loop going (%s)", o.note[0] ? o.note : "see the log");
     else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
-    else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished)
-      why = fmt("%s: %s", describeStatus(status[r]).c_str(), o.note);
+    else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
+      why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
     else if (o.iterations == 0) why = "no all-reduce ran in the loop";
     else if (o.asyncError != mscclppRemoteError)
       why = fmt("mscclppCommGetAsyncError gave %d (%s), not mscclppRemoteError", o.asyncError,
@@ -1725,7 +1685,7 @@ int runKill(int nranks, int port)
   printf("SUMMARY kill (%d ranks, port %d, %.1f s): %d passed, %d failed\n", nranks, port, nowSec() - t0, failed ? 0 : 1,
          failed ? 1 : 0);
   fflush(stdout);
-  munmap(mem, sizeof(KillShared));
+  munmap(S, sizeof(KillShared));
   return failed ? 1 : 0;
 }
 
@@ -1826,77 +1786,46 @@ int runExit(int nranks, int port, ExitMode mode)
     return 0;
   }
   const double scale = timeoutScale(), t0 = nowSec();
-  void* mem = mmap(nullptr, sizeof(ExitShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
+  ExitShared* S = mapShared<ExitShared>();
+  if (!S) {
     printf("FAIL %s: mmap failed\n", name);
     return 1;
   }
-  ExitShared* S = (ExitShared*)mem;
-  memset((void*)S, 0, sizeof(ExitShared));
   const int victim = mode == kExitAfterKill ? nranks - 1 : -1;
-  fflush(stdout);
-  fflush(stderr);
-  std::vector<pid_t> pids(nranks, -1);
-  for (int r = 0; r < nranks; ++r) {
-    pids[r] = example::forkRankProcess();
-    if (pids[r] == 0) {
-      gAlarmRank = r;
-      signal(SIGALRM, tc::onAlarm);
-      alarm((unsigned)(120 * scale));
-      const int rc = exitRankMain(r, nranks, port, S, mode);
-      fprintf(stderr, "[rank %d] %s\n", r, S->note[r]);
-      fflush(stderr);
-      _exit(rc);
-    }
-  }
-  std::vector<int> status(nranks, -1);
-  std::vector<double> ended(nranks, 0);
-  auto reap = [&](int r) {
-    int st = 0;
-    if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-      status[r] = st;
-      ended[r] = nowSec();
-    }
-    return status[r] != -1;
-  };
-  double deadline = nowSec() + 90 * scale;
-  bool ready = false;
-  while (!ready && nowSec() < deadline) {
-    ready = true;
-    for (int r = 0; r < nranks; ++r) ready = ready && S->ready[r] && !reap(r);
-    usleep(10000);
-  }
+  ForkedRanks ranks(nranks, 120 * scale, [&](int r) {
+    const int rc = exitRankMain(r, nranks, port, S, mode);
+    fprintf(stderr, "[rank %d] %s\n", r, S->note[r]);
+    return rc;
+  });
+  bool early = false;
+  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 90 * scale, &early);
   double tKill = 0;
   if (ready && victim >= 0) {
     usleep(500000);
-    kill(pids[victim], SIGKILL);
+    ranks.kill(victim);
     tKill = nowSec();
   }
-  deadline = nowSec() + 60 * scale;
-  for (int left = nranks; left > 0 && nowSec() < deadline; usleep(10000)) {
-    left = 0;
-    for (int r = 0; r < nranks; ++r) left += !reap(r) ? 1 : 0;
-  }
+  ranks.waitEnded(60 * scale);
+  const double now = nowSec();
+  const std::vector<bool> alive = ranks.killRest();
   int failed = 0;
   std::string info;
   for (int r = 0; r < nranks; ++r) {
-    if (!reap(r)) {
-      kill(pids[r], SIGKILL);
-      waitpid(pids[r], nullptr, 0);
+    if (alive[r]) {
       printf("FAIL %s: rank %d still alive 60 s on (%s)\n", name, r,
-             S->tExit[r] > 0 ? fmt("it called exit() %.1f s before", nowSec() - S->tExit[r]).c_str() : S->note[r]);
+             S->tExit[r] > 0 ? fmt("it called exit() %.1f s before", now - S->tExit[r]).c_str() : S->note[r]);
       ++failed;
       continue;
     }
     if (r == victim) continue;
     const int want = inFlight && r == 0 ? 0 : mode == kExitAfterFault && r == nranks - 1 ? 4 : 3;
-    const double took = S->tExit[r] > 0 ? ended[r] - S->tExit[r] : -1;
+    const double took = S->tExit[r] > 0 ? ranks.ended(r) - S->tExit[r] : -1;
     if (!ready) {
-      printf("FAIL %s: rank %d ended before every rank was ready: %s (%s)\n", name, r, describeStatus(status[r]).c_str(),
+      printf("FAIL %s: rank %d ended before every rank was ready: %s (%s)\n", name, r, describeStatus(ranks.status(r)).c_str(),
              S->note[r]);
       ++failed;
-    } else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != want) {
-      printf("FAIL %s: rank %d: %s, not exit status %d (%s)\n", name, r, describeStatus(status[r]).c_str(), want,
+    } else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != want) {
+      printf("FAIL %s: rank %d: %s, not exit status %d (%s)\n", name, r, describeStatus(ranks.status(r)).c_str(), want,
              S->note[r]);
       ++failed;
     } else if (took < 0 || took > 10 * scale) {
@@ -1904,14 +1833,14 @@ int runExit(int nranks, int port, ExitMode mode)
       ++failed;
     } else {
       info += fmt(" rank%d: exit() ended it in %.2f s%s;", r, took,
-                  tKill > 0 ? fmt(", %.2f s after the kill", ended[r] - tKill).c_str() : "");
+                  tKill > 0 ? fmt(", %.2f s after the kill", ranks.ended(r) - tKill).c_str() : "");
     }
   }
   if (!failed) printf("PASS %s:%s\n", name, info.c_str());
   printf("SUMMARY %s (%d ranks, %.1f s): %d passed, %d failed\n", name, nranks, nowSec() - t0, failed ? 0 : 1,
          failed ? 1 : 0);
   fflush(stdout);
-  munmap(mem, sizeof(ExitShared));
+  munmap(S, sizeof(ExitShared));
   return failed ? 1 : 0;
 }
 

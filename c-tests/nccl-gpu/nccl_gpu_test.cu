@@ -1867,72 +1867,32 @@ int runKill(const Options& opt, bool p2p)
 {
   const char* name = p2p ? "kill_last_rank_during_send_recv_ring" : "kill_last_rank_during_allreduces";
   const double scale = timeoutScale(), t0 = nowSec();
-  void* mem = mmap(nullptr, sizeof(KillShared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
+  KillShared* S = mapShared<KillShared>();
+  if (!S) {
     printf("FAIL %s: mmap failed\n", name);
     return 1;
   }
-  KillShared* S = (KillShared*)mem;
-  memset((void*)S, 0, sizeof(KillShared));
   memset((void*)gBoard, 0, sizeof(Board));
   const int nranks = opt.nranks, victim = nranks - 1;
-  fflush(stdout);
-  fflush(stderr);
-  std::vector<pid_t> pids(nranks, -1);
-  for (int r = 0; r < nranks; ++r) {
-    pids[r] = example::forkRankProcess();
-    if (pids[r] == 0) {
-      gAlarmRank = r;
-      signal(SIGALRM, tc::onAlarm);
-      alarm((unsigned)(180 * scale));
-      Rank R;
-      R.rank = r;
-      R.nranks = nranks;
-      R.hostTimeoutS = 30.0 * scale;
-      const int rc = killRank(R, S, p2p);
-      fflush(stdout);
-      fflush(stderr);
-      _exit(rc);
-    }
-  }
-  std::vector<int> status(nranks, -1);
-  auto reap = [&](int r) {
-    int st = 0;
-    if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) status[r] = st;
-    return status[r] != -1;
-  };
-  double deadline = nowSec() + 120 * scale;
-  bool ready = false, early = false;
-  while (!ready && !early && nowSec() < deadline) {
-    ready = true;
-    for (int r = 0; r < nranks; ++r) {
-      ready = ready && S->ready[r];
-      early = early || reap(r);
-    }
-    usleep(10000);
-  }
+  ForkedRanks ranks(nranks, 180 * scale, [&](int r) {
+    Rank R;
+    R.rank = r;
+    R.nranks = nranks;
+    R.hostTimeoutS = 30.0 * scale;
+    return killRank(R, S, p2p);
+  });
+  bool early = false;
+  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 120 * scale, &early);
   double tKill = 0;
-  if (ready && !early) {
+  if (ready) {
     usleep(1000000); // the loops well under way
-    kill(pids[victim], SIGKILL);
+    ranks.kill(victim);
     tKill = nowSec();
-  }
-  deadline = nowSec() + 60 * scale;
-  for (int left = nranks; left > 0 && tKill > 0 && nowSec() < deadline;) {
-    left = 0;
-    for (int r = 0; r < nranks; ++r) left += r != victim && !reap(r) ? 1 : 0;
-    usleep(10000);
+    ranks.waitEnded(60 * scale, victim);
   }
   S->stop = 1;
-  std::vector<bool> killed(nranks, false);
-  for (int r = 0; r < nranks; ++r) {
-    if (reap(r)) continue;
-    kill(pids[r], SIGKILL);
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    status[r] = st;
-    killed[r] = r != victim;
-  }
+  std::vector<bool> killed = ranks.killRest();
+  killed[victim] = false;
   int failed = 0;
   std::string info;
   const std::string peer = fmt("rank %d", victim);
@@ -1942,8 +1902,8 @@ int runKill(const Options& opt, bool p2p)
     std::string why;
     if (!ready || early) why = fmt("not every rank got its loop going (%s)", o.note[0] ? o.note : "see the log");
     else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
-    else if (!WIFEXITED(status[r]) || WEXITSTATUS(status[r]) != 0 || !o.finished)
-      why = fmt("%s: %s", describeStatus(status[r]).c_str(), o.note);
+    else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
+      why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
     else if (o.iterations == 0) why = "no call ran in the loop";
     else if (o.asyncError != ncclRemoteError)
       why = fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)o.asyncError));
@@ -1969,7 +1929,7 @@ int runKill(const Options& opt, bool p2p)
   printf("SUMMARY %s (%d ranks, %.1f s): %d passed, %d failed\n", p2p ? "kill_p2p" : "kill", nranks, nowSec() - t0,
          failed ? 0 : 1, failed ? 1 : 0);
   fflush(stdout);
-  munmap(mem, sizeof(KillShared));
+  munmap(S, sizeof(KillShared));
   return failed ? 1 : 0;
 }
 

@@ -717,6 +717,17 @@ inline std::string describeStatus(int status)
   return fmt("ended with status 0x%x", status);
 }
 
+// Memory the parent and every forked rank share, zeroed (a case's results and flags): one `T`, or null if
+// the mapping failed. Released with munmap(ptr, sizeof(T)).
+template <typename T>
+T* mapShared()
+{
+  void* mem = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return nullptr;
+  memset(mem, 0, sizeof(T));
+  return static_cast<T*>(mem);
+}
+
 // Forks one child per rank, each running rankMain(R) (its return value is the exit code), waits at most
 // timeoutS (scaled), kills stragglers, prints per-case results and a summary. Returns main's exit code.
 inline int runRanks(const char* progName, const Options& opt, double timeoutS, const std::function<int(Rank&)>& rankMain)
@@ -724,13 +735,11 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
   timeoutS *= timeoutScale();
   const int nranks = opt.nranks;
   const int port = pickPort(opt.port, 2);
-  void* mem = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
+  SharedState* S = mapShared<SharedState>();
+  if (!S) {
     printf("FAIL %s: mmap of the shared result area failed: %s\n", progName, strerror(errno));
     return 1;
   }
-  SharedState* S = (SharedState*)mem;
-  memset(S, 0, sizeof(SharedState));
   fflush(stdout);
   fflush(stderr);
 
@@ -871,10 +880,106 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
   }
   printf("SUMMARY %s (%d ranks, port %d, %.1f s): %d passed, %d failed\n", progName, nranks, port, elapsed, passed, failed);
   fflush(stdout);
-  munmap(mem, sizeof(SharedState));
+  munmap(S, sizeof(SharedState));
   return failed == 0 ? 0 : 1;
 }
 
+
+// Ranks forked by a parent with logic of its own around them (a rank killed, processes that end themselves):
+// one child per rank runs body(rank) under an alarm of `alarmS` seconds and ends with its result (_exit: the
+// child's own atexit handlers run only where body calls exit() itself); the parent reaps them without
+// blocking and notes when each ended.
+class ForkedRanks
+{
+public:
+  ForkedRanks(int nranks, double alarmS, const std::function<int(int)>& body)
+    : pids_(nranks, -1), status_(nranks, -1), ended_(nranks, 0)
+  {
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < nranks; ++r) {
+      pids_[r] = example::forkRankProcess();
+      if (pids_[r] == 0) {
+        gAlarmRank = r;
+        signal(SIGALRM, onAlarm);
+        alarm((unsigned)alarmS);
+        const int rc = body(r);
+        fflush(stdout);
+        fflush(stderr);
+        _exit(rc);
+      }
+    }
+  }
+
+  int size() const { return (int)pids_.size(); }
+  int status(int r) const { return status_[r]; }
+  double ended(int r) const { return ended_[r]; }
+
+  // Whether rank r has ended (its waitpid status is then status(r)).
+  bool reap(int r)
+  {
+    int st = 0;
+    if (status_[r] == -1 && waitpid(pids_[r], &st, WNOHANG) == pids_[r]) {
+      status_[r] = st;
+      ended_[r] = nowSec();
+    }
+    return status_[r] != -1;
+  }
+
+  // Waits until ready(r) holds for every rank, a rank ends before it got ready (`*early`), or `seconds`
+  // pass; whether every rank got ready. A rank that ends once ready counts as ready: the parent polls, and a
+  // rank may be done with its part before the parent's next look.
+  bool waitReady(const std::function<bool(int)>& ready, double seconds, bool* early)
+  {
+    const double deadline = nowSec() + seconds;
+    bool all = false;
+    *early = false;
+    while (!all && !*early && nowSec() < deadline) {
+      all = true;
+      for (int r = 0; r < size(); ++r) {
+        const bool ended = reap(r);
+        const bool isReady = ready(r);
+        all = all && isReady;
+        *early = *early || (ended && !isReady);
+      }
+      if (!all) usleep(10000);
+    }
+    return all && !*early;
+  }
+
+  // Waits at most `seconds` for every rank but `except` (-1: none) to end on its own.
+  void waitEnded(double seconds, int except = -1)
+  {
+    const double deadline = nowSec() + seconds;
+    for (int left = size(); left > 0 && nowSec() < deadline; usleep(10000)) {
+      left = 0;
+      for (int r = 0; r < size(); ++r) left += r != except && !reap(r) ? 1 : 0;
+    }
+  }
+
+  void kill(int r) { ::kill(pids_[r], SIGKILL); }
+
+  // SIGKILLs and reaps every rank still alive; which ranks those were.
+  std::vector<bool> killRest()
+  {
+    std::vector<bool> killed(size(), false);
+    for (int r = 0; r < size(); ++r) {
+      if (reap(r)) continue;
+      ::kill(pids_[r], SIGKILL);
+      int st = 0;
+      waitpid(pids_[r], &st, 0);
+      status_[r] = st;
+      ended_[r] = nowSec();
+      killed[r] = true;
+    }
+    return killed;
+  }
+
+private:
+  std::vector<pid_t> pids_;
+  std::vector<int> status_;
+  std::vector<double> ended_;
+};
 } // namespace tc
 
 #endif // MSCCLPP_CASE_RUNNER_H_
