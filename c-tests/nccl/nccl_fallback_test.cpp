@@ -15,6 +15,8 @@
 // Prints one line per check and "nccl fallback test: N passed, N failed".
 #include <nccl.h>
 
+#include "nccl_check.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,32 +31,7 @@
 #include <unistd.h>
 #include <vector>
 
-struct Counts {
-  int passed, failed;
-};
-static Counts* counts;  // shared with the children
-static std::string dir, log_path, calls_path;
-
-static void check(bool ok, const std::string& what) {
-  ++(ok ? counts->passed : counts->failed);
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-}
-
-static void expect(ncclResult_t got, ncclResult_t want, const std::string& what) {
-  check(got == want, what + " -> " + std::to_string(got) + " (want " + std::to_string(want) + ")");
-}
-
-static std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-static void logged(const std::string& text) {
-  check(read_file(log_path).find(text) != std::string::npos, "log has: " + text);
-}
+static std::string dir, calls_path;
 
 // The fake's lines holding `text`.
 static std::vector<std::string> calls(const std::string& text) {
@@ -317,8 +294,7 @@ static void run(const char* name, const std::vector<std::pair<const char*, std::
 }
 
 int main() {
-  counts = (Counts*)mmap(NULL, sizeof(Counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (counts == MAP_FAILED) return 2;
+  if (!init_counts()) return 2;
   char exe[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return 2;

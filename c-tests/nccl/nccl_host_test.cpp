@@ -7,6 +7,8 @@
 // "nccl host test: N passed, N failed".
 #include <nccl.h>
 
+#include "nccl_check.h"
+
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -17,35 +19,6 @@
 #include <string>
 #include <thread>
 #include <unistd.h>
-
-static int passed = 0, failed = 0;
-static std::string log_path;
-
-static void check(bool ok, const std::string& what) {
-  if (ok) {
-    ++passed;
-    std::printf("PASS %s\n", what.c_str());
-  } else {
-    ++failed;
-    std::printf("FAIL %s\n", what.c_str());
-  }
-}
-
-static void expect(ncclResult_t got, ncclResult_t want, const std::string& what) {
-  check(got == want, what + " -> " + std::to_string(got) + " (want " + std::to_string(want) + ")");
-}
-
-static std::string log_text() {
-  std::ifstream f(log_path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// The log has a line holding `text` (the WARN that names the argument).
-static void logged(const std::string& text) {
-  check(log_text().find(text) != std::string::npos, "log names it: " + text);
-}
 
 static void layouts_and_values() {
   check(sizeof(ncclUniqueId) == 128 && NCCL_UNIQUE_ID_BYTES == 128, "ncclUniqueId is 128 bytes");
@@ -423,6 +396,7 @@ static void two_ranks() {
 }
 
 int main() {
+  if (!init_counts()) return 2;
   char path[] = "/tmp/nccl_host_test.XXXXXX";
   int fd = mkstemp(path);
   if (fd < 0) return 2;
@@ -440,8 +414,8 @@ int main() {
   initialisation();
   one_rank_calls();
   two_ranks();
-  if (failed) std::printf("log (%s):\n%s", path, log_text().c_str());
+  if (counts->failed) std::printf("log (%s):\n%s", path, read_file(log_path).c_str());
   std::remove(path);
-  std::printf("nccl host test: %d passed, %d failed\n", passed, failed);
-  return failed ? 1 : 0;
+  std::printf("nccl host test: %d passed, %d failed\n", counts->passed, counts->failed);
+  return counts->failed ? 1 : 0;
 }

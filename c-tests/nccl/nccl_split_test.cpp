@@ -12,6 +12,8 @@
 // Prints one line per check and "nccl split test: N passed, N failed".
 #include <nccl.h>
 
+#include "nccl_check.h"
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -26,33 +28,6 @@
 #include <thread>
 #include <unistd.h>
 #include <vector>
-
-struct Counts {
-  int passed, failed;
-};
-static Counts* counts;  // shared with the children, which check from several threads at once
-static std::string log_path;
-
-static void check(bool ok, const std::string& what) {
-  __atomic_fetch_add(ok ? &counts->passed : &counts->failed, 1, __ATOMIC_SEQ_CST);
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-}
-
-static void expect(ncclResult_t got, ncclResult_t want, const std::string& what) {
-  check(got == want, what + " -> " + std::to_string(got) + " (want " + std::to_string(want) + ")");
-}
-
-static std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-static void logged(const std::string& text) {
-  check(read_file(log_path).find(text) != std::string::npos, "log names it: " + text);
-}
 
 static int count_of(ncclComm_t c) {
   int n = -1;
@@ -351,8 +326,7 @@ static void run(const char* name, void (*body)()) {
 }
 
 int main() {
-  counts = (Counts*)mmap(NULL, sizeof(Counts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (counts == MAP_FAILED) return 2;
+  if (!init_counts()) return 2;
   char path[] = "/tmp/nccl_split_test.XXXXXX";
   int fd = mkstemp(path);
   if (fd < 0) return 2;
