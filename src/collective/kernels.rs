@@ -2,6 +2,7 @@
 //! `kernels/collectives/`), and the ones loaded into a communicator's context, each module at the first
 //! call that needs one of its kernels.
 
+use super::algorithm::resident_share;
 use super::{DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuContext, Kernel, Module};
@@ -37,26 +38,32 @@ pub fn kernel_name(base: &str, op: Option<RedOp>, datatype: DataType) -> String 
     }
 }
 
-/// A kernel ready to launch, and what the occupancy calculator said of it.
+/// A kernel ready to launch, and the most blocks a launch of it may have.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadedKernel {
     pub kernel: Kernel,
-    /// Blocks of the threads it was asked for with that one multiprocessor holds at once.
-    pub per_multiprocessor: u32,
+    /// This rank's share of the blocks of the kernel the GPU holds at once (`algorithm::resident_share`).
+    pub max_blocks: u32,
 }
 
 /// The modules and kernels loaded into one context.
 pub struct LoadedKernels {
     gpu: GpuContext,
+    /// What `algorithm::resident_share` needs besides the kernel: the fewest multiprocessors of any rank's
+    /// context and the most ranks on one GPU (`Scratch`'s).
+    multiprocessors: u32,
+    gpu_sharers: usize,
     // Kernels are declared before the modules that hold them.
     kernels: HashMap<String, LoadedKernel>,
     modules: HashMap<&'static str, Module>,
 }
 
 impl LoadedKernels {
-    pub fn new(gpu: GpuContext) -> LoadedKernels {
+    pub fn new(gpu: GpuContext, multiprocessors: u32, gpu_sharers: usize) -> LoadedKernels {
         LoadedKernels {
             gpu,
+            multiprocessors,
+            gpu_sharers,
             kernels: HashMap::new(),
             modules: HashMap::new(),
         }
@@ -68,7 +75,8 @@ impl LoadedKernels {
     }
 
     /// The kernel of an algorithm for an operator and type, loading its module first if needed; its
-    /// occupancy is worked out once, for blocks of `threads` (the same for every launch of `base`).
+    /// occupancy, for blocks of `threads` (the same for every launch of `base`), and the share of blocks it
+    /// gives are worked out once. A share below one block is an error here, before any launch.
     pub fn get(&mut self, base: &str, op: Option<RedOp>, datatype: DataType, threads: u32) -> Result<LoadedKernel> {
         let name = kernel_name(base, op, datatype);
         if let Some(k) = self.kernels.get(&name) {
@@ -87,13 +95,12 @@ impl LoadedKernels {
             self.modules.insert(unit, module);
         }
         let kernel = self.modules[unit].kernel(&name)?;
-        let loaded = LoadedKernel {
-            kernel,
-            per_multiprocessor: kernel.blocks_per_multiprocessor(threads)?,
-        };
+        let per_multiprocessor = kernel.blocks_per_multiprocessor(threads)?;
+        // A grid the GPU cannot hold beside the other ranks' would hang.
+        let max_blocks = resident_share(&name, self.multiprocessors, per_multiprocessor, self.gpu_sharers)?;
+        let loaded = LoadedKernel { kernel, max_blocks };
         log::info!(
-            "{name}: {} blocks of {threads} threads per multiprocessor",
-            loaded.per_multiprocessor
+            "{name}: {per_multiprocessor} blocks of {threads} threads per multiprocessor, at most {max_blocks} a launch"
         );
         self.kernels.insert(name, loaded);
         Ok(loaded)

@@ -185,13 +185,7 @@ impl Collectives {
                 .kernels
                 .get(base, call.op, call.datatype, algorithm::threads(protocol))?
         };
-        // Checked before anything is queued: a grid the GPU cannot hold beside the other ranks' would hang.
-        let max_blocks = algorithm::resident_share(
-            &kernels::kernel_name(base, call.op, call.datatype),
-            ready.scratch.multiprocessors,
-            loaded.per_multiprocessor,
-            ready.scratch.gpu_sharers,
-        )?;
+        let max_blocks = loaded.max_blocks;
 
         let area = match protocol {
             Protocol::Packet => ready.scratch.packet_bytes,
@@ -244,7 +238,7 @@ impl Collectives {
         let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
         Ok(Ready {
-            kernels: LoadedKernels::new(*gpu),
+            kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
             scratch,
             abort,
             choice,

@@ -15,12 +15,11 @@
 //! The kernel moves data through every receiver's p2p area, set up with the scratch (`scratch.rs`) before
 //! any send or receive: `Collectives::prepare`.
 
-use super::algorithm;
 use super::kernel_args::{
     MAX_P2P_OPS, MAX_RANKS, P2P_CHUNK_BYTES, P2P_COUNTER_BYTES, P2P_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs,
     P2pChannelArgs, P2pOpArgs,
 };
-use super::{Collectives, DataType, kernels};
+use super::{Collectives, DataType};
 use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -405,13 +404,7 @@ impl Collectives {
                 .transpose()?;
             ready.kernels.get(KERNEL_BASE, None, BYTES, P2P_THREADS)?
         };
-        // Checked before anything is queued: blocks the GPU cannot hold beside the other ranks' would hang.
-        let max_blocks = algorithm::resident_share(
-            &kernels::kernel_name(KERNEL_BASE, None, BYTES),
-            ready.scratch.multiprocessors,
-            loaded.per_multiprocessor,
-            ready.scratch.gpu_sharers,
-        )?;
+        let max_blocks = loaded.max_blocks;
         let channels = channels(&work.remote, max_blocks)?;
         let (args, blocks) = kernel_args(
             &work.remote,
