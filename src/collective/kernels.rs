@@ -46,6 +46,14 @@ pub struct LoadedKernel {
     pub max_blocks: u32,
 }
 
+/// An entry point: the algorithm, and the operator and type where it reduces (the kernels that only move
+/// bytes serve every type).
+type KernelKey = (&'static str, Option<(RedOp, DataType)>);
+
+fn key(base: &'static str, op: Option<RedOp>, datatype: DataType) -> KernelKey {
+    (base, op.map(|op| (op, datatype)))
+}
+
 /// The modules and kernels loaded into one context.
 pub struct LoadedKernels {
     gpu: GpuContext,
@@ -53,8 +61,9 @@ pub struct LoadedKernels {
     /// context and the most ranks on one GPU (`Scratch`'s).
     multiprocessors: u32,
     gpu_sharers: usize,
-    // Kernels are declared before the modules that hold them.
-    kernels: HashMap<String, LoadedKernel>,
+    // Kernels are declared before the modules that hold them. Keyed as `key` makes it, so that a call
+    // finds its kernel without formatting its name.
+    kernels: HashMap<KernelKey, LoadedKernel>,
     modules: HashMap<&'static str, Module>,
 }
 
@@ -70,18 +79,24 @@ impl LoadedKernels {
     }
 
     /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`).
-    pub fn needs_loading(&self, base: &str, op: Option<RedOp>, datatype: DataType) -> bool {
-        !self.kernels.contains_key(&kernel_name(base, op, datatype))
+    pub fn needs_loading(&self, base: &'static str, op: Option<RedOp>, datatype: DataType) -> bool {
+        !self.kernels.contains_key(&key(base, op, datatype))
     }
 
     /// The kernel of an algorithm for an operator and type, loading its module first if needed; its
     /// occupancy, for blocks of `threads` (the same for every launch of `base`), and the share of blocks it
     /// gives are worked out once. A share below one block is an error here, before any launch.
-    pub fn get(&mut self, base: &str, op: Option<RedOp>, datatype: DataType, threads: u32) -> Result<LoadedKernel> {
-        let name = kernel_name(base, op, datatype);
-        if let Some(k) = self.kernels.get(&name) {
+    pub fn get(
+        &mut self,
+        base: &'static str,
+        op: Option<RedOp>,
+        datatype: DataType,
+        threads: u32,
+    ) -> Result<LoadedKernel> {
+        if let Some(k) = self.kernels.get(&key(base, op, datatype)) {
             return Ok(*k);
         }
+        let name = kernel_name(base, op, datatype);
         let unit = unit_of(op, datatype);
         if !self.modules.contains_key(unit) {
             let image = fatbin(unit).ok_or_else(|| {
@@ -102,7 +117,7 @@ impl LoadedKernels {
         log::info!(
             "{name}: {per_multiprocessor} blocks of {threads} threads per multiprocessor, at most {max_blocks} a launch"
         );
-        self.kernels.insert(name, loaded);
+        self.kernels.insert(key(base, op, datatype), loaded);
         Ok(loaded)
     }
 }
