@@ -17,6 +17,8 @@
 #   build/examples/<dir>/<name> from examples-c/<dir>/<name>.cu  (nvcc; every <dir> but bench)
 #   build/python-venv           virtual environment with the Python package installed (pip install ./python),
 #                               pytest and NVRTC; build/python-wheels: pytest as wheels, for GPU machines
+#   python/mscclpp/_fastcall.abi3.so   the collectives' C fast path, in place for PYTHONPATH=python (git-ignored;
+#                               optional: not built without cc or Python's headers)
 # Every program finds libmscclpp through an $ORIGIN-relative rpath, so build/ can be moved as a whole.
 
 SHELL := /bin/bash
@@ -169,6 +171,8 @@ build/tests/gpu/%: c-tests/gpu/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
 	  $< -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
+# collectives_bench --api nccl loads the NCCL face at run time; it needs nccl.h's types to build.
+build/bench/collectives_bench: $(NCCL_HEADER)
 build/bench/%: examples-c/bench/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	@mkdir -p $(@D)
 	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -MMD -MP $< \
@@ -233,9 +237,27 @@ include c-tests/legacy-abi/legacy.mk
 PY_VENV := build/python-venv
 PY_READY := $(PY_VENV)/.ready
 PY_INSTALLED := $(PY_VENV)/.mscclpp-installed
-PY_SOURCES := $(wildcard python/mscclpp/*.py) python/mscclpp/py.typed python/setup.py python/pyproject.toml
+PY_SOURCES := $(wildcard python/mscclpp/*.py) python/mscclpp/_fastcall.c python/mscclpp/py.typed python/setup.py \
+  python/pyproject.toml
+# The collectives' C fast path (python/mscclpp/_fastcall.c), built in place so that a checkout run with
+# PYTHONPATH=python finds it (pip builds its own copy into the package). Stable ABI: this one file loads into
+# every CPython >= 3.8, whichever python3 found the headers. Optional: without a C compiler or Python.h the
+# package calls the library through ctypes alone, and make says so instead of failing.
+PY_FASTCALL := python/mscclpp/_fastcall.abi3.so
+PYTHON3 ?= python3
 
-python: $(PY_INSTALLED)
+python: $(PY_INSTALLED) $(PY_FASTCALL)
+
+$(PY_FASTCALL): python/mscclpp/_fastcall.c
+	@inc=$$($(PYTHON3) -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null); why=; \
+	if ! command -v $(CC) >/dev/null 2>&1; then why="no C compiler ($(CC))"; \
+	elif [[ ! -f $$inc/Python.h ]]; then why="no Python.h where $(PYTHON3) has its headers ('$$inc')"; fi; \
+	if [[ -n $$why ]]; then \
+	  echo "note: $@ not built: $$why; mscclpp's collectives then call the library through ctypes alone"; \
+	else \
+	  echo "$(CC) -O2 -Wall -Wextra -shared -fPIC -I$$inc $< -o $@"; \
+	  $(CC) -O2 -Wall -Wextra -shared -fPIC -I"$$inc" $< -o $@; \
+	fi
 
 $(PY_READY): scripts/setup-python.sh | deps
 	@scripts/setup-python.sh
@@ -296,6 +318,7 @@ lint: | deps
 
 clean:
 	rm -rf build
+	rm -f $(PY_FASTCALL)
 	+$(CARGO) clean
 
 distclean: clean

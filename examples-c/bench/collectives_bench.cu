@@ -20,9 +20,21 @@
 //
 //   collectives_bench [nranks] [--port P] [--colls LIST] [--sizes LIST] [--min-bytes N] [--max-bytes N]
 //                     [--modes graph,eager] [--repeats N] [--iters N] [--repeat-ms T] [--quick] [--timeout S]
+//                     [--api mscclpp|nccl|both] [--nccl-lib PATH]
 // LIST of collectives: allreduce_f16, allreduce_f32, allreduce_bf16, allgather_f32, reducescatter_f16, ...
 // ("allreduce" = allreduce_f16,allreduce_f32; a name without a type is f32). Sizes take K, M, G (KiB...).
+//
+// --api: which face issues the calls. mscclpp (the default): mscclpp.h's functions. nccl: nccl.h's
+// (ncclAllReduce, ...) on an NCCL communicator of the same ranks, from this tree's libnccl.so.2 (loaded at
+// run time from --nccl-lib, default ../lib/nccl/libnccl.so.2 beside this program; its RESULT lines say
+// lib=ncclface). both: each size measured through one face then the other in the same processes, on the same
+// buffers, so the difference is what the NCCL layer costs per call (issue 25, point 6).
 #include "../common/case_runner.h"
+
+#include <nccl.h>
+
+#include <dlfcn.h>
+#include <unistd.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -201,6 +213,8 @@ struct Config
   long iters = 0; // calls per repeat; 0: from --repeat-ms
   double repeatMs = 10;
   double timeoutS = 0; // 0: from the number of cases
+  bool viaMscclpp = true, viaNccl = false;
+  std::string ncclLib;  // empty: beside this program
 };
 Config gCfg;
 
@@ -334,6 +348,13 @@ Options parseOptions(int argc, char** argv)
       if (!(gCfg.repeatMs > 0)) usage(argv[0], "bad --repeat-ms");
     } else if (a == "--timeout" && hasValue) {
       gCfg.timeoutS = atof(argv[++i]);
+    } else if (a == "--api" && hasValue) {
+      const std::string api = argv[++i];
+      gCfg.viaMscclpp = api == "mscclpp" || api == "both";
+      gCfg.viaNccl = api == "nccl" || api == "both";
+      if (!gCfg.viaMscclpp && !gCfg.viaNccl) usage(argv[0], "bad --api (mscclpp, nccl, both)");
+    } else if (a == "--nccl-lib" && hasValue) {
+      gCfg.ncclLib = argv[++i];
     } else if (a == "--quick") {
       quick = true;
     } else if (a[0] != '-') {
@@ -361,7 +382,9 @@ Options parseOptions(int argc, char** argv)
   if (quick) gCfg.repeatMs = std::min(gCfg.repeatMs, 5.0);
   if (gCfg.specs.empty() || gCfg.sizes.empty()) usage(argv[0], "nothing to measure");
   // One case per collective and size, plus init, set-up and teardown.
-  if (gCfg.specs.size() * gCfg.sizes.size() + 3 > (size_t)kMaxCases) usage(argv[0], "too many collectives x sizes");
+  const size_t apis = (gCfg.viaMscclpp ? 1 : 0) + (gCfg.viaNccl ? 1 : 0);
+  if (apis * gCfg.specs.size() * gCfg.sizes.size() + 4 > (size_t)kMaxCases)
+    usage(argv[0], "too many collectives x sizes");
   return o;
 }
 
@@ -376,13 +399,116 @@ struct Row
 {
   Spec spec;
   uint64_t bytes;
+  bool nccl = false; // measured through nccl.h
   double graphUs = -1, eagerUs = -1;
   bool checked = false;
 };
 std::vector<Row> gRows;
 
+// ---- the NCCL face, loaded at run time (this program links libmscclpp only) ----
+
+struct NcclFace
+{
+  void* lib = nullptr;
+  ncclComm_t comm = nullptr;
+  decltype(&ncclGetUniqueId) getUniqueId = nullptr;
+  decltype(&ncclCommInitRank) initRank = nullptr;
+  decltype(&ncclCommDestroy) destroy = nullptr;
+  decltype(&ncclGetErrorString) errorString = nullptr;
+  decltype(&ncclAllReduce) allReduce = nullptr;
+  decltype(&ncclAllGather) allGather = nullptr;
+  decltype(&ncclReduceScatter) reduceScatter = nullptr;
+  decltype(&ncclBroadcast) broadcast = nullptr;
+};
+NcclFace gNccl;
+bool gUseNccl = false; // which face the calls below go through
+
+template <typename F>
+std::string ncclSym(F* fn, const char* name)
+{
+  *fn = reinterpret_cast<F>(dlsym(gNccl.lib, name));
+  TC_EXPECT(*fn != nullptr, "%s is not in the NCCL library: %s", name, dlerror());
+  return "";
+}
+
+std::string ncclLibPath()
+{
+  if (!gCfg.ncclLib.empty()) return gCfg.ncclLib;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "libnccl.so.2";
+  self[n] = 0;
+  std::string dir(self);
+  dir.resize(dir.rfind('/'));
+  return dir + "/../lib/nccl/libnccl.so.2";
+}
+
+// An NCCL communicator of the same ranks: rank 0's unique id reaches the others through the bootstrap.
+std::string ncclSetup(Rank& R)
+{
+  const std::string path = ncclLibPath();
+  gNccl.lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  TC_EXPECT(gNccl.lib != nullptr, "cannot load the NCCL face %s: %s", path.c_str(), dlerror());
+  TC_TRY(ncclSym(&gNccl.getUniqueId, "ncclGetUniqueId"));
+  TC_TRY(ncclSym(&gNccl.initRank, "ncclCommInitRank"));
+  TC_TRY(ncclSym(&gNccl.destroy, "ncclCommDestroy"));
+  TC_TRY(ncclSym(&gNccl.errorString, "ncclGetErrorString"));
+  TC_TRY(ncclSym(&gNccl.allReduce, "ncclAllReduce"));
+  TC_TRY(ncclSym(&gNccl.allGather, "ncclAllGather"));
+  TC_TRY(ncclSym(&gNccl.reduceScatter, "ncclReduceScatter"));
+  TC_TRY(ncclSym(&gNccl.broadcast, "ncclBroadcast"));
+  auto ids = std::make_shared<std::vector<ncclUniqueId>>(R.nranks);
+  if (R.rank == 0) {
+    const ncclResult_t r = gNccl.getUniqueId(&(*ids)[0]);
+    TC_EXPECT(r == ncclSuccess, "ncclGetUniqueId returned %d", (int)r);
+  }
+  mscclppComm_t comm = R.comm;
+  TC_TRY(callBounded(R, "mscclppBootstrapAllGather (the NCCL unique id)", R.hostTimeoutS, [comm, ids]() {
+    return mscclppBootstrapAllGather(comm, ids->data(), (int)sizeof(ncclUniqueId));
+  }));
+  const ncclResult_t r = gNccl.initRank(&gNccl.comm, R.nranks, (*ids)[0], R.rank);
+  TC_EXPECT(r == ncclSuccess, "ncclCommInitRank returned %d (%s)", (int)r, gNccl.errorString(r));
+  return "";
+}
+
+ncclDataType_t ncclTypeOf(DType d) { return d == kF16 ? ncclFloat16 : d == kBF16 ? ncclBfloat16 : ncclFloat32; }
+
+// The call through nccl.h, its result as the mscclppResult_t of the same meaning where there is one.
+mscclppResult_t issueNccl(const Spec& s, const Shape& sh, cudaStream_t st)
+{
+  const ncclDataType_t t = ncclTypeOf(s.dtype);
+  ncclResult_t r;
+  switch (s.coll) {
+  case kAllReduce:
+    r = gNccl.allReduce(gSend, gRecv, sh.count, t, ncclSum, gNccl.comm, st);
+    break;
+  case kAllGather:
+    r = gNccl.allGather(gSend, gRecv, sh.count, t, gNccl.comm, st);
+    break;
+  case kReduceScatter:
+    r = gNccl.reduceScatter(gSend, gRecv, sh.count, t, ncclSum, gNccl.comm, st);
+    break;
+  default:
+    r = gNccl.broadcast(gSend, gRecv, sh.count, t, 0, gNccl.comm, st);
+    break;
+  }
+  switch (r) {
+  case ncclSuccess:
+    return mscclppSuccess;
+  case ncclInvalidArgument:
+    return mscclppInvalidArgument;
+  case ncclInvalidUsage:
+    return mscclppInvalidUsage;
+  case ncclRemoteError:
+    return mscclppRemoteError;
+  default:
+    return mscclppInternalError;
+  }
+}
+
 mscclppResult_t issue(Rank& R, const Spec& s, const Shape& sh, cudaStream_t st)
 {
+  if (gUseNccl) return issueNccl(s, sh, st);
   const mscclppDataType_t t = kDTypes[s.dtype].type;
   switch (s.coll) {
   case kAllReduce:
@@ -540,9 +666,9 @@ std::string timeEager(Rank& R, const Spec& s, const Shape& sh, cudaEvent_t start
 void printResult(const Rank& R, const Spec& s, const Shape& sh, const char* mode, double us, long calls, bool checked)
 {
   if (R.rank != 0) return;
-  printf("RESULT lib=mscclpp caller=c collective=%s dtype=%s bytes=%llu mode=%s us=%.3f algbw=%.3f calls=%ld "
+  printf("RESULT lib=%s caller=c collective=%s dtype=%s bytes=%llu mode=%s us=%.3f algbw=%.3f calls=%ld "
          "repeats=%d ranks=%d gpus=%d algo=%s checked=%d\n",
-         kCollNames[s.coll], kDTypes[s.dtype].name, (unsigned long long)sh.bytes, mode, us,
+         gUseNccl ? "ncclface" : "mscclpp", kCollNames[s.coll], kDTypes[s.dtype].name, (unsigned long long)sh.bytes, mode, us,
          (double)sh.bytes / us / 1000.0, calls, gCfg.repeats, R.nranks, R.nGpus, gAlgo.c_str(), checked ? 1 : 0);
   fflush(stdout);
 }
@@ -580,7 +706,7 @@ std::string benchOne(Rank& R, const Spec& s, uint64_t bytes, uint32_t salt, cuda
   TC_TRY(first);
   TC_EXPECT(allOk, "another rank's check failed: not timed");
 
-  Row row{s, sh.bytes};
+  Row row{s, sh.bytes, gUseNccl};
   long graphCalls = 0, eagerCalls = 0;
   if (gCfg.graph) TC_TRY(timeGraph(R, s, sh, start, stop, &row.graphUs, &graphCalls));
   if (gCfg.eager) TC_TRY(timeEager(R, s, sh, start, stop, &row.eagerUs, &eagerCalls));
@@ -624,8 +750,8 @@ void printTable(const Rank& R)
   if (R.rank != 0 || gRows.empty()) return;
   printf("\ncollectives_bench: %d ranks, %d GPUs, MSCCLPP_COLL_ALGO=%s, us per call and algBW in GB/s\n", R.nranks,
          R.nGpus, gAlgo.c_str());
-  printf("%-14s %-5s %8s | %11s %9s | %11s %9s | %s\n", "collective", "type", "size", "graph us", "GB/s", "eager us",
-         "GB/s", "checked");
+  printf("%-14s %-5s %8s %-7s | %11s %9s | %11s %9s | %s\n", "collective", "type", "size", "api", "graph us", "GB/s",
+         "eager us", "GB/s", "checked");
   for (const Row& r : gRows) {
     char g[2][32] = {"-", "-"}, e[2][32] = {"-", "-"};
     if (r.graphUs > 0) {
@@ -636,8 +762,9 @@ void printTable(const Rank& R)
       snprintf(e[0], 32, "%.2f", r.eagerUs);
       snprintf(e[1], 32, "%.2f", (double)r.bytes / r.eagerUs / 1000.0);
     }
-    printf("%-14s %-5s %8s | %11s %9s | %11s %9s | %s\n", kCollNames[r.spec.coll], kDTypes[r.spec.dtype].name,
-           sizeName(r.bytes).c_str(), g[0], g[1], e[0], e[1], r.checked ? "yes" : "FAILED");
+    printf("%-14s %-5s %8s %-7s | %11s %9s | %11s %9s | %s\n", kCollNames[r.spec.coll], kDTypes[r.spec.dtype].name,
+           sizeName(r.bytes).c_str(), r.nccl ? "nccl.h" : "mscclpp", g[0], g[1], e[0], e[1],
+           r.checked ? "yes" : "FAILED");
   }
   if (R.nranks > R.nGpus) printf("NOTE: ranks share GPUs: these timings are not comparable to one GPU per rank\n");
   printf("\n");
@@ -648,6 +775,7 @@ int rankMain(Rank& R)
 {
   if (!runCase(R, "init", [&] { return initRank(R); })) return 1;
   if (!runCase(R, "collectives_setup", [&] { return setup(R); })) return 1;
+  if (gCfg.viaNccl && !runCase(R, "nccl_face_setup", [&] { return ncclSetup(R); })) return 1;
   cudaEvent_t start = nullptr, stop = nullptr;
   if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess) {
     rankLog(R, "cudaEventCreate failed");
@@ -658,15 +786,24 @@ int rankMain(Rank& R)
   for (const Spec& s : gCfg.specs) {
     for (uint64_t bytes : gCfg.sizes) {
       ++salt;
-      const std::string name =
-          fmt("%s_%s_%s", kCollNames[s.coll], kDTypes[s.dtype].name, sizeName(bytes).c_str());
-      ok = runCase(R, name, [&] { return benchOne(R, s, bytes, salt, start, stop); }) && ok;
+      // Through each face in turn, on the same buffers: one after the other for each size.
+      for (int face = 0; face < 2; ++face) {
+        gUseNccl = face == 1;
+        if (gUseNccl ? !gCfg.viaNccl : !gCfg.viaMscclpp) continue;
+        const std::string name = fmt("%s_%s_%s%s", kCollNames[s.coll], kDTypes[s.dtype].name,
+                                     sizeName(bytes).c_str(), gUseNccl ? "_nccl_h" : "");
+        ok = runCase(R, name, [&] { return benchOne(R, s, bytes, salt, start, stop); }) && ok;
+      }
     }
   }
   printTable(R);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   ok = runCase(R, "teardown", [&] {
+         if (gNccl.comm) {
+           const ncclResult_t r = gNccl.destroy(gNccl.comm);
+           TC_EXPECT(r == ncclSuccess, "ncclCommDestroy returned %d", (int)r);
+         }
          TC_TRY(destroyComm(R, false));
          TC_CUDA(cudaFree(gSend));
          TC_CUDA(cudaFree(gRecv));

@@ -1,0 +1,44 @@
+"""``python -m mscclpp.nccl_path``: the path of the NCCL face built beside the package (no GPU needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mscclpp
+from mscclpp import nccl_path
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(mscclpp.__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "mscclpp.nccl_path", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_prints_an_existing_libnccl_so_2_when_built() -> None:
+    found = nccl_path.nccl_library_path()
+    r = _run()
+    if found is None:  # a package installed without the NCCL face: the command says so and fails
+        assert r.returncode == 1
+        assert "no libnccl.so.2" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    printed = Path(r.stdout.strip())
+    assert printed.name == "libnccl.so.2" and printed.is_file() and printed.is_absolute()
+    # It is ours: it exports NCCL's version and none of libmscclpp's names (checked in the file's bytes).
+    data = printed.read_bytes()
+    assert b"ncclGetVersion" in data
+    d = _run("--dir")
+    assert d.returncode == 0 and Path(d.stdout.strip()) == printed.parent
+
+
+def test_missing_library_and_bad_arguments(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(nccl_path, "candidates", lambda: [Path("/nonexistent/libnccl.so.2")])
+    assert nccl_path.nccl_library_path() is None
+    assert nccl_path.main([]) == 1
+    assert "/nonexistent/libnccl.so.2" in capsys.readouterr().err
+    assert nccl_path.main(["--bogus"]) == 2
+    assert "usage" in capsys.readouterr().err
