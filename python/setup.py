@@ -1,7 +1,7 @@
-"""Builds the mscclpp wheel: the pure-Python package plus the library it drives.
+"""Builds the mscclpp wheel: the Python package plus the library it drives.
 
-The package calls libmscclpp's C interface through ctypes, so the only native part is the library itself,
-built by its own build (cargo) and bundled as is:
+The package calls libmscclpp's C interface through ctypes; the library is built by its own build (cargo)
+and bundled as is:
 
 - in a checkout (this folder beside the repository's Cargo.toml) with cargo on the PATH, ``cargo build
   --release`` runs at the repository root (cargo rebuilds only what changed) and the wheel takes
@@ -11,7 +11,14 @@ built by its own build (cargo) and bundled as is:
 - otherwise the build stops and says what is missing.
 
 The library goes into the package as ``mscclpp/_lib/libmscclpp.so.0`` and the headers into
-``mscclpp/_include/``. The wheel is tagged ``py3-none-<platform>``: any Python 3, one platform.
+``mscclpp/_include/``.
+
+One small CPython extension is compiled too, ``mscclpp._fastcall`` (``mscclpp/_fastcall.c``: the
+collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.8), so
+that its one build loads into every CPython >= 3.8. It is optional: where there is no C compiler or no
+Python headers, the build says so and goes on, and the package calls the library through ctypes alone.
+The wheel is tagged ``cp38-abi3-<platform>`` when it holds the extension (any CPython >= 3.8), else
+``py3-none-<platform>`` (any Python 3); one platform either way.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 try:  # setuptools >= 70.1 has it built in; older ones take it from the wheel package
@@ -72,15 +79,24 @@ class BuildPyWithLibrary(build_py):
 
 
 class PlatformWheel(bdist_wheel):
-    """The wheel holds a native library (so it is not pure) but no extension module (so any Python 3)."""
+    """The wheel holds a native library (so it is not pure) and, where it could be built, an extension of
+    the stable ABI (so any CPython >= 3.8; without it, any Python 3)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
         self.root_is_pure = False
 
     def get_tag(self) -> tuple[str, str, str]:
-        _, _, plat = super().get_tag()
+        # Called after the build: whether the optional extension was built is known by then.
+        plat = super().get_tag()[2]
+        outputs = self.get_finalized_command("build_ext").get_outputs()
+        if outputs and all(os.path.isfile(p) for p in outputs):
+            return "cp38", "abi3", plat
         return "py3", "none", plat
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})
+# optional: a failed compile (no compiler, no Python.h) is a warning, and the package then uses ctypes alone.
+FASTCALL = Extension("mscclpp._fastcall", ["mscclpp/_fastcall.c"], py_limited_api=True, optional=True,
+                     extra_compile_args=["-O2", "-Wall", "-Wextra"])
+
+setup(ext_modules=[FASTCALL], cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})

@@ -21,6 +21,13 @@ all-gather's output, reduce-scatter's input), out of place, as collectives_bench
   to back and one synchronize; the time per call is (host clock after the synchronize - before the first
   call) / calls, the median of the repeats; the table shows the slowest rank's. CUDA events recorded
   around the same loops give the figure the C program's way (printed below the table, for comparison).
+  These calls go through the package's C fast path (the extension mscclpp/_fastcall.abi3.so, which make
+  builds in place; a GPU machine handed a checkout needs that file too, or `make
+  python/mscclpp/_fastcall.abi3.so` there, which needs cc and Python's headers). With the extension
+  loaded, the current-stream loops run once more with it turned off (the "ctypes" columns: the Python
+  code calling the library through ctypes), and the run checks that every timed call of the fast path
+  was made by the extension. The output says whether the extension was loaded; without it, every column
+  is the ctypes path and the "ctypes" columns are empty.
 
 Each figure is the median of --rounds rounds (default 3), a round being the C program and then the Python
 ranks: the machine's pace drifts over a run, and this way the drift reaches both sides alike. A line per
@@ -151,10 +158,14 @@ def _calls(mscclpp: Any, comm: Any, coll: str, inp: Any, out: Any) -> Callable[[
 
 
 def measure(fw: Frame, mscclpp: Any, comm: Any, args: argparse.Namespace, rank: int, nranks: int,
-            stream_kind: str, salt_base: int) -> Tuple[Dict[str, Dict[str, float]], List[str]]:
-    """Every collective on fw's current stream: {coll: {"wall": us, "events": us}}, and what was wrong."""
+            stream_kind: str, salt_base: int) -> Tuple[Dict[str, Dict[str, float]], List[str], List[str]]:
+    """Every collective on fw's current stream: {coll: {"wall": us, "events": us}}, what was wrong, and
+    notes. ``stream_kind`` "ctypes": the current stream with the package's C fast path turned off."""
     results: Dict[str, Dict[str, float]] = {}
     problems: List[str] = []
+    notes: List[str] = []
+    coll_mod = mscclpp.collectives
+    fast = coll_mod._use_fastcall(stream_kind != "ctypes")
     for k, coll in enumerate(COLLS):
         salt = salt_base + k
         count, in_n, out_n = shapes(coll, args.bytes, nranks)
@@ -179,6 +190,7 @@ def measure(fw: Frame, mscclpp: Any, comm: Any, args: argparse.Namespace, rank: 
         fw.sync()
         wall, events = [], []
         start, stop = fw.events()
+        declined = coll_mod._fastcall.stats()[1] if fast else 0
         for _ in range(args.repeats):
             comm.barrier()
             t0 = time.perf_counter()
@@ -190,9 +202,13 @@ def measure(fw: Frame, mscclpp: Any, comm: Any, args: argparse.Namespace, rank: 
             t1 = time.perf_counter()
             wall.append((t1 - t0) / args.calls * 1e6)
             events.append(fw.elapsed_ms(start, stop) * 1e3 / args.calls)
+        if fast and coll_mod._fastcall.stats()[1] != declined:
+            notes.append(f"{what}: {coll_mod._fastcall.stats()[1] - declined} timed calls were left to the "
+                         "Python path by the C fast path: these figures are not the fast path's")
         check(f"after {args.warmup + args.repeats * args.calls} more calls")
         results[coll] = {"wall": statistics.median(wall), "events": statistics.median(events)}
-    return results, problems
+    coll_mod._use_fastcall(True)
+    return results, problems, notes
 
 
 def rank_main(rank: int, nranks: int, uid: Any, args: argparse.Namespace, out: Any) -> None:
@@ -200,6 +216,9 @@ def rank_main(rank: int, nranks: int, uid: Any, args: argparse.Namespace, out: A
     try:
         use_package(args.package_dir)
         import mscclpp
+
+        report["fastcall"] = mscclpp.collectives._fastcall_state()
+        with_fastcall = mscclpp.collectives._fastcall is not None
 
         found = []
         for name in FRAMEWORKS:
@@ -229,13 +248,18 @@ def rank_main(rank: int, nranks: int, uid: Any, args: argparse.Namespace, out: A
             common = [n for n in FRAMEWORKS if all(n in h for h in have)]
             for f_index, name in enumerate(common):
                 fw = frames[name]
-                res, bad = measure(fw, mscclpp, comm, args, rank, nranks, "current", 10 * f_index)
-                report["results"][(name, "current")] = res
-                report["problems"] += bad
-                with fw.side_stream():
-                    res, bad = measure(fw, mscclpp, comm, args, rank, nranks, "side", 10 * f_index + 5)
-                report["results"][(name, "side")] = res
-                report["problems"] += bad
+                # Every rank has the same package (this checkout), so all make the same calls.
+                kinds = ["current", "ctypes"] if with_fastcall else ["current"]
+                for kind in kinds + ["side"]:
+                    salt = 10 * f_index + {"current": 0, "ctypes": 3, "side": 5}[kind]
+                    if kind == "side":
+                        with fw.side_stream():
+                            res, bad, notes = measure(fw, mscclpp, comm, args, rank, nranks, kind, salt)
+                    else:
+                        res, bad, notes = measure(fw, mscclpp, comm, args, rank, nranks, kind, salt)
+                    report["results"][(name, kind)] = res
+                    report["problems"] += bad
+                    report["notes"] += notes
             comm.barrier()
     except BaseException as e:  # noqa: BLE001 - whatever it was goes to the parent
         report["error"] = f"{e!r}\n{traceback.format_exc()}"
@@ -322,7 +346,7 @@ def diff(a: Optional[float], b: Optional[float]) -> str:
     return "—" if a is None or b is None else f"{a - b:+.2f}"
 
 
-Key = Tuple[str, str, str, str]  # framework, stream ("current", "side"), collective, "wall" or "events"
+Key = Tuple[str, str, str, str]  # framework, stream ("current", "side", "ctypes"), collective, "wall" or "events"
 
 
 def slowest_ranks(reports: List[Dict[str, Any]]) -> Dict[Key, float]:
@@ -411,16 +435,21 @@ def main() -> int:
           "the calls; median of the repeats, slowest rank. Current stream: the framework's default; side: a "
           "stream of the rank's own made current.")
     print(f"Each figure: the median of {len(py_rounds)} rounds, each round the C program and then the Python ranks.")
+    states = sorted({r["fastcall"] for r in reports if "fastcall" in r})
+    print("Python's calls: " + ("; ".join(f"{s}" for s in states) if states else "unknown (no rank reported)") +
+          ". The torch and cupy columns take that path; the ctypes columns the same loops with the extension turned "
+          "off (Python code and ctypes alone; empty without the extension).")
     print()
-    heads = ["call", "C µs", "torch µs", "cupy µs", "torch − C", "cupy − C", "torch side µs", "cupy side µs"]
+    heads = ["call", "C µs", "torch µs", "cupy µs", "torch − C", "cupy − C", "torch ctypes µs", "cupy ctypes µs",
+             "torch side µs", "cupy side µs"]
     print("| " + " | ".join(heads) + " |")
     print("|" + " --- |" * len(heads))
     for coll in COLLS:
         c = median_of(c_rounds, coll)
-        t, cp, ts, cs = (median_of(py_rounds, (fw, st, coll, "wall"))
-                         for fw, st in (("torch", "current"), ("cupy", "current"), ("torch", "side"), ("cupy", "side")))
-        print(f"| {CALL_NAMES[coll]} | {fmt(c)} | {fmt(t)} | {fmt(cp)} | {diff(t, c)} | {diff(cp, c)} | {fmt(ts)} | "
-              f"{fmt(cs)} |")
+        t, cp, tc, cc, ts, cs = (median_of(py_rounds, (fw, st, coll, "wall"))
+                                 for st in ("current", "ctypes", "side") for fw in ("torch", "cupy"))
+        print(f"| {CALL_NAMES[coll]} | {fmt(c)} | {fmt(t)} | {fmt(cp)} | {diff(t, c)} | {diff(cp, c)} | {fmt(tc)} | "
+              f"{fmt(cc)} | {fmt(ts)} | {fmt(cs)} |")
     print()
     ev = []
     for coll in COLLS:

@@ -22,17 +22,25 @@ members of those names. The stream is the current one of the output's framework 
 and impossible shapes ``ValueError``, before the library is called; the library's own errors raise the
 package's exceptions (:class:`InvalidArgumentError` with its log line, :class:`CudaError`, ...).
 
-These are called once per training step, often for small buffers: the per-call work in Python is a few
-attribute reads of each buffer, dict lookups and the library call (through ctypes, every argument a plain
-int); the C functions, the dtype tables, the framework of each buffer type and the stream accessor are
-resolved once, and the communicator's GPU is made current by the library itself once it has taken it (until
-then, by the package, see ``_first_calls``). ``python/benchmarks/host_call_cost.py`` measures this work.
+These are called once per training step, often for small buffers, so the per-call work is kept small: the C
+functions, the dtype tables, the framework of each buffer type and the stream accessor are resolved once,
+and the communicator's GPU is made current by the library itself once it has taken it (until then, by the
+package, see ``_first_calls``). What is left per call (a few attribute reads of each buffer, dict lookups,
+the checks, the stream, the library call) is made in C by the extension ``mscclpp._fastcall``
+(``_fastcall.c``) for torch tensors and cupy arrays: each function below calls it first, and it calls the
+library through the function's address and returns the output, or returns None, having called nothing,
+whenever anything is unusual. The Python code after that makes every other call (``stream=`` given, other
+buffers, the first calls) through ctypes and raises every error, with or without the extension. The
+extension is optional (built by ``make`` and ``pip`` where a C compiler and Python's headers are found;
+``MSCCLPP_PYTHON_FASTCALL=0`` at import turns it off); ``_fastcall_state()`` says whether it is in use, and
+``python/benchmarks/host_call_cost.py`` measures the per-call work both ways.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import os
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -255,6 +263,7 @@ def _resolve(tp: type) -> Any:
         else:
             a = _GENERIC
     _adapters[tp] = a
+    _fast_register(tp, a)
     return a
 
 
@@ -271,9 +280,14 @@ def _bind(name: str) -> Callable[..., int]:
     without making an object, and as ``size_t`` or ``int`` by making one per argument: measured, a call of
     the seven costs a quarter to a third less this way. The ints are in range before they are passed
     (element types and operators are the enums' values, a root is checked against the C int range)."""
-    declared = getattr(lib.cdll, name)
-    fast = ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * len(declared.argtypes)))
-    return fast(ctypes.cast(declared, ctypes.c_void_p).value)
+    return _bind_at(name, ctypes.cast(getattr(lib.cdll, name), ctypes.c_void_p).value)
+
+
+def _bind_at(name: str, address: int) -> Callable[..., int]:
+    """The collective ``name``'s C function at ``address``, as :func:`_bind` declares it (the tests bind
+    recorders this way: the extension then calls them too, after :func:`_fast_configure`)."""
+    nargs = len(getattr(lib.cdll, name).argtypes)
+    return ctypes.CFUNCTYPE(ctypes.c_int, *([ctypes.c_void_p] * nargs))(address)
 
 
 # This thread's count of the lines the library logged: noted before a call, it finds the lines of a call
@@ -283,6 +297,93 @@ _tlog = _log._state
 # The C functions the collectives call (the tests replace them with recorders): each returns the
 # mscclppResult_t, which the collectives turn into the package's exception.
 _fns: Dict[str, Callable[..., Any]] = {n: _bind(n) for n in _NAMES if lib.has(n)}
+
+
+# ---- the C fast path (optional): _fastcall.c ----
+#
+# The extension makes a call's per-call work in C for torch tensors and cupy arrays: the reads and checks of
+# the Python code below, the stream, the library call (through the function's address, not ctypes). It
+# declines (returns None, having called nothing) whenever anything is unusual, and the Python code then
+# makes the call and raises its errors, as without the extension: explicit ``stream=``, other buffers, any
+# check that fails, a communicator before its first call, a function of _fns replaced by a Python one.
+# make builds it in place (python/mscclpp/_fastcall.abi3.so, for PYTHONPATH=python), pip into the package;
+# one build serves every CPython >= 3.8 (stable ABI). Without it (no C compiler or Python headers when the
+# package was built, a Python that cannot load it, or MSCCLPP_PYTHON_FASTCALL=0 in the environment at
+# import) the collectives run as below, through ctypes.
+
+_FASTCALL_INTERFACE = 1  # the _fastcall.c this code calls (its INTERFACE)
+_fastcall: Any = None
+if os.environ.get("MSCCLPP_PYTHON_FASTCALL", "1").strip() == "0":
+    _fastcall_missing = "turned off by MSCCLPP_PYTHON_FASTCALL=0"
+else:
+    try:
+        from . import _fastcall  # type: ignore[attr-defined,no-redef]
+
+        _fastcall_missing = ""
+    except ImportError as e:
+        _fastcall_missing = f"not loaded ({e})"
+    if _fastcall is not None and getattr(_fastcall, "INTERFACE", None) != _FASTCALL_INTERFACE:
+        _fastcall_missing = (f"a stale build ({_fastcall.__file__}, interface {getattr(_fastcall, 'INTERFACE', None)}"
+                             f", not {_FASTCALL_INTERFACE}: make rebuilds it), not used")
+        _fastcall = None
+
+# The extension's four entry points while it is in use, else None (see _use_fastcall).
+_fast_all_reduce: Optional[Callable[..., Any]] = None
+_fast_all_gather: Optional[Callable[..., Any]] = None
+_fast_reduce_scatter: Optional[Callable[..., Any]] = None
+_fast_broadcast: Optional[Callable[..., Any]] = None
+
+
+def _fastcall_state() -> str:
+    """Whether the collectives' C fast path is in use, in words (for benchmarks and test reports)."""
+    if _fastcall is None:
+        return "the C fast path is " + _fastcall_missing + "; the collectives call the library through ctypes"
+    where = getattr(_fastcall, "__file__", "?")
+    if _fast_all_reduce is None:
+        return f"the C fast path ({where}) is turned off (_use_fastcall(False))"
+    return f"the C fast path is in use ({where})"
+
+
+def _use_fastcall(on: bool = True) -> bool:
+    """Turns the C fast path on or off for this process (benchmarks and tests compare the two); returns
+    whether it is on (never where the extension is missing)."""
+    global _fast_all_reduce, _fast_all_gather, _fast_reduce_scatter, _fast_broadcast
+    f = _fastcall if on else None
+    _fast_all_reduce = f.all_reduce if f is not None else None
+    _fast_all_gather = f.all_gather if f is not None else None
+    _fast_reduce_scatter = f.reduce_scatter if f is not None else None
+    _fast_broadcast = f.broadcast if f is not None else None
+    return f is not None
+
+
+def _fast_register(tp: type, a: Any) -> None:
+    """Tells the extension that buffers of exactly ``tp`` are torch tensors or cupy arrays, with that
+    framework's dtype table and stream accessor (called as _resolve finds each type)."""
+    if _fastcall is None:
+        return
+    if isinstance(a, _Torch):
+        _fastcall.add_type(tp, 0, a.dtypes, a.stream_of_device)
+    elif isinstance(a, _Cupy):
+        _fastcall.add_type(tp, 1, a.dtypes, a.get_stream)
+
+
+def _fast_configure() -> None:
+    """Hands the extension what it reads per call, once: at import, and again after _fns changed (the
+    tests). A ctypes function in _fns is called at its address while _fns holds it; anything else there
+    (a recorder in Python) makes the extension decline that collective, so Python's path calls it."""
+    if _fastcall is None:
+        return
+    _fastcall.configure(_fns, _OPS, _OTHER_OPS, ReduceOp, Communicator, _ITEMSIZE, _tlog, _log.failure)
+    for index, name in enumerate(_NAMES):
+        f = _fns.get(name)
+        address = ctypes.cast(f, ctypes.c_void_p).value if isinstance(f, ctypes._CFuncPtr) else None
+        _fastcall.set_function(index, f, address or 0)
+    for tp, a in list(_adapters.items()):
+        _fast_register(tp, a)
+
+
+_fast_configure()
+_use_fastcall(True)
 
 
 def has_collectives() -> bool:
@@ -381,7 +482,8 @@ def _out_of_place(tensor: Any, info: Tuple[int, int, int, Optional[int]], out: A
 # Per call: the communicator's state, the operator (a dict lookup), each buffer's framework (a dict lookup
 # by type) and its address, size, element type and device (the framework's accessors), the stream, then
 # the library. The checks that raise are in the slow paths only: a call that passes them does no more work
-# for them than the comparisons.
+# for them than the comparisons. _fastcall.c makes the same steps, in the same terms, for torch and cupy
+# buffers: a change of a rule here needs the same change there (test_fastcall_host.py compares the two).
 
 def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
     """Reduces ``tensor`` over the ranks with ``op`` (``mscclppAllReduce``); every rank gets the same bits.
@@ -390,6 +492,10 @@ def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = N
     ``tensor`` unless it is ``tensor``) the result goes there and ``tensor`` is left as it was. Returns the
     output. Queued on ``stream`` (default: the current stream of the output's framework).
     """
+    if stream is None and _fast_all_reduce is not None:  # the C fast path; None: Python's, below
+        done = _fast_all_reduce(comm, tensor, out, op)
+        if done is not None:
+            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     code = _OPS.get(op) if op.__class__ is str else None
     if code is None:
@@ -418,6 +524,10 @@ def all_gather(out: Any, inp: Any, *, comm: Communicator, stream: Any = None) ->
     times ``inp``'s elements, and ``out[r * n:(r + 1) * n]`` gets rank r's ``inp``. In place when ``inp`` is
     ``out[rank * n:(rank + 1) * n]``. Returns ``out``. Queued on ``stream`` (default: the current stream of
     ``out``'s framework)."""
+    if stream is None and _fast_all_gather is not None:  # the C fast path; None: Python's, below
+        done = _fast_all_gather(comm, inp, out, None)
+        if done is not None:
+            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     a = _adapters.get(out.__class__) or _resolve(out.__class__)
     o = a.info(out, "out")
@@ -453,6 +563,10 @@ def reduce_scatter(out: Any, inp: Any, op: Any = "sum", *, comm: Communicator, s
     ``inp`` has ``nranks`` times ``out``'s elements, and rank r's ``out`` gets the reduction of every rank's
     ``inp[r * n:(r + 1) * n]``. In place when ``out`` is ``inp[rank * n:(rank + 1) * n]``. Returns ``out``.
     Queued on ``stream`` (default: the current stream of ``out``'s framework)."""
+    if stream is None and _fast_reduce_scatter is not None:  # the C fast path; None: Python's, below
+        done = _fast_reduce_scatter(comm, inp, out, op)
+        if done is not None:
+            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     code = _OPS.get(op) if op.__class__ is str else None
     if code is None:
@@ -493,6 +607,10 @@ def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, st
     ``out`` (same element type and number of elements) the result goes there, and ``tensor`` is read on the
     root only. Returns the output. Queued on ``stream`` (default: the current stream of the output's
     framework). A root out of range is the library's ``InvalidArgumentError``."""
+    if stream is None and _fast_broadcast is not None:  # the C fast path; None: Python's, below
+        done = _fast_broadcast(comm, tensor, out, root)
+        if done is not None:
+            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     if root.__class__ is not int or not -(2**31) <= root < 2**31:
         root = _int32("root", root)

@@ -14,8 +14,10 @@ import mscclpp  # noqa: E402
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    from mscclpp import collectives
+
     return (f"mscclpp {mscclpp.__version__} from {os.path.dirname(mscclpp.__file__)}; library "
-            f"{mscclpp.library_path()}; headers {mscclpp.include_dir()}")
+            f"{mscclpp.library_path()}; headers {mscclpp.include_dir()}; {collectives._fastcall_state()}")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
