@@ -535,3 +535,19 @@ def test_an_accessor_that_reconfigures_the_extension_mid_call(world: World) -> N
     t = torch.Tensor(8, torch.float32, BASE)
     _, calls, made = world.same_both_ways(lambda: mscclpp.all_reduce(t, comm=c0))
     assert made == 1 and len(calls) == 1, "configured again: the types in _adapters, the functions in _fns"
+
+
+@needs_fastcall
+def test_the_librarys_own_error_carries_its_log_line(world: World) -> None:
+    """The real mscclppBroadcast, called by the extension: it refuses a root out of range before it needs
+    a GPU, and logs why; the exception carries that line, as from the Python path."""
+    collectives._fns["mscclppBroadcast"] = collectives._bind("mscclppBroadcast")
+    collectives._fast_configure()
+    t = world.torch.Tensor(4, world.torch.float32, BASE)
+    (fast, _, made), (slow, _, _) = world.both_ways(lambda: mscclpp.broadcast(t, 2, comm=world.comms[0]))
+    assert made == 1 and fast == slow, (fast, slow)
+    assert fast[1] is mscclpp.InvalidArgumentError and "root is 2; it must be in [0, nranks = 2)" in fast[2], fast
+    with pytest.raises(mscclpp.InvalidArgumentError) as info:
+        mscclpp.broadcast(t, 3, comm=world.comms[0])
+    assert info.value.function == "mscclppBroadcast" and len(info.value.log_lines) == 1, info.value.log_lines
+    assert "root is 3;" in info.value.log_lines[0]
