@@ -23,44 +23,7 @@ mkdir -p "$log_dir"
 passed=0
 failed=0
 start_all=$(date +%s)
-
-sanitizer=$(command -v compute-sanitizer || true)
-if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
-  sanitizer=/usr/local/cuda/bin/compute-sanitizer
-fi
-
-# sanitized LABEL LIMIT TIMEOUT_SCALE PROGRAM ARGS...: runs a GPU test program under compute-sanitizer's memcheck
-# with the leak check (every process, each rank resetting its device at the end) and counts one test: it
-# passes when the program passes, every process reports, and none reports an error or a leak. Not counted,
-# and said so, where compute-sanitizer is not installed or the program was not built.
-sanitized() {
-  local label=$1 limit=$2 scale=$3
-  shift 3
-  if [ -z "$sanitizer" ] || [ ! -x "$1" ]; then
-    echo "note: $label not run (compute-sanitizer or $1 missing; not counted)"
-    return
-  fi
-  local log="$log_dir/$label.log" t0 rc summaries bad_summaries leaks case_failures
-  echo "== $label: $sanitizer --tool memcheck --leak-check full ... $* (limit ${limit}s, log $log)"
-  t0=$(date +%s)
-  MSCCLPP_TEST_TIMEOUT_SCALE=$scale timeout -k 10 "$limit" "$sanitizer" --tool memcheck --leak-check full \
-    --target-processes all --report-api-errors no "$@" >"$log" 2>&1
-  rc=$?
-  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
-  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
-  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
-  case_failures=$(grep -c '^FAIL ' "$log")
-  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
-    echo "PASS $label: $(basename "$1") ${*:2} under memcheck: $summaries process reports, no errors, no leaks"
-    passed=$((passed + 1))
-  else
-    echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
-    failed=$((failed + 1))
-    echo "-- last lines of $log:"
-    tail -n 40 "$log" | sed 's/^/   /'
-  fi
-  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
-}
+# run_program, sanitized (compute-sanitizer's memcheck, outside MPS), mps_start and mps_stop: scripts/gpu-env.sh.
 
 if [ "$shared_gpu" = 1 ]; then
   echo "note: $n_gpus GPU, MSCCLPP_TEST_MIN_GPUS=1: only programs whose ranks may all share one GPU run"
@@ -142,8 +105,9 @@ done
 sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
 sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
 
-# NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks, PyTorch on it),
-# counted here; no summary line from it is a failure.
+# NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks and its main group under
+# memcheck, PyTorch on it at 2 and 4 ranks and with a rank killed), counted here; no summary line from it is a
+# failure. MPS is off here: the runner starts its own, and stops it before its memcheck run.
 nccl_log="$log_dir/nccl_gpu_tests.log"
 GPU_TEST_LOG_DIR="$log_dir" bash c-tests/run_nccl_gpu_tests.sh 2>&1 | tee "$nccl_log"
 nccl_summary=$(grep -E '^nccl gpu tests: [0-9]+ passed, [0-9]+ failed$' "$nccl_log" | tail -n 1)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The NCCL face's GPU tests (issue 25), from a tree built by `make`:
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
-#   alone: every collective, send/receive, groups, graphs, refusals, a killed rank) at 2 and 4 ranks;
-# - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, 2 ranks,
-#   checked against gloo (skipped, and said so, where torch cannot be imported).
+#   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
+#   refusals, a killed rank shrunk out) at 2 and 4 ranks;
+# - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, checked
+#   against gloo, at 2 and 4 ranks, then its --kill mode (a rank SIGKILLs itself; every other process must end
+#   within a bounded time) at 4 ranks (skipped, and said so, where torch cannot be imported);
+# - the C test's main group at 2 ranks under compute-sanitizer's memcheck with the leak check (`sanitized`,
+#   scripts/gpu-env.sh), after MPS is stopped: memcheck does not run under MPS (the ranks take turns on a
+#   shared GPU there). Not run, and said so, where compute-sanitizer is missing or the caller's MPS is on.
 # Rank r runs on GPU r % GPUs: with MSCCLPP_TEST_MIN_GPUS=1 one GPU is enough (every rank shares it), under
 # MPS where nvidia-cuda-mps-control is installed (started and stopped here). c-tests/run_gpu_tests.sh runs
 # this script too; alone it prints the lines of each program and ends with `nccl gpu tests: N passed, N failed`.
@@ -35,8 +40,8 @@ recover() { [ "$own_mps" = 1 ] && [ "$failed" -ne "$1" ] && mps_recover; }
 
 for n in 2 4; do
   before=$failed
-  # main (up to 900 s at 4 ranks on one GPU), then the two kill runs and initall.
-  run_program "nccl_gpu_test_$n" 1500 "$bin" all "$n"
+  # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall.
+  run_program "nccl_gpu_test_$n" 1800 "$bin" all "$n"
   recover "$before"
 done
 
@@ -48,10 +53,25 @@ if [ ! -f "$lib" ]; then
 elif ! why=$("$py" -c 'import torch, torch.distributed' 2>&1); then
   echo "SKIP torch_on_our_nccl: torch cannot be imported by $py ($(printf '%s' "$why" | tail -n 1))"
 else
-  # PyTorch unchanged: our library comes first by LD_PRELOAD, so NVIDIA's libnccl.so.2 is never loaded.
-  run_program torch_on_our_nccl_2 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 2
+  # PyTorch unchanged: our library comes first by LD_PRELOAD, so every NCCL call torch makes binds to it.
+  for n in 2 4; do
+    before=$failed
+    run_program "torch_on_our_nccl_$n" 600 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks "$n"
+    recover "$before"
+  done
+  # Its own program: the last rank SIGKILLs itself during all-reduces; every survivor must raise from a
+  # collective or be torn down by torch's watchdog within 60 s, and the parent reaps every process.
+  before=$failed
+  run_program torch_on_our_nccl_kill_4 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 4 --kill
+  recover "$before"
 fi
 
 [ "$own_mps" = 1 ] && mps_stop
+
+# Memcheck of the main group (every collective, fp8, PreMulSum, split, shrink, revoke; the ranks free everything
+# and reset their device at the end, for the leak check), outside MPS; deadlines x5 (memcheck slows every
+# kernel, and the two ranks take turns on a shared GPU).
+sanitized nccl_gpu_test_main_memcheck_2 1800 5 "$bin" main 2
+
 echo "nccl gpu tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,5 +1,5 @@
-# Sourced by the GPU runners (c-tests/run_gpu_tests.sh, examples-c/run_examples.sh,
-# examples-c/bench/run_bench.sh), from the repository root.
+# Sourced by the GPU runners (c-tests/run_gpu_tests.sh, c-tests/run_nccl_gpu_tests.sh, examples-c/run_examples.sh,
+# examples-c/bench/run_bench.sh, python/run_gpu_tests.sh), from the repository root.
 
 # require_gpus LABEL [shared]: sets n_gpus and shared_gpu; with fewer than two GPUs, says LABEL was skipped and
 # why, and exits 0 (counting nothing as passed).
@@ -117,4 +117,48 @@ run_program() {
     tail -n 30 "$log" | sed 's/^/   /'
   fi
   echo "-- $label: exit code $rc, $p passed, $f failed, $(($(date +%s) - t0))s"
+}
+
+# compute-sanitizer, for `sanitized` (empty where it is not installed).
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -z "$sanitizer" ] && [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+fi
+
+# sanitized LABEL LIMIT TIMEOUT_SCALE PROGRAM ARGS...: runs a GPU test program under compute-sanitizer's memcheck
+# with the leak check (every process, each rank resetting its device at the end) and counts one test in the
+# caller's `passed` and `failed` (its log in $log_dir/LABEL.log): it passes when the program passes, every
+# process reports, and none reports an error or a leak. Not counted, and said so, where compute-sanitizer is not
+# installed, the program was not built, or MPS is on (memcheck does not run under MPS: call it after mps_stop).
+sanitized() {
+  local label=$1 limit=$2 scale=$3
+  shift 3
+  if [ -z "$sanitizer" ] || [ ! -x "$1" ]; then
+    echo "note: $label not run (compute-sanitizer or $1 missing; not counted)"
+    return
+  fi
+  if [ "$mps_on" = 1 ] || [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    echo "note: $label not run (MPS is on, and compute-sanitizer does not run under it; not counted)"
+    return
+  fi
+  local log="$log_dir/$label.log" t0 rc summaries bad_summaries leaks case_failures
+  echo "== $label: $sanitizer --tool memcheck --leak-check full ... $* (limit ${limit}s, log $log)"
+  t0=$(date +%s)
+  MSCCLPP_TEST_TIMEOUT_SCALE=$scale timeout -k 10 "$limit" "$sanitizer" --tool memcheck --leak-check full \
+    --target-processes all --report-api-errors no "$@" >"$log" 2>&1
+  rc=$?
+  summaries=$(grep -c 'ERROR SUMMARY:' "$log")
+  bad_summaries=$(grep -E 'ERROR SUMMARY: [1-9]' "$log" | head -n 3 | tr '\n' ' ')
+  leaks=$(grep -E 'Leaked [0-9]+ bytes|LEAK SUMMARY: [1-9]' "$log" | head -n 5 | tr '\n' ' ')
+  case_failures=$(grep -c '^FAIL ' "$log")
+  if [ "$rc" -eq 0 ] && [ "$summaries" -ge 1 ] && [ -z "$bad_summaries" ] && [ -z "$leaks" ] && [ "$case_failures" -eq 0 ]; then
+    echo "PASS $label: $(basename "$1") ${*:2} under memcheck: $summaries process reports, no errors, no leaks"
+    passed=$((passed + 1))
+  else
+    echo "FAIL $label: exit code $rc, $summaries process reports, $case_failures failed cases; ${bad_summaries}${leaks}"
+    failed=$((failed + 1))
+    echo "-- last lines of $log:"
+    tail -n 40 "$log" | sed 's/^/   /'
+  fi
+  echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
 }

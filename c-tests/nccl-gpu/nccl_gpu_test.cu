@@ -1,6 +1,6 @@
 // NCCL's API on GPUs, through our nccl.h and libnccl.so.2 alone (this program links no other library of
-// ours): what the NCCL face carries out natively today, each result checked element by element against a
-// host reference, and what it refuses today checked to be refused without touching the GPU.
+// ours): what the NCCL face carries out, each result checked element by element against a host reference,
+// and what it refuses checked to be refused without touching the GPU.
 //
 // One process per rank, forked by the parent; rank r uses GPU r % GPUs, so every rank may share one GPU.
 // Rank 0 makes each communicator's ncclUniqueId and hands its 128 bytes to the others through memory
@@ -22,18 +22,43 @@
 //       pairs both ways with the sends first, an all-to-all of sends and receives in one group (100003
 //       float32 per pair, this rank included), a rank to itself, two sends to one peer received in order,
 //       a send and a receive each alone outside a group (up to 1 MiB), a graph of a group replayed 5
-//       times, and the bad ones (peer out of range, an unmatched send to self: ncclInvalidArgument; fp8:
-//       ncclInvalidUsage naming MSCCLPP_NCCL_FALLBACK); collectives in one group, in nested groups, a group
-//       failed by a bad call; a CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig
-//       blocking and non-blocking (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess);
-//       ncclMemAlloc buffers registered with ncclCommRegister in an all-reduce; what the face refuses today
-//       (Split, Shrink, Revoke, fp8, PreMulSum, the device API) returns ncclInvalidUsage naming the
-//       function, queues nothing, and the communicator still works; host memory as a buffer is
-//       ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy
+//       times, and the bad ones (peer out of range, an unmatched send to self, a datatype out of range:
+//       ncclInvalidArgument); collectives in one group, in nested groups, a group failed by a bad call; a
+//       CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig blocking and non-blocking
+//       (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess); ncclMemAlloc buffers registered
+//       with ncclCommRegister in an all-reduce;
+//       fp8 (ncclFloat8e4m3, ncclFloat8e5m2): AllReduce, ReduceScatter and Reduce (sum, max, min), AllGather,
+//       Broadcast / Bcast, a ring of Send/Recv; the sums of small integers that every partial sum keeps
+//       exact, max and min of any finite byte pattern (but -0), so that any order of reduction gives the
+//       reference's bits; the host reference converts with cuda_fp8.h's types;
+//       PreMulSum (ncclRedOpCreatePreMulSum) on float32, float16, bfloat16, float64, int32, in AllReduce
+//       (1 to 2^20 + 3, in and out of place), ReduceScatter and Reduce (roots 0 and last): the reference is
+//       the sum over the ranks of each input times the scalar, each product rounded to the type (values
+//       chosen so that all is exact); with ncclScalarHostImmediate (the value read at the creation: the
+//       variable changed afterwards changes nothing) and ncclScalarDevice (two all-reduces in a CUDA graph
+//       replayed three times, the device scalar rewritten on the stream between replays: each replay uses
+//       the value it finds); ncclRedOpDestroy, after which the operator is ncclInvalidArgument (in a
+//       collective and in a second destroy);
+//       ncclCommSplit: bad color, colors by parity with keys reversing the order, one color with keys
+//       reversing the order, a split of that split (pairs, reversed again), NCCL_SPLIT_NOCOLOR for the last
+//       rank (*newcomm NULL); on each new communicator Count / UserRank / CuDevice as the keys say, and
+//       all-reduces and all-gathers (packets and copies) checked against the reference of its own ranks;
+//       ncclCommShrink: bad input, the last rank left out (NCCL_SHRINK_DEFAULT) and the others' new
+//       communicator working, the parent untouched; ncclCommRevoke on a split of its own (the main
+//       communicator is never revoked): a peer not yet revoked sees ncclRemoteError (from
+//       ncclCommGetAsyncError and from a collective), then on the revoked communicator collectives, sends,
+//       splits and registrations are ncclInvalidUsage with nothing queued, the queries answer,
+//       ncclCommGetAsyncError says ncclSuccess, a shrink of it leaving nobody out works, and ncclCommAbort /
+//       ncclCommDestroy free it; NCCL's device API (ncclDevCommCreate / Destroy) is not offered:
+//       ncclInvalidUsage naming it, nothing queued, the communicator still works; host memory as a buffer is
+//       ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy; then cudaDeviceReset (for
+//       compute-sanitizer's leak check)
 //   kill: every rank loops on all-reduces, then (a second run) on groups of a send of 4 MiB to the next
 //       rank and a receive from the previous; the last is SIGKILLed; every survivor sees ncclRemoteError
 //       from ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same
-//       code, ncclGetLastError names the dead rank, and ncclCommAbort returns
+//       code, ncclGetLastError names the dead rank; the survivors then ncclCommShrink the dead rank out
+//       (NCCL_SHRINK_ABORT), run an all-reduce on their new communicator checked against the host
+//       reference, destroy it, and ncclCommAbort the old one
 //   initall: ncclCommInitAll in one process with one device, and with every GPU where there are several
 //       (all-reduces on each in one group)
 //
@@ -48,6 +73,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 
@@ -60,6 +86,7 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 
 constexpr int kMaxIds = 8;
+constexpr int kVerdicts = 64; // boardBarrier's record of failed steps, by barrier number modulo this
 
 struct Board
 {
@@ -69,6 +96,7 @@ struct Board
   char skipWhy[200];
   int arrivals;   // boardBarrier's count of arrivals, never reset within a group
   int gatherHung; // gather_back_to_back: set by the root when its gathers did not finish
+  int failedAt[kVerdicts]; // boardBarrier: k + 1 where a rank arrived at its barrier k after a failed step
 };
 
 Board* gBoard = nullptr;      // mapped shared by the parent before the ranks are forked
@@ -76,6 +104,8 @@ ncclComm_t gComm = nullptr;   // the rank's communicator of the main group
 char* gPoolA = nullptr;       // device memory the cases carve their buffers from (inputs)
 char* gPoolB = nullptr;       // (outputs)
 uint64_t gPoolBytes = 0;
+int gRanks = 2;               // ranks of the group (setUpRank): the fp8 sums' values are sized by it
+int gBarriers = 0;            // boardBarrier calls this rank has made (every rank makes the same ones)
 
 const char* resultName(ncclResult_t r)
 {
@@ -92,11 +122,15 @@ std::string lastError(ncclComm_t comm)
 }
 
 // A barrier of the ranks through the board, usable as often as needed (case_runner's oobBarrier has 64
-// uses): every rank's k-th call waits for the k-th call of all the others.
-std::string boardBarrier(Rank& R, const char* where)
+// uses): every rank's k-th call waits for the k-th call of all the others. `failure` non-empty: this rank's
+// step before the barrier failed, which *anyFailed tells every rank after it (see `together`).
+std::string boardBarrier(Rank& R, const char* where, const std::string& failure = std::string(),
+                         bool* anyFailed = nullptr)
 {
-  const int arrived = __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
-  const int target = ((arrived - 1) / R.nranks + 1) * R.nranks;
+  const int k = gBarriers++;
+  if (!failure.empty()) __atomic_store_n(&gBoard->failedAt[k % kVerdicts], k + 1, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
+  const int target = (k + 1) * R.nranks;
   const double deadline = nowSec() + R.hostTimeoutS;
   while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < target) {
     if (nowSec() > deadline) {
@@ -105,6 +139,20 @@ std::string boardBarrier(Rank& R, const char* where)
     }
     usleep(100);
   }
+  if (anyFailed) *anyFailed = __atomic_load_n(&gBoard->failedAt[k % kVerdicts], __ATOMIC_SEQ_CST) == k + 1;
+  return "";
+}
+
+// A step's end shared by the ranks: a barrier at which each also learns whether the step failed on any of
+// them. A rank whose step failed returns its reason, the others that another rank failed; so all leave a
+// case at the same point (none waits in a collective, a split or a barrier for a rank that left).
+std::string together(Rank& R, const std::string& why, const char* where)
+{
+  bool anyFailed = false;
+  const std::string b = boardBarrier(R, where, why, &anyFailed);
+  if (!why.empty()) return why;
+  if (!b.empty()) return b;
+  if (anyFailed) return fmt("another rank failed before %s (its reason is on its line)", where);
   return "";
 }
 
@@ -163,6 +211,7 @@ std::string setUpRank(Rank& R)
   TC_CUDA(cudaGetDeviceCount(&R.nGpus));
   TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
   R.device = R.rank % R.nGpus;
+  gRanks = R.nranks;
   if (R.nranks > R.nGpus) {
     // Ranks sharing a GPU take turns or split it: be more patient.
     R.hostTimeoutS *= 2;
@@ -193,7 +242,10 @@ void freeRankBuffers(Rank& R)
 // ------------------------------------------------------------------------------------------------
 
 const ncclDataType_t kTypes[] = {ncclFloat16, ncclBfloat16, ncclFloat32, ncclInt32, ncclInt64, ncclUint8, ncclFloat64};
-const ncclRedOp_t kOps[] = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+const std::vector<ncclRedOp_t> kOps = {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg};
+// fp8's operators here: those whose result any order of reduction gives exactly (inputValue).
+const std::vector<ncclRedOp_t> kFp8Ops = {ncclSum, ncclMax, ncclMin};
+const ncclDataType_t kFp8Types[] = {ncclFloat8e4m3, ncclFloat8e5m2};
 // Gather, Scatter, AlltoAll move bytes: one type per element size.
 const ncclDataType_t kMoveTypes[] = {ncclUint8, ncclBfloat16, ncclFloat32, ncclFloat64};
 
@@ -210,6 +262,8 @@ const char* typeName(ncclDataType_t t)
   case ncclFloat32: return "float32";
   case ncclFloat64: return "float64";
   case ncclBfloat16: return "bfloat16";
+  case ncclFloat8e4m3: return "float8e4m3";
+  case ncclFloat8e5m2: return "float8e5m2";
   default: return "?";
   }
 }
@@ -224,7 +278,9 @@ size_t typeSize(ncclDataType_t t)
 {
   switch (t) {
   case ncclInt8:
-  case ncclUint8: return 1;
+  case ncclUint8:
+  case ncclFloat8e4m3:
+  case ncclFloat8e5m2: return 1;
   case ncclFloat16:
   case ncclBfloat16: return 2;
   case ncclInt32:
@@ -234,7 +290,23 @@ size_t typeSize(ncclDataType_t t)
   }
 }
 
+// The float types whose results are compared with a tolerance (fp8 results are compared exactly).
 bool isFloat(ncclDataType_t t) { return t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat32 || t == ncclFloat64; }
+
+bool isFp8(ncclDataType_t t) { return t == ncclFloat8e4m3 || t == ncclFloat8e5m2; }
+
+// The value of an fp8 byte, by cuda_fp8.h's conversion (on the host).
+double fp8Value(ncclDataType_t t, uint8_t bits)
+{
+  if (t == ncclFloat8e4m3) {
+    __nv_fp8_e4m3 v;
+    v.__x = bits;
+    return (double)static_cast<float>(v);
+  }
+  __nv_fp8_e5m2 v;
+  v.__x = bits;
+  return (double)static_cast<float>(v);
+}
 
 void storeElem(ncclDataType_t t, void* base, uint64_t i, double v)
 {
@@ -247,6 +319,8 @@ void storeElem(ncclDataType_t t, void* base, uint64_t i, double v)
   case ncclUint64: ((uint64_t*)base)[i] = (uint64_t)v; break;
   case ncclFloat16: ((__half*)base)[i] = __float2half((float)v); break;
   case ncclBfloat16: ((__nv_bfloat16*)base)[i] = __float2bfloat16((float)v); break;
+  case ncclFloat8e4m3: ((__nv_fp8_e4m3*)base)[i] = __nv_fp8_e4m3(v); break;
+  case ncclFloat8e5m2: ((__nv_fp8_e5m2*)base)[i] = __nv_fp8_e5m2(v); break;
   case ncclFloat32: ((float*)base)[i] = (float)v; break;
   default: ((double*)base)[i] = v; break;
   }
@@ -263,6 +337,8 @@ double loadElem(ncclDataType_t t, const void* base, uint64_t i)
   case ncclUint64: return (double)((const uint64_t*)base)[i];
   case ncclFloat16: return __half2float(((const __half*)base)[i]);
   case ncclBfloat16: return __bfloat162float(((const __nv_bfloat16*)base)[i]);
+  case ncclFloat8e4m3: return (double)static_cast<float>(((const __nv_fp8_e4m3*)base)[i]);
+  case ncclFloat8e5m2: return (double)static_cast<float>(((const __nv_fp8_e5m2*)base)[i]);
   case ncclFloat32: return ((const float*)base)[i];
   default: return ((const double*)base)[i];
   }
@@ -271,9 +347,23 @@ double loadElem(ncclDataType_t t, const void* base, uint64_t i)
 // The value rank `from` contributes at index i, already rounded to the type. Chosen per operator so that
 // every order of reduction gives the exact result on 2 and 4 ranks (quarters of at most 8 for sums, powers of
 // two for products, wider ranges for max and min, 64-bit ones for int64), and never overflowing the type.
+// fp8: max and min (and the collectives that move data, see moveGen) take any finite byte but -0 (max(+0, -0)
+// may be either); sums take integers small enough that every partial sum over the group's ranks stays exact
+// (e4m3 holds every integer up to 16, e5m2 up to 8).
 double inputValue(ncclDataType_t t, ncclRedOp_t op, int from, uint64_t i, uint32_t salt)
 {
   const uint64_t h = mix64(((uint64_t)salt << 40) ^ ((uint64_t)(from & 0xff) << 32) ^ i ^ ((uint64_t)t << 56));
+  if (isFp8(t)) {
+    if (op == ncclMax || op == ncclMin) {
+      uint8_t b = (uint8_t)(h & 0xff);
+      if (t == ncclFloat8e4m3 && (b & 0x7f) == 0x7f) b ^= 0x01; // NaN: +-448 instead
+      if (t == ncclFloat8e5m2 && (b & 0x7c) == 0x7c) b ^= 0x04; // Inf and NaN: a finite value instead
+      if (b == 0x80) b = 0;                                     // -0
+      return fp8Value(t, b);
+    }
+    const int lim = std::max(1, (t == ncclFloat8e4m3 ? 16 : 8) / std::max(1, gRanks));
+    return (double)((int64_t)(h % (uint64_t)(2 * lim + 1)) - lim);
+  }
   double v;
   switch (op) {
   case ncclProd:
@@ -326,6 +416,36 @@ bool closeEnough(ncclDataType_t t, double got, double want)
   return std::fabs(got - want) <= rel * std::max(1.0, std::fabs(want));
 }
 
+// v rounded to the type (as storing it and reading it back).
+double rounded(ncclDataType_t t, double v)
+{
+  uint64_t bits[1] = {0};
+  storeElem(t, bits, 0, v);
+  return loadElem(t, bits, 0);
+}
+
+// The values of the collectives that move data (no reduction): inputValue's for this operator. fp8: any
+// finite byte pattern; the other types as before.
+ncclRedOp_t moveGen(ncclDataType_t t) { return isFp8(t) ? ncclMax : ncclSum; }
+
+// PreMulSum's inputs: integers in [-4, 4], so that every product with the scalars of the cases (1.5, -0.75,
+// 2.5; for int32 3, -2, 5) and every partial sum over up to 8 ranks is exact in every type (bfloat16's 8
+// significant bits included): any order of reduction gives the reference's value.
+double premulInput(ncclDataType_t t, int from, uint64_t i, uint32_t salt)
+{
+  const uint64_t h =
+    mix64(((uint64_t)salt << 40) ^ ((uint64_t)(from & 0xff) << 32) ^ i ^ ((uint64_t)t << 56) ^ 0x5bd1e995ull);
+  return (double)((int64_t)(h % 9) - 4);
+}
+
+// One value of type t in the low bytes of 8 (a PreMulSum scalar).
+uint64_t scalarBits(ncclDataType_t t, double v)
+{
+  uint64_t bits[1] = {0};
+  storeElem(t, bits, 0, v);
+  return bits[0];
+}
+
 // ------------------------------------------------------------------------------------------------
 // One collective call: prepared (buffers carved from the pools, inputs uploaded, outputs set to a sentinel),
 // issued (alone or inside a group), checked (every output element, the bytes after it, out of place the
@@ -371,12 +491,19 @@ struct Spec
   // Buffers given by the case (ncclMemAlloc's) instead of the pools; out of place only.
   char* extSend = nullptr;
   char* extRecv = nullptr;
+  // PreMulSum (AllReduce, ReduceScatter, Reduce): the call passes `premulOp` (made by ncclRedOpCreatePreMulSum
+  // with `scalar`), the inputs are premulInput's, and the reference is the sum over the ranks of each input
+  // times `scalar`, each product rounded to the type first. `op` is not used then.
+  bool premul = false;
+  ncclRedOp_t premulOp = ncclSum;
+  double scalar = 1;
 };
 
 std::string describe(const Spec& s)
 {
   std::string d = fmt("%s %s", collName(s.coll), typeName(s.type));
-  if (s.coll == kAllReduce || s.coll == kReduceScatter || s.coll == kReduce) d += fmt(" %s", opName(s.op));
+  if (s.premul) d += fmt(" premulsum (op %d) x %g", (int)s.premulOp, s.scalar);
+  else if (s.coll == kAllReduce || s.coll == kReduceScatter || s.coll == kReduce) d += fmt(" %s", opName(s.op));
   if (s.coll == kBroadcast || s.coll == kBcast || s.coll == kReduce || s.coll == kGather || s.coll == kScatter)
     d += fmt(" root %d", s.root);
   if (s.nullOther && !s.inPlace) d += " (NULL where unused)";
@@ -416,6 +543,44 @@ std::string carve(Rank& R, char* pool, uint64_t* used, uint64_t bytes, char** ou
 
 std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p);
 
+// The value rank `from` puts at element i of its input, and what it adds to a reduction there (PreMulSum:
+// times the scalar, rounded to the type).
+double inputOf(const Spec& s, int from, uint64_t i)
+{
+  if (s.premul) return premulInput(s.type, from, i, s.salt);
+  const bool reduces = s.coll == kAllReduce || s.coll == kReduceScatter || s.coll == kReduce;
+  return inputValue(s.type, reduces ? s.op : moveGen(s.type), from, i, s.salt);
+}
+
+double termOf(const Spec& s, int from, uint64_t i)
+{
+  return s.premul ? rounded(s.type, inputOf(s, from, i) * s.scalar) : inputOf(s, from, i);
+}
+
+// The reduction of every rank's term at element i of their inputs.
+double reductionAt(const Spec& s, int nranks, uint64_t i)
+{
+  return reduceRef(s.type, s.premul ? ncclSum : s.op, nranks, [&](int k) { return termOf(s, k, i); });
+}
+
+// AllReduce, AllGather, ReduceScatter, Broadcast: the reference of each element of R's output.
+std::vector<double> wantOf(const Rank& R, const Spec& s)
+{
+  const int N = R.nranks, me = R.rank;
+  const uint64_t n = s.count;
+  const uint64_t outElems = s.coll == kAllGather ? n * N : n;
+  std::vector<double> want(outElems);
+  for (uint64_t j = 0; j < outElems; ++j) {
+    switch (s.coll) {
+    case kAllReduce: want[j] = reductionAt(s, N, j); break;
+    case kReduceScatter: want[j] = reductionAt(s, N, (uint64_t)me * n + j); break;
+    case kAllGather: want[j] = inputOf(s, (int)(j / n), j % n); break;
+    default: want[j] = inputOf(s, s.root, j); break;
+    }
+  }
+  return want;
+}
+
 std::string prepare(Rank& R, const Spec& s, Arena& arena, Prepared* p)
 {
   if (s.coll >= kReduce) return prepareRooted(R, s, arena, p);
@@ -430,21 +595,8 @@ std::string prepare(Rank& R, const Spec& s, Arena& arena, Prepared* p)
 
   // This rank's input, and the reference of its output.
   p->input.assign(inBytes, 0);
-  const ncclRedOp_t genOp = (s.coll == kAllReduce || s.coll == kReduceScatter) ? s.op : ncclSum;
-  for (uint64_t i = 0; i < inElems; ++i) storeElem(s.type, p->input.data(), i, inputValue(s.type, genOp, me, i, s.salt));
-  p->want.resize(outElems);
-  for (uint64_t j = 0; j < outElems; ++j) {
-    switch (s.coll) {
-    case kAllReduce:
-      p->want[j] = reduceRef(s.type, s.op, N, [&](int k) { return inputValue(s.type, s.op, k, j, s.salt); });
-      break;
-    case kReduceScatter:
-      p->want[j] = reduceRef(s.type, s.op, N, [&](int k) { return inputValue(s.type, s.op, k, (uint64_t)me * n + j, s.salt); });
-      break;
-    case kAllGather: p->want[j] = inputValue(s.type, ncclSum, (int)(j / n), j % n, s.salt); break;
-    default: p->want[j] = inputValue(s.type, ncclSum, s.root, j, s.salt); break;
-    }
-  }
+  for (uint64_t i = 0; i < inElems; ++i) storeElem(s.type, p->input.data(), i, inputOf(s, me, i));
+  p->want = wantOf(R, s);
   if (n == 0) {
     // NCCL allows any pointers for an empty call; NULL is the hardest case.
     p->send = nullptr;
@@ -499,13 +651,12 @@ std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p)
   const int N = R.nranks, me = R.rank;
   const bool root = me == s.root;
   const uint64_t n = s.count, es = typeSize(s.type);
-  const ncclRedOp_t genOp = s.coll == kReduce ? s.op : ncclSum;
   // Elements of this rank's sendbuff and recvbuff as NCCL sizes them on the root (and on every rank for
   // AlltoAll); a non-root's unused buffer has the root's size here too.
   const uint64_t inElems = (s.coll == kScatter || s.coll == kAlltoAll) ? n * N : n;
   const uint64_t outElems = (s.coll == kGather || s.coll == kAlltoAll) ? n * N : n;
   // The value at element i of rank `from`'s sendbuff.
-  auto in = [&](int from, uint64_t i) { return inputValue(s.type, genOp, from, i, s.salt); };
+  auto in = [&](int from, uint64_t i) { return inputOf(s, from, i); };
   // Whether this rank's sendbuff / recvbuff is used by NCCL.
   const bool usesIn = s.coll != kScatter || root;
   const bool usesOut = (s.coll != kReduce && s.coll != kGather) || root;
@@ -516,7 +667,7 @@ std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p)
   // What NCCL's output is at element j of this rank's output region (out of place: recvbuff).
   auto result = [&](uint64_t j) -> double {
     switch (s.coll) {
-    case kReduce: return reduceRef(s.type, s.op, N, [&](int k) { return in(k, j); });
+    case kReduce: return reductionAt(s, N, j);
     case kGather: return in((int)(j / n), j % n);
     case kScatter: return in(s.root, (uint64_t)me * n + j);
     default: return in((int)(j / n), (uint64_t)me * n + j % n);
@@ -599,14 +750,15 @@ std::string prepareRooted(Rank& R, const Spec& s, Arena& arena, Prepared* p)
 ncclResult_t issue(const Prepared& p, ncclComm_t comm, cudaStream_t stream)
 {
   const Spec& s = p.s;
+  const ncclRedOp_t op = s.premul ? s.premulOp : s.op;
   switch (s.coll) {
-  case kReduce: return ncclReduce(p.send, p.recv, s.count, s.type, s.op, s.root, comm, stream);
+  case kReduce: return ncclReduce(p.send, p.recv, s.count, s.type, op, s.root, comm, stream);
   case kGather: return ncclGather(p.send, p.recv, s.count, s.type, s.root, comm, stream);
   case kScatter: return ncclScatter(p.send, p.recv, s.count, s.type, s.root, comm, stream);
   case kAlltoAll: return ncclAlltoAll(p.send, p.recv, s.count, s.type, comm, stream);
-  case kAllReduce: return ncclAllReduce(p.send, p.recv, s.count, s.type, s.op, comm, stream);
+  case kAllReduce: return ncclAllReduce(p.send, p.recv, s.count, s.type, op, comm, stream);
   case kAllGather: return ncclAllGather(p.send, p.recv, s.count, s.type, comm, stream);
-  case kReduceScatter: return ncclReduceScatter(p.send, p.recv, s.count, s.type, s.op, comm, stream);
+  case kReduceScatter: return ncclReduceScatter(p.send, p.recv, s.count, s.type, op, comm, stream);
   case kBroadcast: return ncclBroadcast(p.send, p.recv, s.count, s.type, s.root, comm, stream);
   default: return ncclBcast(p.recv, s.count, s.type, s.root, comm, stream);
   }
@@ -745,9 +897,9 @@ std::string caseAllGather(Rank& R, ncclDataType_t t)
   return "";
 }
 
-std::string caseReduceScatter(Rank& R, ncclDataType_t t)
+std::string caseReduceScatter(Rank& R, ncclDataType_t t, const std::vector<ncclRedOp_t>& ops = kOps)
 {
-  for (ncclRedOp_t op : kOps)
+  for (ncclRedOp_t op : ops)
     for (uint64_t n : kCountsRs)
       for (int inPlace = 0; inPlace < 2; ++inPlace) {
         Spec s;
@@ -1050,9 +1202,9 @@ std::string untouched(Rank& R, const void* buf, uint64_t bytes, const char* what
 // place (a non-root's buffer keeps its input).
 const uint64_t kCountsReduce[] = {1, 1000, 65537, (1u << 20) + 3};
 
-std::string caseReduce(Rank& R, ncclDataType_t t)
+std::string caseReduce(Rank& R, ncclDataType_t t, const std::vector<ncclRedOp_t>& ops = kOps)
 {
-  for (ncclRedOp_t op : kOps)
+  for (ncclRedOp_t op : ops)
     for (int root : {0, R.nranks - 1})
       for (uint64_t n : kCountsReduce)
         for (int form = 0; form < 3; ++form) {
@@ -1156,7 +1308,7 @@ std::string caseGatherBackToBack(Rank& R)
 // Element i of the k-th message `from` sends `to` in one plan (k counted among that pair's sends).
 double p2pValue(ncclDataType_t t, int from, int to, int k, uint64_t i, uint32_t salt)
 {
-  return inputValue(t, ncclSum, from, i, salt * 131u + (uint32_t)to * 17u + (uint32_t)k * 7919u);
+  return inputValue(t, moveGen(t), from, i, salt * 131u + (uint32_t)to * 17u + (uint32_t)k * 7919u);
 }
 
 struct P2pMsg
@@ -1415,16 +1567,12 @@ std::string caseP2pBad(Rank& R)
             "ncclInvalidArgument at the end)",
             resultName(a), resultName(b), resultName(end));
   TC_TRY(untouched(R, gPoolB, bytes, "a refused send or receive"));
-  if (getenv("MSCCLPP_NCCL_FALLBACK")) {
-    R.info = "fp8 not tried: MSCCLPP_NCCL_FALLBACK is set";
-  } else {
-    TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat8e4m3, nextRank(R), gComm, R.stream), ncclInvalidUsage);
-    msg = lastError(gComm);
-    TC_EXPECT(msg.find("MSCCLPP_NCCL_FALLBACK") != std::string::npos,
-              "the refusal of an fp8 send does not name MSCCLPP_NCCL_FALLBACK: '%s'", msg.c_str());
-    TN_EXPECT_RC(ncclRecv(gPoolB, 1000, ncclFloat8e5m2, prevRank(R), gComm, R.stream), ncclInvalidUsage);
-    TC_TRY(untouched(R, gPoolB, bytes, "a refused fp8 receive"));
-  }
+  // A datatype out of range (fp8's are in range and carried out: p2p_ring_float8*).
+  TN_EXPECT_RC(ncclSend(gPoolA, 1000, (ncclDataType_t)ncclNumTypes, nextRank(R), gComm, R.stream), ncclInvalidArgument);
+  msg = lastError(gComm);
+  TC_EXPECT(msg.find("datatype") != std::string::npos, "the bad datatype's refusal does not name it: '%s'", msg.c_str());
+  TN_EXPECT_RC(ncclRecv(gPoolB, 1000, (ncclDataType_t)-1, prevRank(R), gComm, R.stream), ncclInvalidArgument);
+  TC_TRY(untouched(R, gPoolB, bytes, "a send or receive of a bad datatype"));
   ncclResult_t async = ncclInternalError;
   TN_OK(ncclCommGetAsyncError(gComm, &async));
   TC_EXPECT(async == ncclSuccess, "after the refusals ncclCommGetAsyncError gives %s", resultName(async));
@@ -1434,8 +1582,9 @@ std::string caseP2pBad(Rank& R)
   return runP2p(R, plan);
 }
 
-// What the face refuses today: ncclInvalidUsage, the last error naming the function, nothing queued or
-// written, the communicator still usable. Every rank makes the same call, so none is left waiting.
+// What the face does not offer (NCCL's device API): ncclInvalidUsage, the last error naming the function,
+// nothing queued or written, the communicator still usable. Every rank makes the same call, so none is left
+// waiting.
 std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_t(void* send, void* recv)>& call)
 {
   const uint64_t bytes = 4096 * 4 * R.nranks;
@@ -1444,7 +1593,7 @@ std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_
   TC_TRY(sentinel(R, recv, bytes));
   ncclResult_t r = call(send, recv);
   const std::string msg = lastError(gComm);
-  TC_EXPECT(r == ncclInvalidUsage, "%s returned %s, expected ncclInvalidUsage (refused today): %s", fn, resultName(r),
+  TC_EXPECT(r == ncclInvalidUsage, "%s returned %s, expected ncclInvalidUsage (not offered): %s", fn, resultName(r),
             msg.c_str());
   TC_EXPECT(msg.find(fn) != std::string::npos, "ncclGetLastError does not name %s: '%s'", fn, msg.c_str());
   TC_TRY(untouched(R, recv, bytes, fn));
@@ -1459,45 +1608,419 @@ std::string caseRefused(Rank& R, const char* fn, const std::function<ncclResult_
   return "";
 }
 
-void refusedCases(Rank& R)
+// ------------------------------------------------------------------------------------------------
+// fp8
+// ------------------------------------------------------------------------------------------------
+
+// fp8 through one collective: AllReduce, ReduceScatter, Reduce (sum, max, min), AllGather, Broadcast / Bcast,
+// with the counts, layouts and roots of the other types' cases; results compared bit for bit (the values
+// make every order of reduction exact, see inputValue).
+std::string caseFp8(Rank& R, ncclDataType_t t, Coll coll)
+{
+  switch (coll) {
+  case kAllReduce:
+    for (ncclRedOp_t op : kFp8Ops) TC_TRY(caseAllReduce(R, t, op));
+    break;
+  case kReduceScatter: TC_TRY(caseReduceScatter(R, t, kFp8Ops)); break;
+  case kReduce: TC_TRY(caseReduce(R, t, kFp8Ops)); break;
+  case kAllGather: TC_TRY(caseAllGather(R, t)); break;
+  default: TC_TRY(caseBroadcast(R, t)); break;
+  }
+  const int lim = std::max(1, (t == ncclFloat8e4m3 ? 16 : 8) / R.nranks);
+  if (coll == kAllGather || coll == kBroadcast) R.info = "every finite value but -0";
+  else R.info = fmt("sums of integers in [-%d, %d]; max, min of every finite value but -0", lim, lim);
+  return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// PreMulSum
+// ------------------------------------------------------------------------------------------------
+
+const ncclDataType_t kPremulTypes[] = {ncclFloat32, ncclFloat16, ncclBfloat16, ncclFloat64, ncclInt32};
+
+// `op` (a PreMulSum of `scalar`) in AllReduce (counts 1 to 2^20 + 3: packets and copies, in and out of
+// place), ReduceScatter (1000 and 65537 per rank, in and out of place) and Reduce (roots 0 and last, a
+// non-root's recvbuff NULL, and in place), each checked against the sum of the ranks' inputs times scalar.
+std::string runPremul(Rank& R, ncclDataType_t t, ncclRedOp_t op, double scalar)
+{
+  auto spec = [&](Coll coll, uint64_t n) {
+    Spec s;
+    s.coll = coll, s.type = t, s.count = n, s.salt = ++gSalt;
+    s.premul = true, s.premulOp = op, s.scalar = scalar;
+    return s;
+  };
+  for (uint64_t n : {(uint64_t)1, (uint64_t)1000, (uint64_t)65537, (uint64_t)(1u << 20) + 3})
+    for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      Spec s = spec(kAllReduce, n);
+      s.inPlace = inPlace;
+      TC_TRY(runOne(R, gComm, s));
+    }
+  for (uint64_t n : {(uint64_t)1000, (uint64_t)65537})
+    for (int inPlace = 0; inPlace < 2; ++inPlace) {
+      Spec s = spec(kReduceScatter, n);
+      s.inPlace = inPlace;
+      TC_TRY(runOne(R, gComm, s));
+    }
+  for (int root : {0, R.nranks - 1})
+    for (uint64_t n : {(uint64_t)1000, (uint64_t)65537})
+      for (int inPlace = 0; inPlace < 2; ++inPlace) {
+        Spec s = spec(kReduce, n);
+        s.root = root, s.inPlace = inPlace, s.nullOther = !inPlace;
+        TC_TRY(runOne(R, gComm, s));
+      }
+  return "";
+}
+
+// After ncclRedOpDestroy: the operator is an invalid argument, in a collective (nothing queued) and in a
+// second destroy; a built-in operator is never destroyed.
+std::string destroyedOpRefused(Rank& R, ncclDataType_t t, ncclRedOp_t op)
+{
+  const uint64_t bytes = 1000 * typeSize(t);
+  TC_TRY(sentinel(R, gPoolB, bytes));
+  TN_EXPECT_RC(ncclAllReduce(gPoolA, gPoolB, 1000, t, op, gComm, R.stream), ncclInvalidArgument);
+  TC_TRY(untouched(R, gPoolB, bytes, "an all-reduce with a destroyed PreMulSum operator"));
+  TN_EXPECT_RC(ncclRedOpDestroy(op, gComm), ncclInvalidArgument);
+  TN_EXPECT_RC(ncclRedOpDestroy(ncclSum, gComm), ncclInvalidArgument);
+  return "";
+}
+
+// ncclScalarHostImmediate: the scalar's value is read at the creation; the variable is changed right after,
+// which must change nothing.
+std::string casePremulHost(Rank& R, ncclDataType_t t)
+{
+  const double a = t == ncclInt32 ? 3 : 1.5;
+  uint64_t host = scalarBits(t, a);
+  ncclRedOp_t op = ncclNumOps;
+  TN_OK(ncclRedOpCreatePreMulSum(&op, &host, t, ncclScalarHostImmediate, gComm));
+  TC_EXPECT((int)op >= (int)ncclNumOps, "ncclRedOpCreatePreMulSum made op %d, a built-in's number", (int)op);
+  host = scalarBits(t, 7);
+  std::string why = runPremul(R, t, op, a);
+  ncclResult_t d = ncclRedOpDestroy(op, gComm);
+  TC_TRY(why);
+  TC_EXPECT(d == ncclSuccess, "ncclRedOpDestroy returned %s: %s", resultName(d), lastError(gComm).c_str());
+  TC_TRY(destroyedOpRefused(R, t, op));
+  R.info = fmt("scalar %g, op %d", a, (int)op);
+  return "";
+}
+
+// ncclScalarDevice, scalar `a` then `b` in device memory: direct calls first, then a graph of two
+// all-reduces (1000 elements: packets; 2^20 + 3: copies) captured once and replayed three times, the scalar
+// rewritten on the stream before each replay (a, b, a): each replay uses the value it finds.
+std::string premulDeviceBody(Rank& R, ncclDataType_t t, ncclRedOp_t op, void* dScalar, double a, double b)
+{
+  TC_TRY(runPremul(R, t, op, a));
+  Arena arena;
+  Prepared p[2];
+  const uint64_t counts[2] = {1000, (1u << 20) + 3};
+  for (int i = 0; i < 2; ++i) {
+    Spec s;
+    s.coll = kAllReduce, s.type = t, s.count = counts[i], s.salt = ++gSalt;
+    s.premul = true, s.premulOp = op, s.scalar = a;
+    TC_TRY(prepare(R, s, arena, &p[i]));
+  }
+  TC_TRY(syncBounded(R, "the inputs"));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TC_CUDA(cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeGlobal));
+  ncclResult_t r0 = issue(p[0], gComm, R.stream);
+  ncclResult_t r1 = issue(p[1], gComm, R.stream);
+  cudaError_t endRc = cudaStreamEndCapture(R.stream, &graph);
+  TC_EXPECT(r0 == ncclSuccess && r1 == ncclSuccess, "the all-reduces during the capture returned %s, %s: %s",
+            resultName(r0), resultName(r1), lastError(gComm).c_str());
+  TC_CUDA(endRc);
+  TC_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const double values[3] = {a, b, a};
+  uint64_t bits[3];
+  std::string why;
+  for (int k = 0; k < 3 && why.empty(); ++k) {
+    bits[k] = scalarBits(t, values[k]);
+    cudaError_t e = cudaMemcpyAsync(dScalar, &bits[k], typeSize(t), cudaMemcpyHostToDevice, R.stream);
+    for (int i = 0; i < 2 && e == cudaSuccess; ++i) e = cudaMemsetAsync(p[i].outBase, kSentinel, p[i].outBytes, R.stream);
+    if (e == cudaSuccess) e = cudaGraphLaunch(exec, R.stream);
+    if (e != cudaSuccess) why = fmt("replay %d: %s", k + 1, cudaGetErrorString(e));
+    if (why.empty()) why = syncBounded(R, fmt("replay %d", k + 1).c_str());
+    for (int i = 0; i < 2 && why.empty(); ++i) {
+      p[i].s.scalar = values[k];
+      p[i].want = wantOf(R, p[i].s);
+      why = check(R, p[i]);
+    }
+    if (!why.empty()) why = fmt("replay %d (device scalar %g): %s", k + 1, values[k], why.c_str());
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return why;
+}
+
+std::string casePremulDevice(Rank& R, ncclDataType_t t)
+{
+  const double a = t == ncclInt32 ? -2 : -0.75, b = t == ncclInt32 ? 5 : 2.5;
+  void* d = nullptr;
+  TC_CUDA(cudaMalloc(&d, 8));
+  const uint64_t bits = scalarBits(t, a);
+  TC_CUDA(cudaMemcpy(d, &bits, 8, cudaMemcpyHostToDevice));
+  ncclRedOp_t op = ncclNumOps;
+  ncclResult_t r = ncclRedOpCreatePreMulSum(&op, d, t, ncclScalarDevice, gComm);
+  std::string why;
+  if (r != ncclSuccess) why = fmt("ncclRedOpCreatePreMulSum (ncclScalarDevice) returned %s: %s", resultName(r), lastError(gComm).c_str());
+  if (why.empty()) why = premulDeviceBody(R, t, op, d, a, b);
+  if (r == ncclSuccess) {
+    ncclResult_t des = ncclRedOpDestroy(op, gComm);
+    if (des != ncclSuccess && why.empty()) why = fmt("ncclRedOpDestroy returned %s", resultName(des));
+  }
+  cudaFree(d);
+  TC_TRY(why);
+  TC_TRY(destroyedOpRefused(R, t, op));
+  R.info = fmt("scalar %g, then 3 replays with %g, %g, %g", a, a, b, a);
+  return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Split, shrink, revoke
+// ------------------------------------------------------------------------------------------------
+
+// Count and UserRank of `c` are `count` and `rank`.
+std::string expectPlace(ncclComm_t c, int count, int rank, const char* what)
+{
+  int n = -1, r = -1;
+  const ncclResult_t a = ncclCommCount(c, &n), b = ncclCommUserRank(c, &r);
+  TC_EXPECT(a == ncclSuccess && b == ncclSuccess, "%s: ncclCommCount %s, ncclCommUserRank %s", what, resultName(a),
+            resultName(b));
+  TC_EXPECT(n == count && r == rank, "%s: rank %d of %d, expected rank %d of %d", what, r, n, rank, count);
+  return "";
+}
+
+// R as seen on communicator `comm`: its rank and size there, which the references are computed from.
+std::string viewOn(Rank& R, ncclComm_t comm, Rank* V)
+{
+  int n = -1, r = -1, dev = -1;
+  TN_OK(ncclCommCount(comm, &n));
+  TN_OK(ncclCommUserRank(comm, &r));
+  TN_OK(ncclCommCuDevice(comm, &dev));
+  TC_EXPECT(n >= 1 && r >= 0 && r < n && dev == R.device, "ncclCommCount %d, UserRank %d, CuDevice %d (device %d)", n,
+            r, dev, R.device);
+  *V = R;
+  V->rank = r;
+  V->nranks = n;
+  return "";
+}
+
+// Collectives on a communicator made by a split or a shrink, each checked against the reference of that
+// communicator's ranks: all-reduces in packets and in copies, all-gathers whose pieces come in its rank order.
+std::string workOn(Rank& R, ncclComm_t comm, uint32_t salt, const char* what)
+{
+  Rank V;
+  std::string why = viewOn(R, comm, &V);
+  Spec s[4];
+  s[0].coll = kAllReduce, s[0].type = ncclFloat32, s[0].op = ncclSum, s[0].count = 65537;
+  s[1].coll = kAllReduce, s[1].type = ncclBfloat16, s[1].op = ncclMax, s[1].count = (1u << 20) + 3, s[1].inPlace = true;
+  s[2].coll = kAllGather, s[2].type = ncclInt32, s[2].count = 4099;
+  s[3].coll = kAllGather, s[3].type = ncclFloat64, s[3].count = (1u << 18) + 1, s[3].inPlace = true;
+  for (int i = 0; i < 4 && why.empty(); ++i) {
+    s[i].salt = salt + i;
+    why = runOne(V, comm, s[i]);
+  }
+  R.fatal = R.fatal || V.fatal;
+  if (!why.empty()) return fmt("%s (rank %d of %d there): %s", what, V.rank, V.nranks, why.c_str());
+  return "";
+}
+
+// ncclCommSplit of the main communicator (every rank calls each split, in the same order): bad input; colors
+// by parity with keys reversing the order; one color with keys reversing it; a split of that one (pairs of
+// its ranks, each reversed again); NCCL_SPLIT_NOCOLOR for the last rank. Each new communicator's place as the
+// keys say, and collectives on it checked. Each step ends with every rank's verdict (`together`).
+std::string caseSplit(Rank& R)
 {
   const int N = R.nranks, me = R.rank;
-  cudaStream_t st = R.stream;
-  ncclComm_t c = gComm;
-  runCase(R, "refused_today_ncclCommSplit", [&]() -> std::string {
-    ncclComm_t nc = (ncclComm_t)&R; // any non-NULL value: it must be set to NULL
-    TC_TRY(caseRefused(R, "ncclCommSplit", [&](void*, void*) { return ncclCommSplit(c, me % 2, me, &nc, nullptr); }));
-    TC_EXPECT(nc == nullptr, "ncclCommSplit left *newcomm = %p, expected NULL", (void*)nc);
+  const uint32_t salt = (gSalt += 32);
+  ncclComm_t bad = (ncclComm_t)&R; // any non-NULL value: it must be set to NULL
+  TN_EXPECT_RC(ncclCommSplit(gComm, -2, 0, &bad, nullptr), ncclInvalidArgument);
+  TC_EXPECT(bad == nullptr, "ncclCommSplit(color -2) left *newcomm = %p, expected NULL", (void*)bad);
+  TN_EXPECT_RC(ncclCommSplit(gComm, 0, 0, nullptr, nullptr), ncclInvalidArgument);
+
+  std::vector<ncclComm_t> made; // destroyed at the end, last made first
+  ncclComm_t rev = nullptr;
+  // Colors by parity, keys N - rank: within a color the higher parent rank comes first.
+  std::string why = together(R, [&]() -> std::string {
+    ncclComm_t half = nullptr;
+    TN_OK(ncclCommSplit(gComm, me % 2, N - me, &half, nullptr));
+    made.push_back(half);
+    int size = 0, place = 0;
+    for (int r = 0; r < N; ++r)
+      if (r % 2 == me % 2) ++size, place += r > me ? 1 : 0;
+    TC_TRY(expectPlace(half, size, place, "the split by parity"));
+    return workOn(R, half, salt, "the split by parity");
+  }(), "after the split by parity");
+  // One color, keys N - 1 - rank: the parent's order reversed.
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    TN_OK(ncclCommSplit(gComm, 0, N - 1 - me, &rev, nullptr));
+    made.push_back(rev);
+    TC_TRY(expectPlace(rev, N, N - 1 - me, "the split reversing the order"));
+    return workOn(R, rev, salt + 4, "the split reversing the order");
+  }(), "after the split reversing the order");
+  // A split of that split: its ranks in pairs (q / 2), each pair reversed again (keys N - q).
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    const int q = N - 1 - me;
+    ncclComm_t pair = nullptr;
+    TN_OK(ncclCommSplit(rev, q / 2, N - q, &pair, nullptr));
+    made.push_back(pair);
+    const int size = std::min(2, N - 2 * (q / 2));
+    TC_TRY(expectPlace(pair, size, size == 2 ? 1 - q % 2 : 0, "the split of the split"));
+    return workOn(R, pair, salt + 8, "the split of the split");
+  }(), "after the split of the split");
+  // The last rank in no color: *newcomm NULL; the others in parent order (equal keys).
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    ncclComm_t most = (ncclComm_t)&R;
+    TN_OK(ncclCommSplit(gComm, me == N - 1 ? NCCL_SPLIT_NOCOLOR : 7, 0, &most, nullptr));
+    if (me == N - 1) {
+      TC_EXPECT(most == nullptr, "NCCL_SPLIT_NOCOLOR: *newcomm = %p, expected NULL", (void*)most);
+      return "";
+    }
+    made.push_back(most);
+    TC_TRY(expectPlace(most, N - 1, me, "the split without the last rank"));
+    return workOn(R, most, salt + 12, "the split without the last rank");
+  }(), "after the split without the last rank");
+  // Every rank is done with every new communicator before any is freed.
+  TC_TRY(boardBarrier(R, "before the split communicators' destroy"));
+  for (auto it = made.rbegin(); it != made.rend(); ++it) {
+    const ncclResult_t d = ncclCommDestroy(*it);
+    if (d != ncclSuccess && why.empty()) why = fmt("ncclCommDestroy of a split communicator returned %s", resultName(d));
+  }
+  TC_TRY(why);
+  R.info = fmt("%d communicators made and destroyed here", (int)made.size());
+  return "";
+}
+
+// ncclCommShrink of the main communicator: bad input; the last rank left out (alive; it does not call), the
+// others' new communicator in parent order and working; the parent untouched (NCCL_SHRINK_DEFAULT).
+std::string caseShrink(Rank& R)
+{
+  const int N = R.nranks, me = R.rank, last = N - 1;
+  const uint32_t salt = (gSalt += 8);
+  ncclComm_t bad = (ncclComm_t)&R;
+  int self[1] = {me};
+  TN_EXPECT_RC(ncclCommShrink(gComm, self, 1, &bad, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  TC_EXPECT(bad == nullptr, "ncclCommShrink (this rank excluded) left *newcomm = %p, expected NULL", (void*)bad);
+  int outside[1] = {N};
+  TN_EXPECT_RC(ncclCommShrink(gComm, outside, 1, &bad, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+  int lastOnly[1] = {last};
+  TN_EXPECT_RC(ncclCommShrink(gComm, lastOnly, 1, &bad, nullptr, 2), ncclInvalidArgument);
+  ncclComm_t shrunk = nullptr;
+  std::string why;
+  if (me != last) {
+    why = [&]() -> std::string {
+      TN_OK(ncclCommShrink(gComm, lastOnly, 1, &shrunk, nullptr, NCCL_SHRINK_DEFAULT));
+      TC_TRY(expectPlace(shrunk, N - 1, me, "the shrunk communicator"));
+      TC_TRY(workOn(R, shrunk, salt, "the shrunk communicator"));
+      ncclResult_t async = ncclInternalError;
+      TN_OK(ncclCommGetAsyncError(shrunk, &async));
+      TC_EXPECT(async == ncclSuccess, "the shrunk communicator's ncclCommGetAsyncError gives %s", resultName(async));
+      return "";
+    }();
+  }
+  // Every survivor is done with the new communicator before any frees it; the rank left out waits meanwhile.
+  why = together(R, why, "after the work on the shrunk communicator");
+  if (shrunk) {
+    const ncclResult_t d = ncclCommDestroy(shrunk);
+    if (d != ncclSuccess && why.empty()) why = fmt("ncclCommDestroy of the shrunk communicator returned %s", resultName(d));
+  }
+  TC_TRY(why);
+  // The parent as it was: no error, and it works for every rank, the one left out included.
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after the shrink the main communicator's ncclCommGetAsyncError gives %s",
+            resultName(async));
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = salt + 4;
+  TC_TRY(runOne(R, gComm, s));
+  R.info = fmt("rank %d left out, %d rank(s) in the new communicator", last, N - 1);
+  return "";
+}
+
+// ncclCommRevoke on a communicator of its own (a split of the main one, which is never revoked). Rank 0
+// revokes first: the others, not revoked yet, see ncclRemoteError (from ncclCommGetAsyncError and from a
+// collective), then revoke too. On the revoked communicator collectives, sends, splits and registrations are
+// ncclInvalidUsage (nothing queued), the queries answer, ncclCommGetAsyncError says ncclSuccess; a shrink of
+// it leaving nobody out gives a working communicator; ncclCommAbort (rank 0) and ncclCommDestroy (the
+// others) free it.
+std::string caseRevoke(Rank& R)
+{
+  const int N = R.nranks, me = R.rank;
+  const uint32_t salt = (gSalt += 8);
+  const uint64_t bytes = 1000 * 4;
+  ncclComm_t rc = nullptr;
+  std::string why = together(R, [&]() -> std::string {
+    TN_OK(ncclCommSplit(gComm, 0, me, &rc, nullptr));
+    TC_TRY(expectPlace(rc, N, me, "the split to revoke"));
+    Spec s;
+    s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 1000, s.salt = salt;
+    TC_TRY(runOne(R, rc, s));
+    TN_EXPECT_RC(ncclCommRevoke(rc, 1), ncclInvalidArgument);
+    TN_EXPECT_RC(ncclCommRevoke(nullptr, 0), ncclInvalidArgument);
     return "";
-  });
-  runCase(R, "refused_today_ncclCommShrink", [&]() -> std::string {
+  }(), "before the revoke");
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    if (me == 0) {
+      TN_OK(ncclCommRevoke(rc, 0));
+    } else {
+      // Not revoked here yet: rank 0's revoke reaches this rank as its communicator's failure.
+      ncclResult_t async = ncclSuccess;
+      const double deadline = nowSec() + 10 * timeoutScale();
+      while (ncclCommGetAsyncError(rc, &async) == ncclSuccess && async == ncclSuccess && nowSec() < deadline) usleep(1000);
+      TC_EXPECT(async == ncclRemoteError, "after rank 0's revoke ncclCommGetAsyncError gave %s (within 10 s), expected "
+                "ncclRemoteError", resultName(async));
+      TC_TRY(sentinel(R, gPoolB, bytes));
+      TN_EXPECT_RC(ncclAllReduce(gPoolA, gPoolB, 1000, ncclFloat32, ncclSum, rc, R.stream), ncclRemoteError);
+      TC_TRY(untouched(R, gPoolB, bytes, "an all-reduce on a communicator a peer revoked"));
+      TN_OK(ncclCommRevoke(rc, 0));
+    }
+    TC_TRY(sentinel(R, gPoolB, bytes));
+    TN_EXPECT_RC(ncclAllReduce(gPoolA, gPoolB, 1000, ncclFloat32, ncclSum, rc, R.stream), ncclInvalidUsage);
+    const std::string msg = lastError(rc);
+    TC_EXPECT(msg.find("revoked") != std::string::npos, "the refusal does not say the comm was revoked: '%s'", msg.c_str());
+    TN_EXPECT_RC(ncclBroadcast(gPoolA, gPoolB, 1000, ncclFloat32, 0, rc, R.stream), ncclInvalidUsage);
+    TN_EXPECT_RC(ncclSend(gPoolA, 1000, ncclFloat32, (me + 1) % N, rc, R.stream), ncclInvalidUsage);
     ncclComm_t nc = (ncclComm_t)&R;
-    int exclude[1] = {N - 1};
-    TC_TRY(caseRefused(R, "ncclCommShrink",
-                       [&](void*, void*) { return ncclCommShrink(c, exclude, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT); }));
-    TC_EXPECT(nc == nullptr, "ncclCommShrink left *newcomm = %p, expected NULL", (void*)nc);
+    TN_EXPECT_RC(ncclCommSplit(rc, 0, 0, &nc, nullptr), ncclInvalidUsage);
+    TC_EXPECT(nc == nullptr, "a split of a revoked comm left *newcomm = %p, expected NULL", (void*)nc);
+    void* handle = nullptr;
+    TN_EXPECT_RC(ncclCommRegister(rc, gPoolA, 4096, &handle), ncclInvalidUsage);
+    TC_TRY(untouched(R, gPoolB, bytes, "the calls on a revoked comm"));
+    TC_TRY(expectPlace(rc, N, me, "the revoked comm's queries"));
+    int dev = -1;
+    TN_OK(ncclCommCuDevice(rc, &dev));
+    ncclResult_t async = ncclInternalError;
+    TN_OK(ncclCommGetAsyncError(rc, &async));
+    TC_EXPECT(async == ncclSuccess, "ncclCommGetAsyncError of the revoked comm gives %s, expected ncclSuccess",
+              resultName(async));
     return "";
-  });
-  runCase(R, "refused_today_ncclCommRevoke", [&] {
-    return caseRefused(R, "ncclCommRevoke", [&](void*, void*) { return ncclCommRevoke(c, 0); });
-  });
-  runCase(R, "refused_today_allreduce_float8e4m3", [&] {
-    return caseRefused(R, "ncclFloat8e4m3",
-                       [&](void* s, void* d) { return ncclAllReduce(s, d, 1000, ncclFloat8e4m3, ncclSum, c, st); });
-  });
-  runCase(R, "refused_today_allreduce_premulsum", [&]() -> std::string {
-    float scalar = 0.5f;
-    ncclRedOp_t op = ncclNumOps;
-    TN_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, c));
-    TC_EXPECT((int)op >= (int)ncclNumOps, "ncclRedOpCreatePreMulSum made op %d, a built-in's number", (int)op);
-    std::string why = caseRefused(R, "ncclRedOpCreatePreMulSum",
-                                  [&](void* s, void* d) { return ncclAllReduce(s, d, 1000, ncclFloat32, op, c, st); });
-    TN_OK(ncclRedOpDestroy(op, c));
-    return why;
-  });
-  runCase(R, "refused_today_ncclDevCommCreate", [&] {
-    return caseRefused(R, "ncclDevComm", [&](void*, void*) { return ncclDevCommCreate(c, nullptr, nullptr); });
-  });
+  }(), "after the revokes");
+  // A shrink of the revoked communicator leaving nobody out: every rank in a working communicator.
+  ncclComm_t fresh = nullptr;
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    TN_OK(ncclCommShrink(rc, nullptr, 0, &fresh, nullptr, NCCL_SHRINK_DEFAULT));
+    TC_TRY(expectPlace(fresh, N, me, "the shrink of the revoked comm"));
+    return workOn(R, fresh, salt + 1, "the shrink of the revoked comm");
+  }(), "after the work on the shrink of the revoked comm");
+  if (fresh) {
+    const ncclResult_t d = ncclCommDestroy(fresh);
+    if (d != ncclSuccess && why.empty()) why = fmt("ncclCommDestroy of the shrunk comm returned %s", resultName(d));
+  }
+  if (rc) {
+    const ncclResult_t d = me == 0 ? ncclCommAbort(rc) : ncclCommDestroy(rc);
+    if (d != ncclSuccess && why.empty())
+      why = fmt("%s of the revoked comm returned %s", me == 0 ? "ncclCommAbort" : "ncclCommDestroy", resultName(d));
+  }
+  TC_TRY(why);
+  // The main communicator was never touched.
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after the revoke case the main communicator's ncclCommGetAsyncError gives %s",
+            resultName(async));
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 1000, s.salt = salt + 6;
+  TC_TRY(runOne(R, gComm, s));
+  R.info = "rank 0 revoked first; freed by ncclCommAbort on rank 0, ncclCommDestroy elsewhere";
+  return "";
 }
 
 // Host memory where device memory belongs: ncclInvalidArgument naming the buffer, nothing queued, the
@@ -1588,12 +2111,37 @@ int mainRank(Rank& R)
   runCase(R, "p2p_alone_outside_a_group_up_to_1MiB", [&] { return caseP2pAlone(R); });
   runCase(R, "p2p_graph_replayed_5_times", [&] { return caseP2pGraph(R); });
   runCase(R, "p2p_bad_inputs", [&] { return caseP2pBad(R); });
-  refusedCases(R);
+  // fp8 and PreMulSum after the cases of the other types and operators, so that a failure there costs
+  // nothing of the rest.
+  for (ncclDataType_t t : kFp8Types) {
+    const std::string n = typeName(t);
+    runCase(R, "allreduce_" + n + "_sum_max_min", [&] { return caseFp8(R, t, kAllReduce); });
+    runCase(R, "allgather_" + n, [&] { return caseFp8(R, t, kAllGather); });
+    runCase(R, "reducescatter_" + n + "_sum_max_min", [&] { return caseFp8(R, t, kReduceScatter); });
+    runCase(R, "broadcast_bcast_" + n + "_root_0_and_last", [&] { return caseFp8(R, t, kBroadcast); });
+    runCase(R, "reduce_" + n + "_sum_max_min_roots_0_and_last", [&] { return caseFp8(R, t, kReduce); });
+  }
+  runCase(R, "p2p_ring_float8e4m3", [&] { return caseP2pRing(R, ncclFloat8e4m3, 0); });
+  runCase(R, "p2p_ring_unaligned_by_4_bytes_float8e5m2", [&] { return caseP2pRing(R, ncclFloat8e5m2, 4); });
+  for (ncclDataType_t t : kPremulTypes) {
+    runCase(R, fmt("premulsum_host_immediate_%s", typeName(t)), [&] { return casePremulHost(R, t); });
+    runCase(R, fmt("premulsum_device_scalar_graph_%s", typeName(t)), [&] { return casePremulDevice(R, t); });
+  }
+  runCase(R, "split_parity_reversed_nested_nocolor", [&] { return caseSplit(R); });
+  runCase(R, "shrink_leaving_the_last_rank_out", [&] { return caseShrink(R); });
+  runCase(R, "revoke_a_split_then_shrink_abort_destroy", [&] { return caseRevoke(R); });
+  runCase(R, "not_offered_ncclDevCommCreate_ncclDevCommDestroy", [&]() -> std::string {
+    TC_TRY(caseRefused(R, "ncclDevComm", [&](void*, void*) { return ncclDevCommCreate(gComm, nullptr, nullptr); }));
+    return caseRefused(R, "ncclDevComm", [&](void*, void*) { return ncclDevCommDestroy(gComm, nullptr); });
+  });
   runCase(R, "bad_input_host_memory", [&] { return caseHostMemory(R); });
   // Late: a failure here may leave a kernel waiting on its own communicator.
   runCase(R, "gather_back_to_back_root_late", [&] { return caseGatherBackToBack(R); });
   runCase(R, "finalize_destroy", [&] { return caseFinalizeDestroy(R); });
   freeRankBuffers(R);
+  // Frees the context, so that compute-sanitizer's leak check sees what became of every allocation.
+  cudaError_t e = cudaDeviceReset();
+  if (e != cudaSuccess) rankLog(R, "cudaDeviceReset failed: %s", cudaGetErrorString(e));
   return 0;
 }
 
@@ -1724,6 +2272,12 @@ struct KillResult
   int laterRc;
   int abortRc;
   double abortS;
+  int shrinkRc;       // ncclCommShrink leaving the dead rank out
+  double shrinkS;
+  int shrunkCount;    // the new communicator's Count and UserRank
+  int shrunkRank;
+  int shrunkDestroyRc;
+  char shrunkWhy[240]; // the all-reduce on it, where it failed
   char lastError[240];
   char note[240];
 };
@@ -1849,6 +2403,45 @@ int killRank(Rank& R, KillShared* S, bool p2p)
   out.syncS = nowSec() - t0;
   out.syncRc = (int)syncRc;
   out.laterRc = (int)killStep(R, comm, p2p);
+
+  // The survivors go on without the dead rank: ncclCommShrink leaving it out (NCCL_SHRINK_ABORT, as after a
+  // failure: the parent is revoked first), an all-reduce on the new communicator checked against the host
+  // reference of its ranks, its destroy.
+  const int victim = R.nranks - 1;
+  ncclComm_t shrunk = nullptr;
+  ncclComm_t* shrunkAt = &shrunk;
+  ncclResult_t shrinkRc = ncclSuccess;
+  t0 = nowSec();
+  if (!bounded<ncclResult_t>(R.device, 40 * scale,
+                             [comm, victim, shrunkAt] {
+                               int exclude[1] = {victim};
+                               return ncclCommShrink(comm, exclude, 1, shrunkAt, nullptr, NCCL_SHRINK_ABORT);
+                             },
+                             &shrinkRc)) {
+    fail("ncclCommShrink did not return within 40 s");
+    _exit(2);
+  }
+  out.shrinkS = nowSec() - t0;
+  out.shrinkRc = (int)shrinkRc;
+  out.shrunkDestroyRc = (int)ncclSuccess;
+  if (shrinkRc == ncclSuccess && shrunk) {
+    Rank V;
+    why = viewOn(R, shrunk, &V);
+    out.shrunkCount = V.nranks;
+    out.shrunkRank = V.rank;
+    if (why.empty()) {
+      Spec s;
+      s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = 6;
+      why = runOne(V, shrunk, s);
+    }
+    copyText(out.shrunkWhy, sizeof(out.shrunkWhy), why);
+    ncclResult_t destroyRc = ncclSuccess;
+    if (!bounded<ncclResult_t>(R.device, 20 * scale, [shrunk] { return ncclCommDestroy(shrunk); }, &destroyRc)) {
+      fail("ncclCommDestroy of the shrunk communicator did not return within 20 s");
+      _exit(2);
+    }
+    out.shrunkDestroyRc = (int)destroyRc;
+  }
   t0 = nowSec();
   ncclResult_t abortRc = ncclSuccess;
   if (!bounded<ncclResult_t>(R.device, 20 * scale, [comm] { return ncclCommAbort(comm); }, &abortRc)) {
@@ -1915,14 +2508,24 @@ int runKill(const Options& opt, bool p2p)
     else if (o.laterRc != ncclRemoteError)
       why = fmt("the next %s returned %s, not ncclRemoteError", p2p ? "group of ncclSend/ncclRecv" : "ncclAllReduce",
                 resultName((ncclResult_t)o.laterRc));
+    else if (o.shrinkRc != ncclSuccess)
+      why = fmt("ncclCommShrink(NCCL_SHRINK_ABORT) leaving rank %d out returned %s", victim,
+                resultName((ncclResult_t)o.shrinkRc));
+    else if (o.shrunkCount != nranks - 1 || o.shrunkRank != r)
+      why = fmt("the shrunk communicator says rank %d of %d, expected %d of %d", o.shrunkRank, o.shrunkCount, r,
+                nranks - 1);
+    else if (o.shrunkWhy[0]) why = fmt("the all-reduce on the shrunk communicator: %s", o.shrunkWhy);
+    else if (o.shrunkDestroyRc != ncclSuccess)
+      why = fmt("ncclCommDestroy of the shrunk communicator returned %s", resultName((ncclResult_t)o.shrunkDestroyRc));
     else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
     else if (o.abortS > 10 * scale) why = fmt("ncclCommAbort took %.2f s", o.abortS);
     if (!why.empty()) {
       printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
       ++failed;
     } else {
-      info += fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, abort %.2f s;", r,
-                  o.iterations, o.tDetect - tKill, o.syncS, o.abortS);
+      info += fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, shrunk to %d "
+                  "rank(s) in %.2f s (all-reduce checked), abort %.2f s;",
+                  r, o.iterations, o.tDetect - tKill, o.syncS, o.shrunkCount, o.shrinkS, o.abortS);
     }
   }
   if (!failed) printf("PASS %s:%s last error '%s'\n", name, info.c_str(), S->res[0].lastError);
@@ -2001,7 +2604,7 @@ int main(int argc, char** argv)
   int rc = 0;
   if (all || !strcmp(which, "main")) {
     memset((void*)gBoard, 0, sizeof(Board));
-    rc |= runRanks("nccl_main", opt, 900, mainRank);
+    rc |= runRanks("nccl_main", opt, 1200, mainRank);
   }
   if (all || !strcmp(which, "kill")) {
     rc |= runKill(opt, false);

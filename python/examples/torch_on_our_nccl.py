@@ -2,7 +2,7 @@
 build/lib/nccl/libnccl.so.2, loaded ahead of NVIDIA's by LD_PRELOAD (the NCCL functions torch calls then
 resolve to ours).
 
-    LD_PRELOAD=$PWD/build/lib/nccl/libnccl.so.2 python python/examples/torch_on_our_nccl.py [--nranks 2]
+    LD_PRELOAD=$PWD/build/lib/nccl/libnccl.so.2 python python/examples/torch_on_our_nccl.py [--nranks 2] [--kill]
 
 (Started without LD_PRELOAD it starts itself again with it, so the line above is what always runs.)
 
@@ -24,7 +24,34 @@ number of ranks):
     torch picks) and uneven ones (a group of ncclSend/ncclRecv), send/recv both ways between pairs,
     isend/irecv around a ring, batch_isend_irecv both ways around a ring in one batch, gather and scatter
     from rank 0 and the last rank;
-  - destroy_process_group returns.
+  - ReduceOp.PREMUL_SUM (torch.distributed._make_nccl_premul_sum, as FSDP uses it: ncclRedOpCreatePreMulSum
+    with the factor a float, ncclScalarHostImmediate, or a one-element tensor on the GPU, ncclScalarDevice)
+    in all_reduce and reduce_scatter_tensor on float32, bfloat16 and float16: gloo's reference is the sum of
+    each rank's input times the factor (small integers times 3 or 0.25: exact);
+  - new_group: the even ranks and the odd ranks, each an NCCL group of its own (made when first used, from a
+    unique id torch hands over its store): all_reduce, all_gather_into_tensor and broadcast on it;
+  - an all_reduce captured in a CUDA graph (torch.cuda.graph, after a warm-up on a side stream) and replayed
+    three times, each replay's input copied in first;
+  - a DDP training (nn.Linear stack, 3 SGD steps, the same seed on every rank, each rank its own batches):
+    its final parameters against those of a copy of the model trained on the same GPU and batches whose
+    gradients are reduced by gloo instead (each times 1/world as DDP scales them, summed by gloo's
+    all_reduce on CPU copies). The local gradients are the same bits (same GPU, kernels and inputs;
+    CUBLAS_WORKSPACE_CONFIG set for cuBLAS's determinism), so at 2 ranks (one sum of two float32 values,
+    the same bits in any order) the parameters must be equal; above 2 ranks NCCL's and gloo's sums of the
+    gradients may be associated differently, each then an ulp apart, so they must agree within rtol 1e-5,
+    atol 1e-6 (the note gives the largest difference);
+  - destroy_process_group returns;
+  - then init_process_group again with device_id= (eager: the communicator made at once, and torch makes a
+    new_group's communicator by ncclCommSplit of the default one, NCCL_SPLIT_NOCOLOR on the ranks outside
+    it): an all_reduce on the world, the even and odd subgroups as above (the note gives torch's
+    comm_split_count where it has one), destroy_process_group.
+--kill: a job of its own: every rank makes the group (TORCH_NCCL_ASYNC_ERROR_HANDLING=1: torch's watchdog
+aborts the communicator and tears the process down when ncclCommGetAsyncError reports an error), checks a
+few all_reduces, meets the others at a gloo barrier; then the last rank SIGKILLs itself while the others
+loop on all_reduces. Each survivor must end within 60 s of the kill, having raised from a collective an
+error that speaks of NCCL, a remote failure or an abort (it reports the error and ends), or torn down by
+torch's watchdog (a non-zero exit status); the victim must end by SIGKILL, and the parent reaps every
+process.
 Prints one line per case (PASS name / FAIL name: why / SKIP name: why) and exits non-zero on any FAIL.
 The values are small integers, so every order of summation gives the same bits. Where ranks exchange
 pieces, gloo's reference is an all_gather (or broadcast) of every rank's input, from which each rank
@@ -34,9 +61,14 @@ takes what it should have got.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import signal
 import socket
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -54,9 +86,12 @@ def free_port() -> int:
 
 # ---- one rank ----
 
-def worker(rank: int, nranks: int, port: int, queue) -> None:
+def worker(rank: int, nranks: int, port: int, port2: int, queue) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    # cuBLAS's results are the same bits from run to run with a fixed workspace (the DDP case compares two
+    # models trained by the same kernels); read when cuBLAS is first used.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     def report(name: str, verdict: str, text: str = "") -> None:
         queue.put((rank, name, verdict, text.replace("\n", " ")[:400]))
@@ -310,6 +345,132 @@ def worker(rank: int, nranks: int, port: int, queue) -> None:
             expect_equal(f"scatter piece {rank} from {src}", out, whole[rank * N:(rank + 1) * N])
         return body
 
+    def premul_sum(dtype, on_device, salt, scatter=False):
+        # The factor a float (torch: ncclScalarHostImmediate) or a one-element tensor of the same type on the
+        # GPU (ncclScalarDevice); the inputs small integers, so that every product and sum is exact.
+        def body():
+            make = getattr(dist, "_make_nccl_premul_sum", None)
+            if make is None:
+                return ("SKIP", "torch.distributed._make_nccl_premul_sum is missing in this torch")
+            f = 0.25 if on_device else 3.0
+            factor = torch.tensor([f], dtype=dtype, device=device) if on_device else f
+            x = values(salt, nranks * N if scatter else N, dtype)
+            want = gloo_all_reduce(x.double() * f, R.SUM)
+            t = x.to(device)
+            if scatter:
+                out = torch.full((N,), -1000.0, dtype=dtype, device=device)
+                dist.reduce_scatter_tensor(out, t, op=make(factor))
+                torch.cuda.synchronize()
+                expect_equal(f"reduce_scatter_tensor PREMUL_SUM x {f} {dtype}", out, want[rank * N:(rank + 1) * N])
+            else:
+                dist.all_reduce(t, op=make(factor))
+                torch.cuda.synchronize()
+                expect_equal(f"all_reduce PREMUL_SUM x {f} {dtype}", t, want)
+            return f"factor {f}, " + ("a tensor on the GPU (ncclScalarDevice)" if on_device
+                                      else "a float (ncclScalarHostImmediate)")
+        return body
+
+    def even_odd_groups():
+        """new_group of the even ranks, then of the odd ones (every rank makes both, in this order); this
+        rank's members and group."""
+        evens, odds = list(range(0, nranks, 2)), list(range(1, nranks, 2))
+        g_even = dist.new_group(ranks=evens)
+        g_odd = dist.new_group(ranks=odds)
+        return (evens, g_even) if rank % 2 == 0 else (odds, g_odd)
+
+    def on_subgroup(members, group, salt):
+        """all_reduce, all_gather_into_tensor and broadcast (from the group's last member) on `group`."""
+        x = values(salt, N)
+        parts = gloo_inputs(x)
+        t = x.to(device)
+        dist.all_reduce(t, group=group)
+        torch.cuda.synchronize()
+        expect_equal(f"all_reduce on the group of ranks {members}", t, sum(parts[m] for m in members))
+        out = torch.full((len(members) * N,), -1000.0, device=device)
+        dist.all_gather_into_tensor(out, x.to(device), group=group)
+        torch.cuda.synchronize()
+        expect_equal(f"all_gather_into_tensor on the group of ranks {members}", out,
+                     torch.cat([parts[m] for m in members]))
+        src = members[-1]  # a global rank, as torch.distributed takes it
+        b = x.to(device)
+        dist.broadcast(b, src=src, group=group)
+        torch.cuda.synchronize()
+        expect_equal(f"broadcast from {src} on the group of ranks {members}", b, parts[src])
+        return f"ranks {members}: this rank is {members.index(rank)} of {len(members)} there"
+
+    def subgroups(salt):
+        def body():
+            members, group = even_odd_groups()
+            return on_subgroup(members, group, salt)
+        return body
+
+    def graph_all_reduce():
+        if not hasattr(torch.cuda, "CUDAGraph"):
+            return ("SKIP", "torch.cuda.CUDAGraph is missing in this torch")
+        t = torch.zeros(N, device=device)
+        # A first all_reduce outside the capture, on a side stream, as torch's documentation of CUDA graphs
+        # asks (the communicator exists before the capture).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            dist.all_reduce(t)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dist.all_reduce(t)
+        for k in range(3):
+            x = values(60 + k, N)
+            want = gloo_all_reduce(x, R.SUM)
+            t.copy_(x.to(device))
+            graph.replay()
+            torch.cuda.synchronize()
+            expect_equal(f"replay {k + 1}", t, want)
+        return "3 replays checked"
+
+    def ddp_training():
+        import copy
+
+        import torch.nn as nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        torch.manual_seed(1234)  # the same initial model on every rank
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).to(device)
+        ref = copy.deepcopy(model)
+        ddp = DDP(model, device_ids=[device.index])
+        lr = 0.05
+        opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=lr)
+        for step in range(3):
+            g = torch.Generator().manual_seed(100 * step + rank)  # each rank its own batch
+            xin = torch.randn(16, 32, generator=g).to(device)
+            target = torch.randn(16, 8, generator=g).to(device)
+            opt.zero_grad(set_to_none=True)
+            ref_opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(ddp(xin), target).backward()  # DDP's all-reduce of the gradients: ours
+            nn.functional.mse_loss(ref(xin), target).backward()
+            for p in ref.parameters():
+                # As DDP: each gradient times 1/world, then summed over the ranks (here by gloo).
+                c = p.grad.mul(1.0 / nranks).cpu()
+                dist.all_reduce(c, group=gloo)
+                p.grad.copy_(c.to(device))
+            opt.step()
+            ref_opt.step()
+        torch.cuda.synchronize()
+        worst = 0.0
+        for (name, a), b in zip(ddp.module.named_parameters(), ref.parameters()):
+            a, b = a.detach().cpu(), b.detach().cpu()
+            worst = max(worst, float((a - b).abs().max()))
+            if nranks == 2:
+                if not torch.equal(a, b):
+                    raise AssertionError(f"parameter {name} after 3 steps differs from gloo's training (2 ranks: "
+                                         f"must be equal), largest difference {float((a - b).abs().max())}")
+            elif not torch.allclose(a, b, rtol=1e-5, atol=1e-6):
+                raise AssertionError(f"parameter {name} after 3 steps differs from gloo's training beyond rtol 1e-5, "
+                                     f"atol 1e-6: largest difference {float((a - b).abs().max())}")
+        return (f"3 steps; parameters {'equal' if worst == 0 else f'within {worst:.3g}'} of the training whose "
+                f"gradients gloo reduced")
+
     R = dist.ReduceOp
     case("init_process_group_nccl", lambda: f"{nranks} ranks, rank {rank} on {device}")
     for op, salt in ((R.SUM, 1), (R.AVG, 2), (R.MAX, 3), (R.MIN, 4)):
@@ -336,13 +497,244 @@ def worker(rank: int, nranks: int, port: int, queue) -> None:
     case(f"gather_to_rank_{last}", gather(last, 39))
     case("scatter_from_rank_0", scatter(0, 40))
     case(f"scatter_from_rank_{last}", scatter(last, 41))
+    for dtype, salt in ((torch.float32, 42), (torch.bfloat16, 43), (torch.float16, 44)):
+        name = str(dtype).split(".")[-1]
+        case(f"all_reduce_premul_sum_float_factor_{name}", premul_sum(dtype, False, salt))
+        case(f"all_reduce_premul_sum_tensor_factor_{name}", premul_sum(dtype, True, salt + 10))
+    case("reduce_scatter_tensor_premul_sum_float_factor", premul_sum(torch.float32, False, 45, scatter=True))
+    case("reduce_scatter_tensor_premul_sum_tensor_factor_bfloat16", premul_sum(torch.bfloat16, True, 46, scatter=True))
+    case("new_group_even_and_odd_ranks", subgroups(47))
+    case("all_reduce_in_cuda_graph_replayed", graph_all_reduce)
+    case("ddp_training_3_steps_against_gloo", ddp_training)
 
     def destroy():
         t0 = time.monotonic()
         dist.destroy_process_group()
         return f"{time.monotonic() - t0:.2f} s"
     case("destroy_process_group", destroy)
+
+    # Again, eagerly: init_process_group with device_id= makes the communicator at once, and torch then makes
+    # a new_group's communicator by ncclCommSplit of the default one.
+    eager = {}
+
+    def init_eager():
+        nonlocal gloo
+        try:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port2}", rank=rank, world_size=nranks,
+                                    timeout=timedelta(seconds=60), device_id=device)
+        except TypeError as e:  # a torch without device_id
+            return ("SKIP", f"init_process_group takes no device_id here ({e})")
+        gloo = dist.new_group(backend="gloo")
+        eager["on"] = True
+        return f"rank {rank} bound to {device}"
+
+    def split_count():
+        try:
+            backend = dist.group.WORLD._get_backend(device)
+            count = getattr(backend, "comm_split_count", None)
+            return count() if callable(count) else None
+        except Exception:  # an API this torch does not have: the note says so
+            return None
+
+    def eager_subgroups():
+        before = split_count()
+        note = subgroups(52)()
+        after = split_count()
+        if after is None:
+            return note + "; torch has no comm_split_count here"
+        return note + f"; torch's comm_split_count of the default group: {before} before, {after} after"
+
+    def if_eager(body):
+        return lambda: body() if eager else ("SKIP", "no eager process group (see init_process_group_nccl_device_id)")
+
+    case("init_process_group_nccl_device_id", init_eager)
+    case("all_reduce_sum_float32_eager", if_eager(all_reduce(R.SUM, torch.float32, 50)))
+    case("new_group_even_and_odd_ranks_eager", if_eager(eager_subgroups))
+    case("destroy_process_group_eager", if_eager(destroy))
     report("__done__", "DONE")
+
+
+# ---- --kill: one rank SIGKILLs itself ----
+
+KILL_WINDOW = 60.0  # seconds after the kill within which every survivor must have ended
+
+
+def kill_worker(rank: int, nranks: int, port: int, report_dir: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    victim = nranks - 1
+
+    # Reports go to a file of this rank's (one write each), not to a queue shared by the ranks: a process
+    # that torch's watchdog ends while it holds the queue's lock would leave the others' reports stuck.
+    fd = os.open(os.path.join(report_dir, f"rank{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def report(name: str, verdict: str, text: str = "") -> None:
+        os.write(fd, (json.dumps([name, verdict, text[:600]]) + "\n").encode())
+
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    try:
+        # torch's own timeout far beyond the window: what ends the survivors must be our failure detection.
+        dist.init_process_group("nccl", rank=rank, world_size=nranks, timeout=timedelta(seconds=300))
+        gloo = dist.new_group(backend="gloo")
+        for i in range(3):
+            x = torch.full((4099,), float(rank + i), device=device)
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            want = float(sum(r + i for r in range(nranks)))
+            if not bool((x == want).all()):
+                raise AssertionError(f"all_reduce {i}: {x[0].item()} where {want} was due")
+        report("ready", "READY", "3 all_reduces checked")
+        dist.barrier(group=gloo)  # every rank checked, none in a collective yet
+    except Exception as e:  # the job could not start: the parent reports it
+        report("ready", "FAIL", f"{type(e).__name__}: {e}")
+        return
+    if rank == victim:
+        time.sleep(1.0)  # the others are waiting in their first all_reduce by now
+        report("victim", "KILLING", "")
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # not reached
+    t0 = time.monotonic()
+    calls = 0
+    x = torch.ones(1 << 16, device=device)
+    try:
+        while time.monotonic() - t0 < 2 * KILL_WINDOW:
+            x.fill_(1.0)
+            dist.all_reduce(x)
+            torch.cuda.synchronize()
+            calls += 1
+        report("survivor", "FAIL", f"{calls} all_reduces and no error within {2 * KILL_WINDOW:.0f} s")
+    except Exception as e:  # the failure, as torch raises it
+        report("survivor", "RAISED", f"after {calls} all_reduces, {time.monotonic() - t0:.1f} s: "
+                                     f"{type(e).__name__}: {e}")
+    # destroy_process_group on the failed group, bounded (a note: torch's watchdog may end the process first).
+    returned = threading.Event()
+
+    def destroy() -> None:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noted as not returned normally
+            return
+        returned.set()
+
+    threading.Thread(target=destroy, daemon=True).start()
+    ok = returned.wait(20)
+    report("destroy", "NOTE", "destroy_process_group returned" if ok else
+           "destroy_process_group did not return normally within 20 s")
+    os._exit(0)
+
+
+def run_kill(args, mp) -> int:
+    nranks = args.nranks
+    victim = nranks - 1
+    # torch's watchdog: on an error of the communicator (ncclCommGetAsyncError), abort it and end the process.
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    # No flight-recorder dump on the error, which could hold the tear-down back.
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")
+    port = args.port or free_port()
+    report_dir = tempfile.mkdtemp(prefix="torch_on_our_nccl_kill.")
+    t0 = time.monotonic()
+    procs = mp.start_processes(kill_worker, args=(nranks, port, report_dir), nprocs=nranks, join=False,
+                               start_method="spawn")
+    processes = procs.processes
+    ended = {}  # rank -> (time, exit code)
+    t_kill = None
+    while True:
+        now = time.monotonic()
+        for r, p in enumerate(processes):
+            if r not in ended and not p.is_alive():
+                p.join()
+                ended[r] = (now, p.exitcode)
+        if t_kill is None and victim in ended:
+            t_kill = ended[victim][0]
+        if len(ended) == nranks:
+            break
+        if t_kill is not None and now - t_kill > KILL_WINDOW:
+            break
+        # Before the kill: a rank that ended (it could not start), or no kill within the limit.
+        if t_kill is None and (ended or now - t0 > min(args.timeout, 180.0)):
+            break
+        time.sleep(0.05)
+    killed = []
+    for r, p in enumerate(processes):
+        if r not in ended:
+            p.kill()
+            p.join(10)
+            killed.append(r)
+    reports = {}  # (rank, name) -> (verdict, text)
+    for r in range(nranks):
+        try:
+            with open(os.path.join(report_dir, f"rank{r}.txt")) as f:
+                for text_line in f:
+                    try:
+                        name, verdict, text = json.loads(text_line)
+                    except ValueError:  # a line cut short by the process's end
+                        continue
+                    reports[(r, name)] = (verdict, text.replace("\n", " "))
+        except OSError:
+            pass
+    shutil.rmtree(report_dir, ignore_errors=True)
+
+    def exit_text(code) -> str:
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit code {code}"
+
+    passed = failed = 0
+
+    def line(ok: bool, name: str, text: str) -> None:
+        nonlocal passed, failed
+        print(f"{'PASS' if ok else 'FAIL'} {name}{': ' if not ok else ' '}{text}")
+        passed, failed = passed + ok, failed + (not ok)
+
+    not_ready = [r for r in range(nranks) if reports.get((r, "ready"), ("", ""))[0] != "READY"]
+    line(not not_ready, "torch_kill_every_rank_ready",
+         f"ranks {not_ready} did not get ready: " + "; ".join(
+             f"rank {r}: {reports.get((r, 'ready'), ('', 'no report'))[1] or exit_text(ended.get(r, (0, None))[1])}"
+             for r in not_ready) if not_ready else f"{nranks} ranks, 3 all_reduces checked on each")
+    if not not_ready:
+        code = ended.get(victim, (0, None))[1]
+        line(code == -signal.SIGKILL, f"torch_kill_rank_{victim}_sigkilled",
+             exit_text(code) if code != -signal.SIGKILL else "ended by SIGKILL")
+        for r in range(nranks - 1):
+            name = f"torch_kill_survivor_rank_{r}"
+            verdict, text = reports.get((r, "survivor"), ("", ""))
+            note = reports.get((r, "destroy"), ("", ""))[1]
+            if t_kill is None:
+                line(False, name, "the victim never ended")
+            elif r in killed or r not in ended:
+                line(False, name, f"still running {KILL_WINDOW:.0f} s after the kill (killed by the parent); "
+                                  f"{verdict.lower() + ': ' + text if verdict else 'no report'}")
+            else:
+                when, code = ended[r]
+                after = when - t_kill
+                if verdict == "RAISED":
+                    lowered = text.lower()
+                    ok = any(w in lowered for w in ("nccl", "remote", "abort"))
+                    line(ok, name, f"raised from a collective, ended {after:.1f} s after the kill ({exit_text(code)}): "
+                                   f"{text}" + (f"; {note}" if note else "") if ok else
+                         f"raised an error that says nothing of NCCL or the failure: {text}")
+                elif verdict == "FAIL":
+                    line(False, name, text)
+                elif code != 0:
+                    line(True, name, f"ended by torch's tear-down {after:.1f} s after the kill ({exit_text(code)}), "
+                                     "before it raised")
+                else:
+                    line(False, name, f"ended with exit code 0 {after:.1f} s after the kill without raising")
+    line(not killed, "torch_kill_job_ended",
+         f"every process ended and was reaped, {time.monotonic() - t0:.1f} s" if not killed else
+         f"ranks {killed} were still running and were killed by the parent")
+    print(f"SUMMARY torch_on_our_nccl --kill ({nranks} ranks, {time.monotonic() - t0:.1f} s): {passed} passed, "
+          f"{failed} failed")
+    return 1 if failed else 0
 
 
 # ---- the parent ----
@@ -351,8 +743,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nranks", type=int, default=2)
     ap.add_argument("--port", type=int, default=0)
-    ap.add_argument("--timeout", type=float, default=240.0, help="seconds before the ranks are killed")
+    ap.add_argument("--timeout", type=float, default=480.0, help="seconds before the ranks are killed")
+    ap.add_argument("--kill", action="store_true", help="the last rank SIGKILLs itself (see above)")
     args = ap.parse_args()
+    if args.nranks < 2:
+        print("FAIL torch_on_our_nccl: --nranks must be at least 2")
+        return 1
 
     if "libnccl" not in os.environ.get("LD_PRELOAD", ""):
         if not os.path.exists(OUR_LIB):
@@ -370,13 +766,19 @@ def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
         print("SKIP torch_on_our_nccl: no CUDA device visible to torch")
         return 0
+    if args.kill:
+        return run_kill(args, mp)
 
     nranks = args.nranks
     port = args.port or free_port()
+    port2 = free_port()
+    while port2 == port:
+        port2 = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     t0 = time.monotonic()
-    procs = mp.start_processes(worker, args=(nranks, port, queue), nprocs=nranks, join=False, start_method="spawn")
+    procs = mp.start_processes(worker, args=(nranks, port, port2, queue), nprocs=nranks, join=False,
+                               start_method="spawn")
     results = []  # (rank, name, verdict, text) in arrival order
     died = ""
     timed_out = False
