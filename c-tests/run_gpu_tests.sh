@@ -29,7 +29,7 @@ if [ "$shared_gpu" = 1 ]; then
   echo "note: $n_gpus GPU, MSCCLPP_TEST_MIN_GPUS=1: only programs whose ranks may all share one GPU run"
   echo "SKIP p2p_methods, allgather_test, bad_triggers, legacy_allgather, same_process, rank_failure (both builds)" \
     "and their compute-sanitizer runs: written and timed for a GPU per rank (2 GPUs), never run with every rank on one GPU"
-else
+elif part two-gpu; then
   run_program p2p_methods_2 130 "$bin_dir/p2p_methods" 2
   run_program allgather_test_2 130 "$bin_dir/allgather_test" 2
   run_program bad_triggers_2 110 "$bin_dir/bad_triggers" 2
@@ -66,7 +66,9 @@ fi # two GPUs or more
 # the kernels of ranks sharing a GPU run side by side as on a GPU each (the grids are sized so that every
 # rank's blocks are resident together). Each group of cases inside has its own, smaller limit; these are the
 # sums, with a margin.
-mps_start "the collectives"
+collective_ranks=""
+for n in 2 4 8 16; do part "collectives-$n" && collective_ranks="$collective_ranks $n"; done
+[ -n "$collective_ranks" ] && mps_start "the collectives"
 run_collectives() {
   local before=$failed
   run_program "$@"
@@ -75,7 +77,7 @@ run_collectives() {
 }
 # Measured on one H100 under MPS at 16 ranks: matrix 185 s, large 27 s, sizes 24 s, kill 5 s, exit 11 s,
 # args 5 s; the limits grow with the ranks as collectives_test's own do (x n/4 above 4 ranks).
-for n in 2 4 8 16; do
+for n in $collective_ranks; do
   k=$(( n > 4 ? n / 4 : 1 ))
   run_collectives "collectives_matrix_$n" $((480 * k)) "$bin_dir/collectives_test" matrix "$n"
   run_collectives "collectives_large_$n" $((330 * k)) "$bin_dir/collectives_test" large "$n"
@@ -85,13 +87,13 @@ for n in 2 4 8 16; do
   run_collectives "collectives_exit_$n" 300 "$bin_dir/collectives_test" exit "$n"
   run_collectives "collectives_args_$n" $((120 * k)) "$bin_dir/collectives_test" args "$n"
 done
-mps_stop
+[ -n "$collective_ranks" ] && mps_stop
 
 # MSCCLPP_ABORT_EXIT_TIMEOUT: a kernel that loops through the proxy forever and never looks at aborted() (as
 # every program on the 0.1.0 header) ends with its process once the peer is killed, on both headers. Not
 # in rank_failure's "all": a process the library ends would read as leaks under the sanitizer's run of it.
 # Several ranks per GPU are fine here (the kernels only wait through the proxy).
-for n in 2 4; do
+part exit-endless && for n in 2 4; do
   run_program "rank_failure_exit_endless_$n" 90 "$bin_dir/rank_failure" exit_endless "$n"
   if [ -x "$bin_dir/legacy/rank_failure" ]; then
     run_program "legacy_rank_failure_exit_endless_$n" 90 "$bin_dir/legacy/rank_failure" exit_endless "$n"
@@ -102,14 +104,21 @@ done
 # memcheck, with the leak check: no out-of-bounds access in the library's kernels or the peers' scratch, and
 # everything freed (each rank destroys its communicator and resets its device).
 # compute-sanitizer does not run under MPS: the ranks take turns on a shared GPU here.
-sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
-sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
+if part sanitizer; then
+  sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
+  sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
+fi
 
 # NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks and its main group under
 # memcheck, PyTorch on it at 2 and 4 ranks and with a rank killed), counted here; no summary line from it is a
 # failure. MPS is off here: the runner starts its own, and stops it before its memcheck run.
 nccl_log="$log_dir/nccl_gpu_tests.log"
-GPU_TEST_LOG_DIR="$log_dir" bash c-tests/run_nccl_gpu_tests.sh 2>&1 | tee "$nccl_log"
+if [ -n "${GPU_TEST_PARTS:-}" ] && ! [[ " $GPU_TEST_PARTS " == *" nccl"* ]]; then
+  echo "note: the NCCL face's parts not run (GPU_TEST_PARTS=$GPU_TEST_PARTS)"
+  echo "nccl gpu tests: 0 passed, 0 failed" >"$nccl_log"
+else
+  GPU_TEST_LOG_DIR="$log_dir" bash c-tests/run_nccl_gpu_tests.sh 2>&1 | tee "$nccl_log"
+fi
 nccl_summary=$(grep -E '^nccl gpu tests: [0-9]+ passed, [0-9]+ failed$' "$nccl_log" | tail -n 1)
 if [ -n "$nccl_summary" ]; then
   read -r nccl_p nccl_f < <(sed -E 's/^nccl gpu tests: ([0-9]+) passed, ([0-9]+) failed$/\1 \2/' <<<"$nccl_summary")

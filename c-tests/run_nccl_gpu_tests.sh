@@ -39,6 +39,7 @@ fi
 recover() { [ "$own_mps" = 1 ] && [ "$failed" -ne "$1" ] && mps_recover; }
 
 for n in 2 4; do
+  part "nccl-$n" || continue
   before=$failed
   # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall.
   run_program "nccl_gpu_test_$n" 1800 "$bin" all "$n"
@@ -50,6 +51,8 @@ script=python/examples/torch_on_our_nccl.py
 if [ ! -f "$lib" ]; then
   echo "FAIL torch_on_our_nccl: $lib is missing (not built)"
   failed=$((failed + 1))
+elif ! part nccl-torch; then
+  :
 elif ! why=$("$py" -c 'import torch, torch.distributed' 2>&1); then
   echo "SKIP torch_on_our_nccl: torch cannot be imported by $py ($(printf '%s' "$why" | tail -n 1))"
 else
@@ -71,7 +74,7 @@ fi
 # Memcheck of the main group (every collective, fp8, PreMulSum, split, shrink, revoke; the ranks free everything
 # and reset their device at the end, for the leak check), outside MPS; deadlines x5 (memcheck slows every
 # kernel, and the two ranks take turns on a shared GPU).
-sanitized nccl_gpu_test_main_memcheck_2 1800 5 "$bin" main 2
+part nccl-sanitizer && sanitized nccl_gpu_test_main_memcheck_2 1800 5 "$bin" main 2
 
 echo "nccl gpu tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -162,3 +162,18 @@ sanitized() {
   fi
   echo "-- $label: exit code $rc, $(($(date +%s) - t0))s"
 }
+
+# part NAME: whether the runners should run part NAME of the GPU tests. GPU_TEST_PARTS (space-separated)
+# picks parts, so that a run too long for one sitting can be split: collectives-2, collectives-4,
+# collectives-8, collectives-16, two-gpu, exit-endless, sanitizer, nccl-2, nccl-4, nccl-torch,
+# nccl-sanitizer; a word without its suffix takes every part it begins ("collectives", "nccl"). Unset or
+# empty: every part. The runners say which parts they left out.
+part() {
+  [ -z "${GPU_TEST_PARTS:-}" ] && return 0
+  local w
+  for w in $GPU_TEST_PARTS; do
+    [ "$w" = "$1" ] || [ "${1#"$w"-}" != "$1" ] && return 0
+  done
+  echo "note: part $1 not run (GPU_TEST_PARTS=$GPU_TEST_PARTS)"
+  return 1
+}
