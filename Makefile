@@ -262,7 +262,7 @@ $(PY_FASTCALL): python/mscclpp/_fastcall.c
 $(PY_READY): scripts/setup-python.sh | deps
 	@scripts/setup-python.sh
 
-$(PY_INSTALLED): $(PY_READY) $(LIB_SO) $(HEADERS) $(PY_SOURCES)
+$(PY_INSTALLED): $(PY_READY) $(LIB_SO) $(HEADERS) $(PY_SOURCES) $(NCCL_SO)
 	$(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-input --no-build-isolation \
 	  --no-deps --force-reinstall ./python
 	@touch $@

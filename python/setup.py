@@ -11,7 +11,9 @@ and bundled as is:
 - otherwise the build stops and says what is missing.
 
 The library goes into the package as ``mscclpp/_lib/libmscclpp.so.0`` and the headers into
-``mscclpp/_include/``.
+``mscclpp/_include/``. Where ``make`` has built the NCCL face (``build/lib/nccl/libnccl.so.2``), it goes in as
+``mscclpp/_lib/nccl/libnccl.so.2``, found by ``python -m mscclpp.nccl_path``; the wheel is made without it
+otherwise (the build says so).
 
 One small CPython extension is compiled too, ``mscclpp._fastcall`` (``mscclpp/_fastcall.c``: the
 collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.8), so
@@ -76,6 +78,13 @@ class BuildPyWithLibrary(build_py):
         os.chmod(pkg / "_lib" / "libmscclpp.so.0", 0o755)
         for h in HEADERS:
             shutil.copyfile(include / h, pkg / "_include" / h)
+        nccl = REPO / "build" / "lib" / "nccl" / "libnccl.so.2"
+        if nccl.is_file():
+            (pkg / "_lib" / "nccl").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(nccl, pkg / "_lib" / "nccl" / "libnccl.so.2")
+            os.chmod(pkg / "_lib" / "nccl" / "libnccl.so.2", 0o755)
+        else:
+            print(f"mscclpp: {nccl} not built (make builds it): the package goes without the NCCL face")
 
 
 class PlatformWheel(bdist_wheel):
