@@ -254,7 +254,7 @@ fn compile_cxx(cxx_dir: &Path, include_dir: &Path) {
 /// The element types of the reducing collectives: the kernels' name for each and its C type. The order and
 /// names match `collective::DataType::kernel_name` (a test there checks that every type's kernels are
 /// embedded).
-const KERNEL_TYPES: [(&str, &str); 10] = [
+const KERNEL_TYPES: [(&str, &str); 12] = [
     ("i8", "int8_t"),
     ("u8", "uint8_t"),
     ("i32", "int32_t"),
@@ -265,6 +265,8 @@ const KERNEL_TYPES: [(&str, &str); 10] = [
     ("f32", "float"),
     ("f64", "double"),
     ("bf16", "__nv_bfloat16"),
+    ("f8e4m3", "__nv_fp8_e4m3"),
+    ("f8e5m2", "__nv_fp8_e5m2"),
 ];
 
 /// The GPUs the kernels are built for: machine code for Ampere and Hopper, and Hopper's PTX for later GPUs.
@@ -321,7 +323,8 @@ fn compile_collective_kernels(root: &Path) {
     let mut flags: Vec<String> = ["-fatbin", "-std=c++17", "-O3"].iter().map(|s| s.to_string()).collect();
     flags.extend(KERNEL_TARGETS.iter().map(|s| s.to_string()));
     flags.push(format!("-I{}", source_dir.display()));
-    // CCCL's headers (cuda_fp16.h and cuda_bf16.h include <nv/target>), where this nvcc keeps them apart.
+    // CCCL's headers (cuda_fp16.h, cuda_bf16.h and cuda_fp8.h include <nv/target>), where this nvcc keeps them
+    // apart.
     if let Some(cccl) = nvcc
         .parent()
         .map(|bin| bin.join("../include/cccl"))
@@ -352,43 +355,55 @@ fn compile_collective_kernels(root: &Path) {
     let cache = root.join("target/kernel-cache").join(format!("{:016x}", key.finish()));
     fs::create_dir_all(&cache).unwrap_or_else(|e| panic!("cannot create {}: {e}", cache.display()));
 
-    // Compile what the cache lacks, as many units at a time as cargo allows jobs.
+    // Compile what the cache lacks, as many units at a time as cargo allows jobs, each starting as soon as
+    // one ends (units take unequal times: the fp8 ones, emulated on sm_80, are among the longest).
     let jobs: usize = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
         .unwrap_or(2)
         .max(1);
-    let missing: Vec<&(String, String)> = units
+    let mut missing = units
         .iter()
-        .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file())
-        .collect();
-    for batch in missing.chunks(jobs) {
-        let children: Vec<(String, std::process::Child)> = batch
-            .iter()
-            .map(|(name, text)| {
-                let source = out_dir.join(format!("collectives_{name}.cu"));
-                fs::write(&source, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
-                let partial = cache.join(format!("{name}.fatbin.partial"));
-                let child = std::process::Command::new(&nvcc)
-                    .args(&flags)
-                    .arg(&source)
-                    .arg("-o")
-                    .arg(&partial)
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-                (name.clone(), child)
-            })
-            .collect();
-        for (name, mut child) in children {
-            let status = child.wait().unwrap_or_else(|e| panic!("nvcc for {name}: {e}"));
-            assert!(
-                status.success(),
-                "nvcc failed on the {name} collective kernels ({status})"
-            );
+        .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file());
+    let mut running: Vec<(String, std::process::Child)> = Vec::new();
+    loop {
+        while running.len() < jobs
+            && let Some((name, text)) = missing.next()
+        {
+            let source = out_dir.join(format!("collectives_{name}.cu"));
+            fs::write(&source, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", source.display()));
             let partial = cache.join(format!("{name}.fatbin.partial"));
-            fs::rename(&partial, cache.join(format!("{name}.fatbin")))
-                .unwrap_or_else(|e| panic!("cannot rename {}: {e}", partial.display()));
+            let child = std::process::Command::new(&nvcc)
+                .args(&flags)
+                .arg(&source)
+                .arg("-o")
+                .arg(&partial)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
+            running.push((name.clone(), child));
         }
+        if running.is_empty() {
+            break;
+        }
+        // The first unit to end.
+        let (i, status) = loop {
+            let ended = running.iter_mut().enumerate().find_map(|(i, (name, child))| {
+                let status = child.try_wait().unwrap_or_else(|e| panic!("nvcc for {name}: {e}"));
+                status.map(|s| (i, s))
+            });
+            match ended {
+                Some(e) => break e,
+                None => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
+        };
+        let (name, _) = running.swap_remove(i);
+        assert!(
+            status.success(),
+            "nvcc failed on the {name} collective kernels ({status})"
+        );
+        let partial = cache.join(format!("{name}.fatbin.partial"));
+        fs::rename(&partial, cache.join(format!("{name}.fatbin")))
+            .unwrap_or_else(|e| panic!("cannot rename {}: {e}", partial.display()));
     }
 
     let mut text = String::from("pub static FATBINS: &[(&str, &[u8])] = &[\n");

@@ -1,14 +1,17 @@
 // MSCCLPP_NCCL_FALLBACK without a GPU, against the fake NVIDIA library (fake_nvidia_nccl.c, built beside
 // this program as fake/libnccl.so.2 and fake-incomplete/libnccl.so.2). Settings are read once per process,
 // so each case runs in a child of its own (fork, before any call into the library) with its environment:
-// - unset: calls we do not carry out fail at once, ncclInvalidUsage, naming the function and the setting;
-// - the fake: two ranks made in one group get NVIDIA communicators beside ours, made from one NVIDIA id;
-//   Send/Recv/Reduce/AlltoAll/Gather/Scatter of fp8 types (which have no kernels here; of the other types
-//   these are ours), fp8 and PreMulSum collectives reach the fake with the caller's arguments and the
-//   rank's fake communicator; calls in our group go inside one fake group at our
-//   group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it; async errors,
-//   finalize, destroy, abort and revoke reach it; split and shrink (ours on one host) and our own
-//   collectives do not, and a split comm gets a fake comm of its own;
+// - unset: what we do not carry out (several ids) fails at once, ncclInvalidUsage, naming the function and
+//   the setting; fp8 types and PreMulSum operators are ours, never refused as unsupported;
+// - the fake, ranks on one host: two ranks made in one group get NVIDIA communicators beside ours, made from
+//   one NVIDIA id; every call is ours (fp8 and PreMulSum too) and none reaches the fake; async errors,
+//   finalize, destroy, abort and revoke reach it; split and shrink (ours on one host) do not, and a split
+//   comm gets a fake comm of its own;
+// - the fake, ranks on two hosts (two processes, each in a UTS namespace of its own with its own host name;
+//   skipped where namespaces cannot be made): every collective and send or receive reaches the fake with the
+//   caller's arguments, a PreMulSum operator as its twin made on the fake; calls in our group go inside one
+//   fake group at our group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it;
+//   split, revoke and destroy reach it;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
 // - a path that does not exist, a library lacking a symbol, and NVIDIA's init refused: a WARN saying why,
 //   and our communicator still works.
@@ -24,6 +27,7 @@
 #include <fstream>
 #include <functional>
 #include <limits.h>
+#include <sched.h>
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
@@ -66,16 +70,19 @@ static void unset_case() {
   ncclComm_t comm = NULL;
   expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
   expect(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess, "ncclCommInitRank(1 rank)");
-  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclSend without the setting");
-  logged("ncclSend: datatype ncclFloat8e4m3 (10) is not carried out by this library yet");
-  logged("set MSCCLPP_NCCL_FALLBACK to the path of NVIDIA's libnccl.so.2");
-  check(std::strstr(ncclGetLastError(NULL), "MSCCLPP_NCCL_FALLBACK") != NULL, "ncclGetLastError names the setting");
-  expect(ncclRecv(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclRecv without the setting");
-  expect(ncclReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, 0, comm, STREAM), ncclInvalidUsage, "ncclReduce(fp8)");
-  logged("ncclReduce: datatype ncclFloat8e4m3 (10) is not carried out by this library yet");
-  expect(ncclAlltoAll(BUF, OUT, 4, ncclFloat8e5m2, comm, STREAM), ncclInvalidUsage, "ncclAlltoAll(fp8)");
-  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e5m2, ncclSum, comm, STREAM), ncclInvalidUsage, "ncclAllReduce(fp8)");
-  logged("ncclFloat8e5m2 (11) is not carried out by this library yet; set MSCCLPP_NCCL_FALLBACK");
+  // fp8 types and PreMulSum operators are ours: our own checks answer (no GPU here), never "not carried out".
+  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidArgument, "ncclSend(fp8) to self, unmatched: ours");
+  float half = 0.5f;
+  ncclRedOp_t op = ncclSum;
+  expect(ncclRedOpCreatePreMulSum(&op, &half, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess,
+         "ncclRedOpCreatePreMulSum");
+  for (ncclResult_t r : {ncclReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, 0, comm, STREAM),
+                         ncclAlltoAll(BUF, OUT, 4, ncclFloat8e5m2, comm, STREAM),
+                         ncclAllReduce(BUF, OUT, 4, ncclFloat8e5m2, ncclSum, comm, STREAM),
+                         ncclAllReduce(BUF, OUT, 4, ncclFloat, op, comm, STREAM)})
+    check(r != ncclInvalidUsage && r != ncclSuccess, "an fp8 or PreMulSum call is ours (no GPU: it fails in our core)");
+  check(read_file(log_path).find("is not carried out") == std::string::npos, "none is refused as not carried out");
+  expect(ncclRedOpDestroy(op, comm), ncclSuccess, "ncclRedOpDestroy");
   // Split and shrink are ours: they need no setting.
   ncclComm_t sub = (ncclComm_t)0x1;
   expect(ncclCommSplit(comm, 0, 0, &sub, NULL), ncclSuccess, "ncclCommSplit without the setting");
@@ -85,10 +92,7 @@ static void unset_case() {
   ncclUniqueId ids[2] = {id, id};
   expect(ncclCommInitRankScalable(&sub, 1, 0, 2, ids, NULL), ncclInvalidUsage, "ncclCommInitRankScalable(2 ids)");
   logged("with 2 ids is not carried out by this library yet (one id is); set MSCCLPP_NCCL_FALLBACK");
-  // Inside a group the refusal comes at the call, and fails the group's end.
-  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
-  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 0, comm, STREAM), ncclInvalidUsage, "ncclSend in a group");
-  expect(ncclGroupEnd(), ncclInvalidUsage, "the group's end fails");
+  check(std::strstr(ncclGetLastError(NULL), "MSCCLPP_NCCL_FALLBACK") != NULL, "ncclGetLastError names the setting");
   expect(ncclCommRevoke(comm, 0), ncclSuccess, "ncclCommRevoke without the setting");
   expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
   check(read_file(calls_path).empty(), "no fallback was loaded");
@@ -115,73 +119,29 @@ static void fake_case() {
   }
   check(!fake_comm[0].empty() && !fake_comm[1].empty() && fake_comm[0] != fake_comm[1], "one fake comm per rank");
 
-  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 1, comms[0], STREAM), ncclSuccess, "ncclSend forwarded");
-  auto sends = calls("ncclSend ");
-  check(sends.size() == 1 && field(sends[0], "buff") == "0x1000" && field(sends[0], "count") == "7" &&
-            field(sends[0], "datatype") == "10" && field(sends[0], "peer") == "1" &&
-            field(sends[0], "comm") == fake_comm[0] && field(sends[0], "stream") == "0x3000",
-        "the fake got ncclSend's arguments and rank 0's fake comm: " + (sends.empty() ? "none" : sends[0]));
-  check(!sends.empty() && field(sends[0], "version") == "22901",
-        "the fake's own call to ncclGetVersion stayed inside it (RTLD_DEEPBIND)");
-
-  expect(ncclRecv(OUT, 7, ncclFloat8e4m3, 0, comms[1], STREAM), ncclSuccess, "ncclRecv forwarded");
-  auto recvs = calls("ncclRecv ");
-  check(recvs.size() == 1 && field(recvs[0], "peer") == "0" && field(recvs[0], "comm") == fake_comm[1],
-        "the fake got ncclRecv on rank 1's fake comm");
-  // Reduce, all-to-all, gather and scatter are ours; of fp8 types (no kernels here) they are forwarded.
-  expect(ncclReduce(BUF, OUT, 3, ncclFloat8e5m2, ncclMax, 1, comms[0], STREAM), ncclSuccess, "ncclReduce(fp8) forwarded");
-  auto reduces = calls("ncclReduce ");
-  check(reduces.size() == 1 && field(reduces[0], "op") == "2" && field(reduces[0], "root") == "1" &&
-            field(reduces[0], "datatype") == "11" && field(reduces[0], "recv") == "0x2000",
-        "the fake got ncclReduce's op, root, type and buffers");
-  expect(ncclAlltoAll(BUF, OUT, 5, ncclFloat8e5m2, comms[0], STREAM), ncclSuccess, "ncclAlltoAll(fp8) forwarded");
-  check(calls("ncclAlltoAll ").size() == 1 && field(calls("ncclAlltoAll ")[0], "count") == "5", "the fake got ncclAlltoAll");
-  expect(ncclGather(BUF, OUT, 5, ncclFloat8e5m2, 1, comms[0], STREAM), ncclSuccess, "ncclGather(fp8) forwarded");
-  expect(ncclScatter(BUF, OUT, 5, ncclFloat8e5m2, 0, comms[0], STREAM), ncclSuccess, "ncclScatter(fp8) forwarded");
-  check(calls("ncclGather ").size() == 1 && calls("ncclScatter ").size() == 1, "the fake got ncclGather, ncclScatter");
-  const ncclResult_t ours = ncclGather(BUF, OUT, 5, ncclUint8, 1, comms[0], STREAM);
-  check(ours != ncclSuccess && calls("ncclGather ").size() == 1,
-        "a gather of uint8 is ours, not forwarded (no GPU here: it fails in our core)");
-  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 2, comms[0], STREAM), ncclInvalidArgument, "ncclSend(peer 2 of 2): checked here");
-  check(calls("ncclSend ").size() == 1, "a bad call is not forwarded");
-
-  // fp8 and PreMulSum go to the fake; a collective we carry out does not.
-  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat8e4m3, ncclSum, comms[0], STREAM), ncclSuccess, "ncclAllReduce(fp8) forwarded");
-  {
-    auto fp8 = calls("ncclAllReduce ");
-    check(fp8.size() == 1 && field(fp8[0], "datatype") == "10", "the fake got the fp8 all-reduce");
-  }
+  // On one host every call is ours, fp8 types and PreMulSum operators too: nothing reaches the fake (without
+  // a GPU our core fails them).
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 1, comms[0], STREAM), ncclSuccess, "ncclSend(fp8) in a group");
+  expect(ncclRecv(OUT, 7, ncclFloat8e4m3, 0, comms[1], STREAM), ncclSuccess, "ncclRecv(fp8) in a group");
+  check(ncclGroupEnd() != ncclSuccess, "the group's end: ours (no GPU here), not forwarded");
+  for (ncclResult_t r : {ncclReduce(BUF, OUT, 3, ncclFloat8e5m2, ncclMax, 1, comms[0], STREAM),
+                         ncclAlltoAll(BUF, OUT, 5, ncclFloat8e5m2, comms[0], STREAM),
+                         ncclGather(BUF, OUT, 5, ncclFloat8e5m2, 1, comms[0], STREAM),
+                         ncclScatter(BUF, OUT, 5, ncclFloat8e5m2, 0, comms[0], STREAM),
+                         ncclAllReduce(BUF, OUT, 9, ncclFloat8e4m3, ncclSum, comms[0], STREAM)})
+    check(r != ncclSuccess && r != ncclInvalidUsage, "an fp8 collective is ours (it fails in our core)");
   float scalar = 0.5f;
   ncclRedOp_t op;
   expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comms[0]), ncclSuccess,
          "ncclRedOpCreatePreMulSum");
-  auto made = calls("ncclRedOpCreatePreMulSum");
-  check(made.size() == 1 && field(made[0], "comm") == fake_comm[0], "its twin made on the fake comm");
-  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat, op, comms[0], STREAM), ncclSuccess, "ncclAllReduce(PreMulSum) forwarded");
-  auto premul = calls("ncclAllReduce ");
-  check(premul.size() == 2 && !made.empty() && field(premul[1], "op") == field(made[0], "op"),
-        "the fake got its own operator (" + (made.empty() ? std::string("?") : field(made[0], "op")) + "), not ours (" +
-            std::to_string((int)op) + ")");
+  check(calls("ncclRedOpCreatePreMulSum").empty(), "no twin on the fake: our collectives carry the operator");
+  check(ncclAllReduce(BUF, OUT, 4, ncclFloat, op, comms[0], STREAM) != ncclSuccess, "ncclAllReduce(PreMulSum): ours");
   expect(ncclRedOpDestroy(op, comms[0]), ncclSuccess, "ncclRedOpDestroy");
-  check(calls("ncclRedOpDestroy").size() == 1, "its twin destroyed");
-  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "ncclAllReduce(count 0), ours");
-  check(calls("ncclAllReduce ").size() == 2, "our own collective is not forwarded");
-
-  // A group: nothing reaches the fake before our group's end, then all of it inside one fake group.
-  size_t before = calls("").size();
-  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
-  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart (nested)");
-  expect(ncclSend(BUF, 1, ncclFloat8e5m2, 1, comms[0], STREAM), ncclSuccess, "ncclSend in a group");
-  expect(ncclGroupEnd(), ncclSuccess, "inner ncclGroupEnd");
-  expect(ncclRecv(OUT, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclSuccess, "ncclRecv in a group");
-  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "ours in the group");
-  check(calls("").size() == before, "nothing issued before the outermost end");
-  expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd");
-  auto all = calls("");
-  bool in_order = all.size() == before + 4 && all[before] == "ncclGroupStart" &&
-                  all[before + 1].rfind("ncclSend ", 0) == 0 && all[before + 2].rfind("ncclRecv ", 0) == 0 &&
-                  all[before + 3] == "ncclGroupEnd";
-  check(in_order, "the fake got GroupStart, Send, Recv, GroupEnd in order");
+  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 2, comms[0], STREAM), ncclInvalidArgument, "ncclSend(peer 2 of 2)");
+  for (const char* f : {"ncclSend ", "ncclRecv ", "ncclReduce ", "ncclAlltoAll ", "ncclGather ", "ncclScatter ",
+                        "ncclAllReduce ", "ncclGroupStart", "ncclRedOpDestroy"})
+    check(calls(f).empty(), std::string("the fake got no ") + f);
 
   // On one host split, shrink and revoke are ours, and the fake gets none of them (ranks on several
   // hosts would have them forwarded); a split comm gets an NVIDIA communicator of its own, as any init.
@@ -198,10 +158,6 @@ static void fake_case() {
   check(calls("ncclCommSplit").empty(), "the fake got no ncclCommSplit");
   auto twin_inits = calls("ncclCommInitRank rank=");
   check(twin_inits.size() == twins + 2, "the split comms got NVIDIA communicators beside them");
-  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, subs[0], STREAM), ncclSuccess, "ncclAllReduce(fp8) on the split comm");
-  auto sub_reduce = calls("ncclAllReduce ");
-  check(sub_reduce.size() == 3 && field(sub_reduce[2], "comm") != fake_comm[0] && field(sub_reduce[2], "comm") != fake_comm[1],
-        "it went to the split comm's own fake comm");
   expect(ncclCommDestroy(subs[0]), ncclSuccess, "ncclCommDestroy(split comm)");
   expect(ncclCommDestroy(subs[1]), ncclSuccess, "ncclCommDestroy(split comm)");
   ncclComm_t none = (ncclComm_t)0x1;
@@ -233,17 +189,180 @@ static void fake_case() {
   // The ends reach the fake.
   expect(ncclCommFinalize(comms[1]), ncclSuccess, "ncclCommFinalize(rank 1)");
   check(calls("ncclCommFinalize comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommFinalize");
-  expect(ncclSend(BUF, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend after finalize");
+  expect(ncclSend(BUF, 1, ncclFloat8e5m2, 0, comms[1], STREAM), ncclInvalidUsage, "ncclSend(fp8) after finalize");
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
   check(calls("ncclCommDestroy comm=" + fake_comm[1]).size() == 1, "the fake got ncclCommDestroy");
   // Our revoke revokes NVIDIA's communicator beside ours too: forwarded work is the communicator's work.
   expect(ncclCommRevoke(comms[0], 0), ncclSuccess, "ncclCommRevoke(rank 0)");
   check(calls("ncclCommRevoke comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommRevoke");
-  size_t reduces_before = calls("ncclAllReduce ").size();
   expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, comms[0], STREAM), ncclInvalidUsage, "fp8 on a revoked comm");
-  check(calls("ncclAllReduce ").size() == reduces_before, "it is not forwarded");
+  check(calls("ncclAllReduce ").empty(), "it is not forwarded");
   expect(ncclCommAbort(comms[0]), ncclSuccess, "ncclCommAbort(rank 0)");
   check(calls("ncclCommAbort comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommAbort");
+}
+
+// One rank of a job on two hosts (hosts_case): rank 0 makes the unique id and writes it to `out`, rank 1
+// reads it from `in`. The fake's calls and our log go to files of this rank's own.
+static void hosts_rank(int rank, int in, int out) {
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  log_path += ".rank" + std::to_string(rank);
+  calls_path += ".rank" + std::to_string(rank);
+  setenv("MSCCLPP_DEBUG_FILE", log_path.c_str(), 1);
+  setenv("FAKE_NCCL_LOG", calls_path.c_str(), 1);
+  ncclUniqueId id;
+  if (rank == 0) {
+    expect(ncclGetUniqueId(&id), ncclSuccess, me + "ncclGetUniqueId");
+    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id)) return;
+  } else if (read(in, &id, sizeof(id)) != (ssize_t)sizeof(id)) {
+    check(false, me + "rank 0's unique id arrived");
+    return;
+  }
+  ncclComm_t comm = NULL;
+  expect(ncclCommInitRank(&comm, 2, id, rank), ncclSuccess, me + "ncclCommInitRank");
+  if (!comm) return;
+  logged("the ranks span hosts: every collective goes to it");
+  auto inits = calls("ncclCommInitRank rank=");
+  check(inits.size() == 1 && field(inits[0], "rank") == std::to_string(rank) && field(inits[0], "nranks") == "2",
+        me + "one NVIDIA communicator, this rank of 2");
+  const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
+
+  // Sends and receives of any type, fp8 included, with the caller's arguments.
+  if (rank == 0) {
+    expect(ncclSend(BUF, 7, ncclFloat8e4m3, 1, comm, STREAM), ncclSuccess, me + "ncclSend forwarded");
+    auto sends = calls("ncclSend ");
+    check(sends.size() == 1 && field(sends[0], "buff") == "0x1000" && field(sends[0], "count") == "7" &&
+              field(sends[0], "datatype") == "10" && field(sends[0], "peer") == "1" && field(sends[0], "comm") == fc &&
+              field(sends[0], "stream") == "0x3000",
+          me + "the fake got ncclSend's arguments and this rank's fake comm: " + (sends.empty() ? "none" : sends[0]));
+    check(!sends.empty() && field(sends[0], "version") == "22901",
+          me + "the fake's own call to ncclGetVersion stayed inside it (RTLD_DEEPBIND)");
+  } else {
+    expect(ncclRecv(OUT, 7, ncclFloat8e4m3, 0, comm, STREAM), ncclSuccess, me + "ncclRecv forwarded");
+    auto recvs = calls("ncclRecv ");
+    check(recvs.size() == 1 && field(recvs[0], "peer") == "0" && field(recvs[0], "comm") == fc,
+          me + "the fake got ncclRecv on this rank's fake comm");
+  }
+  expect(ncclSend(BUF, 7, ncclFloat8e4m3, 2, comm, STREAM), ncclInvalidArgument, me + "ncclSend(peer 2 of 2): checked here");
+
+  // Every collective, of every type and operator.
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "ncclAllReduce(float) forwarded");
+  auto sums = calls("ncclAllReduce ");
+  check(sums.size() == 1 && field(sums[0], "count") == "9" && field(sums[0], "datatype") == "7" &&
+            field(sums[0], "op") == "0" && field(sums[0], "comm") == fc,
+        me + "the fake got the all-reduce");
+  expect(ncclReduce(BUF, OUT, 3, ncclFloat8e5m2, ncclMax, 1, comm, STREAM), ncclSuccess, me + "ncclReduce(fp8) forwarded");
+  auto reduces = calls("ncclReduce ");
+  check(reduces.size() == 1 && field(reduces[0], "op") == "2" && field(reduces[0], "root") == "1" &&
+            field(reduces[0], "datatype") == "11" && field(reduces[0], "recv") == "0x2000",
+        me + "the fake got ncclReduce's op, root, type and buffers");
+  expect(ncclReduce(BUF, OUT, 3, ncclFloat8e5m2, ncclMax, 2, comm, STREAM), ncclInvalidArgument, me + "ncclReduce(root 2)");
+  expect(ncclAlltoAll(BUF, OUT, 5, ncclFloat8e5m2, comm, STREAM), ncclSuccess, me + "ncclAlltoAll forwarded");
+  expect(ncclGather(BUF, OUT, 5, ncclUint8, 1, comm, STREAM), ncclSuccess, me + "ncclGather forwarded");
+  expect(ncclScatter(BUF, OUT, 5, ncclFloat8e4m3, 0, comm, STREAM), ncclSuccess, me + "ncclScatter forwarded");
+  check(calls("ncclAlltoAll ").size() == 1 && calls("ncclGather ").size() == 1 && calls("ncclScatter ").size() == 1 &&
+            calls("ncclReduce ").size() == 1,
+        me + "the fake got ncclAlltoAll, ncclGather, ncclScatter, and no bad call");
+
+  // A PreMulSum operator: its twin on the fake, which gets the twin's number.
+  float scalar = 0.5f;
+  ncclRedOp_t op;
+  expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess,
+         me + "ncclRedOpCreatePreMulSum");
+  auto made = calls("ncclRedOpCreatePreMulSum");
+  check(made.size() == 1 && field(made[0], "comm") == fc && field(made[0], "datatype") == "7", me + "its twin made on the fake comm");
+  expect(ncclAllReduce(BUF, OUT, 4, ncclFloat, op, comm, STREAM), ncclSuccess, me + "ncclAllReduce(PreMulSum) forwarded");
+  auto premul = calls("ncclAllReduce ");
+  check(premul.size() == 2 && !made.empty() && field(premul[1], "op") == field(made[0], "op"),
+        me + "the fake got its own operator (" + (made.empty() ? std::string("?") : field(made[0], "op")) + "), not ours (" +
+            std::to_string((int)op) + ")");
+  expect(ncclReduceScatter(BUF, OUT, 4, ncclFloat16, op, comm, STREAM), ncclInvalidArgument,
+         me + "the operator on another type: refused here");
+  check(calls("ncclReduceScatter ").empty(), me + "and not forwarded");
+  expect(ncclRedOpDestroy(op, comm), ncclSuccess, me + "ncclRedOpDestroy");
+  check(calls("ncclRedOpDestroy").size() == 1, me + "its twin destroyed");
+
+  // A group: nothing reaches the fake before our group's end, then all of it inside one fake group.
+  size_t before = calls("").size();
+  expect(ncclGroupStart(), ncclSuccess, me + "ncclGroupStart");
+  expect(ncclGroupStart(), ncclSuccess, me + "ncclGroupStart (nested)");
+  if (rank == 0)
+    expect(ncclSend(BUF, 1, ncclFloat8e5m2, 1, comm, STREAM), ncclSuccess, me + "ncclSend in a group");
+  else
+    expect(ncclRecv(OUT, 1, ncclFloat8e5m2, 0, comm, STREAM), ncclSuccess, me + "ncclRecv in a group");
+  expect(ncclGroupEnd(), ncclSuccess, me + "inner ncclGroupEnd");
+  expect(ncclAllReduce(BUF, OUT, 2, ncclBfloat16, ncclAvg, comm, STREAM), ncclSuccess, me + "ncclAllReduce in the group");
+  check(calls("").size() == before, me + "nothing issued before the outermost end");
+  expect(ncclGroupEnd(), ncclSuccess, me + "ncclGroupEnd");
+  auto all = calls("");
+  bool in_order = all.size() == before + 4 && all[before] == "ncclGroupStart" &&
+                  all[before + 1].rfind(rank == 0 ? "ncclSend " : "ncclRecv ", 0) == 0 &&
+                  all[before + 2].rfind("ncclAllReduce ", 0) == 0 && all[before + 3] == "ncclGroupEnd";
+  check(in_order, me + "the fake got GroupStart, the send or receive, the all-reduce, GroupEnd in order");
+
+  // A split is NVIDIA's alone; its calls go to its own fake comm.
+  ncclComm_t sub = NULL;
+  expect(ncclCommSplit(comm, 1, rank, &sub, NULL), ncclSuccess, me + "ncclCommSplit forwarded");
+  auto splits = calls("ncclCommSplit ");
+  int n = -1, r = -1;
+  check(splits.size() == 1 && field(splits[0], "comm") == fc && sub != NULL && ncclCommCount(sub, &n) == ncclSuccess &&
+            ncclCommUserRank(sub, &r) == ncclSuccess && n == 2 && r == rank,
+        me + "the fake made the split comm (2 ranks, this rank)");
+  if (sub) {
+    expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, sub, STREAM), ncclSuccess, me + "ncclAllReduce on the split comm");
+    auto on_sub = calls("ncclAllReduce ");
+    check(!splits.empty() && on_sub.size() == 4 && field(on_sub[3], "comm") == field(splits[0], "new"),
+          me + "it went to the split comm's fake comm");
+    expect(ncclCommDestroy(sub), ncclSuccess, me + "ncclCommDestroy(split comm)");
+  }
+
+  // Revoke and destroy reach it.
+  expect(ncclCommRevoke(comm, 0), ncclSuccess, me + "ncclCommRevoke");
+  check(calls("ncclCommRevoke comm=" + fc).size() == 1, me + "the fake got ncclCommRevoke");
+  expect(ncclCommDestroy(comm), ncclSuccess, me + "ncclCommDestroy");
+  check(calls("ncclCommDestroy comm=" + fc).size() == 1, me + "the fake got ncclCommDestroy");
+}
+
+// Gives this process a host of its own: a UTS namespace with another host name (the library tells hosts
+// apart by boot id and host name). False where no namespace can be made (neither root nor user namespaces).
+static bool own_host(int rank) {
+  if (unshare(CLONE_NEWUTS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return false;
+  const std::string name = "nccl-fallback-test-host-" + std::to_string(rank);
+  return sethostname(name.c_str(), name.size()) == 0;
+}
+
+// Two ranks, each a process on a host of its own: every call goes to NVIDIA's communicator.
+static void hosts_case() {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    check(false, "pipe");
+    return;
+  }
+  pid_t pids[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    pids[rank] = fork();
+    if (pids[rank] == 0) {
+      close(rank == 0 ? fds[0] : fds[1]);
+      if (!own_host(rank)) _exit(77);
+      int before = counts->failed;
+      hosts_rank(rank, fds[0], fds[1]);
+      if (counts->failed != before)
+        std::printf("rank %d's log:\n%s\nfake's calls:\n%s", rank, read_file(log_path).c_str(), read_file(calls_path).c_str());
+      std::fflush(stdout);
+      std::remove(log_path.c_str());
+      std::remove(calls_path.c_str());
+      _exit(0);
+    }
+  }
+  close(fds[0]);
+  close(fds[1]);
+  int status[2] = {0, 0};
+  for (int rank = 0; rank < 2; ++rank) waitpid(pids[rank], &status[rank], 0);
+  if (WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 77) {
+    std::printf("SKIP ranks on two hosts: no UTS namespace could be made here (neither root nor user namespaces)\n");
+    return;
+  }
+  for (int rank = 0; rank < 2; ++rank)
+    check(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0, "rank " + std::to_string(rank) + " ended normally");
 }
 
 // Without RTLD_DEEPBIND the fake's call to its own ncclGetVersion reaches ours: the check above can fail.
@@ -265,8 +384,7 @@ static void unusable_case(const std::string& why) {
   logged(why);
   logged("this communicator goes on without the fallback");
   expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, ncclSum, comms[0], STREAM), ncclSuccess, "our collective works");
-  expect(ncclSend(BUF, 4, ncclFloat8e4m3, 1, comms[0], STREAM), ncclInvalidUsage, "ncclSend without a fallback");
-  logged("is set, but this communicator has no NVIDIA communicator beside it");
+  check(ncclSend(BUF, 4, ncclFloat8e4m3, 1, comms[0], STREAM) != ncclInvalidUsage, "ncclSend(fp8): ours");
   check(calls("ncclSend").empty(), "nothing forwarded");
   expect(ncclCommDestroy(comms[0]), ncclSuccess, "ncclCommDestroy(rank 0)");
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
@@ -312,6 +430,7 @@ int main() {
   std::string fake = dir + "/fake/libnccl.so.2";
   run("without MSCCLPP_NCCL_FALLBACK", {}, unset_case);
   run("MSCCLPP_NCCL_FALLBACK = the fake", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, fake_case);
+  run("the fake, ranks on two hosts", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, hosts_case);
   run("the fake without RTLD_DEEPBIND (control)", {}, control_case);
   run("a path that does not exist", {{"MSCCLPP_NCCL_FALLBACK", "/nonexistent/libnccl.so.2"}}, [] {
     unusable_case("MSCCLPP_NCCL_FALLBACK: cannot load \"/nonexistent/libnccl.so.2\": /nonexistent/libnccl.so.2: "

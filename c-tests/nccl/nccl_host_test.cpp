@@ -163,8 +163,7 @@ static void one_rank_calls() {
   expect(ncclAllReduce(p, p, 4, (ncclDataType_t)12, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(datatype 12)");
   logged("ncclAllReduce: datatype is 12");
   expect(ncclAllReduce(p, p, 4, (ncclDataType_t)-1, ncclSum, comm, 0), ncclInvalidArgument, "ncclAllReduce(datatype -1)");
-  expect(ncclAllReduce(p, p, 4, ncclFloat8e4m3, ncclSum, comm, 0), ncclInvalidUsage, "ncclAllReduce(fp8): not yet");
-  logged("ncclFloat8e4m3 (10) is not carried out");
+  logged("it must be an ncclDataType_t, 0 (ncclInt8) to 11 (ncclFloat8e5m2)");
   expect(ncclAllReduce(p, p, 4, ncclFloat, (ncclRedOp_t)5, comm, 0), ncclInvalidArgument, "ncclAllReduce(op 5, not made)");
   logged("op is 5");
   expect(ncclAllReduce(p, p, 4, ncclFloat, (ncclRedOp_t)-3, comm, 0), ncclInvalidArgument, "ncclAllReduce(op -3)");
@@ -179,17 +178,64 @@ static void one_rank_calls() {
   expect(ncclAllGather(p, NULL, 4, ncclFloat, comm, 0), ncclInvalidArgument, "ncclAllGather(recvbuff NULL)");
   expect(ncclReduceScatter(p, p, 4, ncclFloat, (ncclRedOp_t)9, comm, 0), ncclInvalidArgument, "ncclReduceScatter(op 9)");
 
-  // PreMulSum operators: kept, refused by the collectives for now.
+  // PreMulSum operators: made for one type, carried out by the core's collectives (checked here without a
+  // GPU); an operator of another type, of another comm or destroyed is refused before anything is queued.
   float scalar = 0.5f;
   ncclRedOp_t op = ncclSum;
   expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclSuccess, "ncclRedOpCreatePreMulSum");
   check(op >= ncclNumOps, "its operator is numbered from ncclNumOps");
-  expect(ncclAllReduce(p, p, 4, ncclFloat, op, comm, 0), ncclInvalidUsage, "ncclAllReduce(a PreMulSum op): not yet");
+  expect(ncclAllReduce(p, p, 4, ncclFloat16, op, comm, 0), ncclInvalidArgument, "ncclAllReduce(a float PreMulSum op, half data)");
+  logged("was made by ncclRedOpCreatePreMulSum for ncclFloat32, not for datatype ncclFloat16 of this call");
+  expect(ncclReduce(p, p, 4, ncclFloat8e4m3, op, 0, comm, 0), ncclInvalidArgument, "ncclReduce(a float PreMulSum op, fp8 data)");
+  expect(ncclReduceScatter(p, p, 0, ncclInt32, op, comm, 0), ncclInvalidArgument, "ncclReduceScatter(count 0, wrong type)");
+  expect(ncclAllReduce(NULL, NULL, 0, ncclFloat, op, comm, 0), ncclSuccess, "ncclAllReduce(PreMulSum, count 0)");
+  expect(ncclAllReduce(p, NULL, 4, ncclFloat, op, comm, 0), ncclInvalidArgument, "ncclAllReduce(PreMulSum, recvbuff NULL)");
+  ncclRedOp_t devOp = ncclSum;
+  unsigned char fp8Scalar = 0x38;  // 1.0 as e4m3
+  expect(ncclRedOpCreatePreMulSum(&devOp, (void*)0x1004, ncclFloat, ncclScalarDevice, comm), ncclSuccess,
+         "ncclRedOpCreatePreMulSum(ncclScalarDevice): the pointer is read by the kernels");
+  expect(ncclRedOpCreatePreMulSum(&devOp, (void*)0x1002, ncclFloat, ncclScalarDevice, comm), ncclInvalidArgument,
+         "ncclRedOpCreatePreMulSum(ncclScalarDevice, misaligned)");
+  logged("is not aligned to its type ncclFloat32 (4 bytes)");
+  ncclRedOp_t fp8Op = ncclSum;
+  expect(ncclRedOpCreatePreMulSum(&fp8Op, &fp8Scalar, ncclFloat8e4m3, ncclScalarHostImmediate, comm), ncclSuccess,
+         "ncclRedOpCreatePreMulSum(ncclFloat8e4m3)");
+  check(fp8Op != op, "a second operator gets a number of its own");
+  expect(ncclAllReduce(p, p, 4, ncclFloat8e5m2, fp8Op, comm, 0), ncclInvalidArgument, "an e4m3 operator on e5m2 data");
+  // Calls that pass the checks are the core's: without a driver they fail there (or host memory is
+  // refused), never as unsupported.
+  for (auto [name, rc] : {std::pair<const char*, ncclResult_t>{"ncclAllReduce(fp8)", ncclAllReduce(p, p, 4, ncclFloat8e4m3, ncclSum, comm, 0)},
+                          {"ncclAllReduce(fp8, ncclMax)", ncclAllReduce(p, p, 4, ncclFloat8e5m2, ncclMax, comm, 0)},
+                          {"ncclReduceScatter(fp8)", ncclReduceScatter(p, p, 4, ncclFloat8e5m2, ncclAvg, comm, 0)},
+                          {"ncclAllGather(fp8)", ncclAllGather(p, p, 4, ncclFloat8e4m3, comm, 0)},
+                          {"ncclBroadcast(fp8)", ncclBroadcast(p, p, 4, ncclFloat8e5m2, 0, comm, 0)},
+                          {"ncclAllReduce(PreMulSum)", ncclAllReduce(p, p, 4, ncclFloat, op, comm, 0)},
+                          {"ncclReduceScatter(PreMulSum)", ncclReduceScatter(p, p, 4, ncclFloat, op, comm, 0)},
+                          {"ncclReduce(PreMulSum, device scalar)", ncclReduce(p, p, 4, ncclFloat, devOp, 0, comm, 0)},
+                          {"ncclAllReduce(fp8 PreMulSum)", ncclAllReduce(p, p, 4, ncclFloat8e4m3, fp8Op, comm, 0)}})
+    check(rc == ncclUnhandledCudaError || rc == ncclInvalidArgument,
+          std::string(name) + ": carried out natively (no driver here, or host memory refused), not refused as unsupported");
+  // An operator is its communicator's: another comm does not know it.
+  ncclComm_t other = one_rank();
+  if (other) {
+    expect(ncclAllReduce(p, p, 4, ncclFloat, op, other, 0), ncclInvalidArgument, "a PreMulSum op of another comm");
+    logged("or an operator made by ncclRedOpCreatePreMulSum on this comm (and not destroyed)");
+    expect(ncclRedOpDestroy(op, other), ncclInvalidArgument, "ncclRedOpDestroy on another comm");
+    expect(ncclCommDestroy(other), ncclSuccess, "ncclCommDestroy(other)");
+  }
+  // Inside a group a refused operator fails the group's end, which issues nothing.
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  expect(ncclAllReduce(p, p, 4, ncclBfloat16, op, comm, 0), ncclInvalidArgument, "a wrong-type PreMulSum in a group");
+  expect(ncclGroupEnd(), ncclInvalidArgument, "the group's end fails");
+  expect(ncclRedOpDestroy(devOp, comm), ncclSuccess, "ncclRedOpDestroy(device scalar op)");
+  expect(ncclRedOpDestroy(fp8Op, comm), ncclSuccess, "ncclRedOpDestroy(fp8 op)");
   expect(ncclRedOpCreatePreMulSum(NULL, &scalar, ncclFloat, ncclScalarHostImmediate, comm), ncclInvalidArgument, "PreMulSum(op NULL)");
+  expect(ncclRedOpCreatePreMulSum(&op, NULL, ncclFloat, ncclScalarHostImmediate, comm), ncclInvalidArgument, "PreMulSum(scalar NULL)");
   expect(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, (ncclScalarResidence_t)7, comm), ncclInvalidArgument, "PreMulSum(residence 7)");
   expect(ncclRedOpCreatePreMulSum(&op, &scalar, (ncclDataType_t)12, ncclScalarDevice, comm), ncclInvalidArgument, "PreMulSum(datatype 12)");
   expect(ncclRedOpDestroy(op, comm), ncclSuccess, "ncclRedOpDestroy");
   expect(ncclRedOpDestroy(op, comm), ncclInvalidArgument, "ncclRedOpDestroy twice");
+  expect(ncclAllReduce(p, p, 4, ncclFloat, op, comm, 0), ncclInvalidArgument, "a destroyed PreMulSum op");
   expect(ncclRedOpDestroy(ncclSum, comm), ncclInvalidArgument, "ncclRedOpDestroy(ncclSum)");
 
   // Reduce, all-to-all, gather and scatter are carried out by the core: their arguments are checked here
@@ -216,8 +262,9 @@ static void one_rank_calls() {
   logged("peer is 1");
   expect(ncclRecv(p, 4, ncclFloat, 0, comm, 0), ncclInvalidArgument, "ncclRecv from self, unmatched");
   expect(ncclSend(p, 0, ncclFloat, 0, comm, 0), ncclSuccess, "ncclSend(count 0) does nothing");
-  expect(ncclRecv(p, 4, ncclFloat8e4m3, 0, comm, 0), ncclInvalidUsage, "ncclRecv(fp8): no kernels here");
-  logged("MSCCLPP_NCCL_FALLBACK");
+  expect(ncclRecv(p, 4, ncclFloat8e4m3, 0, comm, 0), ncclInvalidArgument, "ncclRecv(fp8) from self, unmatched: ours");
+  expect(ncclSend(p, 4, ncclFloat8e5m2, 1, comm, 0), ncclInvalidArgument, "ncclSend(fp8, peer 1 of 1)");
+  expect(ncclSend(p, 4, (ncclDataType_t)12, 0, comm, 0), ncclInvalidArgument, "ncclSend(datatype 12)");
   // Split and shrink are carried out here (nccl_split_test has more ranks); revoke there too.
   ncclComm_t newcomm = (ncclComm_t)p;
   expect(ncclCommSplit(comm, 0, 0, &newcomm, NULL), ncclSuccess, "ncclCommSplit of one rank");

@@ -29,6 +29,25 @@ struct CollArgs {
   uint32_t nranks;
   uint32_t root;
   uint32_t aligned;        // non-zero when send, recv and strideBytes are multiples of 16
+  // A PreMulSum operator's scalar, one element of the call's type: read from `scalarPtr` (device memory)
+  // when it is not null, else the element in the low bytes of `scalarBits`. Unused by the other operators.
+  uint64_t scalarBits;
+  const void* scalarPtr;
+};
+
+// The PreMulSum scalar of a call whose elements are of type T (see CollArgs).
+template <typename T>
+__device__ __forceinline__ T collScalar(const CollArgs& a)
+{
+  if (a.scalarPtr) return *reinterpret_cast<const T*>(a.scalarPtr);
+  const uint64_t bits = a.scalarBits;
+  return *reinterpret_cast<const T*>(&bits);
+}
+
+// What a rank's units of input go through before they leave its buffer (see reduce.cuh's PreOp): nothing.
+struct NoPre {
+  template <typename U>
+  __device__ __forceinline__ U operator()(U v) const { return v; }
 };
 
 // ---- the call's epoch --------------------------------------------------------------------------------
@@ -205,14 +224,15 @@ __device__ __forceinline__ CopyCall copyCall(const CollArgs& a)
 
 // ---- pieces between ranks (copy kernels) -------------------------------------------------------------
 // Every peer's piece of this rank's input (`strideBytes` apart in `send`) into that peer's scratch, in the
-// region of this rank: this block's units of each piece.
-__device__ __forceinline__ void copyPiecesToPeers(const CollArgs& a, const CopyCall& c)
+// region of this rank: this block's units of each piece, each through `pre` (a reduction's PreOp).
+template <typename Pre = NoPre>
+__device__ __forceinline__ void copyPiecesToPeers(const CollArgs& a, const CopyCall& c, const Pre& pre = Pre())
 {
   for (uint32_t k = 1; k < a.nranks; k++) {
     const uint32_t peer = (a.rank + k) % a.nranks;
     char* region = collData(a, peer, c.epoch) + a.rank * c.units * 16;
     for (uint64_t j = c.part.begin + threadIdx.x; j < c.part.end; j += blockDim.x) {
-      storeScratch16(region, j, loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, c.aligned));
+      storeScratch16(region, j, pre(loadUnit<uint4>(a.send + peer * a.strideBytes, j, a.bytes, c.aligned)));
     }
   }
 }

@@ -2,7 +2,8 @@
 // named mscclpp_<algorithm>[_<op>_<type>] (src/collective/kernels.rs builds the same names). build.rs
 // compiles one translation unit per element type, each `MSCCLPP_REDUCING_KERNELS(<type name>, <C type>)`,
 // and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes (send and receive among
-// them: mscclpp_p2p, whose argument is its own).
+// them: mscclpp_p2p, whose argument is its own). Each type's unit also holds mscclpp_scale_premulsum_<type>,
+// one rank's PreMulSum (the other operators of one rank are a copy).
 #pragma once
 
 #include "allgather_copy.cuh"
@@ -16,6 +17,7 @@
 #include "p2p.cuh"
 #include "reducescatter_copy.cuh"
 #include "reducescatter_packet.cuh"
+#include "scale.cuh"
 #include "scatter_copy.cuh"
 #include "scatter_packet.cuh"
 
@@ -33,12 +35,14 @@
   MSCCLPP_KERNEL(reducescatter_packet_##oname##_##tname, (reducescatterPacket<T, Op>)) \
   MSCCLPP_KERNEL(reducescatter_copy_##oname##_##tname, (reducescatterCopy<T, Op>))
 
-#define MSCCLPP_REDUCING_KERNELS(tname, T)                \
-  MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)       \
-  MSCCLPP_REDUCING_KERNELS_OP(tname, T, prod, OpProd)     \
-  MSCCLPP_REDUCING_KERNELS_OP(tname, T, max, OpMax)       \
-  MSCCLPP_REDUCING_KERNELS_OP(tname, T, min, OpMin)       \
-  MSCCLPP_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)
+#define MSCCLPP_REDUCING_KERNELS(tname, T)                        \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)               \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, prod, OpProd)             \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, max, OpMax)               \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, min, OpMin)               \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)               \
+  MSCCLPP_REDUCING_KERNELS_OP(tname, T, premulsum, OpPreMulSum)   \
+  MSCCLPP_KERNEL(scale_premulsum_##tname, (scaleOneRank<T, OpPreMulSum>))
 
 #define MSCCLPP_MOVING_KERNELS()                    \
   MSCCLPP_KERNEL(allgather_packet, allgatherPacket) \

@@ -1,12 +1,16 @@
-// The reduction operators, applied element-wise to 8- and 16-byte units of any element type. Half and
-// bfloat16 are computed in float and rounded once per step, as NCCL does.
+// The reduction operators, applied element-wise to 8- and 16-byte units of any element type. Half, bfloat16
+// and the two fp8 types are computed in float and rounded once per step (fp8: to nearest even, saturating
+// to the largest finite value, as cuda_fp8.h's conversions do).
 #pragma once
+
+#include "common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <stdint.h>
 
-// Arithmetic in the element type, or in float for the 16-bit floating types.
+// Arithmetic in the element type, or in float for the 16- and 8-bit floating types.
 template <typename T>
 struct Arith {
   typedef T Acc;
@@ -24,6 +28,30 @@ struct Arith<__nv_bfloat16> {
   typedef float Acc;
   __device__ static Acc up(__nv_bfloat16 v) { return __bfloat162float(v); }
   __device__ static __nv_bfloat16 down(Acc v) { return __float2bfloat16_rn(v); }
+};
+// fp8 to and from float (to fp8: nearest even, saturating). sm_89 and later convert in an instruction;
+// before (sm_80), cuda_fp8.h emulates the conversions in long sequences, called here rather than inlined at
+// each of the kernels' conversions, which made the fp8 units' compile two and a half times longer.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define MSCCLPP_FP8_CONVERSION static __device__ __noinline__
+#else
+#define MSCCLPP_FP8_CONVERSION static __device__ __forceinline__
+#endif
+MSCCLPP_FP8_CONVERSION __nv_fp8_e4m3 floatToE4m3(float v) { return __nv_fp8_e4m3(v); }
+MSCCLPP_FP8_CONVERSION __nv_fp8_e5m2 floatToE5m2(float v) { return __nv_fp8_e5m2(v); }
+MSCCLPP_FP8_CONVERSION float e4m3ToFloat(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+MSCCLPP_FP8_CONVERSION float e5m2ToFloat(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
+template <>
+struct Arith<__nv_fp8_e4m3> {
+  typedef float Acc;
+  __device__ static Acc up(__nv_fp8_e4m3 v) { return e4m3ToFloat(v); }
+  __device__ static __nv_fp8_e4m3 down(Acc v) { return floatToE4m3(v); }
+};
+template <>
+struct Arith<__nv_fp8_e5m2> {
+  typedef float Acc;
+  __device__ static Acc up(__nv_fp8_e5m2 v) { return e5m2ToFloat(v); }
+  __device__ static __nv_fp8_e5m2 down(Acc v) { return floatToE5m2(v); }
 };
 
 struct OpSum {
@@ -46,6 +74,35 @@ struct OpMin {
 struct OpAvg {
   template <typename A>
   __device__ static A apply(A x, A y) { return x + y; }
+};
+
+// NCCL's ncclRedOpCreatePreMulSum: every rank's input multiplied by its scalar (PreOp, below), then summed.
+struct OpPreMulSum {
+  template <typename A>
+  __device__ static A apply(A x, A y) { return x + y; }
+};
+
+// What a rank's input goes through where the rank reads it from its own buffer, before it leaves for the
+// peers or enters its own reduction (never a partial result): nothing, but for PreMulSum, where each
+// element is multiplied by the rank's scalar (in the arithmetic type, rounded to the element type, as NCCL
+// does). Constructed once per thread: a scalar in device memory is read when the kernel runs.
+template <typename T, typename Op>
+struct PreOp : NoPre {
+  __device__ explicit PreOp(const CollArgs&) {}
+};
+template <typename T>
+struct PreOp<T, OpPreMulSum> {
+  typename Arith<T>::Acc scalar;
+  __device__ explicit PreOp(const CollArgs& a) : scalar(Arith<T>::up(collScalar<T>(a))) {}
+  template <typename U>
+  __device__ __forceinline__ U operator()(U v) const
+  {
+    constexpr int n = sizeof(U) / sizeof(T);
+    T* xs = reinterpret_cast<T*>(&v);
+#pragma unroll
+    for (int i = 0; i < n; i++) xs[i] = Arith<T>::down(Arith<T>::up(xs[i]) * scalar);
+    return v;
+  }
 };
 
 // What the last step does to a reduced element: nothing, but for the average.

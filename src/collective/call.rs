@@ -277,6 +277,24 @@ mod tests {
     }
 
     #[test]
+    fn fp8_counts_are_bytes_and_the_table_picks_by_bytes() {
+        use crate::collective::algorithm::{Choice, Protocol, choose, packet_limit};
+        for t in [DataType::Float8e4m3, DataType::Float8e5m2] {
+            // A PreMulSum changes nothing in sizes or choice: its scalar travels in the kernel argument.
+            let mut c = call(Collective::AllReduce, 512 << 10, t);
+            c.op = Some(RedOp::PreMulSum(crate::collective::Scalar::Immediate(0x38)));
+            let s = c.sizes(0, 2, 0).unwrap();
+            assert_eq!((s.piece, s.send, s.recv), (512 << 10, 512 << 10, 512 << 10));
+            let message = Collective::AllReduce.message(s.piece, 2);
+            assert_eq!(message, packet_limit(Collective::AllReduce));
+            assert_eq!(choose(Collective::AllReduce, message, Choice::Auto), Protocol::Packet);
+            assert_eq!(choose(Collective::AllReduce, message + 1, Choice::Auto), Protocol::Copy);
+            let rs = call(Collective::ReduceScatter, 1000, t).sizes(1, 4, 0).unwrap();
+            assert_eq!((rs.piece, rs.send, rs.recv), (1000, 4000, 1000));
+        }
+    }
+
+    #[test]
     fn overflowing_counts_are_refused() {
         let e = call(Collective::AllReduce, usize::MAX / 2, DataType::Float64)
             .sizes(0, 2, 0)

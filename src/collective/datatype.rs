@@ -1,7 +1,10 @@
-//! Element types and reduction operators of the collectives, as the C interface numbers them (NCCL's
-//! numbering: `mscclppInt8 = 0` ... `mscclppBfloat16 = 9`, `mscclppSum = 0` ... `mscclppAvg = 4`).
+//! Element types and reduction operators of the collectives, numbered as NCCL numbers them (`ncclInt8 = 0`
+//! ... `ncclFloat8e5m2 = 11`, `ncclSum = 0` ... `ncclAvg = 4`). `mscclpp.h`'s `mscclppDataType_t` and
+//! `mscclppRedOp_t` are the same numbers without the two fp8 types and without `PreMulSum` operators (NCCL's
+//! face reaches those: `DataType::from_number`, `RedOp::PreMulSum`).
 
 use crate::error::{Error, Result};
+use crate::gpu::DevicePtr;
 use crate::types::{mscclppDataType_t, mscclppRedOp_t};
 
 /// An element type.
@@ -17,10 +20,15 @@ pub enum DataType {
     Float32,
     Float64,
     Bfloat16,
+    /// fp8 with 4 exponent and 3 mantissa bits (no infinities; largest finite 448): CUDA's `__nv_fp8_e4m3`.
+    Float8e4m3,
+    /// fp8 with 5 exponent and 2 mantissa bits (largest finite 57344): CUDA's `__nv_fp8_e5m2`.
+    Float8e5m2,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 10] = [
+    /// Every type, in NCCL's numbering (`ALL[i]` is number `i`).
+    pub const ALL: [DataType; 12] = [
         DataType::Int8,
         DataType::Uint8,
         DataType::Int32,
@@ -31,34 +39,30 @@ impl DataType {
         DataType::Float32,
         DataType::Float64,
         DataType::Bfloat16,
+        DataType::Float8e4m3,
+        DataType::Float8e5m2,
     ];
 
-    /// The type an application passed (a `mscclppDataType_t` as an int), or an error naming the value.
+    /// The type of NCCL's number `value` (`ncclDataType_t`), if it names one.
+    pub fn from_number(value: i32) -> Option<DataType> {
+        usize::try_from(value).ok().and_then(|i| Self::ALL.get(i)).copied()
+    }
+
+    /// The type an application of `mscclpp.h` passed (a `mscclppDataType_t` as an int: the types before the
+    /// fp8 ones), or an error naming the value.
     pub fn from_c(value: i32) -> Result<DataType> {
-        use mscclppDataType_t::*;
-        Ok(match value {
-            v if v == mscclppInt8 as i32 => DataType::Int8,
-            v if v == mscclppUint8 as i32 => DataType::Uint8,
-            v if v == mscclppInt32 as i32 => DataType::Int32,
-            v if v == mscclppUint32 as i32 => DataType::Uint32,
-            v if v == mscclppInt64 as i32 => DataType::Int64,
-            v if v == mscclppUint64 as i32 => DataType::Uint64,
-            v if v == mscclppFloat16 as i32 => DataType::Float16,
-            v if v == mscclppFloat32 as i32 => DataType::Float32,
-            v if v == mscclppFloat64 as i32 => DataType::Float64,
-            v if v == mscclppBfloat16 as i32 => DataType::Bfloat16,
-            v => {
-                return Err(Error::invalid_argument(format!(
-                    "datatype is {v}; it must be a mscclppDataType_t, 0 (mscclppInt8) to {} (mscclppBfloat16)",
-                    mscclppBfloat16 as i32
-                )));
-            }
-        })
+        let last = mscclppDataType_t::mscclppBfloat16 as i32;
+        match Self::from_number(value) {
+            Some(t) if value <= last => Ok(t),
+            _ => Err(Error::invalid_argument(format!(
+                "datatype is {value}; it must be a mscclppDataType_t, 0 (mscclppInt8) to {last} (mscclppBfloat16)"
+            ))),
+        }
     }
 
     pub fn size(self) -> usize {
         match self {
-            DataType::Int8 | DataType::Uint8 => 1,
+            DataType::Int8 | DataType::Uint8 | DataType::Float8e4m3 | DataType::Float8e5m2 => 1,
             DataType::Float16 | DataType::Bfloat16 => 2,
             DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
             DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
@@ -79,6 +83,37 @@ impl DataType {
             DataType::Float32 => "f32",
             DataType::Float64 => "f64",
             DataType::Bfloat16 => "bf16",
+            DataType::Float8e4m3 => "f8e4m3",
+            DataType::Float8e5m2 => "f8e5m2",
+        }
+    }
+}
+
+/// The scalar of a `PreMulSum` operator: one element of the call's type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scalar {
+    /// The element's bytes in the low bytes of the word (little-endian, the rest zero), read when the
+    /// operator was made (NCCL's `ncclScalarHostImmediate`).
+    Immediate(u64),
+    /// Device memory holding the element, read by the kernel when it runs (NCCL's `ncclScalarDevice`), so
+    /// that a replayed graph sees the value of the moment.
+    Device(DevicePtr),
+}
+
+impl Scalar {
+    /// An immediate scalar from an element's bytes, as they lie in host memory.
+    pub fn immediate(bytes: &[u8]) -> Scalar {
+        assert!(bytes.len() <= 8, "a scalar is one element, at most 8 bytes");
+        let mut word = [0u8; 8];
+        word[..bytes.len()].copy_from_slice(bytes);
+        Scalar::Immediate(u64::from_le_bytes(word))
+    }
+
+    /// What the kernel argument carries (`CollArgs::scalarBits` and `scalarPtr`): the bits, or the pointer.
+    pub fn kernel_fields(self) -> (u64, DevicePtr) {
+        match self {
+            Scalar::Immediate(bits) => (bits, 0),
+            Scalar::Device(ptr) => (0, ptr),
         }
     }
 }
@@ -92,30 +127,31 @@ pub enum RedOp {
     Min,
     /// The sum divided by the number of ranks (integers: truncated).
     Avg,
+    /// NCCL's `ncclRedOpCreatePreMulSum`: the sum of every rank's input multiplied by the scalar, each
+    /// rank's by its own before anything is summed (rounded to the type, as NCCL does); the partial sums are
+    /// never scaled.
+    PreMulSum(Scalar),
 }
 
 impl RedOp {
-    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
+    /// The operators of `mscclpp.h` (and NCCL's built-in ones), in their numbering.
+    pub const BUILT_IN: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Max, RedOp::Min, RedOp::Avg];
 
     /// The operator an application passed (a `mscclppRedOp_t` as an int), or an error naming the value.
     pub fn from_c(value: i32) -> Result<RedOp> {
-        use mscclppRedOp_t::*;
-        Ok(match value {
-            v if v == mscclppSum as i32 => RedOp::Sum,
-            v if v == mscclppProd as i32 => RedOp::Prod,
-            v if v == mscclppMax as i32 => RedOp::Max,
-            v if v == mscclppMin as i32 => RedOp::Min,
-            v if v == mscclppAvg as i32 => RedOp::Avg,
-            v => {
-                return Err(Error::invalid_argument(format!(
-                    "op is {v}; it must be a mscclppRedOp_t, 0 (mscclppSum) to {} (mscclppAvg)",
-                    mscclppAvg as i32
-                )));
-            }
-        })
+        let last = mscclppRedOp_t::mscclppAvg as i32;
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| Self::BUILT_IN.get(i))
+            .copied()
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "op is {value}; it must be a mscclppRedOp_t, 0 (mscclppSum) to {last} (mscclppAvg)"
+                ))
+            })
     }
 
-    /// The name the kernels of this operator carry.
+    /// The name the kernels of this operator carry (a `PreMulSum`'s, whatever its scalar).
     pub fn kernel_name(self) -> &'static str {
         match self {
             RedOp::Sum => "sum",
@@ -123,6 +159,15 @@ impl RedOp {
             RedOp::Max => "max",
             RedOp::Min => "min",
             RedOp::Avg => "avg",
+            RedOp::PreMulSum(_) => "premulsum",
+        }
+    }
+
+    /// The scalar the kernel argument carries: a `PreMulSum`'s, else none.
+    pub fn scalar(self) -> Option<Scalar> {
+        match self {
+            RedOp::PreMulSum(s) => Some(s),
+            _ => None,
         }
     }
 }
@@ -134,13 +179,22 @@ mod tests {
     #[test]
     fn every_c_value_maps_and_others_are_refused() {
         for (i, t) in DataType::ALL.iter().enumerate() {
+            assert_eq!(DataType::from_number(i as i32), Some(*t));
+        }
+        for (i, t) in DataType::ALL[..10].iter().enumerate() {
             assert_eq!(DataType::from_c(i as i32).unwrap(), *t);
         }
-        for bad in [-1, 10, 1000] {
+        assert_eq!(DataType::from_number(10), Some(DataType::Float8e4m3));
+        assert_eq!(DataType::from_number(11), Some(DataType::Float8e5m2));
+        for bad in [-1, 12, 1000] {
+            assert_eq!(DataType::from_number(bad), None);
+        }
+        // mscclpp.h has no fp8 types.
+        for bad in [-1, 10, 11, 1000] {
             let e = DataType::from_c(bad).unwrap_err();
             assert!(e.message.contains("datatype is") && e.message.contains(&bad.to_string()));
         }
-        for (i, op) in RedOp::ALL.iter().enumerate() {
+        for (i, op) in RedOp::BUILT_IN.iter().enumerate() {
             assert_eq!(RedOp::from_c(i as i32).unwrap(), *op);
         }
         for bad in [-1, 5, i32::MAX] {
@@ -151,6 +205,27 @@ mod tests {
     #[test]
     fn sizes() {
         let sizes: Vec<usize> = DataType::ALL.iter().map(|t| t.size()).collect();
-        assert_eq!(sizes, [1, 1, 4, 4, 8, 8, 2, 4, 8, 2]);
+        assert_eq!(sizes, [1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1]);
+    }
+
+    #[test]
+    fn scalars_travel_as_bits_or_as_a_pointer() {
+        // An element's bytes in the low bytes of the word, the rest zero: the kernel reads sizeof(T) of them.
+        assert_eq!(Scalar::immediate(&0.5f32.to_le_bytes()), Scalar::Immediate(0x3f00_0000));
+        assert_eq!(
+            Scalar::immediate(&0.25f64.to_le_bytes()),
+            Scalar::Immediate(0.25f64.to_bits())
+        );
+        assert_eq!(Scalar::immediate(&(-1i8).to_le_bytes()), Scalar::Immediate(0xff));
+        assert_eq!(Scalar::immediate(&[0x38]), Scalar::Immediate(0x38), "fp8 e4m3 1.0");
+        assert_eq!(Scalar::immediate(&0x3c00u16.to_le_bytes()), Scalar::Immediate(0x3c00));
+        assert_eq!(Scalar::Immediate(7).kernel_fields(), (7, 0));
+        assert_eq!(Scalar::Device(0x7000).kernel_fields(), (0, 0x7000));
+        let op = RedOp::PreMulSum(Scalar::Device(0x7000));
+        assert_eq!(
+            (op.kernel_name(), op.scalar()),
+            ("premulsum", Some(Scalar::Device(0x7000)))
+        );
+        assert_eq!(RedOp::Sum.scalar(), None);
     }
 }

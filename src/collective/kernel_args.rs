@@ -27,6 +27,9 @@ pub struct KernelArgs {
     pub nranks: u32,
     pub root: u32,
     pub aligned: u32,
+    /// A `PreMulSum`'s scalar (`Scalar::kernel_fields`): its bits, or the device memory that holds it.
+    pub scalar_bits: u64,
+    pub scalar_ptr: DevicePtr,
 }
 
 /// Lanes of the channel from one rank to another: a send is cut into up to this many contiguous parts,
@@ -119,7 +122,9 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, abort_flag), 56 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, rank), 64 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, aligned), 76 + 8 * MAX_RANKS);
-        assert_eq!(size_of::<KernelArgs>(), 80 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, scalar_bits), 80 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, scalar_ptr), 88 + 8 * MAX_RANKS);
+        assert_eq!(size_of::<KernelArgs>(), 96 + 8 * MAX_RANKS);
     }
 
     #[test]

@@ -30,7 +30,8 @@ pub fn fatbin(unit: &str) -> Option<&'static [u8]> {
         .map(|(_, bytes)| *bytes)
 }
 
-/// The entry point of an algorithm (`algorithm::kernel_base`) for an operator and type.
+/// The entry point of an algorithm (`algorithm::kernel_base`, or `ONE_RANK_PREMULSUM`) for an operator and
+/// type.
 pub fn kernel_name(base: &str, op: Option<RedOp>, datatype: DataType) -> String {
     match op {
         Some(op) => format!("mscclpp_{base}_{}_{}", op.kernel_name(), datatype.kernel_name()),
@@ -46,12 +47,16 @@ pub struct LoadedKernel {
     pub max_blocks: u32,
 }
 
-/// An entry point: the algorithm, and the operator and type where it reduces (the kernels that only move
-/// bytes serve every type).
-type KernelKey = (&'static str, Option<(RedOp, DataType)>);
+/// The kernel of one rank's `PreMulSum` (`mscclpp_scale_premulsum_<type>`): each element of the input times
+/// the scalar (the other operators of one rank are a copy).
+pub const ONE_RANK_PREMULSUM: &str = "scale";
+
+/// An entry point: the algorithm, and the operator's kernel name and the type where it reduces (the kernels
+/// that only move bytes serve every type; a `PreMulSum`'s serves every scalar).
+type KernelKey = (&'static str, Option<(&'static str, DataType)>);
 
 fn key(base: &'static str, op: Option<RedOp>, datatype: DataType) -> KernelKey {
-    (base, op.map(|op| (op, datatype)))
+    (base, op.map(|op| (op.kernel_name(), datatype)))
 }
 
 /// The modules and kernels loaded into one context.
@@ -126,7 +131,7 @@ impl LoadedKernels {
 mod tests {
     use super::*;
     use crate::collective::algorithm::{Protocol, kernel_base};
-    use crate::collective::{Collective, DataType};
+    use crate::collective::{Collective, DataType, Scalar};
 
     /// The names a fatbin's symbol table holds (nvcc keeps entry-point names in the ELF images it embeds).
     fn holds(image: &[u8], name: &str) -> bool {
@@ -158,7 +163,12 @@ mod tests {
                 );
                 for t in DataType::ALL {
                     let ops: Vec<Option<RedOp>> = if reduces {
-                        RedOp::ALL.iter().copied().map(Some).collect()
+                        RedOp::BUILT_IN
+                            .iter()
+                            .copied()
+                            .chain([RedOp::PreMulSum(Scalar::Immediate(0))])
+                            .map(Some)
+                            .collect()
                     } else {
                         vec![None]
                     };
@@ -169,6 +179,12 @@ mod tests {
                     }
                 }
             }
+        }
+        // One rank's PreMulSum, for every type.
+        for t in DataType::ALL {
+            let op = Some(RedOp::PreMulSum(Scalar::Device(0)));
+            let name = kernel_name(ONE_RANK_PREMULSUM, op, t);
+            assert!(holds(fatbin(unit_of(op, t)).unwrap(), &name), "{name} is not embedded");
         }
         // Send and receive: one kernel for bytes of any type.
         let moving = fatbin(unit_of(None, DataType::Uint8)).expect("the moving fatbin");
@@ -190,5 +206,29 @@ mod tests {
         );
         assert_eq!(unit_of(None, DataType::Float32), "moving");
         assert_eq!(unit_of(Some(RedOp::Sum), DataType::Float32), "f32");
+        let premul = RedOp::PreMulSum(Scalar::Immediate(0x3f00_0000));
+        assert_eq!(
+            kernel_name("reducescatter_copy", Some(premul), DataType::Float32),
+            "mscclpp_reducescatter_copy_premulsum_f32"
+        );
+        assert_eq!(
+            kernel_name("allreduce_rsag", Some(RedOp::Max), DataType::Float8e4m3),
+            "mscclpp_allreduce_rsag_max_f8e4m3"
+        );
+        assert_eq!(
+            kernel_name(ONE_RANK_PREMULSUM, Some(premul), DataType::Float8e5m2),
+            "mscclpp_scale_premulsum_f8e5m2"
+        );
+        assert_eq!(unit_of(Some(premul), DataType::Float8e5m2), "f8e5m2");
+        // Every scalar finds the one kernel its operator and type have.
+        let other = RedOp::PreMulSum(Scalar::Device(0x1000));
+        assert_eq!(
+            key("allreduce_packet", Some(premul), DataType::Bfloat16),
+            key("allreduce_packet", Some(other), DataType::Bfloat16)
+        );
+        assert_ne!(
+            key("allreduce_packet", Some(premul), DataType::Bfloat16),
+            key("allreduce_packet", Some(RedOp::Sum), DataType::Bfloat16)
+        );
     }
 }

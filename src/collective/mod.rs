@@ -5,7 +5,7 @@
 //! The host side lives here, the device side in `kernels/collectives/` (one file per algorithm, built by
 //! `make` into fatbins embedded in the library):
 //! - `call.rs`: a call's arguments, checked, and its byte sizes;
-//! - `datatype.rs`: element types and reduction operators;
+//! - `datatype.rs`: element types and reduction operators (NCCL's fp8 types and `PreMulSum` among them);
 //! - `algorithm.rs`: the table that picks an algorithm by collective and size, the windows a large call is
 //!   cut into, and the grid;
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
@@ -32,7 +32,7 @@ pub mod process_exit;
 pub mod scratch;
 
 pub use call::{Call, Collective};
-pub use datatype::{DataType, RedOp};
+pub use datatype::{DataType, RedOp, Scalar};
 pub use p2p::{P2pKind, P2pOp};
 
 use crate::bootstrap::Bootstrap;
@@ -40,7 +40,7 @@ use crate::error::Result;
 use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use algorithm::{Choice, Protocol};
 use kernel_args::KernelArgs;
-use kernels::LoadedKernels;
+use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 use scratch::{AbortWord, Scratch, SharedAbortWord};
@@ -52,6 +52,8 @@ pub struct Collectives {
     ready: Mutex<Option<Ready>>,
     /// Kept apart from `ready`, so that an abort takes no lock.
     abort: OnceCell<SharedAbortWord>,
+    /// One rank's kernels (a `PreMulSum` of one rank: `ONE_RANK_PREMULSUM`), which need no scratch.
+    solo: Mutex<Option<LoadedKernels>>,
 }
 
 struct Ready {
@@ -74,6 +76,7 @@ impl Collectives {
     /// the streams of its collectives).
     pub fn clear(&self) {
         self.ready.lock().take();
+        self.solo.lock().take();
     }
 
     /// Sets the collectives up now rather than at the first call: collective, every rank calls it in place
@@ -124,9 +127,17 @@ impl Collectives {
         if sizes.recv > 0 {
             gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
         }
+        let scalar = call.op.and_then(RedOp::scalar);
+        if let Some(Scalar::Device(ptr)) = scalar {
+            gpu.check_buffer(ptr, call.datatype.size() as u64, "the PreMulSum operator's scalar")?;
+        }
         stream.check_context(gpu)?;
         if nranks == 1 {
-            // One rank: the result is the input (an average of one is the value itself; one piece).
+            // One rank: the result is the input (an average of one is the value itself; one piece), or for a
+            // PreMulSum the input times the scalar.
+            if let Some(scalar) = scalar {
+                return self.scale_one_rank(gpu, call, sizes.piece, scalar, stream);
+            }
             if call.send != call.recv {
                 // SAFETY: both ranges were checked above to be device memory of this context.
                 unsafe { stream.copy(call.recv, call.send, sizes.piece as usize)? };
@@ -200,6 +211,7 @@ impl Collectives {
         // A rank that reads no input or keeps no output passes null, which the kernels go by.
         let send = if sizes.send == 0 { 0 } else { call.send };
         let recv = if sizes.recv == 0 { 0 } else { call.recv };
+        let (scalar_bits, scalar_ptr) = call.op.and_then(RedOp::scalar).map_or((0, 0), Scalar::kernel_fields);
         let mut args = KernelArgs {
             scratch: ready.scratch.ptrs,
             slot_bytes: ready.scratch.slot_bytes,
@@ -211,6 +223,8 @@ impl Collectives {
             root: call.root as u32,
             aligned: (send.is_multiple_of(16) && recv.is_multiple_of(16) && stride.is_multiple_of(16)) as u32,
             stride_bytes: stride,
+            scalar_bits,
+            scalar_ptr,
             ..KernelArgs::default()
         };
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
@@ -225,6 +239,52 @@ impl Collectives {
             unsafe { loaded.kernel.launch(blocks, threads, stream, &args)? };
         }
         Ok(())
+    }
+
+    /// One rank's `PreMulSum`: `recv` gets `send` times the scalar, element-wise, in one launch (no scratch,
+    /// no peers: the call's buffers and stream were checked).
+    fn scale_one_rank(
+        &self,
+        gpu: &GpuContext,
+        call: &Call,
+        bytes: u64,
+        scalar: Scalar,
+        stream: AppStream,
+    ) -> Result<()> {
+        let capturing = stream.is_capturing()?;
+        let mut solo = self.solo.lock();
+        let kernels = match &mut *solo {
+            Some(k) => k,
+            None => {
+                let multiprocessors =
+                    gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+                solo.insert(LoadedKernels::new(*gpu, multiprocessors.max(1) as u32, 1))
+            }
+        };
+        let threads = algorithm::threads(Protocol::Copy);
+        let loaded = {
+            let _relaxed = (capturing && kernels.needs_loading(ONE_RANK_PREMULSUM, call.op, call.datatype))
+                .then(RelaxedCapture::enter)
+                .transpose()?;
+            kernels.get(ONE_RANK_PREMULSUM, call.op, call.datatype, threads)?
+        };
+        let (scalar_bits, scalar_ptr) = scalar.kernel_fields();
+        let args = KernelArgs {
+            send: call.send,
+            recv: call.recv,
+            bytes,
+            nranks: 1,
+            aligned: (call.send.is_multiple_of(16) && call.recv.is_multiple_of(16)) as u32,
+            scalar_bits,
+            scalar_ptr,
+            ..KernelArgs::default()
+        };
+        let (blocks, threads) = algorithm::grid(call.collective, Protocol::Copy, 1, bytes, loaded.max_blocks);
+        // SAFETY: the arguments are `CollArgs`'s layout; the kernel reads `bytes` of `send` and writes `bytes`
+        // of `recv`, both checked to be device memory of this context holding them (one rank's piece is its
+        // whole buffer), and reads the scalar, checked likewise where it lies in device memory; the stream was
+        // checked to be of this context.
+        unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
     fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext) -> Result<Ready> {

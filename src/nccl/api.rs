@@ -14,7 +14,7 @@ use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
 use crate::bootstrap::UniqueId;
-use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp, algorithm};
+use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp, Scalar, algorithm};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -143,69 +143,54 @@ fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Re
 
 const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);
 
-fn datatype_name(v: c_int) -> &'static str {
-    match v {
-        0 => "ncclInt8",
-        1 => "ncclUint8",
-        2 => "ncclInt32",
-        3 => "ncclUint32",
-        4 => "ncclInt64",
-        5 => "ncclUint64",
-        6 => "ncclFloat16",
-        7 => "ncclFloat32",
-        8 => "ncclFloat64",
-        9 => "ncclBfloat16",
-        datatype::FLOAT8E4M3 => "ncclFloat8e4m3",
-        datatype::FLOAT8E5M2 => "ncclFloat8e5m2",
-        _ => "not an ncclDataType_t",
+/// NCCL's name of a type, for messages.
+fn datatype_name(t: DataType) -> &'static str {
+    match t {
+        DataType::Int8 => "ncclInt8",
+        DataType::Uint8 => "ncclUint8",
+        DataType::Int32 => "ncclInt32",
+        DataType::Uint32 => "ncclUint32",
+        DataType::Int64 => "ncclInt64",
+        DataType::Uint64 => "ncclUint64",
+        DataType::Float16 => "ncclFloat16",
+        DataType::Float32 => "ncclFloat32",
+        DataType::Float64 => "ncclFloat64",
+        DataType::Bfloat16 => "ncclBfloat16",
+        DataType::Float8e4m3 => "ncclFloat8e4m3",
+        DataType::Float8e5m2 => "ncclFloat8e5m2",
     }
 }
 
-/// Checks that `v` is an `ncclDataType_t`.
-fn check_datatype(v: c_int) -> Result<()> {
-    ensure_arg!(
-        (0..datatype::NUM_TYPES).contains(&v),
-        "datatype is {v}; it must be an ncclDataType_t, 0 (ncclInt8) to {} (ncclFloat8e5m2)",
-        datatype::NUM_TYPES - 1
-    );
-    Ok(())
-}
-
-/// The core's type for `v`; the types it has no kernels for are refused as not carried out yet.
+/// The core's type for `v`, an `ncclDataType_t` (the core numbers its types as NCCL does, fp8 included).
 fn datatype(v: c_int) -> Result<DataType> {
-    check_datatype(v)?;
-    if v >= datatype::FLOAT8E4M3 {
-        return Err(Error::invalid_usage(format!(
-            "datatype {} ({v}) is not carried out by this library yet; {}",
-            datatype_name(v),
-            fallback::unavailable_hint()
-        )));
-    }
-    DataType::from_c(v)
-}
-
-/// Checks that `v` is a built-in `ncclRedOp_t` or an operator made on `comm`; returns the built-in one.
-fn check_op(v: c_int, comm: &NcclComm) -> Result<Option<RedOp>> {
-    if (0..redop::NUM_OPS).contains(&v) {
-        return RedOp::from_c(v).map(Some);
-    }
-    ensure_arg!(
-        comm.premul(v).is_some(),
-        "op is {v}; it must be an ncclRedOp_t, 0 (ncclSum) to {} (ncclAvg), or an operator made by \
-         ncclRedOpCreatePreMulSum on this comm",
-        redop::NUM_OPS - 1
-    );
-    Ok(None)
-}
-
-/// The core's operator for `v`; `PreMulSum` operators are refused as not carried out yet.
-fn redop(v: c_int, comm: &NcclComm) -> Result<RedOp> {
-    check_op(v, comm)?.ok_or_else(|| {
-        Error::invalid_usage(format!(
-            "op {v} (made by ncclRedOpCreatePreMulSum) is not carried out by this library yet; {}",
-            fallback::unavailable_hint()
+    DataType::from_number(v).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "datatype is {v}; it must be an ncclDataType_t, 0 (ncclInt8) to {} (ncclFloat8e5m2)",
+            datatype::NUM_TYPES - 1
         ))
     })
+}
+
+/// The core's operator for `v`: a built-in `ncclRedOp_t`, or a `PreMulSum` operator made on `comm`, which
+/// reduces only the type it was made for (as NCCL's).
+fn redop(v: c_int, comm: &NcclComm, datatype: DataType) -> Result<RedOp> {
+    if (0..redop::NUM_OPS).contains(&v) {
+        return RedOp::from_c(v);
+    }
+    let made = comm.premul(v).ok_or_else(|| {
+        Error::invalid_argument(format!(
+            "op is {v}; it must be an ncclRedOp_t, 0 (ncclSum) to {} (ncclAvg), or an operator made by \
+             ncclRedOpCreatePreMulSum on this comm (and not destroyed)",
+            redop::NUM_OPS - 1
+        ))
+    })?;
+    ensure_arg!(
+        made.datatype == datatype,
+        "op {v} was made by ncclRedOpCreatePreMulSum for {}, not for datatype {} of this call",
+        datatype_name(made.datatype),
+        datatype_name(datatype)
+    );
+    Ok(RedOp::PreMulSum(made.scalar))
 }
 
 /// Checks a rank argument (`root`, `peer`) against the communicator's size.
@@ -271,11 +256,10 @@ fn collective(
     stream: *mut c_void,
 ) -> ncclResult_t {
     enqueue(name, comm, |c| {
-        check_datatype(datatype_value)?;
-        let builtin = op.map(|o| check_op(o, c)).transpose()?;
-        // fp8 types and PreMulSum operators have no kernels here; ranks on several hosts, no transport.
-        let native = datatype_value < datatype::FLOAT8E4M3 && !matches!(builtin, Some(None));
-        if let Some(f) = c.fallback_for_all().or(c.fallback().filter(|_| !native)) {
+        let datatype = datatype(datatype_value)?;
+        let core_op = op.map(|o| redop(o, c, datatype)).transpose()?;
+        // Ranks on several hosts: NVIDIA's communicator carries every call (ours have no transport there).
+        if let Some(f) = c.fallback_for_all() {
             c.open()?;
             if collective.rooted() {
                 check_rank("root", root, c)?;
@@ -299,8 +283,6 @@ fn collective(
             };
             return forward(f, call, stream);
         }
-        let datatype = datatype(datatype_value)?;
-        let op = op.map(|o| redop(o, c)).transpose()?;
         let core = c.usable()?;
         let call = Call {
             collective,
@@ -308,7 +290,7 @@ fn collective(
             recv: recvbuff as u64,
             count,
             datatype,
-            op,
+            op: core_op,
             root: root.max(0) as usize,
         };
         // The checks the core makes without a GPU (root, sizes, NULL buffers), made here too so that a
@@ -1137,8 +1119,9 @@ fn register(c: &NcclComm, buff: *mut c_void, size: usize, kind: Kind) -> Result<
 // ---- operators ----
 
 nccl_export! {
-    /// Makes a `PreMulSum` operator (the sum of each input times `scalar`). Collectives do not carry it
-    /// out yet; the operator is kept until `ncclRedOpDestroy`.
+    /// Makes a `PreMulSum` operator (the sum of every rank's input, each multiplied by its rank's scalar
+    /// first), for `datatype` alone: an immediate scalar is copied now, a device one is read by every
+    /// kernel that uses the operator. Kept until `ncclRedOpDestroy`.
     fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
         op: *mut c_int,
         scalar: *mut c_void,
@@ -1149,30 +1132,38 @@ nccl_export! {
         with_comm("ncclRedOpCreatePreMulSum", comm, |c| {
             non_null(op, "op")?;
             non_null(scalar, "scalar")?;
-            check_datatype(datatype)?;
-            let mut bytes = [0u8; 8];
-            match residence {
+            let datatype_value = datatype;
+            let datatype = self::datatype(datatype_value)?;
+            let size = datatype.size();
+            let core_scalar = match residence {
                 NCCL_SCALAR_HOST_IMMEDIATE => {
-                    let size = DataType::from_c(datatype).map_or(1, |t| t.size());
                     // SAFETY: checked non-null; the caller's scalar is one value of `datatype` in host memory.
-                    unsafe { std::ptr::copy_nonoverlapping(scalar.cast::<u8>(), bytes.as_mut_ptr(), size) };
+                    let bytes = unsafe { std::slice::from_raw_parts(scalar.cast::<u8>(), size) };
+                    Scalar::immediate(bytes)
                 }
-                NCCL_SCALAR_DEVICE => bytes = (scalar as u64).to_ne_bytes(),
+                NCCL_SCALAR_DEVICE => {
+                    ensure_arg!(
+                        (scalar as usize).is_multiple_of(size),
+                        "scalar {scalar:p} (ncclScalarDevice) is not aligned to its type {} ({size} bytes)",
+                        datatype_name(datatype)
+                    );
+                    Scalar::Device(scalar as u64)
+                }
                 other => {
                     return Err(Error::invalid_argument(format!(
                         "residence is {other}; it must be ncclScalarDevice (0) or ncclScalarHostImmediate (1)"
                     )));
                 }
-            }
+            };
+            // Its twin on NVIDIA's communicator, where that carries the collectives (ranks on several hosts).
             let twin = c
-                .fallback()
+                .fallback_for_all()
                 // SAFETY: the caller's scalar, under nccl.h's contract (checked non-null).
-                .map(|f| unsafe { f.create_premul(scalar, datatype, residence) })
+                .map(|f| unsafe { f.create_premul(scalar, datatype_value, residence) })
                 .transpose()?;
             let n = c.add_premul(PreMulSum {
                 datatype,
-                residence,
-                scalar: bytes,
+                scalar: core_scalar,
                 fallback: twin,
             });
             // SAFETY: checked non-null.
@@ -1337,9 +1328,8 @@ nccl_export! {
     }
 }
 
-/// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), or on
-/// NVIDIA's communicator where ours sends everything there (ranks on several hosts) or the type has no
-/// kernel here (fp8).
+/// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), any type
+/// (fp8 too: bytes), or on NVIDIA's communicator where ours sends everything there (ranks on several hosts).
 #[allow(clippy::too_many_arguments)]
 fn point_to_point(
     name: &str,
@@ -1352,10 +1342,9 @@ fn point_to_point(
     stream: *mut c_void,
 ) -> ncclResult_t {
     enqueue(name, comm, |c| {
-        check_datatype(datatype_value)?;
+        let datatype = datatype(datatype_value)?;
         check_rank("peer", peer, c)?;
-        let native = datatype_value < datatype::FLOAT8E4M3;
-        if let Some(f) = c.fallback_for_all().or(c.fallback().filter(|_| !native)) {
+        if let Some(f) = c.fallback_for_all() {
             c.open()?;
             let call = match kind {
                 P2pKind::Send => fallback::Call::Send {
@@ -1373,7 +1362,6 @@ fn point_to_point(
             };
             return forward(f, call, stream);
         }
-        let datatype = datatype(datatype_value)?;
         let core = c.usable()?;
         let op = P2pOp {
             kind,
@@ -1510,5 +1498,50 @@ nccl_export! {
         with_comm("ncclDevCommDestroy", comm, |_| {
             Err(Error::invalid_usage("NCCL's device API (ncclDevComm) is not offered by this library"))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+
+    #[test]
+    fn every_nccl_type_is_the_cores_fp8_included() {
+        assert_eq!(datatype(10).unwrap(), DataType::Float8e4m3);
+        assert_eq!(datatype(11).unwrap(), DataType::Float8e5m2);
+        assert_eq!(datatype(9).unwrap(), DataType::Bfloat16);
+        for bad in [-1, 12] {
+            let e = datatype(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument);
+            assert!(e.message.contains("to 11 (ncclFloat8e5m2)"), "{e}");
+        }
+    }
+
+    #[test]
+    fn premulsum_operators_become_the_cores_for_their_own_type_only() {
+        let c = NcclComm::pending(0, 1, None, None);
+        let scalar = Scalar::immediate(&[0x38]);
+        let n = c.add_premul(PreMulSum {
+            datatype: DataType::Float8e4m3,
+            scalar,
+            fallback: None,
+        });
+        assert_eq!(redop(n, &c, DataType::Float8e4m3).unwrap(), RedOp::PreMulSum(scalar));
+        assert_eq!(redop(2, &c, DataType::Float8e4m3).unwrap(), RedOp::Max);
+        let e = redop(n, &c, DataType::Float8e5m2).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(
+            e.message
+                .contains("for ncclFloat8e4m3, not for datatype ncclFloat8e5m2"),
+            "{e}"
+        );
+        c.remove_premul(n);
+        let e = redop(n, &c, DataType::Float8e4m3).unwrap_err();
+        assert!(
+            e.message.contains(&format!("op is {n}")) && e.message.contains("not destroyed"),
+            "{e}"
+        );
+        assert!(redop(-1, &c, DataType::Float32).is_err());
     }
 }

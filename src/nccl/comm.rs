@@ -7,6 +7,7 @@
 use super::error::{code, from_core};
 use super::fallback;
 use super::types::{ncclComm_t, ncclResult_t};
+use crate::collective::{DataType, Scalar};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::ffi::handles::Registry;
@@ -30,14 +31,13 @@ enum State {
     Failed(Error),
 }
 
-/// A `PreMulSum` operator made by `ncclRedOpCreatePreMulSum`.
+/// A `PreMulSum` operator made by `ncclRedOpCreatePreMulSum`: the core's `RedOp::PreMulSum` with its
+/// scalar, for the one type it was made for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PreMulSum {
-    pub datatype: c_int,
-    /// `ncclScalarDevice` (the scalar's device address) or `ncclScalarHostImmediate` (its bytes, read at
-    /// creation).
-    pub residence: c_int,
-    pub scalar: [u8; 8],
+    pub datatype: DataType,
+    /// `ncclScalarHostImmediate`: its bits, read at creation; `ncclScalarDevice`: its device address.
+    pub scalar: Scalar,
     /// Its twin on the NVIDIA communicator beside ours, where there is one.
     pub fallback: Option<c_int>,
 }
@@ -462,9 +462,8 @@ mod tests {
     fn premul_operators_are_numbered_from_num_ops() {
         let c = NcclComm::pending(0, 1, None, None);
         let op = PreMulSum {
-            datatype: 7,
-            residence: 1,
-            scalar: [0; 8],
+            datatype: DataType::Float32,
+            scalar: Scalar::immediate(&0.5f32.to_le_bytes()),
             fallback: None,
         };
         let a = c.add_premul(op);

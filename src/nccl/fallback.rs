@@ -1,6 +1,6 @@
 //! `MSCCLPP_NCCL_FALLBACK`: NVIDIA's `libnccl.so.2`, loaded privately, and an NVIDIA communicator made
-//! beside each of ours, which gets what this library does not carry out (functions, types and operators
-//! it refuses) and every collective of ranks on several hosts (ours need every rank's GPU in one machine).
+//! beside each of ours, which gets every collective and send or receive of ranks on several hosts (ours
+//! need every rank's GPU in one machine; on one machine every type and operator is ours).
 //!
 //! - `Library`: the file, loaded once, lazily, with `RTLD_LOCAL | RTLD_DEEPBIND`: both are needed because
 //!   our `libnccl.so.2` exports the same names and is usually preloaded. `RTLD_LOCAL` keeps NVIDIA's names
