@@ -353,9 +353,18 @@ def worker(rank: int, nranks: int, port: int, port2: int, queue) -> None:
             if make is None:
                 return ("SKIP", "torch.distributed._make_nccl_premul_sum is missing in this torch")
             f = 0.25 if on_device else 3.0
-            factor = torch.tensor([f], dtype=dtype, device=device) if on_device else f
+            # PyTorch hands NCCL the factor of a bfloat16 reduction as a float32 (its unpackPreMulSum<float,
+            # ncclBfloat16>; a tensor factor must be float32 then), while NCCL's API, NVIDIA's library and ours
+            # read a scalar of the reduction's type: a bfloat16, the float's first two bytes (its low half).
+            # What the collective multiplies by is then that bfloat16, on NVIDIA's NCCL as on ours.
+            fdtype = torch.float32 if dtype == torch.bfloat16 else dtype
+            factor = torch.tensor([f], dtype=fdtype, device=device) if on_device else f
+            applied = f
+            if dtype == torch.bfloat16:
+                low = torch.tensor([f], dtype=torch.float32).view(torch.int32).item() & 0xFFFF
+                applied = torch.tensor([low << 16], dtype=torch.int32).view(torch.float32).item()
             x = values(salt, nranks * N if scatter else N, dtype)
-            want = gloo_all_reduce(x.double() * f, R.SUM)
+            want = gloo_all_reduce(x.double() * applied, R.SUM)
             t = x.to(device)
             if scatter:
                 out = torch.full((N,), -1000.0, dtype=dtype, device=device)
@@ -366,8 +375,9 @@ def worker(rank: int, nranks: int, port: int, port2: int, queue) -> None:
                 dist.all_reduce(t, op=make(factor))
                 torch.cuda.synchronize()
                 expect_equal(f"all_reduce PREMUL_SUM x {f} {dtype}", t, want)
-            return f"factor {f}, " + ("a tensor on the GPU (ncclScalarDevice)" if on_device
-                                      else "a float (ncclScalarHostImmediate)")
+            read = f" (read as the bfloat16 {applied}, as NCCL reads it)" if applied != f else ""
+            return f"factor {f}{read}, " + ("a tensor on the GPU (ncclScalarDevice)" if on_device
+                                            else "a float (ncclScalarHostImmediate)")
         return body
 
     def even_odd_groups():
