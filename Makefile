@@ -240,9 +240,10 @@ PY_INSTALLED := $(PY_VENV)/.mscclpp-installed
 PY_SOURCES := $(wildcard python/mscclpp/*.py) python/mscclpp/_fastcall.c python/mscclpp/py.typed python/setup.py \
   python/pyproject.toml
 # The collectives' C fast path (python/mscclpp/_fastcall.c), built in place so that a checkout run with
-# PYTHONPATH=python finds it (pip builds its own copy into the package). Stable ABI: this one file loads into
-# every CPython >= 3.8, whichever python3 found the headers. Optional: without a C compiler or Python.h the
-# package calls the library through ctypes alone, and make says so instead of failing.
+# PYTHONPATH=python finds it (pip builds its own copy into the package). Stable ABI 3.10: this one file loads
+# into every CPython >= 3.10, whichever python3 >= 3.10 found the headers. Optional: without a C compiler,
+# Python.h or a python3 >= 3.10 the package calls the library through ctypes alone, and make says so instead
+# of failing.
 PY_FASTCALL := python/mscclpp/_fastcall.abi3.so
 PYTHON3 ?= python3
 
@@ -251,7 +252,8 @@ python: $(PY_INSTALLED) $(PY_FASTCALL)
 $(PY_FASTCALL): python/mscclpp/_fastcall.c
 	@inc=$$($(PYTHON3) -c "import sysconfig; print(sysconfig.get_paths()['include'])" 2>/dev/null); why=; \
 	if ! command -v $(CC) >/dev/null 2>&1; then why="no C compiler ($(CC))"; \
-	elif [[ ! -f $$inc/Python.h ]]; then why="no Python.h where $(PYTHON3) has its headers ('$$inc')"; fi; \
+	elif [[ ! -f $$inc/Python.h ]]; then why="no Python.h where $(PYTHON3) has its headers ('$$inc')"; \
+	elif ! $(PYTHON3) -c "import sys; sys.exit(sys.version_info < (3, 10))"; then why="$(PYTHON3) is older than 3.10"; fi; \
 	if [[ -n $$why ]]; then \
 	  echo "note: $@ not built: $$why; mscclpp's collectives then call the library through ctypes alone"; \
 	else \

@@ -16,11 +16,12 @@ The library goes into the package as ``mscclpp/_lib/libmscclpp.so.0`` and the he
 otherwise (the build says so).
 
 One small CPython extension is compiled too, ``mscclpp._fastcall`` (``mscclpp/_fastcall.c``: the
-collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.8), so
-that its one build loads into every CPython >= 3.8. It is optional: where there is no C compiler or no
-Python headers, the build says so and goes on, and the package calls the library through ctypes alone.
-The wheel is tagged ``cp38-abi3-<platform>`` when it holds the extension (any CPython >= 3.8), else
-``py3-none-<platform>`` (any Python 3); one platform either way.
+collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.10, where
+``METH_FASTCALL | METH_KEYWORDS`` came in), so that its one build loads into every CPython >= 3.10. It is
+optional: where there is no C compiler or no Python headers, or the building Python is older than 3.10, the
+build says so and goes on, and the package calls the library through ctypes alone (as it does on any Python
+older than 3.10). The wheel is tagged ``cp310-abi3-<platform>`` when it holds the extension (any CPython >=
+3.10), else ``py3-none-<platform>`` (any Python 3); one platform either way.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -89,7 +91,7 @@ class BuildPyWithLibrary(build_py):
 
 class PlatformWheel(bdist_wheel):
     """The wheel holds a native library (so it is not pure) and, where it could be built, an extension of
-    the stable ABI (so any CPython >= 3.8; without it, any Python 3)."""
+    the stable ABI (so any CPython >= 3.10; without it, any Python 3)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -100,7 +102,7 @@ class PlatformWheel(bdist_wheel):
         plat = super().get_tag()[2]
         outputs = self.get_finalized_command("build_ext").get_outputs()
         if outputs and all(os.path.isfile(p) for p in outputs):
-            return "cp38", "abi3", plat
+            return "cp310", "abi3", plat
         return "py3", "none", plat
 
 
@@ -108,4 +110,6 @@ class PlatformWheel(bdist_wheel):
 FASTCALL = Extension("mscclpp._fastcall", ["mscclpp/_fastcall.c"], py_limited_api=True, optional=True,
                      extra_compile_args=["-O2", "-Wall", "-Wextra"])
 
-setup(ext_modules=[FASTCALL], cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})
+if sys.version_info < (3, 10):
+    print("mscclpp: Python < 3.10: the collectives' C fast path (stable ABI 3.10) is not built; ctypes alone")
+setup(ext_modules=[FASTCALL] if sys.version_info >= (3, 10) else [], cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})

@@ -6,36 +6,53 @@
  * about 4 us. Here the same reads, checks and the library call are made from C: the tensor's accessors
  * through the C API, the library function through its address, with no ctypes conversions.
  *
- * How it fits (collectives.py): each of the package's four collectives calls its counterpart here first,
- * unless it was given stream=. That one returns the output when it called the library and the call
- * succeeded, raises the package's exception (_log.failure's, as the Python path raises it) when the
- * library failed, and returns None when anything is unusual: a buffer type not registered, a value of an
- * unexpected type, a check that would fail, a communicator before its first call, a library function
- * replaced by a Python one, ... Then no library function was called, no exception is pending, and the
- * Python code makes the call as before (and raises its precise error). So every message and every rule
- * stays in Python; this file only knows the conditions under which Python's path calls the library,
- * and then makes that same call.
+ * How it fits (collectives.py): the package's four public collectives (mscclpp.all_reduce, all_gather,
+ * reduce_scatter, broadcast) are this module's builtins, made by publish() from the Python functions of
+ * collectives.py, with their signatures and docstrings: no Python frame per call. A builtin parses its
+ * arguments (the Python function's names, positions and defaults) and, when everything is usual, makes
+ * the call: it returns the output when the library call succeeded and raises the package's exception
+ * (_log.failure's, as the Python path raises it) when the library failed. Anything unusual (an unknown,
+ * repeated or missing argument, stream= given, a buffer type not registered, a value of an unexpected
+ * type, a check that would fail, a communicator before its first call, a library function replaced by a
+ * Python one, the fast path turned off by enable(False)) hands the original arguments, as they came, to
+ * the Python function, having called nothing: it makes the call and raises its precise error (TypeErrors
+ * for bad signatures included). So every message and every rule stays in Python; this file only knows the
+ * conditions under which Python's path calls the library, and then makes that same call.
  *
- * What Python hands over once (configure, set_function, add_type): the dict of the C functions the
- * collectives call (_fns) and the address of each, the operator tables (_OPS, _OTHER_OPS), the types
- * ReduceOp and Communicator, the element sizes, the per-thread log count and _log.failure, and per buffer
- * type (as collectives._resolve finds it) the framework's dtype table and stream accessor.
+ * What Python hands over once (configure, set_function, add_type, publish): the dict of the C functions
+ * the collectives call (_fns) and the address of each, the operator tables (_OPS, _OTHER_OPS), the types
+ * ReduceOp and Communicator, the element sizes, the per-thread log count and _log.failure, per buffer type
+ * (as collectives._resolve finds it) the framework's dtype table and stream accessor, and the Python
+ * function of each collective. A communicator's state is read from one object per call: its _CommState's
+ * `_fast` tuple (handle, device, size, rank), which comm.py keeps while the library holds the GPU.
  *
- * Built against the stable ABI (Py_LIMITED_API 3.8): one _fastcall.abi3.so loads into every CPython from
- * 3.8 on (not the free-threaded builds, which refuse abi3 modules: the package then uses ctypes). Its
- * tables are changed and read with the GIL held; the GIL is released around the library call alone (the
- * library may block, and its log handler takes the GIL itself).
+ * Built against the stable ABI (Py_LIMITED_API 3.10, where METH_FASTCALL | METH_KEYWORDS came in): one
+ * _fastcall.abi3.so loads into every CPython from 3.10 on (not the free-threaded builds, which refuse abi3
+ * modules; nor older Pythons, which it refuses at import: the package then uses ctypes).
+ * PyObject_Vectorcall and PyObject_VectorcallMethod, exported by every CPython >= 3.9 but in the limited API
+ * only from 3.12, are looked up at import (dlsym); where they are not found, the calls take the older
+ * PyObject_Call* functions. Its tables are changed and read with the GIL held; the GIL is released around
+ * the library call alone (the library may block, and its log handler takes the GIL itself).
  */
 #define PY_SSIZE_T_CLEAN
-#define Py_LIMITED_API 0x03080000
+#define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 
+#include <dlfcn.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#ifndef METH_FASTCALL
-/* In the stable ABI from 3.10; CPython 3.7 to 3.9 take the same flag with the same signature. It spares
- * the argument tuple that METH_VARARGS builds per call. */
-#define METH_FASTCALL 0x0080
+#if PY_VERSION_HEX < 0x030A0000
+#error "mscclpp._fastcall needs the headers of CPython >= 3.10 (stable ABI 3.10)"
+#endif
+
+#ifndef RTLD_DEFAULT
+#define RTLD_DEFAULT ((void *)0)
+#endif
+#ifndef RTLD_NOLOAD
+#define RTLD_NOLOAD 0
 #endif
 
 /* Bounds within which the overlap arithmetic below (int64) cannot overflow: buffer addresses below 2^61,
@@ -44,6 +61,11 @@
 #define MAX_ADDRESS (1ULL << 61)
 #define MAX_COUNT (1LL << 56)
 #define N_DTYPES 10 /* mscclppDataType_t: 0 .. 9 */
+
+/* PyObject_Vectorcall(callable, args, nargsf, kwnames) and PyObject_VectorcallMethod(name, args, nargsf,
+ * kwnames) (args[0] the object), found at import, or NULL. */
+typedef PyObject *(*vectorcall_fn)(PyObject *, PyObject *const *, size_t, PyObject *);
+static vectorcall_fn vectorcall, vectorcall_method;
 
 /* ---- what Python hands over ---- */
 
@@ -56,6 +78,9 @@ typedef struct {
   PyObject *dtypes; /* dtype -> mscclppDataType_t (int) */
   PyObject *stream; /* torch: f(device) -> raw stream; cupy: get_current_stream */
   int per_device;   /* cupy: whether get_current_stream takes a device (-1: not known yet) */
+  int cupy_direct;  /* cupy: whether it has _c_contiguous and data.device_id (-1: not known yet) */
+  PyObject *last_dtype; /* the dtype last found in `dtypes` (held), and its code */
+  int last_code;
 } BufferType;
 
 #define MAX_TYPES 16
@@ -67,6 +92,18 @@ typedef int (*call_without_arg)(void *, void *, size_t, int, void *, void *);
 
 enum { NO_ARG, OP_ARG, ROOT_ARG };
 
+/* The public function's parameters: what each is (its role), by position then keyword-only. */
+enum { R_INP, R_OUT, R_ARG, R_COMM, R_STREAM, N_ROLES };
+enum { REQUIRED, DEFAULT_NONE, DEFAULT_SUM };
+#define MAX_PARAMS 5
+
+typedef struct {
+  const char *name;
+  int role;
+  int presence; /* REQUIRED, or the default */
+  PyObject *key; /* the name, interned */
+} Param;
+
 /* A collective's shape: the input and output, one of which may be nranks pieces (a piece is the count
  * passed to the library), and where the input sits in NCCL's in-place form: at the output plus `shift` *
  * rank pieces. */
@@ -77,19 +114,43 @@ typedef struct {
   int out_scaled;   /* the output has nranks pieces (all-gather) */
   int shift;        /* in place: input = output + shift * rank * piece bytes */
   int optional_out; /* out=None (or out is the input) means in place (all-reduce, broadcast) */
+  const char *public_name;
+  int npositional; /* the parameters before the `*` */
+  int nparams;
+  Param params[MAX_PARAMS];
   PyObject *key;    /* the name, as a str: its key in _fns */
   PyObject *bound;  /* the object _fns holds for it when `address` is the function to call */
   void *address;
+  PyObject *python; /* collectives.py's function (publish): every call this module does not make */
+  char *doc;        /* the builtin's docstring (signature and the Python function's __doc__) */
 } Collective;
 
 enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, N_COLLECTIVES };
 
+#define P(name, role, presence) {name, role, presence, NULL}
 static Collective collectives[N_COLLECTIVES] = {
-    {"mscclppAllReduce", OP_ARG, 0, 0, 0, 1, NULL, NULL, NULL},
-    {"mscclppAllGather", NO_ARG, 0, 1, 1, 0, NULL, NULL, NULL},
-    {"mscclppReduceScatter", OP_ARG, 1, 0, -1, 0, NULL, NULL, NULL},
-    {"mscclppBroadcast", ROOT_ARG, 0, 0, 0, 1, NULL, NULL, NULL},
+    /* all_reduce(tensor, op="sum", *, comm, out=None, stream=None) */
+    {"mscclppAllReduce", OP_ARG, 0, 0, 0, 1, "all_reduce", 2, 5,
+     {P("tensor", R_INP, REQUIRED), P("op", R_ARG, DEFAULT_SUM), P("comm", R_COMM, REQUIRED),
+      P("out", R_OUT, DEFAULT_NONE), P("stream", R_STREAM, DEFAULT_NONE)},
+     NULL, NULL, NULL, NULL, NULL},
+    /* all_gather(out, inp, *, comm, stream=None) */
+    {"mscclppAllGather", NO_ARG, 0, 1, 1, 0, "all_gather", 2, 4,
+     {P("out", R_OUT, REQUIRED), P("inp", R_INP, REQUIRED), P("comm", R_COMM, REQUIRED),
+      P("stream", R_STREAM, DEFAULT_NONE)},
+     NULL, NULL, NULL, NULL, NULL},
+    /* reduce_scatter(out, inp, op="sum", *, comm, stream=None) */
+    {"mscclppReduceScatter", OP_ARG, 1, 0, -1, 0, "reduce_scatter", 3, 5,
+     {P("out", R_OUT, REQUIRED), P("inp", R_INP, REQUIRED), P("op", R_ARG, DEFAULT_SUM),
+      P("comm", R_COMM, REQUIRED), P("stream", R_STREAM, DEFAULT_NONE)},
+     NULL, NULL, NULL, NULL, NULL},
+    /* broadcast(tensor, root, *, comm, out=None, stream=None) */
+    {"mscclppBroadcast", ROOT_ARG, 0, 0, 0, 1, "broadcast", 2, 5,
+     {P("tensor", R_INP, REQUIRED), P("root", R_ARG, REQUIRED), P("comm", R_COMM, REQUIRED),
+      P("out", R_OUT, DEFAULT_NONE), P("stream", R_STREAM, DEFAULT_NONE)},
+     NULL, NULL, NULL, NULL, NULL},
 };
+#undef P
 
 static PyObject *fns;         /* collectives._fns */
 static PyObject *ops;         /* collectives._OPS */
@@ -99,12 +160,13 @@ static PyObject *communicator; /* comm.Communicator */
 static PyObject *tlog;         /* _log._state: per thread, `logged` counts the library's log lines */
 static PyObject *failure;      /* _log.failure(name, rc, mark): the exception of a failed call */
 static long long itemsize[N_DTYPES];
+static int enabled = 1;        /* enable(): whether the builtins make calls (else all go to Python) */
 static unsigned long long taken, declined; /* calls made here, calls left to Python (stats()) */
 
-/* Attribute names, interned once. */
-static PyObject *s_st, *s_handle, *s_device, *s_library_has_gpu, *s_size, *s_rank;
-static PyObject *s_is_cuda, *s_dtype, *s_is_contiguous, *s_data_ptr, *s_numel, *s_get_device;
-static PyObject *s_flags, *s_c_contiguous, *s_data, *s_ptr, *s_id, *s_logged;
+/* Attribute names and the default operator, interned once. */
+static PyObject *s_st, *s_fast, *s_sum, *s_device_id, *s_c_contiguous_direct;
+static PyObject *s_is_cuda, *s_dtype, *s_is_contiguous, *s_data_ptr, *s_numel, *s_get_device, *s_size;
+static PyObject *s_flags, *s_c_contiguous, *s_data, *s_ptr, *s_id, *s_logged, *s_device, *s_doc;
 
 /* ---- reading values ----
  * Each take_* consumes a new reference (which may be NULL after a failed call) and returns 1 with the
@@ -118,18 +180,22 @@ static int take_true(PyObject *v) {
   return ok;
 }
 
+/* v (borrowed) as an int in [lo, hi). */
+static int read_ll(PyObject *v, long long lo, long long hi, long long *out) {
+  if (!PyLong_Check(v))
+    return 0;
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (overflow || (x == -1 && PyErr_Occurred()) || x < lo || x >= hi)
+    return 0;
+  *out = x;
+  return 1;
+}
+
 static int take_ll(PyObject *v, long long lo, long long hi, long long *out) {
   if (v == NULL)
     return 0;
-  int ok = 0;
-  if (PyLong_Check(v)) {
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    if (!overflow && !(x == -1 && PyErr_Occurred()) && x >= lo && x < hi) {
-      *out = x;
-      ok = 1;
-    }
-  }
+  int ok = read_ll(v, lo, hi, out);
   Py_DECREF(v);
   return ok;
 }
@@ -143,38 +209,75 @@ static int take_address(PyObject *v, unsigned long long *out) {
   return 1;
 }
 
-/* A handle (the communicator's, a stream's): any 64-bit value, passed on as it is. */
+/* A handle (the communicator's, a stream's; borrowed): any 64-bit value, passed on as it is. */
+static int read_handle(PyObject *v, void **out) {
+  if (!PyLong_Check(v))
+    return 0;
+  unsigned long long x = PyLong_AsUnsignedLongLong(v);
+  if (x == (unsigned long long)-1 && PyErr_Occurred())
+    return 0;
+  *out = (void *)(size_t)x;
+  return 1;
+}
+
 static int take_handle(PyObject *v, void **out) {
   if (v == NULL)
     return 0;
-  int ok = 0;
-  if (PyLong_Check(v)) {
-    unsigned long long x = PyLong_AsUnsignedLongLong(v);
-    if (!(x == (unsigned long long)-1 && PyErr_Occurred())) {
-      *out = (void *)(size_t)x;
-      ok = 1;
-    }
-  }
+  int ok = read_handle(v, out);
   Py_DECREF(v);
   return ok;
 }
 
-static int take_dtype(PyObject *dt, PyObject *table, int *out) {
+/* The code of dtype `dt` (consumed) in bt's table `table`: the dtype found last is remembered in the type's
+ * entry (while that entry still has this table: an accessor may have reconfigured it meanwhile). */
+static int take_dtype(PyObject *dt, BufferType *bt, PyObject *table, int *out) {
   if (dt == NULL)
     return 0;
+  if (dt == bt->last_dtype && bt->dtypes == table) {
+    Py_DECREF(dt);
+    *out = bt->last_code;
+    return 1;
+  }
   PyObject *code = PyDict_GetItemWithError(table, dt); /* borrowed */
-  Py_DECREF(dt);
   long long c;
-  if (code == NULL)
+  if (code == NULL) {
+    Py_DECREF(dt);
     return 0;
+  }
   Py_INCREF(code);
-  if (!take_ll(code, 0, N_DTYPES, &c))
+  if (!take_ll(code, 0, N_DTYPES, &c)) {
+    Py_DECREF(dt);
     return 0;
+  }
   *out = (int)c;
+  if (bt->dtypes == table) {
+    PyObject *old = bt->last_dtype;
+    bt->last_dtype = dt; /* the reference taken over */
+    bt->last_code = (int)c;
+    Py_XDECREF(old);
+  } else {
+    Py_DECREF(dt);
+  }
   return 1;
 }
 
-static PyObject *method(PyObject *o, PyObject *name) { return PyObject_CallMethodObjArgs(o, name, NULL); }
+/* o.name(), without a bound-method object where PyObject_VectorcallMethod was found. */
+static PyObject *method(PyObject *o, PyObject *name) {
+  if (vectorcall_method != NULL) {
+    PyObject *args[1] = {o};
+    return vectorcall_method(name, args, 1, NULL);
+  }
+  return PyObject_CallMethodObjArgs(o, name, NULL);
+}
+
+/* f(x) */
+static PyObject *call1(PyObject *f, PyObject *x) {
+  if (vectorcall != NULL) {
+    PyObject *args[1] = {x};
+    return vectorcall(f, args, 1, NULL);
+  }
+  return PyObject_CallFunctionObjArgs(f, x, NULL);
+}
 
 /* o.name, consuming o (a new reference, or NULL after a failed call). */
 static PyObject *attr_of(PyObject *o, PyObject *name) {
@@ -192,20 +295,36 @@ typedef struct {
   long long device, size, rank;
 } Comm;
 
+/* The last state tuple read (held: its address is not reused while held) and what it says. */
+static PyObject *comm_last;
+static Comm comm_last_read;
+
 /* The communicator's state, only where collectives.py would call the library directly: a Communicator
- * (exactly), open, whose library has taken its GPU (before, Python makes the GPU current: _first_calls). */
+ * (exactly), open, whose library has taken its GPU (before, Python makes the GPU current: _first_calls).
+ * comm.py keeps comm._st._fast = (handle, device, size, rank) exactly then, else None. */
 static int read_comm(PyObject *comm, Comm *c) {
   if ((PyObject *)Py_TYPE(comm) != communicator)
     return 0;
-  PyObject *st = PyObject_GetAttr(comm, s_st);
-  if (st == NULL)
+  PyObject *fast = attr_of(PyObject_GetAttr(comm, s_st), s_fast);
+  if (fast == NULL)
     return 0;
-  int ok = take_true(PyObject_GetAttr(st, s_library_has_gpu)) &&
-           take_handle(PyObject_GetAttr(st, s_handle), &c->handle) &&
-           take_ll(PyObject_GetAttr(st, s_device), 0, 1 << 30, &c->device) &&
-           take_ll(PyObject_GetAttr(st, s_size), 1, 1LL << 31, &c->size) &&
-           take_ll(PyObject_GetAttr(st, s_rank), 0, c->size, &c->rank);
-  Py_DECREF(st);
+  if (fast == comm_last) {
+    *c = comm_last_read;
+    Py_DECREF(fast);
+    return 1;
+  }
+  int ok = PyTuple_Check(fast) && PyTuple_Size(fast) == 4 && read_handle(PyTuple_GetItem(fast, 0), &c->handle) &&
+           read_ll(PyTuple_GetItem(fast, 1), 0, 1 << 30, &c->device) &&
+           read_ll(PyTuple_GetItem(fast, 2), 1, 1LL << 31, &c->size) &&
+           read_ll(PyTuple_GetItem(fast, 3), 0, c->size, &c->rank);
+  if (ok) {
+    PyObject *old = comm_last;
+    comm_last = fast; /* the reference taken over */
+    comm_last_read = *c;
+    Py_XDECREF(old);
+  } else {
+    Py_DECREF(fast);
+  }
   return ok;
 }
 
@@ -224,10 +343,7 @@ static int read_op(PyObject *op, int *code) {
     table = other_ops;
   PyObject *v = PyDict_GetItemWithError(table, op); /* borrowed; unhashable: an error, cleared */
   long long c;
-  if (v == NULL)
-    return 0;
-  Py_INCREF(v);
-  if (!take_ll(v, 0, 5, &c))
+  if (v == NULL || !read_ll(v, 0, 5, &c))
     return 0;
   *code = (int)c;
   return 1;
@@ -236,10 +352,7 @@ static int read_op(PyObject *op, int *code) {
 /* As broadcast's check: an int (exactly) in the C int range; anything else is Python's (_int32). */
 static int read_root(PyObject *root, int *out) {
   long long r;
-  if (Py_TYPE(root) != &PyLong_Type)
-    return 0;
-  Py_INCREF(root);
-  if (!take_ll(root, -(1LL << 31), 1LL << 31, &r))
+  if (Py_TYPE(root) != &PyLong_Type || !read_ll(root, -(1LL << 31), 1LL << 31, &r))
     return 0;
   *out = (int)r;
   return 1;
@@ -250,7 +363,7 @@ static int read_root(PyObject *root, int *out) {
 /* A buffer as read, with its type's entry. The entry's objects are held (strong references) for the call:
  * the accessors may run Python code, and another thread may then reconfigure the table. */
 typedef struct {
-  BufferType *slot; /* for cupy's per_device, an int: a stale slot costs a second look, nothing more */
+  BufferType *slot; /* for the remembered facts (dtype, cupy's forms): checked against `dtypes`, or ints */
   int kind;
   PyObject *dtypes, *stream;
   unsigned long long ptr;
@@ -276,22 +389,51 @@ static BufferType *find_type(PyObject *tp) {
   return NULL;
 }
 
-/* As collectives._Torch.info, where it returns: a CUDA tensor of a known dtype, contiguous. */
+/* As collectives._Torch.info, where it returns: a CUDA tensor of a known dtype, contiguous. is_cuda and
+ * dtype are properties (cheap); the methods are called without bound-method objects. */
 static int read_torch(PyObject *t, Buffer *b) {
   return take_true(PyObject_GetAttr(t, s_is_cuda)) &&
-         take_dtype(PyObject_GetAttr(t, s_dtype), b->dtypes, &b->dtype) &&
+         take_dtype(PyObject_GetAttr(t, s_dtype), b->slot, b->dtypes, &b->dtype) &&
          take_true(method(t, s_is_contiguous)) && take_address(method(t, s_data_ptr), &b->ptr) &&
          take_ll(method(t, s_numel), 0, MAX_COUNT, &b->count) &&
          take_ll(method(t, s_get_device), 0, 1 << 30, &b->device);
 }
 
+/* Whether a cupy array type has the attributes its public ones are made of: a._c_contiguous (a bool, what
+ * a.flags.c_contiguous reads; a.flags makes a Flags object per read) and a.data.device_id (what
+ * a.device.id reads; a.device makes a Device object per read). Found out on the first array of a type. */
+static int cupy_direct(PyObject *a, PyObject *data) {
+  PyObject *cc = PyObject_GetAttr(a, s_c_contiguous_direct);
+  PyObject *id = PyObject_GetAttr(data, s_device_id);
+  int ok = cc != NULL && PyBool_Check(cc) && id != NULL && PyLong_Check(id);
+  Py_XDECREF(cc);
+  Py_XDECREF(id);
+  PyErr_Clear();
+  return ok;
+}
+
 /* As collectives._Cupy.info, where it returns: a known dtype, C-contiguous. */
 static int read_cupy(PyObject *a, Buffer *b) {
-  return take_dtype(PyObject_GetAttr(a, s_dtype), b->dtypes, &b->dtype) &&
-         take_true(attr_of(PyObject_GetAttr(a, s_flags), s_c_contiguous)) &&
-         take_address(attr_of(PyObject_GetAttr(a, s_data), s_ptr), &b->ptr) &&
+  if (!take_dtype(PyObject_GetAttr(a, s_dtype), b->slot, b->dtypes, &b->dtype))
+    return 0;
+  PyObject *data = PyObject_GetAttr(a, s_data);
+  if (data == NULL)
+    return 0;
+  int direct = b->slot->cupy_direct;
+  if (direct < 0)
+    b->slot->cupy_direct = direct = cupy_direct(a, data);
+  int ok;
+  if (direct)
+    ok = take_true(PyObject_GetAttr(a, s_c_contiguous_direct)) && take_address(PyObject_GetAttr(data, s_ptr), &b->ptr) &&
+         take_ll(PyObject_GetAttr(a, s_size), 0, MAX_COUNT, &b->count) &&
+         take_ll(PyObject_GetAttr(data, s_device_id), 0, 1 << 30, &b->device);
+  else
+    ok = take_true(attr_of(PyObject_GetAttr(a, s_flags), s_c_contiguous)) &&
+         take_address(PyObject_GetAttr(data, s_ptr), &b->ptr) &&
          take_ll(PyObject_GetAttr(a, s_size), 0, MAX_COUNT, &b->count) &&
          take_ll(attr_of(PyObject_GetAttr(a, s_device), s_id), 0, 1 << 30, &b->device);
+  Py_DECREF(data);
+  return ok;
 }
 
 /* Reads x into b (which holds its type's objects from then on, also when the reading fails: release). */
@@ -314,13 +456,13 @@ static int read_stream(Buffer *b, void **out) {
     return 0;
   int ok = 0;
   if (b->kind == TORCH) {
-    ok = take_handle(PyObject_CallFunctionObjArgs(b->stream, dev, NULL), out);
+    ok = take_handle(call1(b->stream, dev), out);
   } else {
     /* cupy >= 11 takes the device (its current stream is per device); older ones take nothing, which
      * their TypeError tells, once. */
     int per_device = b->slot->per_device;
     if (per_device != 0) {
-      ok = take_handle(attr_of(PyObject_CallFunctionObjArgs(b->stream, dev, NULL), s_ptr), out);
+      ok = take_handle(attr_of(call1(b->stream, dev), s_ptr), out);
       if (ok) {
         per_device = 1;
       } else if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -342,12 +484,6 @@ static int read_stream(Buffer *b, void **out) {
  * recorders; a Python replacement is called by Python's path). */
 static int function_in_place(const Collective *c) {
   return fns != NULL && c->address != NULL && PyDict_GetItemWithError(fns, c->key) == c->bound;
-}
-
-static PyObject *decline(void) {
-  PyErr_Clear();
-  declined++;
-  Py_RETURN_NONE;
 }
 
 /* The library call, once everything is read and checked; the GIL is released around it. Returns the
@@ -379,7 +515,7 @@ static PyObject *call_library(const Collective *c, void *address, PyObject *inp,
   return NULL;
 }
 
-/* The one path of the four collectives: the checks of collectives.py's fast path, then the library call.
+/* The one path of the four collectives: the checks of collectives.py's path, then the library call.
  * Returns 1 when it called the library (*result: the output, or NULL with the exception), 0 when it did
  * not (any check that would fail, or anything unusual). The buffers are released by the caller. */
 static int checked_call(const Collective *c, void *address, PyObject *comm, PyObject *inp, PyObject *out,
@@ -435,46 +571,139 @@ static int checked_call(const Collective *c, void *address, PyObject *comm, PyOb
 }
 
 /* The accessors may run Python code, and that may reconfigure the extension (another thread, a reload):
- * what a call uses of its tables is held for the call (the function's owner, the buffer types' objects). */
-static PyObject *collective(const Collective *c, PyObject *comm, PyObject *inp, PyObject *out, PyObject *arg) {
-  if (!function_in_place(c))
-    return decline();
+ * what a call uses of its tables is held for the call (the function's owner, the buffer types' objects).
+ * Returns 1 with *result when it called the library, 0 (nothing called, no exception) otherwise. */
+static int collective(const Collective *c, PyObject *comm, PyObject *inp, PyObject *out, PyObject *arg,
+                      PyObject **result) {
+  if (!function_in_place(c)) {
+    PyErr_Clear();
+    return 0;
+  }
   PyObject *bound = c->bound; /* keeps the function alive (a ctypes callback's code lives in it) */
   void *address = c->address;
   Py_INCREF(bound);
   Buffer in = {0}, o = {0};
-  PyObject *result = NULL;
-  int called = checked_call(c, address, comm, inp, out, arg, &in, &o, &result);
+  int called = checked_call(c, address, comm, inp, out, arg, &in, &o, result);
   release(&in);
   release(&o);
   Py_DECREF(bound);
-  return called ? result : decline();
+  if (!called)
+    PyErr_Clear();
+  return called;
 }
 
-/* ---- the module's functions ---- */
+/* ---- the public functions ---- */
 
-/* all_reduce, all_gather, reduce_scatter, broadcast: (comm, inp, out, arg), arg the operator (all-reduce,
- * reduce-scatter), the root (broadcast) or None (all-gather); out None means in place for all-reduce and
- * broadcast. Returns the output when the library call succeeded, raises the package's exception when it
- * failed, and returns None when the call is left to Python (nothing was called). */
-static PyObject *dispatch(int which, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 4) {
-    PyErr_Format(PyExc_TypeError, "_fastcall: %s takes (comm, inp, out, arg), 4 arguments, not %zd",
-                 collectives[which].name, nargs);
+/* The Python function of c, called with the arguments as they came. */
+static PyObject *call_python(Collective *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *f = c->python;
+  if (f == NULL) {
+    PyErr_Format(PyExc_RuntimeError, "mscclpp._fastcall: %s has no Python function (publish was not called)",
+                 c->public_name);
     return NULL;
   }
-  return collective(&collectives[which], args[0], args[1], args[2], args[3]);
+  Py_INCREF(f); /* a reload may publish another while it runs */
+  PyObject *r = NULL;
+  if (vectorcall != NULL) {
+    r = vectorcall(f, args, (size_t)nargs, kwnames);
+  } else {
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_Size(kwnames) : 0;
+    PyObject *tuple = PyTuple_New(nargs);
+    PyObject *dict = nkw ? PyDict_New() : NULL;
+    int ok = tuple != NULL && (nkw == 0 || dict != NULL);
+    for (Py_ssize_t i = 0; ok && i < nargs; i++) {
+      Py_INCREF(args[i]);
+      PyTuple_SetItem(tuple, i, args[i]);
+    }
+    for (Py_ssize_t k = 0; ok && k < nkw; k++)
+      ok = PyDict_SetItem(dict, PyTuple_GetItem(kwnames, k), args[nargs + k]) == 0;
+    if (ok)
+      r = PyObject_Call(f, tuple, dict);
+    Py_XDECREF(tuple);
+    Py_XDECREF(dict);
+  }
+  Py_DECREF(f);
+  return r;
+}
+
+/* Which parameter of c a keyword names, or -1: interned names compare by address (a call's keywords are
+ * the code's interned constants), others by value. */
+static int find_param(const Collective *c, PyObject *key) {
+  for (int j = 0; j < c->nparams; j++)
+    if (key == c->params[j].key)
+      return j;
+  for (int j = 0; j < c->nparams; j++)
+    if (PyUnicode_Check(key) && PyUnicode_Compare(key, c->params[j].key) == 0)
+      return j;
+  PyErr_Clear();
+  return -1;
+}
+
+/* The arguments by role, as the Python function would bind them; 0 where it would not bind them (too many
+ * or unknown or repeated or missing) or where the call is Python's anyway (stream= given). */
+static int parse(const Collective *c, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                 PyObject **role) {
+  PyObject *slot[MAX_PARAMS] = {NULL};
+  if (nargs > c->npositional)
+    return 0;
+  for (Py_ssize_t i = 0; i < nargs; i++)
+    slot[i] = args[i];
+  if (kwnames != NULL) {
+    Py_ssize_t nkw = PyTuple_Size(kwnames);
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+      int j = find_param(c, PyTuple_GetItem(kwnames, k));
+      if (j < 0 || slot[j] != NULL)
+        return 0;
+      slot[j] = args[nargs + k];
+    }
+  }
+  role[R_ARG] = Py_None; /* all-gather has none */
+  for (int j = 0; j < c->nparams; j++) {
+    const Param *p = &c->params[j];
+    PyObject *v = slot[j];
+    if (v == NULL) {
+      if (p->presence == REQUIRED)
+        return 0;
+      v = p->presence == DEFAULT_SUM ? s_sum : Py_None;
+    }
+    role[p->role] = v;
+  }
+  return role[R_STREAM] == Py_None;
+}
+
+/* A public collective: the call made here, or handed to the Python function as it came. */
+static PyObject *entry(int which, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  Collective *c = &collectives[which];
+  if (enabled) {
+    PyObject *role[N_ROLES];
+    PyObject *result;
+    if (parse(c, args, nargs, kwnames, role) &&
+        collective(c, role[R_COMM], role[R_INP], role[R_OUT], role[R_ARG], &result))
+      return result;
+    declined++;
+  }
+  return call_python(c, args, nargs, kwnames);
 }
 
 #define COLLECTIVE_ENTRY(fn, which)                                                                        \
-  static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {                           \
+  static PyObject *fn(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {        \
     (void)self;                                                                                            \
-    return dispatch(which, args, nargs);                                                                   \
+    return entry(which, args, nargs, kwnames);                                                             \
   }
 COLLECTIVE_ENTRY(py_all_reduce, ALL_REDUCE)
 COLLECTIVE_ENTRY(py_all_gather, ALL_GATHER)
 COLLECTIVE_ENTRY(py_reduce_scatter, REDUCE_SCATTER)
 COLLECTIVE_ENTRY(py_broadcast, BROADCAST)
+
+/* The builtins' definitions; their docstrings are set by publish (the Python functions' own). */
+static PyMethodDef public_defs[N_COLLECTIVES] = {
+    {"all_reduce", (PyCFunction)(void (*)(void))py_all_reduce, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"all_gather", (PyCFunction)(void (*)(void))py_all_gather, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"reduce_scatter", (PyCFunction)(void (*)(void))py_reduce_scatter, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"broadcast", (PyCFunction)(void (*)(void))py_broadcast, METH_FASTCALL | METH_KEYWORDS, NULL},
+};
+
+/* ---- the module's functions ---- */
 
 /* *slot = v (a new reference taken here), dropping what it held. */
 static void replace(PyObject **slot, PyObject *v) {
@@ -489,6 +718,7 @@ static void forget_types(void) {
     Py_CLEAR(types[i].type);
     Py_CLEAR(types[i].dtypes);
     Py_CLEAR(types[i].stream);
+    Py_CLEAR(types[i].last_dtype);
   }
   ntypes = 0;
 }
@@ -527,6 +757,7 @@ static PyObject *py_configure(PyObject *self, PyObject *args) {
   }
   forget_types();
   forget_functions();
+  Py_CLEAR(comm_last);
   replace(&fns, f);
   replace(&ops, o);
   replace(&other_ops, oo);
@@ -583,9 +814,67 @@ static PyObject *py_add_type(PyObject *self, PyObject *args) {
   }
   bt->kind = kind;
   bt->per_device = -1;
+  bt->cupy_direct = -1;
+  Py_CLEAR(bt->last_dtype);
   replace(&bt->dtypes, dtypes);
   replace(&bt->stream, stream);
   Py_RETURN_TRUE;
+}
+
+/* publish(index, function, text_signature, module): the public builtin of collective `index`
+ * (collectives._NAMES' order), which hands every call it does not make to `function` (collectives.py's),
+ * with `function`'s docstring after `text_signature` (as "($module, tensor, op='sum', *, ...)": what
+ * inspect.signature reads) and __module__ `module`. Publishing again (a reload) changes the function and
+ * the docstring of the builtins published before as well. */
+static PyObject *py_publish(PyObject *self, PyObject *args) {
+  int index;
+  PyObject *function, *module_name;
+  const char *signature;
+  if (!PyArg_ParseTuple(args, "iOsU:publish", &index, &function, &signature, &module_name))
+    return NULL;
+  if (index < 0 || index >= N_COLLECTIVES || !PyCallable_Check(function)) {
+    PyErr_SetString(PyExc_TypeError, "_fastcall.publish: (index of a collective, callable, str, str)");
+    return NULL;
+  }
+  Collective *c = &collectives[index];
+  PyObject *doc = PyObject_GetAttr(function, s_doc);
+  if (doc == NULL)
+    return NULL;
+  const char *text = "";
+  Py_ssize_t len = 0;
+  if (PyUnicode_Check(doc) && (text = PyUnicode_AsUTF8AndSize(doc, &len)) == NULL) {
+    Py_DECREF(doc);
+    return NULL;
+  }
+  const char *name = public_defs[index].ml_name;
+  size_t size = strlen(name) + strlen(signature) + 5 + (size_t)len + 1;
+  char *made = malloc(size);
+  if (made == NULL) {
+    Py_DECREF(doc);
+    return PyErr_NoMemory();
+  }
+  snprintf(made, size, "%s%s\n--\n\n%s", name, signature, text);
+  Py_DECREF(doc);
+  PyObject *builtin = PyCFunction_NewEx(&public_defs[index], self, module_name);
+  if (builtin == NULL) {
+    free(made);
+    return NULL;
+  }
+  char *old = c->doc;
+  public_defs[index].ml_doc = c->doc = made;
+  free(old);
+  replace(&c->python, function);
+  return builtin;
+}
+
+/* enable(on): whether the builtins make calls themselves (else every call is the Python function's). */
+static PyObject *py_enable(PyObject *self, PyObject *on) {
+  (void)self;
+  int v = PyObject_IsTrue(on);
+  if (v < 0)
+    return NULL;
+  enabled = v;
+  Py_RETURN_NONE;
 }
 
 /* stats(): (calls made here, calls left to Python) since the module was loaded. */
@@ -596,19 +885,14 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"all_reduce", (PyCFunction)(void (*)(void))py_all_reduce, METH_FASTCALL,
-     "all_reduce(comm, tensor, out, op): the output, or None (left to Python)"},
-    {"all_gather", (PyCFunction)(void (*)(void))py_all_gather, METH_FASTCALL,
-     "all_gather(comm, inp, out, None): the output, or None (left to Python)"},
-    {"reduce_scatter", (PyCFunction)(void (*)(void))py_reduce_scatter, METH_FASTCALL,
-     "reduce_scatter(comm, inp, out, op): the output, or None (left to Python)"},
-    {"broadcast", (PyCFunction)(void (*)(void))py_broadcast, METH_FASTCALL,
-     "broadcast(comm, tensor, out, root): the output, or None (left to Python)"},
     {"configure", py_configure, METH_VARARGS,
      "configure(fns, ops, other_ops, ReduceOp, Communicator, itemsizes, tlog, failure): start afresh"},
     {"set_function", py_set_function, METH_VARARGS,
      "set_function(index, bound, address): the C function to call while fns holds bound"},
     {"add_type", py_add_type, METH_VARARGS, "add_type(type, kind, dtypes, stream): a torch (0) or cupy (1) type"},
+    {"publish", py_publish, METH_VARARGS,
+     "publish(index, function, text_signature, module): the public builtin of a collective"},
+    {"enable", py_enable, METH_O, "enable(on): whether the builtins make calls themselves"},
     {"stats", py_stats, METH_NOARGS, "stats(): (calls made here, calls left to Python)"},
     {NULL, NULL, 0, NULL},
 };
@@ -624,21 +908,50 @@ static int intern(PyObject **slot, const char *name) {
   return *slot != NULL;
 }
 
+/* A function of the running CPython: from the process's symbols, else from the library that holds the
+ * C API (an embedding application may have loaded libpython without exporting its symbols). */
+static void *python_symbol(const char *name) {
+  void *p = dlsym(RTLD_DEFAULT, name);
+  Dl_info info;
+  if (p == NULL && dladdr((void *)&PyObject_GetAttr, &info) && info.dli_fname != NULL) {
+    void *lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib != NULL) {
+      p = dlsym(lib, name);
+      dlclose(lib);
+    }
+  }
+  return p;
+}
+
 PyMODINIT_FUNC PyInit__fastcall(void) {
-  if (!(intern(&s_st, "_st") && intern(&s_handle, "_handle") && intern(&s_device, "device") &&
-        intern(&s_library_has_gpu, "library_has_gpu") && intern(&s_size, "size") && intern(&s_rank, "rank") &&
+  /* Built for the stable ABI of 3.10: older Pythons (which would load the file) take the ctypes path. */
+  int major = 0, minor = 0;
+  if (sscanf(Py_GetVersion(), "%d.%d", &major, &minor) != 2 || major < 3 || (major == 3 && minor < 10)) {
+    PyErr_Format(PyExc_ImportError, "mscclpp._fastcall needs CPython >= 3.10, not %d.%d", major, minor);
+    return NULL;
+  }
+  if (!(intern(&s_st, "_st") && intern(&s_fast, "_fast") && intern(&s_sum, "sum") &&
+        intern(&s_device_id, "device_id") && intern(&s_c_contiguous_direct, "_c_contiguous") &&
         intern(&s_is_cuda, "is_cuda") && intern(&s_dtype, "dtype") && intern(&s_is_contiguous, "is_contiguous") &&
         intern(&s_data_ptr, "data_ptr") && intern(&s_numel, "numel") && intern(&s_get_device, "get_device") &&
-        intern(&s_flags, "flags") && intern(&s_c_contiguous, "c_contiguous") && intern(&s_data, "data") &&
-        intern(&s_ptr, "ptr") && intern(&s_id, "id") && intern(&s_logged, "logged")))
+        intern(&s_size, "size") && intern(&s_flags, "flags") && intern(&s_c_contiguous, "c_contiguous") &&
+        intern(&s_data, "data") && intern(&s_ptr, "ptr") && intern(&s_id, "id") && intern(&s_logged, "logged") &&
+        intern(&s_device, "device") && intern(&s_doc, "__doc__")))
     return NULL;
-  for (int i = 0; i < N_COLLECTIVES; i++)
+  for (int i = 0; i < N_COLLECTIVES; i++) {
     if (!intern(&collectives[i].key, collectives[i].name))
       return NULL;
+    for (int j = 0; j < collectives[i].nparams; j++)
+      if (!intern(&collectives[i].params[j].key, collectives[i].params[j].name))
+        return NULL;
+  }
+  *(void **)&vectorcall = python_symbol("PyObject_Vectorcall");
+  *(void **)&vectorcall_method = python_symbol("PyObject_VectorcallMethod");
   PyObject *m = PyModule_Create(&module);
   /* What collectives.py checks before using the module: a build of another interface (a stale file beside
    * newer Python code) is not used. Raise it with any change of the functions' arguments or meaning. */
-  if (m != NULL && PyModule_AddIntConstant(m, "INTERFACE", 1) < 0) {
+  if (m != NULL && (PyModule_AddIntConstant(m, "INTERFACE", 2) < 0 ||
+                    PyModule_AddIntConstant(m, "VECTORCALL", (vectorcall != NULL) + 2 * (vectorcall_method != NULL)) < 0)) {
     Py_DECREF(m);
     return NULL;
   }

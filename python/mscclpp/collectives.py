@@ -27,13 +27,14 @@ functions, the dtype tables, the framework of each buffer type and the stream ac
 and the communicator's GPU is made current by the library itself once it has taken it (until then, by the
 package, see ``_first_calls``). What is left per call (a few attribute reads of each buffer, dict lookups,
 the checks, the stream, the library call) is made in C by the extension ``mscclpp._fastcall``
-(``_fastcall.c``) for torch tensors and cupy arrays: each function below calls it first, and it calls the
-library through the function's address and returns the output, or returns None, having called nothing,
-whenever anything is unusual. The Python code after that makes every other call (``stream=`` given, other
-buffers, the first calls) through ctypes and raises every error, with or without the extension. The
-extension is optional (built by ``make`` and ``pip`` where a C compiler and Python's headers are found;
-``MSCCLPP_PYTHON_FASTCALL=0`` at import turns it off); ``_fastcall_state()`` says whether it is in use, and
-``python/benchmarks/host_call_cost.py`` measures the per-call work both ways.
+(``_fastcall.c``) for torch tensors and cupy arrays: the four public functions are then its builtins (the
+same signatures and docstrings, no Python frame per call), which call the library through the function's
+address, and hand every call they do not make (``stream=`` given, other buffers, the first calls, arguments
+the Python function would refuse, anything unusual) to the Python functions below, with the arguments as
+given. Those make every such call through ctypes and raise every error, with or without the extension. The
+extension is optional (built by ``make`` and ``pip`` where a C compiler and Python's headers are found, for
+CPython >= 3.10; ``MSCCLPP_PYTHON_FASTCALL=0`` at import turns it off); ``_fastcall_state()`` says whether
+it is in use, and ``python/benchmarks/host_call_cost.py`` measures the per-call work both ways.
 """
 
 from __future__ import annotations
@@ -301,20 +302,24 @@ _fns: Dict[str, Callable[..., Any]] = {n: _bind(n) for n in _NAMES if lib.has(n)
 
 # ---- the C fast path (optional): _fastcall.c ----
 #
-# The extension makes a call's per-call work in C for torch tensors and cupy arrays: the reads and checks of
-# the Python code below, the stream, the library call (through the function's address, not ctypes). It
-# declines (returns None, having called nothing) whenever anything is unusual, and the Python code then
-# makes the call and raises its errors, as without the extension: explicit ``stream=``, other buffers, any
-# check that fails, a communicator before its first call, a function of _fns replaced by a Python one.
+# The extension makes a call's per-call work in C for torch tensors and cupy arrays: the argument binding,
+# the reads and checks of the Python code below, the stream, the library call (through the function's
+# address, not ctypes). Its builtins are the public functions (see the end of this file); each declines
+# (calls nothing) whenever anything is unusual and hands the call, as it came, to the Python function,
+# which makes it and raises its errors, as without the extension: explicit ``stream=``, arguments it would
+# refuse, other buffers, any check that fails, a communicator before its first call (comm.py keeps
+# _CommState._fast for the extension), a function of _fns replaced by a Python one, _use_fastcall(False).
 # make builds it in place (python/mscclpp/_fastcall.abi3.so, for PYTHONPATH=python), pip into the package;
-# one build serves every CPython >= 3.8 (stable ABI). Without it (no C compiler or Python headers when the
-# package was built, a Python that cannot load it, or MSCCLPP_PYTHON_FASTCALL=0 in the environment at
-# import) the collectives run as below, through ctypes.
+# one build serves every CPython >= 3.10 (stable ABI 3.10). Without it (no C compiler or Python headers when
+# the package was built, a Python older than 3.10 or one that cannot load it, or MSCCLPP_PYTHON_FASTCALL=0 in
+# the environment at import) the public functions are the Python ones below, through ctypes.
 
-_FASTCALL_INTERFACE = 1  # the _fastcall.c this code calls (its INTERFACE)
+_FASTCALL_INTERFACE = 2  # the _fastcall.c this code calls (its INTERFACE)
 _fastcall: Any = None
 if os.environ.get("MSCCLPP_PYTHON_FASTCALL", "1").strip() == "0":
     _fastcall_missing = "turned off by MSCCLPP_PYTHON_FASTCALL=0"
+elif sys.version_info < (3, 10) or sys.implementation.name != "cpython":
+    _fastcall_missing = "not used: it needs CPython >= 3.10 (it is built for the stable ABI of 3.10)"
 else:
     try:
         from . import _fastcall  # type: ignore[attr-defined,no-redef]
@@ -327,11 +332,7 @@ else:
                              f", not {_FASTCALL_INTERFACE}: make rebuilds it), not used")
         _fastcall = None
 
-# The extension's four entry points while it is in use, else None (see _use_fastcall).
-_fast_all_reduce: Optional[Callable[..., Any]] = None
-_fast_all_gather: Optional[Callable[..., Any]] = None
-_fast_reduce_scatter: Optional[Callable[..., Any]] = None
-_fast_broadcast: Optional[Callable[..., Any]] = None
+_fastcall_on = False  # whether the builtins make the calls (_use_fastcall)
 
 
 def _fastcall_state() -> str:
@@ -339,21 +340,20 @@ def _fastcall_state() -> str:
     if _fastcall is None:
         return "the C fast path is " + _fastcall_missing + "; the collectives call the library through ctypes"
     where = getattr(_fastcall, "__file__", "?")
-    if _fast_all_reduce is None:
+    if not _fastcall_on:
         return f"the C fast path ({where}) is turned off (_use_fastcall(False))"
     return f"the C fast path is in use ({where})"
 
 
 def _use_fastcall(on: bool = True) -> bool:
     """Turns the C fast path on or off for this process (benchmarks and tests compare the two); returns
-    whether it is on (never where the extension is missing)."""
-    global _fast_all_reduce, _fast_all_gather, _fast_reduce_scatter, _fast_broadcast
-    f = _fastcall if on else None
-    _fast_all_reduce = f.all_reduce if f is not None else None
-    _fast_all_gather = f.all_gather if f is not None else None
-    _fast_reduce_scatter = f.reduce_scatter if f is not None else None
-    _fast_broadcast = f.broadcast if f is not None else None
-    return f is not None
+    whether it is on (never where the extension is missing). Off, the public functions (still the
+    extension's builtins) hand every call to the Python functions."""
+    global _fastcall_on
+    _fastcall_on = bool(on) and _fastcall is not None
+    if _fastcall is not None:
+        _fastcall.enable(_fastcall_on)
+    return _fastcall_on
 
 
 def _fast_register(tp: type, a: Any) -> None:
@@ -483,7 +483,8 @@ def _out_of_place(tensor: Any, info: Tuple[int, int, int, Optional[int]], out: A
 # by type) and its address, size, element type and device (the framework's accessors), the stream, then
 # the library. The checks that raise are in the slow paths only: a call that passes them does no more work
 # for them than the comparisons. _fastcall.c makes the same steps, in the same terms, for torch and cupy
-# buffers: a change of a rule here needs the same change there (test_fastcall_host.py compares the two).
+# buffers (and binds the arguments as these signatures do): a change of a rule or of a signature here needs
+# the same change there (test_fastcall_host.py compares the two).
 
 def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = None, stream: Any = None) -> Any:
     """Reduces ``tensor`` over the ranks with ``op`` (``mscclppAllReduce``); every rank gets the same bits.
@@ -492,10 +493,6 @@ def all_reduce(tensor: Any, op: Any = "sum", *, comm: Communicator, out: Any = N
     ``tensor`` unless it is ``tensor``) the result goes there and ``tensor`` is left as it was. Returns the
     output. Queued on ``stream`` (default: the current stream of the output's framework).
     """
-    if stream is None and _fast_all_reduce is not None:  # the C fast path; None: Python's, below
-        done = _fast_all_reduce(comm, tensor, out, op)
-        if done is not None:
-            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     code = _OPS.get(op) if op.__class__ is str else None
     if code is None:
@@ -524,10 +521,6 @@ def all_gather(out: Any, inp: Any, *, comm: Communicator, stream: Any = None) ->
     times ``inp``'s elements, and ``out[r * n:(r + 1) * n]`` gets rank r's ``inp``. In place when ``inp`` is
     ``out[rank * n:(rank + 1) * n]``. Returns ``out``. Queued on ``stream`` (default: the current stream of
     ``out``'s framework)."""
-    if stream is None and _fast_all_gather is not None:  # the C fast path; None: Python's, below
-        done = _fast_all_gather(comm, inp, out, None)
-        if done is not None:
-            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     a = _adapters.get(out.__class__) or _resolve(out.__class__)
     o = a.info(out, "out")
@@ -563,10 +556,6 @@ def reduce_scatter(out: Any, inp: Any, op: Any = "sum", *, comm: Communicator, s
     ``inp`` has ``nranks`` times ``out``'s elements, and rank r's ``out`` gets the reduction of every rank's
     ``inp[r * n:(r + 1) * n]``. In place when ``out`` is ``inp[rank * n:(rank + 1) * n]``. Returns ``out``.
     Queued on ``stream`` (default: the current stream of ``out``'s framework)."""
-    if stream is None and _fast_reduce_scatter is not None:  # the C fast path; None: Python's, below
-        done = _fast_reduce_scatter(comm, inp, out, op)
-        if done is not None:
-            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     code = _OPS.get(op) if op.__class__ is str else None
     if code is None:
@@ -607,10 +596,6 @@ def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, st
     ``out`` (same element type and number of elements) the result goes there, and ``tensor`` is read on the
     root only. Returns the output. Queued on ``stream`` (default: the current stream of the output's
     framework). A root out of range is the library's ``InvalidArgumentError``."""
-    if stream is None and _fast_broadcast is not None:  # the C fast path; None: Python's, below
-        done = _fast_broadcast(comm, tensor, out, root)
-        if done is not None:
-            return done
     st = comm._st if comm.__class__ is Communicator and comm._st._handle is not None else _state(comm)
     if root.__class__ is not int or not -(2**31) <= root < 2**31:
         root = _int32("root", root)
@@ -631,3 +616,32 @@ def broadcast(tensor: Any, root: int, *, comm: Communicator, out: Any = None, st
     if rc:
         raise _log.failure("mscclppBroadcast", rc, mark)
     return out
+
+
+# ---- the public functions ----
+#
+# With the extension, mscclpp.all_reduce, all_gather, reduce_scatter and broadcast are its builtins (no
+# Python frame per call): each parses its arguments as the Python function above would (same names,
+# positions and defaults) and makes the usual call itself; every other call (stream= given, arguments the
+# Python function would refuse, anything the extension declines, the fast path turned off) goes to the
+# Python function above with the arguments as they came, which makes it or raises its error. Without the
+# extension, the Python functions are the public ones. The builtins carry the Python functions' docstrings
+# and, as __text_signature__, their signatures without the annotations (inspect.signature reads them).
+
+_PYTHON_FUNCTIONS: Dict[str, Callable[..., Any]] = {
+    "all_reduce": all_reduce, "all_gather": all_gather, "reduce_scatter": reduce_scatter, "broadcast": broadcast,
+}
+_TEXT_SIGNATURES = {  # as inspect.signature prints the Python functions', without annotations
+    "all_reduce": "($module, tensor, op='sum', *, comm, out=None, stream=None)",
+    "all_gather": "($module, out, inp, *, comm, stream=None)",
+    "reduce_scatter": "($module, out, inp, op='sum', *, comm, stream=None)",
+    "broadcast": "($module, tensor, root, *, comm, out=None, stream=None)",
+}
+
+if _fastcall is not None:
+    _publish = _fastcall.publish
+    all_reduce = _publish(0, all_reduce, _TEXT_SIGNATURES["all_reduce"], __name__)  # noqa: F811
+    all_gather = _publish(1, all_gather, _TEXT_SIGNATURES["all_gather"], __name__)  # noqa: F811
+    reduce_scatter = _publish(2, reduce_scatter, _TEXT_SIGNATURES["reduce_scatter"], __name__)  # noqa: F811
+    broadcast = _publish(3, broadcast, _TEXT_SIGNATURES["broadcast"], __name__)  # noqa: F811
+    del _publish

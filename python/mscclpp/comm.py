@@ -292,10 +292,27 @@ class RegisteredBuffer:
                             ctypes.c_void_p(s.ptr), nbytes, src_offset, dst_offset, stream_handle(stream))
 
 
+# What the collectives' C fast path reads of a communicator (collectives.py, _fastcall.c): _CommState keeps
+# `_fast` = (handle, device, size, rank) while the library holds the GPU of an open communicator, else None;
+# it is made again whenever one of these attributes is set.
+_FAST_FIELDS = frozenset(("_handle", "device", "size", "rank", "library_has_gpu"))
+
+
 class _CommState:
     """What a Communicator owns, apart from the Python object, so that a finalizer can close it."""
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _FAST_FIELDS:
+            d = self.__dict__
+            h, device = d.get("_handle"), d.get("device")
+            fast = None
+            if d.get("library_has_gpu") and h is not None and device is not None:
+                fast = (h, device, d.get("size"), d.get("rank"))
+            object.__setattr__(self, "_fast", fast)
+
     def __init__(self) -> None:
+        self._fast: Optional[Tuple[int, int, int, int]] = None
         self.lock = threading.RLock()
         self._handle: Optional[int] = None
         self.device: Optional[int] = None

@@ -551,3 +551,159 @@ def test_the_librarys_own_error_carries_its_log_line(world: World) -> None:
         mscclpp.broadcast(t, 3, comm=world.comms[0])
     assert info.value.function == "mscclppBroadcast" and len(info.value.log_lines) == 1, info.value.log_lines
     assert "root is 3;" in info.value.log_lines[0]
+
+
+# ---- the public functions are the extension's builtins ----
+
+def _unannotated(f: Callable[..., Any]) -> Any:
+    import inspect
+
+    sig = inspect.signature(f)
+    return sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                       return_annotation=sig.empty)
+
+
+@needs_fastcall
+def test_the_public_functions_are_builtins_with_the_python_signatures() -> None:
+    import inspect
+
+    for name, python in collectives._PYTHON_FUNCTIONS.items():
+        f = getattr(mscclpp, name)
+        assert f is getattr(collectives, name) and type(f).__name__ == "builtin_function_or_method", f
+        assert f.__name__ == f.__qualname__ == name and f.__module__ == "mscclpp.collectives", f
+        assert inspect.signature(f) == _unannotated(python), (inspect.signature(f), _unannotated(python))
+        assert f.__doc__ == python.__doc__
+        assert python.__name__ == name and python.__module__ == "mscclpp.collectives"
+
+
+def test_the_python_functions_are_public_without_the_extension() -> None:
+    """MSCCLPP_PYTHON_FASTCALL=0: the public functions are collectives.py's own."""
+    import subprocess
+
+    env = dict(os.environ, MSCCLPP_PYTHON_FASTCALL="0",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(mscclpp.__file__))] +
+                                          [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    code = ("import types, mscclpp; from mscclpp import collectives as c\n"
+            "assert c._fastcall is None and not c._use_fastcall(True), c._fastcall_state()\n"
+            "for n, f in c._PYTHON_FUNCTIONS.items():\n"
+            "    assert getattr(mscclpp, n) is f and isinstance(f, types.FunctionType), n\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.stdout, r.stderr)
+
+
+@needs_fastcall
+def test_arguments_are_bound_as_python_binds_them(world: World) -> None:
+    """Every spelling the Python function takes is made by the extension; every one it refuses is handed to
+    it (nothing called), and it raises its own TypeError, the same as the Python function called itself."""
+    torch, (c0, c1) = world.torch, world.comms
+    t = torch.Tensor(8, torch.float32, BASE)
+    o = torch.Tensor(8, torch.float32, BASE + 0x100)
+    big = torch.Tensor(16, torch.float32, BASE + 0x1000)
+    comm = "".join(["co", "mm"])  # a keyword that is not the interned string: compared by value
+    made_here: Dict[str, Callable[[], Any]] = {
+        "by keyword": lambda: mscclpp.all_reduce(tensor=t, op="max", comm=c0, out=o),
+        "keywords in another order": lambda: mscclpp.all_reduce(out=o, comm=c0, tensor=t),
+        "stream=None": lambda: mscclpp.all_reduce(t, comm=c0, stream=None),
+        "out=None": lambda: mscclpp.broadcast(t, 1, comm=c1, out=None),
+        "root by keyword": lambda: mscclpp.broadcast(t, root=0, comm=c0),
+        "all_gather by keyword": lambda: mscclpp.all_gather(inp=t, out=big, comm=c1),
+        "reduce_scatter op positional": lambda: mscclpp.reduce_scatter(t, big, "min", comm=c1),
+        "reduce_scatter by keyword": lambda: mscclpp.reduce_scatter(inp=big, out=t, op="avg", comm=c1),
+        "a keyword built at run time": lambda: mscclpp.all_reduce(t, **{comm: c0}),
+    }
+    for what, call in made_here.items():
+        result, calls, made = world.same_both_ways(call)
+        assert result[0] == "returned" and made == 1 and len(calls) == 1, (what, result, made)
+    refused: Dict[str, Tuple[str, tuple, Dict[str, Any]]] = {  # (function, positional, keywords)
+        "nothing": ("all_reduce", (), {}),
+        "no comm": ("all_reduce", (t,), {}),
+        "comm positional": ("all_reduce", (t, "sum", c0), {}),
+        "unknown keyword": ("all_reduce", (t,), {"comm": c0, "outt": o}),
+        "tensor twice": ("all_reduce", (t,), {"tensor": t, "comm": c0}),
+        "op twice": ("reduce_scatter", (t, big, "sum"), {"op": "sum", "comm": c1}),
+        "no root": ("broadcast", (t,), {"comm": c0}),
+        "all_gather no inp": ("all_gather", (big,), {"comm": c1}),
+        "all_gather out=": ("all_gather", (big, t), {"comm": c1, "out": big}),
+        "all_gather op": ("all_gather", (big, t, "sum"), {"comm": c1}),
+        "reduce_scatter too many": ("reduce_scatter", (t, big, "sum", c1), {}),
+        "broadcast stream positional": ("broadcast", (t, 0, c0), {}),
+    }
+    for what, (name, args, kwargs) in refused.items():
+        f = getattr(mscclpp, name)
+        result, calls, made = world.same_both_ways(lambda: f(*args, **kwargs))
+        assert result[:2] == ("raised", TypeError) and not calls and made == 0, (what, result, made)
+        with pytest.raises(TypeError) as python:  # the Python function called itself: the same message
+            collectives._PYTHON_FUNCTIONS[name](*args, **kwargs)
+        assert result[2] == str(python.value), (what, result, python.value)
+    # stream= given: the Python function, which makes the call on that stream.
+    before = collectives._fastcall.stats()
+    assert mscclpp.all_reduce(t, comm=c0, stream=0x77) is t
+    after = collectives._fastcall.stats()
+    assert after[0] == before[0] and after[1] == before[1] + 1 and world.rec.calls[-1][-1] == 0x77
+
+
+@needs_fastcall
+def test_a_cupy_with_its_direct_attributes(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cupy's arrays have _c_contiguous (what flags.c_contiguous reads) and data.device_id (what device.id
+    reads), which the extension reads instead of making a Flags and a Device object per call."""
+    np = _fake_numpy()
+    cupy = _fake_cupy(np)
+    plain = cupy.ndarray
+
+    class ndarray(plain):  # type: ignore[misc,valid-type] # noqa: N801
+        def __init__(self, n: int, dt: str, ptr: int, device: int = 0, contiguous: bool = True) -> None:
+            self.size, self.dtype = n, np.dtype(dt)
+            self.data = types.SimpleNamespace(ptr=ptr, device_id=device)
+            self._device = types.SimpleNamespace(id=device)
+            self._flags = types.SimpleNamespace(c_contiguous=contiguous)
+            self._c_contiguous = contiguous
+            self.shape, self.strides = (n,), (4,) if contiguous else (8,)
+            self.reads = 0
+
+        @property
+        def flags(self) -> Any:  # cupy makes a Flags object per read
+            self.reads += 1
+            return self._flags
+
+        @property
+        def device(self) -> Any:  # cupy makes a Device object per read
+            self.reads += 1
+            return self._device
+
+    cupy.ndarray = ndarray
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(collectives, "_frameworks", {})
+    collectives._resolve(ndarray)
+    c0 = world.comms[0]
+    a, b = ndarray(8, "float32", BASE), ndarray(8, "float32", BASE + 0x100)
+    for call in (lambda: mscclpp.all_reduce(a, comm=c0), lambda: mscclpp.all_reduce(a, comm=c0, out=b)):
+        result, calls, made = world.same_both_ways(call)
+        assert result[0] == "returned" and made == 1 and len(calls) == 1, result
+    a.reads = b.reads = 0
+    mscclpp.all_reduce(a, comm=c0, out=b)
+    assert a.reads == b.reads == 0, "the extension read neither flags nor device"
+    for bad in (ndarray(8, "float32", BASE, contiguous=False), ndarray(8, "float32", BASE, device=1)):
+        result, calls, made = world.same_both_ways(lambda bad=bad: mscclpp.all_reduce(bad, comm=c0))
+        assert result[0] == "raised" and made == 0 and not calls, result
+
+
+def test_the_communicators_state_for_the_fast_path() -> None:
+    """_CommState._fast: (handle, device, size, rank) while the library holds the GPU of an open
+    communicator, else None; every change of those attributes makes it again."""
+    comm = mscclpp.Communicator(1, 0, unique_id=mscclpp.UniqueId.create())
+    st = comm._st
+    try:
+        h = st._handle
+        assert st._fast is None and not st.library_has_gpu  # no GPU here
+        st.device, st.library_has_gpu = 0, True
+        assert st._fast == (h, 0, 1, 0)
+        st.device = 2
+        assert st._fast == (h, 2, 1, 0)
+        st.library_has_gpu = False
+        assert st._fast is None
+        st.library_has_gpu = True
+        comm.close()
+        assert st._fast is None
+    finally:
+        comm.close()
