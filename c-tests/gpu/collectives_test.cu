@@ -1509,7 +1509,8 @@ int killRankMain(int rank, int nranks, int port, KillShared* S)
   int ngpus = 0;
   if (cudaGetDeviceCount(&ngpus) != cudaSuccess || ngpus < 1) return fail("no CUDA device visible");
   const int device = rank % ngpus;
-  if (cudaSetDevice(device) != cudaSuccess) return fail("cudaSetDevice failed");
+  const cudaError_t set = cudaSetDevice(device);
+  if (set != cudaSuccess) return fail(fmt("cudaSetDevice failed: %s", cudaGetErrorString(set)));
   mscclppComm_t comm = nullptr;
   mscclppResult_t r = mscclppCommInitRank(&comm, nranks, fmt("127.0.0.1:%d", port).c_str(), rank);
   if (r != mscclppSuccess) return fail(fmt("mscclppCommInitRank returned %d", (int)r));
@@ -1724,7 +1725,8 @@ int exitRankMain(int rank, int nranks, int port, ExitShared* S, ExitMode mode)
   };
   int ngpus = 0;
   if (cudaGetDeviceCount(&ngpus) != cudaSuccess || ngpus < 1) return fail("no CUDA device visible");
-  if (cudaSetDevice(rank % ngpus) != cudaSuccess) return fail("cudaSetDevice failed");
+  const cudaError_t set = cudaSetDevice(rank % ngpus);
+  if (set != cudaSuccess) return fail(fmt("cudaSetDevice failed: %s", cudaGetErrorString(set)));
   mscclppComm_t comm = nullptr;
   if (mscclppCommInitRank(&comm, nranks, fmt("127.0.0.1:%d", port).c_str(), rank) != mscclppSuccess)
     return fail("mscclppCommInitRank failed");
@@ -1792,6 +1794,13 @@ int runExit(int nranks, int port, ExitMode mode)
     return 1;
   }
   const int victim = mode == kExitAfterKill ? nranks - 1 : -1;
+  // The previous case's processes ended with kernels running: under MPS the server may refuse new clients
+  // until it has cleaned up after them (README, "When a rank fails").
+  const std::string gpu = waitForGpuClients(30 * scale);
+  if (!gpu.empty()) {
+    printf("FAIL %s: the GPU took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());
+    return 1;
+  }
   ForkedRanks ranks(nranks, 120 * scale, [&](int r) {
     const int rc = exitRankMain(r, nranks, port, S, mode);
     fprintf(stderr, "[rank %d] %s\n", r, S->note[r]);

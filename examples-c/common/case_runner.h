@@ -558,6 +558,9 @@ inline std::string initRank(Rank& R)
   memset((void*)R.status, 0, sizeof(DevStatus));
   TC_CUDA(cudaHostGetDevicePointer((void**)&R.dStatus, (void*)R.status, 0));
   TC_CUDA(cudaMalloc((void**)&R.dVerify, 2 * sizeof(unsigned long long)));
+  // A slowed run (compute-sanitizer starting 8 instrumented processes one after another took over 30 s to
+  // bring the last to the root) gets a bootstrap rendezvous as patient as its other deadlines.
+  if (timeoutScale() > 1) TC_MSCCLPP(mscclppSetBootstrapConnTimeout((int)(30 * timeoutScale())));
   // Called on this thread (its current device is the communicator's device); the parent's deadline
   // covers a rendezvous that never completes.
   mscclppComm_t comm = nullptr;
@@ -889,6 +892,33 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
 // one child per rank runs body(rank) under an alarm of `alarmS` seconds and ends with its result (_exit: the
 // child's own atexit handlers run only where body calls exit() itself); the parent reaps them without
 // blocking and notes when each ended.
+// Waits (up to `seconds`) until a new process can take GPU 0, probing in forked children (this process
+// must not initialise CUDA before it forks ranks). Under MPS, after a client was killed or faulted with
+// kernels running, the server refuses new clients ("all CUDA-capable devices are busy or unavailable") for
+// a moment, until it has cleaned up after them: a case that starts its ranks then must wait for that.
+// Returns "" once a probe succeeded, else the last probe's CUDA error.
+inline std::string waitForGpuClients(double seconds)
+{
+  const double deadline = nowSec() + seconds;
+  std::string last = "no probe ran";
+  do {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const cudaError_t e = cudaSetDevice(0) == cudaSuccess ? cudaFree(nullptr) : cudaGetLastError();
+      _exit(e == cudaSuccess ? 0 : 100 + (int)std::min<unsigned>((unsigned)e, 100u));
+    }
+    if (pid < 0) return "fork failed";
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+    last = WIFEXITED(status) && WEXITSTATUS(status) >= 100
+               ? fmt("a new process's CUDA initialisation: %s", cudaGetErrorName((cudaError_t)(WEXITSTATUS(status) - 100)))
+               : describeStatus(status);
+    usleep(200000);
+  } while (nowSec() < deadline);
+  return last;
+}
+
 class ForkedRanks
 {
 public:
