@@ -267,18 +267,19 @@ def rank_main(rank: int, nranks: int, uid: Any, args: argparse.Namespace, out: A
     sys.stdout.flush()
 
 
-def run_python(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], List[str]]:
-    import mscclpp
-
+def spawn_ranks(target: Callable[..., None], rank_args: Callable[[int, Any], Tuple[Any, ...]], nranks: int,
+                timeout: float) -> Tuple[List[Dict[str, Any]], List[Any]]:
+    """Runs ``target(*rank_args(rank, queue))`` in ``nranks`` spawned processes, each putting one report (a
+    dict with "rank", and "error" if it failed) on the queue; returns the reports that came within
+    ``timeout`` seconds and the processes, all ended (examples-c/bench/torch_dist_cost.py uses it too)."""
     ctx = mp.get_context("spawn")
-    uid = mscclpp.UniqueId.create()  # the bootstrap root runs here, in this process
     results: Any = ctx.Queue()
-    procs = [ctx.Process(target=rank_main, args=(r, args.nranks, uid, args, results)) for r in range(args.nranks)]
+    procs = [ctx.Process(target=target, args=rank_args(r, results)) for r in range(nranks)]
     for p in procs:
         p.start()
     reports: List[Dict[str, Any]] = []
-    deadline = time.monotonic() + args.timeout
-    while len(reports) < args.nranks and time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while len(reports) < nranks and time.monotonic() < deadline:
         try:
             reports.append(results.get(timeout=1.0))
         except queue.Empty:
@@ -293,6 +294,14 @@ def run_python(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], List[str
         if p.is_alive():
             p.kill()
             p.join()
+    return reports, procs
+
+
+def run_python(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], List[str]]:
+    import mscclpp
+
+    uid = mscclpp.UniqueId.create()  # the bootstrap root runs here, in this process
+    reports, procs = spawn_ranks(rank_main, lambda r, q: (r, args.nranks, uid, args, q), args.nranks, args.timeout)
     failures: List[str] = []
     missing = sorted(set(range(args.nranks)) - {r["rank"] for r in reports})
     if missing:

@@ -25,9 +25,7 @@ once; NVIDIA's NCCL cannot be measured that way (it refuses two ranks on one GPU
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import socket
 import statistics
 import sys
@@ -118,25 +116,12 @@ def main() -> int:
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import mscclpp
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from python_call_cost import spawn_ranks
+
     uid = mscclpp.UniqueId.create()
-    ctx = mp.get_context("spawn")
-    results: Any = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, args, uid, port, results)) for r in range(args.nranks)]
-    for p in procs:
-        p.start()
-    reports: List[Dict[str, Any]] = []
-    deadline = time.monotonic() + args.timeout
-    while len(reports) < args.nranks and time.monotonic() < deadline:
-        try:
-            reports.append(results.get(timeout=1.0))
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
-    for p in procs:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
+    reports, _ = spawn_ranks(rank_main, lambda r, q: (r, args, uid, port, q), args.nranks, args.timeout)
     failed = [r for r in reports if "error" in r]
     for r in failed:
         print(f"FAIL torch_dist_cost rank {r['rank']}: {r['error']}")
