@@ -26,7 +26,7 @@ use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::Arc;
 
 /// How long set-up waits for the root and the peers.
@@ -933,7 +933,9 @@ nccl_export! {
 
 nccl_export! {
     /// The last error's message: the communicator's failure once one was seen, else that of this
-    /// thread's last failing call ("" when none).
+    /// thread's last failing call, else (NVIDIA's library keeps one for the process, and PyTorch asks with
+    /// NULL from its watchdog thread) the process's last error, a communicator's failure reported by
+    /// `ncclCommGetAsyncError` among them ("" when none).
     fn ncclGetLastError / pncclGetLastError(comm: ncclComm_t) -> *const c_char {
         let failure = (!comm.is_null())
             .then(|| ncomm::lookup(comm).ok())
@@ -942,7 +944,11 @@ nccl_export! {
                 c.async_error();
                 c.failure_message()
             });
-        failure.unwrap_or_else(nerror::last_on_this_thread)
+        failure.unwrap_or_else(|| {
+            let mine = nerror::last_on_this_thread();
+            // SAFETY: a NUL-terminated string of this thread's, valid until its next failing call.
+            if unsafe { CStr::from_ptr(mine) }.is_empty() { nerror::last_in_process() } else { mine }
+        })
     }
 }
 
@@ -953,6 +959,12 @@ nccl_export! {
         with_comm("ncclCommGetAsyncError", comm, |c| {
             non_null(asyncError, "asyncError")?;
             let r = c.async_error();
+            if !matches!(r, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress)
+                && let Some(m) = c.failure_message()
+            {
+                // SAFETY: the communicator's message, a NUL-terminated string it keeps.
+                nerror::record_in_process(&unsafe { CStr::from_ptr(m) }.to_string_lossy());
+            }
             // SAFETY: checked non-null.
             unsafe { *asyncError = r };
             OK

@@ -3,8 +3,10 @@
 use super::types::ncclResult_t;
 use crate::error::{Error, ErrorKind};
 use crate::types::mscclppResult_t;
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::ffi::{CStr, CString, c_char};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The NCCL code of an error: the kinds are numbered as NCCL numbers its results.
 pub fn code(e: &Error) -> ncclResult_t {
@@ -55,9 +57,10 @@ thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Keeps `e`'s message as this thread's last error.
+/// Keeps `e`'s message as this thread's last error, and as the process's.
 pub fn record(function: &str, e: &Error) {
     let text = format!("{function}: {}", e.message).replace('\0', "\\0");
+    record_in_process(&text);
     LAST.with(|l| *l.borrow_mut() = CString::new(text).unwrap_or_default());
 }
 
@@ -65,6 +68,56 @@ pub fn record(function: &str, e: &Error) {
 /// thread's next failing call.
 pub fn last_on_this_thread() -> *const c_char {
     LAST.with(|l| l.borrow().as_ptr())
+}
+
+/// The process's last error message, from any thread: what `ncclGetLastError(NULL)` gives where the
+/// calling thread has none. NVIDIA's library keeps one message for the process, and PyTorch's watchdog
+/// asks for it (with NULL) from a thread whose own calls succeeded, right after `ncclCommGetAsyncError`
+/// said a peer failed.
+static LAST_IN_PROCESS: Message = Message::new();
+
+/// A message kept in atomic bytes of static storage: the pointer handed out is never freed, and a reader
+/// racing a writer sees a mix of two messages at worst, never past the last byte (always NUL).
+pub struct Message {
+    bytes: [AtomicU8; MESSAGE_BYTES],
+    /// Writers one at a time.
+    writer: Mutex<()>,
+}
+
+const MESSAGE_BYTES: usize = 1024;
+
+impl Message {
+    pub const fn new() -> Message {
+        Message {
+            bytes: [const { AtomicU8::new(0) }; MESSAGE_BYTES],
+            writer: Mutex::new(()),
+        }
+    }
+
+    /// Keeps `text`, cut to 1023 bytes.
+    pub fn set(&self, text: &str) {
+        let _writer = self.writer.lock();
+        let n = text.len().min(MESSAGE_BYTES - 1);
+        for (slot, &b) in self.bytes.iter().zip(&text.as_bytes()[..n]) {
+            slot.store(b, Ordering::Relaxed);
+        }
+        self.bytes[n].store(0, Ordering::Release);
+    }
+
+    /// The message, NUL-terminated; valid as long as `self`.
+    pub fn as_ptr(&self) -> *const c_char {
+        self.bytes.as_ptr().cast()
+    }
+}
+
+/// Keeps `text` as the process's last error message.
+pub fn record_in_process(text: &str) {
+    LAST_IN_PROCESS.set(text);
+}
+
+/// The process's last error message (empty when there was none); the pointer is valid for ever.
+pub fn last_in_process() -> *const c_char {
+    LAST_IN_PROCESS.as_ptr()
 }
 
 #[cfg(test)]
@@ -96,6 +149,38 @@ mod tests {
         }
         assert_eq!(describe(8).to_str().unwrap(), "unknown result code");
         assert_eq!(describe(-1).to_str().unwrap(), "unknown result code");
+    }
+
+    #[test]
+    fn a_message_is_kept_cut_and_replaced() {
+        let m = Message::new();
+        // SAFETY (each read below): `m` lives, its last byte is always NUL.
+        assert!(unsafe { CStr::from_ptr(m.as_ptr()) }.to_bytes().is_empty());
+        std::thread::scope(|s| {
+            s.spawn(|| m.set("ncclSend: rank 3 failed"));
+        });
+        assert_eq!(
+            unsafe { CStr::from_ptr(m.as_ptr()) }.to_str().unwrap(),
+            "ncclSend: rank 3 failed"
+        );
+        m.set(&"x".repeat(5000));
+        assert_eq!(
+            unsafe { CStr::from_ptr(m.as_ptr()) }.to_bytes().len(),
+            MESSAGE_BYTES - 1
+        );
+        m.set("short");
+        assert_eq!(unsafe { CStr::from_ptr(m.as_ptr()) }.to_str().unwrap(), "short");
+    }
+
+    #[test]
+    fn a_failing_call_is_the_processs_last_error_too() {
+        std::thread::spawn(|| record("ncclSend", &Error::remote("rank 7 failed, seen by another thread")))
+            .join()
+            .unwrap();
+        // SAFETY: static storage, always NUL-terminated. Other tests may record meanwhile: only this
+        // test's own message could be there unless one did.
+        let got = unsafe { CStr::from_ptr(last_in_process()) };
+        assert!(!got.to_bytes().is_empty());
     }
 
     #[test]
