@@ -26,7 +26,10 @@
 //       ncclInvalidArgument); collectives in one group, in nested groups, a group failed by a bad call; a
 //       CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig blocking and non-blocking
 //       (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess); ncclMemAlloc buffers registered
-//       with ncclCommRegister in an all-reduce;
+//       with ncclCommRegister in an all-reduce; ncclMemAlloc memory mapped by the other ranks' processes
+//       (1 MiB + 12 bytes filled with a rank's pattern on its stream, its cudaIpcGetMemHandle published on
+//       the shared board, the next rank's buffer opened with cudaIpcOpenMemHandle and every byte checked by
+//       a kernel where this device can reach it and by a copy to the host, closed, then ncclMemFree);
 //       fp8 (ncclFloat8e4m3, ncclFloat8e5m2): AllReduce, ReduceScatter and Reduce (sum, max, min), AllGather,
 //       Broadcast / Bcast, a ring of Send/Recv; the sums of small integers that every partial sum keeps
 //       exact, max and min of any finite byte pattern (but -0), so that any order of reduction gives the
@@ -97,6 +100,7 @@ struct Board
   int arrivals;   // boardBarrier's count of arrivals, never reset within a group
   int gatherHung; // gather_back_to_back: set by the root when its gathers did not finish
   int failedAt[kVerdicts]; // boardBarrier: k + 1 where a rank arrived at its barrier k after a failed step
+  cudaIpcMemHandle_t memHandles[kMaxRanks]; // memalloc_mapped_by_peers: each rank's ncclMemAlloc buffer
 };
 
 Board* gBoard = nullptr;      // mapped shared by the parent before the ranks are forked
@@ -1179,6 +1183,108 @@ std::string caseMemAlloc(Rank& R)
   return "";
 }
 
+// memalloc_mapped_by_peers: byte i of rank r's buffer (ranks below 16 differ in every byte: 53 is odd).
+__host__ __device__ inline unsigned char mappedByte(int rank, uint64_t i)
+{
+  return (unsigned char)(((i ^ (i >> 8) ^ (i >> 16)) * 131u + (uint64_t)rank * 53u + 1u) & 0xFF);
+}
+
+__global__ void fillMappedKernel(unsigned char* p, uint64_t n, int rank)
+{
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+    p[i] = mappedByte(rank, i);
+}
+
+// Counts the bytes of `p` that are not `rank`'s pattern (found[0]) and keeps the first such index (found[1]).
+__global__ void checkMappedKernel(const unsigned char* p, uint64_t n, int rank, unsigned long long* found)
+{
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+    if (p[i] != mappedByte(rank, i)) {
+      atomicAdd(&found[0], 1ull);
+      atomicMin(&found[1], (unsigned long long)i);
+    }
+}
+
+// ncclMemAlloc's memory can be mapped by the other ranks' processes (as NCCL's users map it): each rank
+// allocates 1 MiB + 12 bytes, fills it with its pattern on its stream, publishes its cudaIpcGetMemHandle on
+// the board; then each opens the next rank's buffer (cudaIpcOpenMemHandle), checks every byte of that
+// rank's pattern (a kernel on this device where it can reach the buffer's, and a copy to the host),
+// closes it; only once every rank has closed its mapping are the buffers freed. One rank alone checks its
+// own buffer (a process cannot open its own handle).
+std::string caseMemAllocMapped(Rank& R)
+{
+  const uint64_t bytes = (1u << 20) + 12;
+  const int next = (R.rank + 1) % R.nranks;
+  void* mine = nullptr;
+  std::string why = together(R, [&]() -> std::string {
+    TN_OK(ncclMemAlloc(&mine, bytes));
+    TC_EXPECT(mine, "ncclMemAlloc returned NULL");
+    fillMappedKernel<<<64, 256, 0, R.stream>>>((unsigned char*)mine, bytes, R.rank);
+    TC_CUDA(cudaGetLastError());
+    TC_TRY(syncBounded(R, "the pattern's fill"));
+    cudaIpcMemHandle_t h;
+    TC_CUDA(cudaIpcGetMemHandle(&h, mine));
+    memcpy(&gBoard->memHandles[R.rank], &h, sizeof(h));
+    __sync_synchronize();
+    return "";
+  }(), "after publishing the ncclMemAlloc buffers' IPC handles");
+  bool viaKernel = false;
+  if (why.empty()) why = together(R, [&]() -> std::string {
+    __sync_synchronize();
+    cudaIpcMemHandle_t h;
+    memcpy(&h, &gBoard->memHandles[next], sizeof(h));
+    void* theirs = mine;
+    if (next != R.rank) {
+      theirs = nullptr;
+      TC_CUDA(cudaIpcOpenMemHandle(&theirs, h, cudaIpcMemLazyEnablePeerAccess));
+      TC_EXPECT(theirs, "cudaIpcOpenMemHandle of rank %d's buffer gave NULL", next);
+    }
+    std::string found = [&]() -> std::string {
+      cudaPointerAttributes attr;
+      TC_CUDA(cudaPointerGetAttributes(&attr, theirs));
+      TC_EXPECT(attr.type == cudaMemoryTypeDevice, "rank %d's mapped buffer is of memory type %d, not device memory",
+                next, (int)attr.type);
+      int reach = attr.device == R.device;
+      if (!reach) TC_CUDA(cudaDeviceCanAccessPeer(&reach, R.device, attr.device));
+      if (reach) {
+        viaKernel = true;
+        unsigned long long* counts = (unsigned long long*)gPoolB;
+        TC_CUDA(cudaMemsetAsync(counts, 0, sizeof(unsigned long long), R.stream));
+        TC_CUDA(cudaMemsetAsync(counts + 1, 0xFF, sizeof(unsigned long long), R.stream));
+        checkMappedKernel<<<64, 256, 0, R.stream>>>((const unsigned char*)theirs, bytes, next, counts);
+        TC_CUDA(cudaGetLastError());
+        unsigned long long got[2] = {0, 0};
+        TC_CUDA(cudaMemcpyAsync(got, counts, sizeof(got), cudaMemcpyDeviceToHost, R.stream));
+        TC_TRY(syncBounded(R, "the check of the mapped buffer on the device"));
+        TC_EXPECT(got[0] == 0, "on the device, %llu of the %llu bytes of rank %d's buffer are not its pattern (the "
+                  "first at byte %llu)", got[0], (unsigned long long)bytes, next, got[1]);
+      }
+      std::vector<unsigned char> host(bytes);
+      TC_CUDA(cudaMemcpyAsync(host.data(), theirs, bytes, cudaMemcpyDeviceToHost, R.stream));
+      TC_TRY(syncBounded(R, "the copy of the mapped buffer to the host"));
+      for (uint64_t i = 0; i < bytes; ++i)
+        TC_EXPECT(host[i] == mappedByte(next, i), "copied to the host, byte %llu of rank %d's buffer is %u, expected %u",
+                  (unsigned long long)i, next, (unsigned)host[i], (unsigned)mappedByte(next, i));
+      return "";
+    }();
+    if (theirs != mine) {
+      cudaError_t e = cudaIpcCloseMemHandle(theirs);
+      if (found.empty() && e != cudaSuccess)
+        found = fmt("cudaIpcCloseMemHandle of rank %d's buffer: %s", next, cudaGetErrorString(e));
+    }
+    return found;
+  }(), "after every rank checked and closed its mapping");
+  if (mine) {
+    ncclResult_t r = ncclMemFree(mine);
+    if (why.empty() && r != ncclSuccess) why = fmt("ncclMemFree returned %s", resultName(r));
+  }
+  if (why.empty())
+    R.info = R.nranks == 1 ? std::string("one rank: its own buffer checked, nothing mapped")
+                           : fmt("rank %d's buffer checked %s", next,
+                                 viaKernel ? "by a kernel and on the host" : "on the host (this device cannot reach it)");
+  return why;
+}
+
 // Fills `bytes` of `buf` with the sentinel and waits, so that a refused call can be shown to leave it.
 std::string sentinel(Rank& R, void* buf, uint64_t bytes)
 {
@@ -2100,6 +2206,7 @@ int mainRank(Rank& R)
   runCase(R, "init_rank_config_blocking", [&] { return caseConfigBlocking(R); });
   runCase(R, "init_rank_config_nonblocking", [&] { return caseConfigNonBlocking(R); });
   runCase(R, "memalloc_register_allreduce", [&] { return caseMemAlloc(R); });
+  runCase(R, "memalloc_mapped_by_peers", [&] { return caseMemAllocMapped(R); });
   for (ncclDataType_t t : {ncclFloat16, ncclBfloat16, ncclInt32, ncclFloat64})
     runCase(R, fmt("reduce_%s_every_op_roots_0_and_last", typeName(t)), [&] { return caseReduce(R, t); });
   for (ncclDataType_t t : kMoveTypes) {

@@ -2,7 +2,8 @@
 // error, every bad argument (each with its code and a log line naming the argument), groups, refused
 // functions, split and shrink of one rank, non-blocking initialisation, and communicators of one and two
 // ranks in one process (the bootstrap needs no GPU), including a peer's abort seen through
-// ncclCommGetAsyncError.
+// ncclCommGetAsyncError, and ncclCommAbort from another thread ending a call blocked on the communicator
+// (under a watchdog, so that a hang is a FAIL).
 // Built against build/include/nccl.h and linked with -lnccl alone. Prints one line per check and
 // "nccl host test: N passed, N failed".
 #include <nccl.h>
@@ -10,11 +11,13 @@
 #include "nccl_check.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -442,6 +445,79 @@ static void two_ranks() {
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
 }
 
+// ncclCommAbort from another thread while a call blocks on the communicator. Rank 0 of two ranks calls a
+// blocking ncclCommSplit, which is collective over the parent: it waits for rank 1's color, and rank 1
+// never calls it. Another thread aborts rank 0's communicator after 200 ms: the split must return soon
+// after (within 5 s) with ncclInvalidUsage (the library's code for a call ended by this rank's own abort),
+// *newcomm NULL; the abort gives ncclSuccess, and rank 1 sees rank 0's abort as ncclRemoteError. A
+// watchdog ends the program with a FAIL if the case has not finished within 20 s (the split's wait has
+// no timeout of its own: without the abort it would wait as long as rank 1 lives).
+static void abort_while_blocked() {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return done; })) {
+      check(false, "ncclCommAbort from another thread ends a blocked ncclCommSplit: still blocked after 20 s");
+      std::printf("log (%s):\n%s", log_path.c_str(), read_file(log_path).c_str());
+      std::printf("nccl host test: %d passed, %d failed\n", counts->passed, counts->failed);
+      std::fflush(stdout);
+      std::remove(log_path.c_str());
+      _exit(1);
+    }
+  });
+
+  ncclUniqueId id;
+  expect(ncclGetUniqueId(&id), ncclSuccess, "ncclGetUniqueId");
+  ncclComm_t comms[2] = {NULL, NULL};
+  expect(ncclGroupStart(), ncclSuccess, "ncclGroupStart");
+  ncclCommInitRank(&comms[0], 2, id, 0);
+  ncclCommInitRank(&comms[1], 2, id, 1);
+  expect(ncclGroupEnd(), ncclSuccess, "two ranks made in a group (for the abort of a blocked call)");
+
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point aborting = Clock::time_point::max();
+  ncclResult_t aborted = ncclInternalError;
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    aborting = Clock::now();
+    aborted = ncclCommAbort(comms[0]);
+  });
+  ncclComm_t newcomm = (ncclComm_t)0x1;
+  const ncclResult_t split = ncclCommSplit(comms[0], 0, 0, &newcomm, NULL);
+  const Clock::time_point returned = Clock::now();
+  const std::string last = ncclGetLastError(NULL);
+  aborter.join();
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  const double blocked = ms(returned - start), after = ms(returned - aborting);
+  std::printf("blocked ncclCommSplit: returned %.1f ms after it was called, %.1f ms after ncclCommAbort began\n",
+              blocked, after);
+  check(returned >= aborting, "the split blocked until the abort came (returned after " + std::to_string(blocked) + " ms)");
+  check(after < 5000, "and returned within 5 s of ncclCommAbort (" + std::to_string(after) + " ms)");
+  expect(split, ncclInvalidUsage, "the split ended by the abort of its communicator");
+  check(newcomm == NULL, "its *newcomm is NULL");
+  check(last.find("aborted") != std::string::npos, "ncclGetLastError says the communicator was aborted: " + last);
+  expect(aborted, ncclSuccess, "ncclCommAbort from another thread while a split blocks on it");
+  int n = 0;
+  expect(ncclCommCount(comms[0], &n), ncclInvalidArgument, "the aborted comm is gone");
+  ncclResult_t async = ncclSuccess;
+  for (int i = 0; i < 500 && async == ncclSuccess; ++i) {
+    ncclCommGetAsyncError(comms[1], &async);
+    if (async == ncclSuccess) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  expect(async, ncclRemoteError, "rank 1 sees rank 0's abort as ncclRemoteError");
+  expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy(rank 1)");
+
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+}
+
 int main() {
   if (!init_counts()) return 2;
   char path[] = "/tmp/nccl_host_test.XXXXXX";
@@ -461,6 +537,7 @@ int main() {
   initialisation();
   one_rank_calls();
   two_ranks();
+  abort_while_blocked();
   if (counts->failed) std::printf("log (%s):\n%s", path, read_file(log_path).c_str());
   std::remove(path);
   std::printf("nccl host test: %d passed, %d failed\n", counts->passed, counts->failed);
