@@ -86,6 +86,12 @@ pub struct Message {
 
 const MESSAGE_BYTES: usize = 1024;
 
+impl Default for Message {
+    fn default() -> Message {
+        Message::new()
+    }
+}
+
 impl Message {
     pub const fn new() -> Message {
         Message {
