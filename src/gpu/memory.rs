@@ -22,11 +22,18 @@ impl DeviceAllocation {
         })?;
         Ok(DeviceAllocation { ptr, size, ctx: *ctx })
     }
+    /// Allocates `size` bytes and returns once they are zero. A memset of device memory returns before it
+    /// is done, on the legacy default stream, which work on non-blocking streams (the caller's, the
+    /// kernels waiting on a flag here) does not wait for: the legacy stream is synchronized here.
     pub fn zeroed(ctx: &GpuContext, size: usize) -> Result<DeviceAllocation> {
         let alloc = Self::allocate(ctx, size)?;
         // SAFETY: the range was just allocated in the current context.
         check(unsafe { sys::cuMemsetD8_v2(alloc.ptr, 0, size) }, || {
             "cuMemsetD8".into()
+        })?;
+        // SAFETY: the null stream handle names the current context's legacy default stream.
+        check(unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) }, || {
+            "cuStreamSynchronize (the legacy default stream, after zeroing)".into()
         })?;
         Ok(alloc)
     }
