@@ -63,6 +63,9 @@ pub enum Cause {
     LocalAbort,
 }
 
+/// The ways a rank aborts its own communicator, as its errors name them.
+const ABORTED_BY: &str = "mscclppCommAbort, ncclCommAbort or ncclCommRevoke, or the process's exit";
+
 /// The first failure a rank learned of. `Display` gives the line that is logged.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerFailure {
@@ -89,6 +92,8 @@ impl PeerFailure {
         }
     }
 
+    /// What aborts a communicator on its own rank: the calls of both faces (the NCCL face's revoke is an
+    /// abort that keeps the communicator), and the process's exit with the communicator alive.
     pub fn is_local_abort(&self) -> bool {
         self.cause == Cause::LocalAbort
     }
@@ -98,7 +103,7 @@ impl PeerFailure {
     pub fn error(&self) -> Error {
         if self.is_local_abort() {
             Error::invalid_usage(format!(
-                "rank {}: the communicator was aborted by mscclppCommAbort",
+                "rank {}: the communicator was aborted on this rank ({ABORTED_BY})",
                 self.observer
             ))
         } else {
@@ -123,7 +128,7 @@ impl fmt::Display for PeerFailure {
         if self.is_local_abort() {
             write!(
                 f,
-                "rank {}: the communicator is aborted by mscclppCommAbort; data in flight is undefined",
+                "rank {}: the communicator is aborted on this rank ({ABORTED_BY}); data in flight is undefined",
                 self.observer
             )
         } else if self.rank == self.observer {
