@@ -1996,6 +1996,19 @@ std::string caseSplit(Rank& R)
   return "";
 }
 
+// After a case on communicators made from the main one: the main one shows no error and an all-reduce of
+// `count` float32 on it is right on every rank.
+std::string mainCommUntouched(Rank& R, const char* after, uint64_t count, uint32_t salt)
+{
+  ncclResult_t async = ncclInternalError;
+  TN_OK(ncclCommGetAsyncError(gComm, &async));
+  TC_EXPECT(async == ncclSuccess, "after %s the main communicator's ncclCommGetAsyncError gives %s", after,
+            resultName(async));
+  Spec s;
+  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = count, s.salt = salt;
+  return runOne(R, gComm, s);
+}
+
 // ncclCommShrink of the main communicator: bad input; the last rank left out (alive; it does not call), the
 // others' new communicator in parent order and working; the parent untouched (NCCL_SHRINK_DEFAULT).
 std::string caseShrink(Rank& R)
@@ -2031,13 +2044,7 @@ std::string caseShrink(Rank& R)
   }
   TC_TRY(why);
   // The parent as it was: no error, and it works for every rank, the one left out included.
-  ncclResult_t async = ncclInternalError;
-  TN_OK(ncclCommGetAsyncError(gComm, &async));
-  TC_EXPECT(async == ncclSuccess, "after the shrink the main communicator's ncclCommGetAsyncError gives %s",
-            resultName(async));
-  Spec s;
-  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 65537, s.salt = salt + 4;
-  TC_TRY(runOne(R, gComm, s));
+  TC_TRY(mainCommUntouched(R, "the shrink", 65537, salt + 4));
   R.info = fmt("rank %d left out, %d rank(s) in the new communicator", last, N - 1);
   return "";
 }
@@ -2125,13 +2132,7 @@ std::string caseRevoke(Rank& R)
   }
   TC_TRY(why);
   // The main communicator was never touched.
-  ncclResult_t async = ncclInternalError;
-  TN_OK(ncclCommGetAsyncError(gComm, &async));
-  TC_EXPECT(async == ncclSuccess, "after the revoke case the main communicator's ncclCommGetAsyncError gives %s",
-            resultName(async));
-  Spec s;
-  s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = 1000, s.salt = salt + 6;
-  TC_TRY(runOne(R, gComm, s));
+  TC_TRY(mainCommUntouched(R, "the revoke case", 1000, salt + 6));
   R.info = "rank 0 revoked first; freed by ncclCommAbort on rank 0, ncclCommDestroy elsewhere";
   return "";
 }

@@ -17,18 +17,16 @@ struct Arith {
   __device__ static Acc up(T v) { return v; }
   __device__ static T down(Acc v) { return v; }
 };
-template <>
-struct Arith<__half> {
-  typedef float Acc;
-  __device__ static Acc up(__half v) { return __half2float(v); }
-  __device__ static __half down(Acc v) { return __float2half_rn(v); }
-};
-template <>
-struct Arith<__nv_bfloat16> {
-  typedef float Acc;
-  __device__ static Acc up(__nv_bfloat16 v) { return __bfloat162float(v); }
-  __device__ static __nv_bfloat16 down(Acc v) { return __float2bfloat16_rn(v); }
-};
+// The narrow floating types are computed in float and rounded back once per step.
+#define MSCCLPP_ARITH_IN_FLOAT(T, toFloat, fromFloat)                  \
+  template <>                                                          \
+  struct Arith<T> {                                                    \
+    typedef float Acc;                                                 \
+    __device__ static Acc up(T v) { return toFloat(v); }               \
+    __device__ static T down(Acc v) { return fromFloat(v); }           \
+  };
+MSCCLPP_ARITH_IN_FLOAT(__half, __half2float, __float2half_rn)
+MSCCLPP_ARITH_IN_FLOAT(__nv_bfloat16, __bfloat162float, __float2bfloat16_rn)
 // fp8 to and from float (to fp8: nearest even, saturating). sm_89 and later convert in an instruction;
 // before (sm_80), cuda_fp8.h emulates the conversions in long sequences, called here rather than inlined at
 // each of the kernels' conversions, which made the fp8 units' compile two and a half times longer.
@@ -41,18 +39,8 @@ MSCCLPP_FP8_CONVERSION __nv_fp8_e4m3 floatToE4m3(float v) { return __nv_fp8_e4m3
 MSCCLPP_FP8_CONVERSION __nv_fp8_e5m2 floatToE5m2(float v) { return __nv_fp8_e5m2(v); }
 MSCCLPP_FP8_CONVERSION float e4m3ToFloat(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 MSCCLPP_FP8_CONVERSION float e5m2ToFloat(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
-template <>
-struct Arith<__nv_fp8_e4m3> {
-  typedef float Acc;
-  __device__ static Acc up(__nv_fp8_e4m3 v) { return e4m3ToFloat(v); }
-  __device__ static __nv_fp8_e4m3 down(Acc v) { return floatToE4m3(v); }
-};
-template <>
-struct Arith<__nv_fp8_e5m2> {
-  typedef float Acc;
-  __device__ static Acc up(__nv_fp8_e5m2 v) { return e5m2ToFloat(v); }
-  __device__ static __nv_fp8_e5m2 down(Acc v) { return floatToE5m2(v); }
-};
+MSCCLPP_ARITH_IN_FLOAT(__nv_fp8_e4m3, e4m3ToFloat, floatToE4m3)
+MSCCLPP_ARITH_IN_FLOAT(__nv_fp8_e5m2, e5m2ToFloat, floatToE5m2)
 
 struct OpSum {
   template <typename A>
