@@ -255,6 +255,16 @@ setting!(
     "path of NVIDIA's libnccl.so.2 (2.28 or later): the NCCL face makes an NVIDIA communicator beside each of its own and sends it what it does not carry out, and every collective of ranks on several hosts"
 );
 
+// ---- the Python package ----
+setting!(
+    PYTHON_FASTCALL,
+    "MSCCLPP_PYTHON_FASTCALL",
+    "1",
+    Values::Flag,
+    Warn,
+    "read by the Python package at import (the library only logs it): `0` turns off the collectives' compiled fast path (`mscclpp._fastcall`), every call then going through ctypes; `1`: on where it was built"
+);
+
 /// Every setting, in the order the README lists them.
 pub static ALL: &[&Setting] = &[
     &DEBUG,
@@ -280,6 +290,7 @@ pub static ALL: &[&Setting] = &[
     &NCCL_COMM_ID,
     &NCCL_COMM_BLOCKING,
     &NCCL_FALLBACK,
+    &PYTHON_FASTCALL,
 ];
 
 /// The process environment's values of the declared settings, read once.

@@ -2,6 +2,11 @@
 // device or the library), never a crash, and the library keeps working. Host-only.
 #include <mscclpp.h>
 
+#define HOST_TEST_NAME "ib_errors_test"
+// Only free_port is used of the shared helpers; a child is bounded by the runner's limit.
+static const unsigned CHILD_LIMIT_S = 60;
+#include "host_test_common.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,8 +95,10 @@ int main() {
       {"ib_connect_with_a_missing_MSCCLPP_IBV_SO", "/nonexistent/libibverbs.so.1"},
   };
   int passed = 0, failed = 0;
-  int port = 30000 + (int)(getpid() % 10000);
   for (const Case& c : cases) {
+    // A port the kernel just handed out, not one derived from the pid: that one could be taken by another
+    // test of the suite running at the same time (seen once: the init then waited its 30 s).
+    const int port = free_port();
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
@@ -107,7 +114,6 @@ int main() {
       ++failed;
       if (!WIFEXITED(status)) printf("FAIL %s: the child died (status %d)\n", c.name, status);
     }
-    port += 7;
   }
   printf("ib errors: %d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

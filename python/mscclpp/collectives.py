@@ -316,7 +316,11 @@ _fns: Dict[str, Callable[..., Any]] = {n: _bind(n) for n in _NAMES if lib.has(n)
 
 _FASTCALL_INTERFACE = 2  # the _fastcall.c this code calls (its INTERFACE)
 _fastcall: Any = None
-if os.environ.get("MSCCLPP_PYTHON_FASTCALL", "1").strip() == "0":
+_fastcall_setting = os.environ.get("MSCCLPP_PYTHON_FASTCALL", "1").strip()
+if _fastcall_setting not in ("", "0", "1"):  # as the library treats a bad flag: a warning, the default kept
+    _log.logger.warning("MSCCLPP_PYTHON_FASTCALL=%r is neither 0 nor 1; the fast path stays on (the default)",
+                        _fastcall_setting)
+if _fastcall_setting == "0":
     _fastcall_missing = "turned off by MSCCLPP_PYTHON_FASTCALL=0"
 elif sys.version_info < (3, 10) or sys.implementation.name != "cpython":
     _fastcall_missing = "not used: it needs CPython >= 3.10 (it is built for the stable ABI of 3.10)"

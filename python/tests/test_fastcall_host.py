@@ -592,6 +592,20 @@ def test_the_python_functions_are_public_without_the_extension() -> None:
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.stdout, r.stderr)
 
 
+def test_a_bad_switch_value_warns_and_keeps_the_default() -> None:
+    """MSCCLPP_PYTHON_FASTCALL neither 0 nor 1: a warning naming it and the value; the default (on) kept."""
+    import subprocess
+
+    env = dict(os.environ, MSCCLPP_PYTHON_FASTCALL="yes",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(mscclpp.__file__))] +
+                                          [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    code = "from mscclpp import collectives as c\nprint(c._fastcall_state())\n"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "MSCCLPP_PYTHON_FASTCALL='yes' is neither 0 nor 1" in r.stderr
+    assert "turned off" not in r.stdout
+
+
 @needs_fastcall
 def test_arguments_are_bound_as_python_binds_them(world: World) -> None:
     """Every spelling the Python function takes is made by the extension; every one it refuses is handed to
