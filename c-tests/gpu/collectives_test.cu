@@ -1482,21 +1482,6 @@ struct KillShared
   KillResult res[kMaxRanks];
 };
 
-// Runs fn on a helper thread (with the device current) and waits at most `seconds`; false if it did not return.
-template <typename T>
-bool bounded(int device, double seconds, std::function<T()> fn, T* out)
-{
-  auto p = std::make_shared<std::promise<T>>();
-  std::future<T> f = p->get_future();
-  std::thread([p, fn, device] {
-    cudaSetDevice(device);
-    p->set_value(fn());
-  }).detach();
-  if (f.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return false;
-  *out = f.get();
-  return true;
-}
-
 int killRankMain(int rank, int nranks, int port, KillShared* S)
 {
   KillResult& out = S->res[rank];

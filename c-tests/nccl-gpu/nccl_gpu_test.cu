@@ -870,12 +870,15 @@ std::string caseInit(Rank& R)
   return "";
 }
 
-std::string caseAllReduce(Rank& R, ncclDataType_t t, ncclRedOp_t op)
+// `coll` of type `t` with operator `op` (unused by the moving collectives) at each of `counts`, out of place
+// and in place, each call checked.
+template <size_t N>
+std::string sweepCounts(Rank& R, Coll coll, ncclDataType_t t, ncclRedOp_t op, const uint64_t (&counts)[N])
 {
-  for (uint64_t n : kCounts)
+  for (uint64_t n : counts)
     for (int inPlace = 0; inPlace < 2; ++inPlace) {
       Spec s;
-      s.coll = kAllReduce;
+      s.coll = coll;
       s.type = t;
       s.op = op;
       s.count = n;
@@ -886,35 +889,13 @@ std::string caseAllReduce(Rank& R, ncclDataType_t t, ncclRedOp_t op)
   return "";
 }
 
-std::string caseAllGather(Rank& R, ncclDataType_t t)
-{
-  for (uint64_t n : kCounts)
-    for (int inPlace = 0; inPlace < 2; ++inPlace) {
-      Spec s;
-      s.coll = kAllGather;
-      s.type = t;
-      s.count = n;
-      s.inPlace = inPlace;
-      s.salt = ++gSalt;
-      TC_TRY(runOne(R, gComm, s));
-    }
-  return "";
-}
+std::string caseAllReduce(Rank& R, ncclDataType_t t, ncclRedOp_t op) { return sweepCounts(R, kAllReduce, t, op, kCounts); }
+
+std::string caseAllGather(Rank& R, ncclDataType_t t) { return sweepCounts(R, kAllGather, t, ncclSum, kCounts); }
 
 std::string caseReduceScatter(Rank& R, ncclDataType_t t, const std::vector<ncclRedOp_t>& ops = kOps)
 {
-  for (ncclRedOp_t op : ops)
-    for (uint64_t n : kCountsRs)
-      for (int inPlace = 0; inPlace < 2; ++inPlace) {
-        Spec s;
-        s.coll = kReduceScatter;
-        s.type = t;
-        s.op = op;
-        s.count = n;
-        s.inPlace = inPlace;
-        s.salt = ++gSalt;
-        TC_TRY(runOne(R, gComm, s));
-      }
+  for (ncclRedOp_t op : ops) TC_TRY(sweepCounts(R, kReduceScatter, t, op, kCountsRs));
   return "";
 }
 
@@ -2403,21 +2384,6 @@ struct KillShared
   volatile int stop;
   KillResult res[kMaxRanks];
 };
-
-// Runs fn on a helper thread (with the device current) and waits at most `seconds`; false if it did not return.
-template <typename T>
-bool bounded(int device, double seconds, std::function<T()> fn, T* out)
-{
-  auto p = std::make_shared<std::promise<T>>();
-  std::future<T> f = p->get_future();
-  std::thread([p, fn, device] {
-    cudaSetDevice(device);
-    p->set_value(fn());
-  }).detach();
-  if (f.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return false;
-  *out = f.get();
-  return true;
-}
 
 // One step of the loop: an all-reduce of 1 MiB, or (p2p) a group of a send of 4 MiB to the next rank and a
 // receive of 4 MiB from the previous one.

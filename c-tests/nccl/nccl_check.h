@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
+#include <unistd.h>
+#include <cstdlib>
 
 struct CheckCounts {
   int passed, failed;
@@ -24,6 +26,19 @@ inline bool init_counts() {
   if (mem == MAP_FAILED) return false;
   counts = static_cast<CheckCounts*>(mem);
   *counts = CheckCounts{0, 0};
+  return true;
+}
+
+// Makes a temporary file (named after `program`) the library's log at NCCL's WARN level: NCCL_DEBUG_FILE,
+// read by the library at its first call, so before any; log_path names it. False if it could not be made.
+inline bool log_to_a_temp_file(const char* program) {
+  std::string name = std::string("/tmp/") + program + ".XXXXXX";
+  int fd = mkstemp(&name[0]);
+  if (fd < 0) return false;
+  close(fd);
+  log_path = name;
+  setenv("NCCL_DEBUG_FILE", log_path.c_str(), 1);
+  setenv("NCCL_DEBUG", "WARN", 1);
   return true;
 }
 

@@ -520,14 +520,8 @@ static void abort_while_blocked() {
 
 int main() {
   if (!init_counts()) return 2;
-  char path[] = "/tmp/nccl_host_test.XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) return 2;
-  close(fd);
-  log_path = path;
-  // Read by the library at its first call: its log lines go to this file, at NCCL's WARN level.
-  setenv("NCCL_DEBUG_FILE", path, 1);
-  setenv("NCCL_DEBUG", "WARN", 1);
+  // The library's log lines go to a file of their own (in each child too), where logged() looks.
+  if (!log_to_a_temp_file("nccl_host_test")) return 2;
   unsetenv("MSCCLPP_DEBUG");
   unsetenv("MSCCLPP_DEBUG_FILE");
   unsetenv("NCCL_COMM_ID");
@@ -538,8 +532,8 @@ int main() {
   one_rank_calls();
   two_ranks();
   abort_while_blocked();
-  if (counts->failed) std::printf("log (%s):\n%s", path, read_file(log_path).c_str());
-  std::remove(path);
+  if (counts->failed) std::printf("log (%s):\n%s", log_path.c_str(), read_file(log_path).c_str());
+  std::remove(log_path.c_str());
   std::printf("nccl host test: %d passed, %d failed\n", counts->passed, counts->failed);
   return counts->failed ? 1 : 0;
 }

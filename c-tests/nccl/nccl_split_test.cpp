@@ -327,14 +327,8 @@ static void run(const char* name, void (*body)()) {
 
 int main() {
   if (!init_counts()) return 2;
-  char path[] = "/tmp/nccl_split_test.XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0) return 2;
-  close(fd);
-  log_path = path;
-  // Read by the library at its first call (in each child): its log lines go to this file.
-  setenv("NCCL_DEBUG_FILE", path, 1);
-  setenv("NCCL_DEBUG", "WARN", 1);
+  // The library's log lines go to a file of their own (in each child too), where logged() looks.
+  if (!log_to_a_temp_file("nccl_split_test")) return 2;
   for (const char* v : {"MSCCLPP_DEBUG", "MSCCLPP_DEBUG_FILE", "NCCL_COMM_ID", "MSCCLPP_NCCL_FALLBACK",
                         "NCCL_COMM_BLOCKING", "MSCCLPP_ABORT_EXIT_TIMEOUT"})
     unsetenv(v);

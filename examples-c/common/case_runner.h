@@ -892,6 +892,22 @@ inline int runRanks(const char* progName, const Options& opt, double timeoutS, c
 // one child per rank runs body(rank) under an alarm of `alarmS` seconds and ends with its result (_exit: the
 // child's own atexit handlers run only where body calls exit() itself); the parent reaps them without
 // blocking and notes when each ended.
+// Runs fn on a helper thread (with `device` current) and waits at most `seconds` for it; false if it did not
+// return in time (the thread is left to finish, or to hang, on its own: the kill cases call what may block).
+template <typename T>
+inline bool bounded(int device, double seconds, std::function<T()> fn, T* out)
+{
+  auto p = std::make_shared<std::promise<T>>();
+  std::future<T> f = p->get_future();
+  std::thread([p, fn, device] {
+    cudaSetDevice(device);
+    p->set_value(fn());
+  }).detach();
+  if (f.wait_for(std::chrono::duration<double>(seconds)) != std::future_status::ready) return false;
+  *out = f.get();
+  return true;
+}
+
 // Waits (up to `seconds`) until a new process can take GPU 0, probing in forked children (this process
 // must not initialise CUDA before it forks ranks). Under MPS, after a client was killed or faulted with
 // kernels running, the server refuses new clients ("all CUDA-capable devices are busy or unavailable") for
