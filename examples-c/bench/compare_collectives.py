@@ -3,12 +3,18 @@
 
     examples-c/bench/compare_collectives.py [--quick] [--log-dir DIR] [--colls LIST] [--sizes LIST] ...
 
-Runs build/bench/collectives_bench (ours from C: CUDA graph and eager) and then
-examples-c/bench/nccl_collectives.py (NCCL through torch.distributed, graph and eager, and ours called
-from torch, eager), collects their RESULT lines and prints one markdown table: a row per collective and
-size, a column per way of calling (time per call in us / algBW in GB/s), and the time ratios ours/NCCL
-(below 1: ours is faster). Then the issue's targets, each met or missed. Raw logs go to --log-dir
-(default $BENCH_LOG_DIR, else build/bench-logs): collectives_bench.log, nccl_collectives.log.
+Runs, one after another:
+- build/bench/collectives_bench: ours from C (mscclpp.h), CUDA graph and eager;
+- examples-c/bench/nccl_collectives.py with torch's own libnccl (NVIDIA's): torch.distributed's calls,
+  graph and eager; ours called from torch through the package (eager); PyTorch SymmetricMemory's one-shot
+  and two-shot all-reduce, graph and eager;
+- the same script again with our build/lib/nccl/libnccl.so.2 preloaded (LD_PRELOAD): torch.distributed's
+  calls, unchanged, on our library (lib=ours-nccl);
+collects their RESULT lines and prints two markdown tables, graph and eager: a row per collective and
+size, a column per library and caller (time per call in us / algBW in GB/s), and the time ratios against
+NVIDIA's NCCL (below 1: ours is faster). Then the issue's targets, each met or missed. Raw logs go to
+--log-dir (default $BENCH_LOG_DIR, else build/bench-logs): collectives_bench.log, nccl_collectives.log,
+nccl_collectives_ours.log.
 
 Needs 2 GPUs; with fewer it says it skipped, unless MSCCLPP_TEST_MIN_GPUS=1, which runs both ranks on one
 GPU (NCCL then cannot run, and our timings are not comparable to 2-GPU figures; a note says so). Only the
@@ -30,19 +36,27 @@ from typing import Dict, List, Optional, Tuple
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
-# (lib, caller, mode) -> column heading. "ours graph (torch)" only appears when it was measured
-# (nccl_collectives.py --ours-modes eager,graph).
-COLUMNS: List[Tuple[Tuple[str, str, str], str]] = [
-    (("mscclpp", "c", "graph"), "ours graph"),
-    (("mscclpp", "c", "eager"), "ours eager (C)"),
-    (("mscclpp", "torch", "eager"), "ours eager (torch)"),
-    (("mscclpp", "torch", "graph"), "ours graph (torch)"),
-    (("nccl", "torch", "graph"), "NCCL graph"),
-    (("nccl", "torch", "eager"), "NCCL eager"),
+# (lib, caller) -> column heading, per table (the mode is the table's). A column no row has is left out.
+COLUMNS: List[Tuple[Tuple[str, str], str]] = [
+    (("mscclpp", "c"), "ours, C"),
+    (("mscclpp", "torch"), "ours, torch (package)"),
+    (("ours-nccl", "torch"), "torch.distributed on our libnccl"),
+    (("nccl", "torch"), "torch.distributed on NVIDIA NCCL"),
+    (("symm-oneshot", "torch"), "SymmMem one-shot"),
+    (("symm-twoshot", "torch"), "SymmMem two-shot"),
 ]
+# Each table's ratios: (ours, NVIDIA's), time over time.
+RATIOS: List[Tuple[Tuple[str, str], str]] = [
+    (("mscclpp", "c"), "ours C / NVIDIA"),
+    (("mscclpp", "torch"), "ours torch / NVIDIA"),
+    (("ours-nccl", "torch"), "our libnccl / NVIDIA"),
+]
+NVIDIA = ("nccl", "torch")
 OURS_GRAPH, OURS_TORCH_EAGER = ("mscclpp", "c", "graph"), ("mscclpp", "torch", "eager")
 NCCL_GRAPH, NCCL_EAGER = ("nccl", "torch", "graph"), ("nccl", "torch", "eager")
-COLL_ORDER = {"allreduce": 0, "allgather": 1, "reducescatter": 2, "broadcast": 3}
+OURS_NCCL_GRAPH, OURS_NCCL_EAGER = ("ours-nccl", "torch", "graph"), ("ours-nccl", "torch", "eager")
+SYMM = ("symm-oneshot", "symm-twoshot")
+COLL_ORDER = {"allreduce": 0, "allgather": 1, "reducescatter": 2, "broadcast": 3, "reduce": 4, "alltoall": 5}
 DTYPE_ORDER = {"f16": 0, "bf16": 1, "f32": 2}
 
 Result = Dict[str, str]
@@ -143,20 +157,28 @@ def ratio(ours: Optional[Result], theirs: Optional[Result]) -> Optional[float]:
     return float(ours["us"]) / float(theirs["us"])
 
 
-def print_table(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
+def print_table(table: Dict[Key, Dict[Tuple[str, str, str], Result]], mode: str) -> None:
+    """One table of the calls made in `mode` (graph or eager)."""
     present = {col for row in table.values() for col in row}
-    cols = [(c, h) for c, h in COLUMNS if c in present or c != ("mscclpp", "torch", "graph")]
-    heads = ["collective", "size"] + [f"{h} (µs / GB/s)" for _, h in cols]
-    heads += ["ours/NCCL graph", "ours/NCCL eager (torch)"]
+    cols = [(c + (mode,), h) for c, h in COLUMNS if c + (mode,) in present]
+    ratios = [(c + (mode,), h) for c, h in RATIOS if c + (mode,) in present and NVIDIA + (mode,) in present]
+    if not cols:
+        return
+    heads = ["collective", "size"] + [f"{h} (µs / GB/s)" for _, h in cols] + [h for _, h in ratios]
+    print(f"**{'In a CUDA graph' if mode == 'graph' else 'Eager'}**")
+    print()
     print("| " + " | ".join(heads) + " |")
     print("|" + " --- |" * len(heads))
     for key in sorted(table, key=lambda k: (COLL_ORDER.get(k[0], 9), DTYPE_ORDER.get(k[1], 9), k[2])):
         row = table[key]
+        if not any(c in row for c, _ in cols):
+            continue
         cells = [f"{key[0]} {key[1]}", size_name(key[2])] + [cell(row.get(c)) for c, _ in cols]
-        for ours, theirs in ((OURS_GRAPH, NCCL_GRAPH), (OURS_TORCH_EAGER, NCCL_EAGER)):
-            x = ratio(row.get(ours), row.get(theirs))
+        for ours, _ in ratios:
+            x = ratio(row.get(ours), row.get(NVIDIA + (mode,)))
             cells.append("—" if x is None else f"{x:.2f}")
         print("| " + " | ".join(cells) + " |")
+    print()
 
 
 def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
@@ -198,20 +220,41 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
                 out.append((x <= factor, f"{k[1]} {size_name(k[2])} ratio {x:.2f}", x))
         return out
 
+    def vs_symm(ours, mode: str) -> List[Tuple[bool, str, float]]:
+        """Ours against the faster of SymmetricMemory's two kernels, row by row."""
+        out = []
+        for k, v in rows("allreduce"):
+            best = min((v[(s, "torch", mode)] for s in SYMM if (s, "torch", mode) in v), key=lambda r: float(r["us"]),
+                       default=None)
+            x = ratio(v.get(ours), best)
+            if x is not None:
+                out.append((x <= 1.0, f"{k[1]} {size_name(k[2])} ratio {x:.2f} ({best['lib']})", x))
+        return out
+
     print("Targets (from the issue; ratios are ours/NCCL times):")
     verdict("all-reduce in a CUDA graph ≤ 3.5 µs from 1 KiB to 64 KiB",
             us_at_most("allreduce", OURS_GRAPH, 1 << 10, 64 << 10, 3.5))
     verdict("all-reduce in a CUDA graph ≤ 8 µs at 1 MiB", us_at_most("allreduce", OURS_GRAPH, 1 << 20, 1 << 20, 8.0))
     verdict("all-reduce algBW ≥ 370 GB/s at 256 MiB and 1 GiB (graph)",
             gbps_at_least("allreduce", [256 << 20, 1 << 30], 370.0))
-    verdict("all-reduce eager from torch ≤ 1/3 of dist.all_reduce up to 1 MiB",
+    verdict("all-reduce eager from torch (the package) ≤ 1/3 of dist.all_reduce on NVIDIA NCCL up to 1 MiB",
             vs_nccl("allreduce", OURS_TORCH_EAGER, NCCL_EAGER, 1 << 20, 1.0 / 3.0))
-    for coll, name in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter"), ("broadcast", "broadcast")):
-        verdict(f"{name} ≥ NCCL at every size, graph", vs_nccl(coll, OURS_GRAPH, NCCL_GRAPH))
-        verdict(f"{name} ≥ NCCL at every size, eager from torch", vs_nccl(coll, OURS_TORCH_EAGER, NCCL_EAGER))
+    verdict("(for reference) dist.all_reduce on our libnccl ≤ 1/3 of it on NVIDIA NCCL up to 1 MiB, eager",
+            vs_nccl("allreduce", OURS_NCCL_EAGER, NCCL_EAGER, 1 << 20, 1.0 / 3.0))
+    verdict("all-reduce ≤ SymmetricMemory's faster kernel at every size, graph (ours from C)",
+            vs_symm(OURS_GRAPH, "graph"))
+    verdict("all-reduce ≤ SymmetricMemory's faster kernel at every size, eager (ours from torch)",
+            vs_symm(OURS_TORCH_EAGER, "eager"))
+    for coll, name in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter"), ("broadcast", "broadcast"),
+                       ("reduce", "reduce"), ("alltoall", "all-to-all"), ("allreduce", "all-reduce")):
+        verdict(f"{name} ≥ NCCL at every size, graph, ours from C", vs_nccl(coll, OURS_GRAPH, NCCL_GRAPH))
+        verdict(f"{name} ≥ NCCL at every size, graph, torch.distributed on ours",
+                vs_nccl(coll, OURS_NCCL_GRAPH, NCCL_GRAPH))
+        verdict(f"{name} ≥ NCCL at every size, eager, torch.distributed on ours",
+                vs_nccl(coll, OURS_NCCL_EAGER, NCCL_EAGER))
+        verdict(f"{name} ≥ NCCL at every size, eager, ours from torch (the package)",
+                vs_nccl(coll, OURS_TORCH_EAGER, NCCL_EAGER))
     verdict("all-gather ≥ 770 GB/s at 1 GiB (graph)", gbps_at_least("allgather", [1 << 30], 770.0))
-    print("- all-reduce at least PyTorch SymmetricMemory's one-shot/two-shot at every size: not measured here "
-          "(compare with docs/PERFORMANCE.md)")
 
 
 def main() -> int:
@@ -230,6 +273,9 @@ def main() -> int:
     parser.add_argument("--ours-modes", help="ours from torch: eager (default) or eager,graph")
     parser.add_argument("--skip-c", action="store_true", help="leave out collectives_bench")
     parser.add_argument("--skip-torch", action="store_true", help="leave out nccl_collectives.py")
+    parser.add_argument("--skip-preload", action="store_true",
+                        help="leave out torch.distributed on our libnccl.so.2 (LD_PRELOAD)")
+    parser.add_argument("--torch-limit", type=int, default=1800, help="seconds for each run of nccl_collectives.py")
     parser.add_argument("--table-only", action="store_true", help="only print the table of the logs in --log-dir")
     args = parser.parse_args()
     # Given: from where this was started; by default: from the repository root, as run_bench.sh has it.
@@ -241,13 +287,14 @@ def main() -> int:
     log_dir = os.path.relpath(log_dir) if os.path.abspath(log_dir).startswith(ROOT + os.sep) else log_dir
     c_log = os.path.join(log_dir, "collectives_bench.log")
     torch_log = os.path.join(log_dir, "nccl_collectives.log")
+    preload_log = os.path.join(log_dir, "nccl_collectives_ours.log")
     failures: List[str] = []
     notes: List[str] = []
     ran: List[str] = []  # the logs of this run (a part left out keeps no stale log in the table)
     shared = False
 
     if args.table_only:
-        ran = [p for p in (c_log, torch_log) if os.path.exists(p)]
+        ran = [p for p in (c_log, torch_log, preload_log) if os.path.exists(p)]
     else:
         n_gpus = count_gpus()
         min_gpus = max(1, int(os.environ.get("MSCCLPP_TEST_MIN_GPUS", "2") or 2))
@@ -290,12 +337,29 @@ def main() -> int:
                 # The package from this checkout (it loads build/lib/libmscclpp.so.0), as python/run_gpu_tests.sh.
                 env["PYTHONPATH"] = os.path.join(ROOT, "python") + (
                     os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-                cmd = [py, os.path.join("examples-c", "bench", "nccl_collectives.py"), "--nranks", str(args.nranks)]
-                cmd += common + (["--ours-modes", args.ours_modes] if args.ours_modes else [])
-                rc = run_logged(cmd, torch_log, 1800, env)
+                script = [py, os.path.join("examples-c", "bench", "nccl_collectives.py"), "--nranks", str(args.nranks)]
+                cmd = script + common + (["--ours-modes", args.ours_modes] if args.ours_modes else [])
+                cmd += ["--libs", "nccl,mscclpp,symm-oneshot,symm-twoshot", "--timeout", str(args.torch_limit)]
+                rc = run_logged(cmd, torch_log, args.torch_limit + 60, env)
                 ran.append(torch_log)
                 if rc != 0:
                     failures.append(f"FAIL nccl_collectives.py: exit code {rc} (log {torch_log})")
+                # torch.distributed, unchanged, on our libnccl.so.2: it comes first by LD_PRELOAD, so every NCCL
+                # call torch makes binds to it (its INFO line names the libnccl the process mapped).
+                ours_nccl = os.path.abspath(os.environ.get("MSCCLPP_NCCL_LIB", "build/lib/nccl/libnccl.so.2"))
+                if args.skip_preload:
+                    pass
+                elif not os.path.exists(ours_nccl):
+                    failures.append(f"FAIL {ours_nccl} is missing (not built: run make)")
+                else:
+                    pre_env = dict(env)
+                    pre_env["LD_PRELOAD"] = ours_nccl + (" " + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+                    cmd = script + common + ["--libs", "nccl", "--nccl-label", "ours-nccl",
+                                             "--timeout", str(args.torch_limit)]
+                    rc = run_logged(cmd, preload_log, args.torch_limit + 60, pre_env)
+                    ran.append(preload_log)
+                    if rc != 0:
+                        failures.append(f"FAIL nccl_collectives.py on our libnccl: exit code {rc} (log {preload_log})")
 
     results: List[Result] = []
     for path in ran:
@@ -324,11 +388,11 @@ def main() -> int:
     if table:
         print("Time per call in µs / algBW in GB/s (all-reduce and broadcast: the buffer; all-gather: the output; "
               "reduce-scatter: the input). Graph: calls captured in a CUDA graph and replayed; eager: one call "
-              "after another, from C or from Python; median of the repeats. Ratios: ours/NCCL time, below 1 = ours "
-              "faster.")
+              "after another, from C or from Python; median of the repeats. Ratios: time over NVIDIA's NCCL "
+              "(torch.distributed, same mode); below 1 = ours faster.")
         print()
-        print_table(table)
-        print()
+        print_table(table, "graph")
+        print_table(table, "eager")
         print_targets(table)
     else:
         print("No results (see the logs).")
@@ -338,7 +402,7 @@ def main() -> int:
         print()
         for f in fails:
             print(f)
-    print(f"\nlogs: {c_log}, {torch_log}")
+    print(f"\nlogs: {c_log}, {torch_log}, {preload_log}")
     return 1 if fails else 0
 
 

@@ -8,8 +8,14 @@ collective and message size (NCCL-tests' bytes: all-reduce's and broadcast's buf
 reduce-scatter's input; sum; broadcast from rank 0):
 
 - lib=nccl: `dist.all_reduce`, `dist.all_gather_into_tensor`, `dist.reduce_scatter_tensor`,
-  `dist.broadcast`, eager (a loop of calls from Python between CUDA events) and graph (the same calls
-  captured in a `torch.cuda.graph`, 100 per graph up to 1 MiB and 10 above, replayed);
+  `dist.broadcast`, `dist.reduce` (to rank 0), `dist.all_to_all_single`, eager (a loop of calls from Python
+  between CUDA events) and graph (the same calls captured in a `torch.cuda.graph`, 100 per graph up to
+  1 MiB and 10 above, replayed). Whichever libnccl.so.2 the process loaded: with ours preloaded
+  (`LD_PRELOAD=build/lib/nccl/libnccl.so.2`), `--nccl-label ours-nccl` names these rows lib=ours-nccl;
+- lib=symm-oneshot, symm-twoshot (`--libs`, all-reduce only): PyTorch SymmetricMemory's kernels,
+  `torch.ops.symm_mem.one_shot_all_reduce_out` (out of place) and `two_shot_all_reduce_` (in place) on
+  `symm_mem.empty` buffers rendezvoused over the world group, eager and graph as above; a type or size
+  they refuse is a SKIP line;
 - lib=mscclpp caller=torch: `mscclpp.all_reduce`, `all_gather`, `reduce_scatter`, `broadcast` (the
   package's collectives, if it has them: otherwise this says so and leaves those rows out), eager, and with
   `--ours-modes eager,graph` also in a graph.
@@ -23,9 +29,9 @@ Rank 0 prints one line per measurement,
 
     RESULT lib=nccl caller=torch collective=allreduce dtype=f16 bytes=1024 mode=eager us=38.4 algbw=0.027 ...
 
-NVLink multicast (NVLS) is never used: NCCL_NVLS_ENABLE=0 is forced before NCCL starts. NCCL does not
-run two ranks on one GPU; with fewer GPUs than ranks only our rows are measured (their timings then mean
-nothing, as the NOTE line says).
+NVLink multicast (NVLS) is never used: NCCL_NVLS_ENABLE=0 and TORCH_SYMM_MEM_DISABLE_MULTICAST=1 are
+forced before torch starts. NCCL does not run two ranks on one GPU; with fewer GPUs than ranks only our rows
+are measured (their timings then mean nothing, as the NOTE line says).
 """
 
 from __future__ import annotations
@@ -42,14 +48,18 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 # Before torch (and NCCL) start, in the parent and in every spawned process (they import this module
 # again): multicast objects must never be created on these machines.
 os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"  # SymmetricMemory likewise
 # Kernels load when a context is made, not at their first launch (README.md, "Lazy module loading"): a rank
 # must not sit in a lazy load, which waits for its GPU, while that GPU runs a collective waiting for a peer.
 # The caller's setting wins.
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
-COLLS = ("allreduce", "allgather", "reducescatter", "broadcast")
+COLLS = ("allreduce", "allgather", "reducescatter", "broadcast", "reduce", "alltoall")
+# The package's collectives (lib=mscclpp caller=torch) and SymmetricMemory's (all-reduce only).
+OURS_COLLS = ("allreduce", "allgather", "reducescatter", "broadcast")
+SYMM_LIBS = ("symm-oneshot", "symm-twoshot")
 DTYPES = ("f16", "bf16", "f32")
-DEFAULT_COLLS = "allreduce_f16,allreduce_f32,allgather_f32,reducescatter_f32,broadcast_f32"
+DEFAULT_COLLS = "allreduce_f16,allreduce_f32,allgather_f32,reducescatter_f32,broadcast_f32,reduce_f32,alltoall_f32"
 # As collectives_bench: powers of 4 from 1 KiB to 1 GiB.
 DEFAULT_SIZES = [1 << s for s in range(10, 31, 2)]
 QUICK_SIZES = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
@@ -107,6 +117,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def mapped_libnccl() -> List[str]:
+    """The libnccl files this process has mapped (which one torch uses: ours when preloaded)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return sorted({line.split()[-1] for line in f if "libnccl" in line and "/" in line})
+    except OSError:
+        return []
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 
@@ -137,6 +156,12 @@ def expected_piece(torch: Any, coll: str, rank: int, nranks: int, chunk: int, sa
         return value(j // chunk, j % chunk)
     if coll == "reducescatter":
         return sum(value(r, rank * chunk + j) for r in range(nranks))
+    if coll == "reduce":
+        # To rank 0, in place; another rank's buffer (its input) must be left as it was.
+        return sum(value(r, j) for r in range(nranks)) if rank == 0 else value(rank, j)
+    if coll == "alltoall":
+        # Piece p of the output is piece `rank` of rank p's input.
+        return value(j // chunk, rank * chunk + j % chunk)
     return value(0, j)  # broadcast from rank 0
 
 
@@ -158,7 +183,9 @@ def check_output(torch: Any, out: Any, coll: str, rank: int, nranks: int, chunk:
 
 
 class Case:
-    """The tensors of one collective at one size, and the call under test (lib is 'nccl' or 'mscclpp')."""
+    """The tensors of one collective at one size, and the call under test (lib: 'nccl', whatever library
+    torch.distributed's NCCL backend loaded; 'mscclpp', the package's collectives; 'symm-oneshot' or
+    'symm-twoshot', SymmetricMemory's all-reduce kernels)."""
 
     def __init__(self, torch: Any, dist: Any, ours: Any, comm: Any, lib: str, coll: str, dtype_name: str,
                  nbytes: int, rank: int, nranks: int, salt: int) -> None:
@@ -166,12 +193,37 @@ class Case:
         dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
         esize = torch.tensor([], dtype=dtype).element_size()
         dev = torch.device("cuda", torch.cuda.current_device())
-        if coll in ("allreduce", "broadcast"):
+        if lib in SYMM_LIBS:
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            count = nbytes // esize
+            self.chunk, self.bytes = count, count * esize
+            # The input lives in symmetric memory, mapped by every peer (rendezvous is collective).
+            self.inp = symm_mem.empty(count, dtype=dtype, device=dev)
+            group = dist.group.WORLD.group_name
+            symm_mem.rendezvous(self.inp, group)
+            ops = torch.ops.symm_mem
+            if lib == "symm-oneshot":
+                self.out = torch.empty(count, dtype=dtype, device=dev)
+                inp, out = self.inp, self.out
+                self.call = lambda: ops.one_shot_all_reduce_out(inp, "sum", group, out)
+            else:
+                self.out = self.inp  # two_shot_all_reduce_ is in place
+                inp = self.inp
+                self.call = lambda: ops.two_shot_all_reduce_(inp, "sum", group)
+            return
+        if coll in ("allreduce", "broadcast", "reduce"):
             count = nbytes // esize
             self.chunk = count
             self.inp = torch.empty(count, dtype=dtype, device=dev)
-            self.out = self.inp  # in place, as torch's all_reduce and broadcast are
+            self.out = self.inp  # in place, as torch's all_reduce, broadcast and reduce are
             self.bytes = count * esize
+        elif coll == "alltoall":
+            # NCCL-tests' bytes: a rank's whole send buffer, a piece of chunk elements per peer.
+            self.chunk = nbytes // (esize * nranks)
+            self.inp = torch.empty(self.chunk * nranks, dtype=dtype, device=dev)
+            self.out = torch.empty(self.chunk * nranks, dtype=dtype, device=dev)
+            self.bytes = self.chunk * nranks * esize
         else:
             self.chunk = nbytes // (esize * nranks)
             big = torch.empty(self.chunk * nranks, dtype=dtype, device=dev)
@@ -190,6 +242,10 @@ class Case:
             return lambda: dist.all_gather_into_tensor(out, inp)
         if self.coll == "reducescatter":
             return lambda: dist.reduce_scatter_tensor(out, inp)
+        if self.coll == "reduce":
+            return lambda: dist.reduce(out, dst=0)
+        if self.coll == "alltoall":
+            return lambda: dist.all_to_all_single(out, inp)
         return lambda: dist.broadcast(out, src=0)
 
     def _ours_call(self, ours: Any, comm: Any) -> Callable[[], Any]:
@@ -300,7 +356,7 @@ def load_ours() -> Tuple[Optional[Any], str]:
 
 def result_line(lib: str, coll: str, dtype: str, nbytes: int, mode: str, us: float, calls: int, nranks: int,
                 gpus: int, args: argparse.Namespace, checked: bool) -> str:
-    algo = os.environ.get("MSCCLPP_COLL_ALGO", "auto") if lib == "mscclpp" else "nccl"
+    algo = os.environ.get("MSCCLPP_COLL_ALGO", "auto") if lib in ("mscclpp", "ours-nccl") else lib
     return (f"RESULT lib={lib} caller=torch collective={coll} dtype={dtype} bytes={nbytes} mode={mode} "
             f"us={us:.3f} algbw={nbytes / us / 1000.0:.3f} calls={calls} repeats={args.repeats} ranks={nranks} "
             f"gpus={gpus} algo={algo} checked={int(checked)}")
@@ -329,7 +385,8 @@ def worker(rank: int, nranks: int, args: argparse.Namespace, dist_port: int, our
             v = torch.cuda.nccl.version()  # a tuple in recent torch, an int (2.28.9 = 22809) in older ones
             nccl_version = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         say(f"INFO nccl_collectives ranks={nranks} gpus={gpus} device=\"{torch.cuda.get_device_name(gpu)}\" "
-            f"torch={torch.__version__} nccl={nccl_version} NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")
+            f"torch={torch.__version__} nccl={nccl_version} NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')} "
+            f"lib={args.nccl_label} libnccl={','.join(mapped_libnccl()) or '-'}")
         if nranks > gpus:
             say(f"NOTE: {nranks} ranks share {gpus} GPU(s): NCCL is not measured (it refuses two ranks on one GPU) "
                 "and our timings are NOT comparable to figures with one GPU per rank")
@@ -361,18 +418,54 @@ def worker(rank: int, nranks: int, args: argparse.Namespace, dist_port: int, our
         libs.append(("nccl", args.modes))
     if ours is not None:
         libs.append(("mscclpp", args.ours_modes))
+    symm_ok = nccl_ok and any(lib in args.libs for lib in SYMM_LIBS)
+    if symm_ok:
+        try:
+            from torch.distributed import _symmetric_memory as symm_mem
+
+            # Needed by the torch versions before 2.8; a no-op (or gone) after.
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+            if enable is not None:
+                enable(dist.group.WORLD.group_name)
+        except Exception as e:
+            symm_ok = False
+            if rank == 0:
+                say(f"SKIP lib=symm-*: torch's SymmetricMemory is not usable here ({e!r})")
+    if symm_ok:
+        libs += [(lib, args.modes) for lib in SYMM_LIBS if lib in args.libs]
     failed = 0
-    # NCCL first, for every collective and size, then ours: a failure in ours (which ends the run, see below)
-    # then loses none of NCCL's rows.
+    # NCCL first, for every collective and size, then ours, then SymmetricMemory: a failure in ours (which
+    # ends the run, see below) then loses none of NCCL's rows.
     for lib, modes in libs:
+        label = args.nccl_label if lib == "nccl" else lib
         for spec_index, (coll, dtype) in enumerate(args.specs):
+            if (lib == "mscclpp" and coll not in OURS_COLLS) or (lib in SYMM_LIBS and coll != "allreduce"):
+                continue
             for size_index, nbytes in enumerate(args.sizes):
                 salt = 1 + spec_index * len(args.sizes) + size_index
-                name = f"{lib} {coll} {dtype} {nbytes} bytes"
+                name = f"{label} {coll} {dtype} {nbytes} bytes"
+                if lib in SYMM_LIBS:
+                    # SymmetricMemory refuses some types and sizes; it says so on every rank alike, before
+                    # any rank waits for another, so a refusal is a SKIP row, not the end of the run.
+                    try:
+                        case = Case(torch, dist, ours, comm, lib, coll, dtype, nbytes, rank, nranks, salt)
+                        problem = case.checked_call()
+                        refused = ""
+                    except Exception as e:
+                        refused = repr(e)
+                    verdicts = [None] * nranks
+                    dist.all_gather_object(verdicts, refused, group=cpu_group)
+                    if any(verdicts):
+                        if rank == 0:
+                            say(f"SKIP {name}: " + next(v for v in verdicts if v)[:300])
+                        torch.cuda.synchronize()
+                        continue
                 try:
-                    case = Case(torch, dist, ours, comm, lib, coll, dtype, nbytes, rank, nranks, salt)
+                    if lib not in SYMM_LIBS:
+                        case = Case(torch, dist, ours, comm, lib, coll, dtype, nbytes, rank, nranks, salt)
                     results: Dict[str, Tuple[float, int]] = {}
-                    problem = case.checked_call()
+                    if lib not in SYMM_LIBS:
+                        problem = case.checked_call()
                     problem = problem and "first call: " + problem
                     verdicts = [None] * nranks
                     # Every rank times, or none: a rank alone skipping would leave its peers' calls unmatched.
@@ -388,7 +481,7 @@ def worker(rank: int, nranks: int, args: argparse.Namespace, dist_port: int, our
                     bad = {r: v for r, v in enumerate(verdicts) if v}
                     if rank == 0:
                         for mode, (us, calls) in results.items():
-                            say(result_line(lib, coll, dtype, case.bytes, mode, us, calls, nranks, gpus, args,
+                            say(result_line(label, coll, dtype, case.bytes, mode, us, calls, nranks, gpus, args,
                                             not bad))
                         if bad:
                             say(f"FAIL {name}: " + "; ".join(f"rank {r}: {v}" for r, v in bad.items()))
@@ -432,7 +525,10 @@ def main() -> int:
     parser.add_argument("--max-bytes", default="1G")
     parser.add_argument("--modes", default="graph,eager", help="NCCL's modes")
     parser.add_argument("--ours-modes", default="eager", help="modes of ours from torch (graph,eager)")
-    parser.add_argument("--libs", default="nccl,mscclpp")
+    parser.add_argument("--libs", default="nccl,mscclpp", help="nccl (torch.distributed), mscclpp (the package), "
+                        "symm-oneshot, symm-twoshot (SymmetricMemory's all-reduce)")
+    parser.add_argument("--nccl-label", default="nccl", help="lib= of torch.distributed's rows: ours-nccl when "
+                        "our libnccl.so.2 is preloaded (compare_collectives.py does)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=0, help="calls per timed repeat (default: about --repeat-ms)")
     parser.add_argument("--repeat-ms", type=float, default=10.0)
@@ -450,8 +546,8 @@ def main() -> int:
             setattr(args, opt, [m for m in getattr(args, opt).split(",") if m])
         if not set(args.modes + args.ours_modes) <= {"graph", "eager"}:
             raise ValueError("modes are graph and eager")
-        if not set(args.libs) <= {"nccl", "mscclpp"}:
-            raise ValueError("libs are nccl and mscclpp")
+        if not set(args.libs) <= {"nccl", "mscclpp", *SYMM_LIBS}:
+            raise ValueError("libs are nccl, mscclpp, " + ", ".join(SYMM_LIBS))
     except ValueError as e:
         parser.error(str(e))
     if args.quick:
