@@ -261,6 +261,11 @@ def rank_main(rank: int, nranks: int, uid: Any, args: argparse.Namespace, out: A
                     report["problems"] += bad
                     report["notes"] += notes
             comm.barrier()
+        fast = mscclpp.collectives._fastcall
+        if fast is not None and hasattr(fast, "shim_state"):
+            state, why, reads, streams = fast.shim_state()
+            report["notes"].append(f"rank {rank}: torch's C shim " + ("on" if state == 1 else f"off ({why})") +
+                                   f": {reads} tensors and {streams} streams read through it")
     except BaseException as e:  # noqa: BLE001 - whatever it was goes to the parent
         report["error"] = f"{e!r}\n{traceback.format_exc()}"
     out.put(report)

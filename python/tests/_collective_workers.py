@@ -308,6 +308,13 @@ def streams_and_protocols(rank: int, address: str, framework: str) -> Dict[str, 
             fw.wait()
             failures += _problems(fw, "all_reduce of a tensor that requires grad", w.detach(),
                                   fw.reduced("sum", 2, n, "float32"))
+            # Usual calls enough for the extension to trust torch's C shim (_fastcall.c, read_torch: its reads
+            # compared with the Python accessors' on a type's first tensors), so that the checks below are made
+            # with the shim on.
+            warm = fw.values(rank, 64, "float32")
+            for _ in range(12):
+                mscclpp.all_reduce(warm, "max", comm=comm)
+            fw.wait()
             checks = {
                 "cpu tensor": lambda: mscclpp.all_reduce(torch.zeros(4), comm=comm),
                 "non-contiguous": lambda: mscclpp.all_reduce(torch.zeros(8, 8, device="cuda").t(), comm=comm),
@@ -359,7 +366,11 @@ def streams_and_protocols(rank: int, address: str, framework: str) -> Dict[str, 
             except Exception as e:  # noqa: BLE001
                 errors[name] = f"{type(e).__name__}: {e}"
         comm.barrier()
-    return {"failures": failures, "errors": errors, "gpu": gpu}
+    from mscclpp import collectives
+
+    fast = collectives._fastcall
+    shim = fast.shim_state() if fast is not None and hasattr(fast, "shim_state") else None
+    return {"failures": failures, "errors": errors, "gpu": gpu, "shim": shim}
 
 
 # ---- CUDA graphs ----

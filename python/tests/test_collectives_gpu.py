@@ -118,6 +118,12 @@ def test_streams_protocols_and_errors(framework: str) -> None:
                 assert e["other gpu"].startswith("ValueError") and "the communicator works on GPU" in e["other gpu"], e
         else:
             assert e["bool"].startswith("TypeError") and "bool" in e["bool"], e
+        if framework == "torch" and r["shim"] is not None:
+            # With the extension, torch tensors are read through torch's C shim once it agreed with the
+            # accessors (the errors above were raised with it on), unless this torch has no such shim.
+            state, why, reads, _ = r["shim"]
+            print(f"rank {rank}: torch's C shim {'on' if state == 1 else 'off: ' + why}, {reads} tensors read by it")
+            assert (state == 1 and reads > 0) or (state == 0 and "was not found" in why), r["shim"]
 
 
 @pytest.mark.parametrize("warm_up", [True, False], ids=["after-eager-calls", "first-call-in-capture"])

@@ -327,6 +327,16 @@ def test_the_extension_passes_what_the_python_path_passes(world: World) -> None:
     assert world.same_both_ways(lambda: mscclpp.all_gather(big, t, comm=c1))[0][1] is big
 
 
+def test_without_torchs_c_shim_the_accessors_are_read(world: World) -> None:
+    # No torch library in this process: the extension finds no aoti_torch_* functions, says so, and reads
+    # the stand-in tensors through their Python accessors (every call above was made that way).
+    t = world.torch.Tensor(6, world.torch.float16, BASE)
+    result, calls, made = world.same_both_ways(lambda: mscclpp.all_reduce(t, comm=world.comms[1]))
+    assert result[0] == "returned" and made == 1 and len(calls) == 1
+    state, why, reads, stream_reads = collectives._fastcall.shim_state()
+    assert (state, reads, stream_reads) == (0, 0, 0) and "was not found" in why, (state, why, reads)
+
+
 @needs_fastcall
 def test_the_stream_is_the_current_one_of_the_outputs_gpu(world: World) -> None:
     torch, (c0, _) = world.torch, world.comms
