@@ -56,6 +56,7 @@ OURS_GRAPH, OURS_TORCH_EAGER = ("mscclpp", "c", "graph"), ("mscclpp", "torch", "
 NCCL_GRAPH, NCCL_EAGER = ("nccl", "torch", "graph"), ("nccl", "torch", "eager")
 OURS_NCCL_GRAPH, OURS_NCCL_EAGER = ("ours-nccl", "torch", "graph"), ("ours-nccl", "torch", "eager")
 SYMM = ("symm-oneshot", "symm-twoshot")
+C_DEFAULT_COLLS = "allreduce_bf16,allreduce_f32,allgather_f32,reducescatter_f32,broadcast_f32"
 COLL_ORDER = {"allreduce": 0, "allgather": 1, "reducescatter": 2, "broadcast": 3, "reduce": 4, "alltoall": 5}
 DTYPE_ORDER = {"f16": 0, "bf16": 1, "f32": 2}
 
@@ -262,7 +263,7 @@ def main() -> int:
     parser.add_argument("--log-dir", help="default: $BENCH_LOG_DIR, else build/bench-logs (both from the repository root)")
     parser.add_argument("--nranks", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1K, 64K, 1M, 16M, 256M; shorter repeats")
-    parser.add_argument("--colls", help="e.g. allreduce_f16,allgather_f32 (default: all-reduce f16 and f32, "
+    parser.add_argument("--colls", help="e.g. allreduce_f16,allgather_f32 (default: all-reduce bf16 and f32, "
                         "all-gather, reduce-scatter, broadcast, f32)")
     parser.add_argument("--sizes", help="comma-separated bytes with K, M, G (default 1K..1G, powers of 4)")
     parser.add_argument("--min-bytes")
@@ -308,7 +309,7 @@ def main() -> int:
                   "to one GPU per rank, and NCCL cannot run", file=sys.stderr, flush=True)
         os.makedirs(log_dir, exist_ok=True)
         common: List[str] = []
-        for opt in ("colls", "sizes", "min_bytes", "max_bytes", "repeats", "iters", "repeat_ms"):
+        for opt in ("sizes", "min_bytes", "max_bytes", "repeats", "iters", "repeat_ms"):
             value = getattr(args, opt)
             if value is not None:
                 common += [f"--{opt.replace('_', '-')}", str(value)]
@@ -320,7 +321,10 @@ def main() -> int:
             if not os.access(binary, os.X_OK):
                 failures.append(f"FAIL {binary} is missing (not built: run make)")
             else:
-                rc = run_logged([binary, str(args.nranks)] + common, c_log, 1200, env)
+                # By default the collectives of nccl_collectives.py's default that mscclpp.h has (it has no
+                # reduce and no all-to-all), the same types.
+                colls = ["--colls", args.colls or C_DEFAULT_COLLS]
+                rc = run_logged([binary, str(args.nranks)] + colls + common, c_log, 1200, env)
                 ran.append(c_log)
                 if rc != 0:
                     failures.append(f"FAIL collectives_bench: exit code {rc} (log {c_log})")
@@ -338,6 +342,7 @@ def main() -> int:
                 env["PYTHONPATH"] = os.path.join(ROOT, "python") + (
                     os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
                 script = [py, os.path.join("examples-c", "bench", "nccl_collectives.py"), "--nranks", str(args.nranks)]
+                common += ["--colls", args.colls] if args.colls else []
                 cmd = script + common + (["--ours-modes", args.ours_modes] if args.ours_modes else [])
                 cmd += ["--libs", "nccl,mscclpp,symm-oneshot,symm-twoshot", "--timeout", str(args.torch_limit)]
                 rc = run_logged(cmd, torch_log, args.torch_limit + 60, env)

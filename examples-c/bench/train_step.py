@@ -230,6 +230,14 @@ def nccl_identity(torch: Any) -> Dict[str, Any]:
             get_version = v.value
     except (AttributeError, OSError):  # not in the global scope (torch may have opened NCCL locally)
         pass
+    if get_version is None and len(mapped) == 1:
+        # Opened locally (torch's own libnccl, not preloaded): ask the one mapped file, already loaded.
+        try:
+            v = ctypes.c_int(0)
+            if ctypes.CDLL(mapped[0]).ncclGetVersion(ctypes.byref(v)) == 0:
+                get_version = v.value
+        except (AttributeError, OSError):
+            pass
     v = torch.cuda.nccl.version()  # the version torch was built with: a tuple in recent torch
     return {"nccl_version": ".".join(map(str, v)) if isinstance(v, tuple) else str(v),
             "nccl_get_version": get_version, "mapped_libnccl": mapped, "nccl_symbol_lib": symbol_lib}

@@ -47,23 +47,34 @@ impl Choice {
 }
 
 /// Largest message (the bytes that cross: all-reduce's and broadcast's buffer, all-gather's output,
-/// reduce-scatter's input) that `Choice::Auto` sends in packets.
-pub fn packet_limit(collective: Collective) -> u64 {
+/// reduce-scatter's input) that `Choice::Auto` sends in packets among `nranks` ranks.
+pub fn packet_limit(collective: Collective, nranks: usize) -> u64 {
+    if nranks <= 2 {
+        // Two H100s over NVLink (docs/PERFORMANCE.md, "Two GPUs", 2026-11-26), in a CUDA graph, packets
+        // against copies: all-reduce 9.8 against 15.9 us at 1 MiB, 16.1 against 18.9 at 2 MiB; all-gather
+        // 9.7 against 11.2 at 2 MiB; reduce-scatter 10.6 against 10.9 at 2 MiB; broadcast 14.7 against 16.7
+        // at 1 MiB, even at 2 MiB. (Two ranks sharing one H100 under MPS: packets ahead up to 1 MiB.)
+        return match collective {
+            Collective::Broadcast | Collective::Scatter => 1 << 20,
+            _ => 2 << 20,
+        };
+    }
+    // Not measured with a GPU per rank yet: one-shot packets carry n - 1 copies, so more ranks keep the
+    // limits found with ranks sharing one H100 (MPS, 2026-11-25: packets 6.7 us at 512 KiB against 10.9
+    // for the two shots).
     match collective {
-        // Two ranks sharing one H100 (MPS, 2026-11-25): packets 6.7 us at 512 KiB against 10.9 for the
-        // two shots, even at 1 MiB, behind at 2 MiB; NVLink doubles what packets cost in bytes.
         Collective::AllReduce | Collective::Reduce => 512 << 10,
         Collective::AllGather | Collective::ReduceScatter | Collective::Gather | Collective::AllToAll => 256 << 10,
-        // One sender, as a broadcast (not measured on their own yet).
         Collective::Broadcast | Collective::Scatter => 64 << 10,
     }
 }
 
-/// The algorithm for a call whose message (see `packet_limit`) has `message` bytes.
-pub fn choose(collective: Collective, message: u64, choice: Choice) -> Protocol {
+/// The algorithm for a call among `nranks` ranks whose message (see `packet_limit`) has `message` bytes.
+/// It depends on nothing else, so every rank of the call picks the same.
+pub fn choose(collective: Collective, nranks: usize, message: u64, choice: Choice) -> Protocol {
     match choice {
         Choice::Force(p) => p,
-        Choice::Auto if message <= packet_limit(collective) => Protocol::Packet,
+        Choice::Auto if message <= packet_limit(collective, nranks) => Protocol::Packet,
         Choice::Auto => Protocol::Copy,
     }
 }
@@ -132,7 +143,7 @@ pub fn estimate_us(collective: Collective, nranks: usize, message: u64) -> f64 {
     // Bytes per microsecond (1 GB/s is 1000 B/µs). Packets carry 8 data bytes in 16.
     const PACKET_BYTES_PER_US: f64 = 100_000.0;
     const COPY_BYTES_PER_US: f64 = 350_000.0;
-    let protocol = choose(collective, message, Choice::Auto);
+    let protocol = choose(collective, nranks, message, Choice::Auto);
     let n = nranks.max(1) as f64;
     let others = (n - 1.0) / n;
     // The share of the message each rank's links carry.
@@ -189,8 +200,11 @@ pub fn resident_share(kernel: &str, multiprocessors: u32, per_multiprocessor: u3
 pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u64, max_blocks: u32) -> (u32, u32) {
     let threads = threads(protocol) as u64;
     let (unit, per_thread, most) = match protocol {
-        Protocol::Packet => (8u64, 2u64, 32u64),
-        Protocol::Copy => (16, 1, 64),
+        // The most blocks: as many as the 128 of MAX_BLOCKS on two H100s over NVLink (2026-11-26, against
+        // 32 and 64 before): a packet all-reduce of 1 MiB 9.8 us instead of 13.8, copies of 1 GiB 5-7 %
+        // faster (all-reduce 278 GB/s instead of 263, all-gather 527 instead of 495).
+        Protocol::Packet => (8u64, 2u64, 128u64),
+        Protocol::Copy => (16, 1, 128),
     };
     // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
     // blocks.
@@ -227,12 +241,16 @@ mod tests {
     #[test]
     fn small_messages_go_in_packets_and_the_setting_forces_either() {
         for c in ALL {
-            let limit = packet_limit(c);
-            assert_eq!(choose(c, 1, Choice::Auto), Protocol::Packet);
-            assert_eq!(choose(c, limit, Choice::Auto), Protocol::Packet);
-            assert_eq!(choose(c, limit + 1, Choice::Auto), Protocol::Copy);
-            assert_eq!(choose(c, 1 << 30, Choice::Force(Protocol::Packet)), Protocol::Packet);
-            assert_eq!(choose(c, 1, Choice::Force(Protocol::Copy)), Protocol::Copy);
+            for n in [2, 3, 8, 16] {
+                let limit = packet_limit(c, n);
+                assert_eq!(choose(c, n, 1, Choice::Auto), Protocol::Packet);
+                assert_eq!(choose(c, n, limit, Choice::Auto), Protocol::Packet);
+                assert_eq!(choose(c, n, limit + 1, Choice::Auto), Protocol::Copy);
+                assert_eq!(choose(c, n, 1 << 30, Choice::Force(Protocol::Packet)), Protocol::Packet);
+                assert_eq!(choose(c, n, 1, Choice::Force(Protocol::Copy)), Protocol::Copy);
+            }
+            // More ranks never send more in packets (one-shot packets carry n - 1 copies).
+            assert!(packet_limit(c, 8) <= packet_limit(c, 2));
         }
         assert_eq!(Choice::parse("PACKET"), Choice::Force(Protocol::Packet));
         assert_eq!(Choice::parse("copy"), Choice::Force(Protocol::Copy));
@@ -291,7 +309,7 @@ mod tests {
         );
         assert_eq!(
             grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30, MAX_BLOCKS).0,
-            64
+            128
         );
     }
 

@@ -286,9 +286,15 @@ mod tests {
             let s = c.sizes(0, 2, 0).unwrap();
             assert_eq!((s.piece, s.send, s.recv), (512 << 10, 512 << 10, 512 << 10));
             let message = Collective::AllReduce.message(s.piece, 2);
-            assert_eq!(message, packet_limit(Collective::AllReduce));
-            assert_eq!(choose(Collective::AllReduce, message, Choice::Auto), Protocol::Packet);
-            assert_eq!(choose(Collective::AllReduce, message + 1, Choice::Auto), Protocol::Copy);
+            assert_eq!(message, packet_limit(Collective::AllReduce, 4));
+            assert_eq!(
+                choose(Collective::AllReduce, 4, message, Choice::Auto),
+                Protocol::Packet
+            );
+            assert_eq!(
+                choose(Collective::AllReduce, 4, message + 1, Choice::Auto),
+                Protocol::Copy
+            );
             let rs = call(Collective::ReduceScatter, 1000, t).sizes(1, 4, 0).unwrap();
             assert_eq!((rs.piece, rs.send, rs.recv), (1000, 4000, 1000));
         }

@@ -185,7 +185,7 @@ impl Collectives {
         let ready = ready.as_mut().expect("set up above");
 
         let message = call.collective.message(sizes.piece, nranks);
-        let protocol = algorithm::choose(call.collective, message, ready.choice);
+        let protocol = algorithm::choose(call.collective, nranks, message, ready.choice);
         let base = algorithm::kernel_base(call.collective, protocol);
         let loaded = {
             // A first kernel of its type loads a module, which a capture allows only in the relaxed mode.
