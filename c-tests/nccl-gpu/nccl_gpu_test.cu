@@ -2548,6 +2548,13 @@ int runKill(const Options& opt, bool p2p)
   }
   memset((void*)gBoard, 0, sizeof(Board));
   const int nranks = opt.nranks, victim = nranks - 1;
+  // A kill case before this one ended a process with kernels running: under MPS the server may refuse new
+  // clients until it has cleaned up after it (README, "When a rank fails"; seen on two H100s).
+  const std::string gpu = waitForGpuClients(30 * scale);
+  if (!gpu.empty()) {
+    printf("FAIL %s: the GPUs took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());
+    return 1;
+  }
   ForkedRanks ranks(nranks, 180 * scale, [&](int r) {
     Rank R;
     R.rank = r;

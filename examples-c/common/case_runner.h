@@ -908,10 +908,10 @@ inline bool bounded(int device, double seconds, std::function<T()> fn, T* out)
   return true;
 }
 
-// Waits (up to `seconds`) until a new process can take GPU 0, probing in forked children (this process
-// must not initialise CUDA before it forks ranks). Under MPS, after a client was killed or faulted with
-// kernels running, the server refuses new clients ("all CUDA-capable devices are busy or unavailable") for
-// a moment, until it has cleaned up after them: a case that starts its ranks then must wait for that.
+// Waits (up to `seconds`) until a new process can take every visible GPU, probing in forked children (this
+// process must not initialise CUDA before it forks ranks). Under MPS, after a client was killed or faulted
+// with kernels running, the server refuses new clients ("all CUDA-capable devices are busy or unavailable")
+// for a moment, until it has cleaned up after them: a case that starts its ranks then must wait for that.
 // Returns "" once a probe succeeded, else the last probe's CUDA error.
 inline std::string waitForGpuClients(double seconds)
 {
@@ -920,7 +920,12 @@ inline std::string waitForGpuClients(double seconds)
   do {
     const pid_t pid = fork();
     if (pid == 0) {
-      const cudaError_t e = cudaSetDevice(0) == cudaSuccess ? cudaFree(nullptr) : cudaGetLastError();
+      int n = 0;
+      cudaError_t e = cudaGetDeviceCount(&n);
+      for (int d = 0; e == cudaSuccess && d < n; ++d) {
+        e = cudaSetDevice(d);
+        if (e == cudaSuccess) e = cudaFree(nullptr);
+      }
       _exit(e == cudaSuccess ? 0 : 100 + (int)std::min<unsigned>((unsigned)e, 100u));
     }
     if (pid < 0) return "fork failed";
