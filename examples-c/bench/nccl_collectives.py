@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
-import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from bench_ranks import free_port, supervise  # beside this file
 
 # Before torch (and NCCL) start, in the parent and in every spawned process (they import this module
 # again): multicast objects must never be created on these machines.
@@ -110,12 +110,6 @@ def calls_per_repeat(nbytes: int, args: argparse.Namespace) -> int:
         return args.iters
     est_us = 5.0 + nbytes / 250e3
     return max(10, min(20000, int(-(-args.repeat_ms * 1000.0 // est_us))))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mapped_libnccl() -> List[str]:
@@ -568,23 +562,7 @@ def main() -> int:
         p.start()
     # Nothing may hang: a rank that fails makes the others stop soon after; a run past its time is killed.
     limit = args.timeout or 180.0 + 20.0 * len(args.specs) * len(args.sizes)
-    deadline = time.monotonic() + limit
-    first_failure = None
-    while any(p.is_alive() for p in procs):
-        now = time.monotonic()
-        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-            first_failure = now
-        if now > deadline or (first_failure is not None and now - first_failure > 30):
-            why = f"the {limit:.0f} s limit" if now > deadline else "another rank failed"
-            for r, p in enumerate(procs):
-                if p.is_alive():
-                    say(f"FAIL nccl_collectives rank {r}: killed after {why}")
-                    p.kill()
-            break
-        time.sleep(0.1)
-    for p in procs:
-        p.join()
-    codes = [p.exitcode for p in procs]
+    codes = supervise(procs, limit, "nccl_collectives", say)
     say(f"SUMMARY nccl_collectives: exit codes {codes}")
     return 0 if all(c == 0 for c in codes) else 1
 

@@ -47,13 +47,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
+
+from bench_ranks import free_port, supervise  # beside this file
 
 # Before torch (and NCCL) start, here and in every spawned rank (they import this module again): multicast
 # objects must never be created on these machines.
@@ -70,12 +71,6 @@ WORKLOADS = ("ddp", "tp_64k", "tp_4k")
 TP_TOKENS = {"tp_64k": 16, "tp_4k": 1}  # x 1024 hidden x 4 bytes: 64 KiB and 4 KiB per all-reduce
 HIDDEN, FFN, TP_LAYERS = 1024, 4096, 8
 BATCH_POOL = 8  # distinct batches, cycled (bounded memory whatever --steps)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def say(line: str) -> None:
@@ -333,23 +328,7 @@ def worker_run(args: argparse.Namespace) -> int:
         p.start()
     # Nothing may hang: a rank that fails makes the others go 30 s later; all go before the parent's limit.
     limit = max(60.0, args.timeout - 30.0)
-    deadline = time.monotonic() + limit
-    first_failure = None
-    while any(p.is_alive() for p in procs):
-        now = time.monotonic()
-        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-            first_failure = now
-        if now > deadline or (first_failure is not None and now - first_failure > 30):
-            why = f"the {limit:.0f} s limit" if now > deadline else "another rank failed"
-            for r, p in enumerate(procs):
-                if p.is_alive():
-                    say(f"FAIL train_step lib={args.worker_run} rank={r}: killed after {why}")
-                    p.kill()
-            break
-        time.sleep(0.1)
-    for p in procs:
-        p.join()
-    codes = [p.exitcode for p in procs]
+    codes = supervise(procs, limit, f"train_step lib={args.worker_run}", say)
     say(f"SUMMARY train_step lib={args.worker_run}: exit codes {codes}")
     return 0 if all(c == 0 for c in codes) else 1
 
