@@ -14,17 +14,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def supervise(procs: List[Any], limit: float, what: str, say: Callable[[str], None]) -> List[int]:
+def supervise(procs: List[Any], limit: float, what: str, say: Callable[[str], None], grace: float = 30.0) -> List[int]:
     """Waits for the started rank processes (multiprocessing.Process) and returns their exit codes. Nothing
-    may hang: 30 s after one rank failed (its peers may wait for it forever), or past `limit` seconds, the
-    ones still running are killed, each with a FAIL line naming `what` and the rank."""
+    may hang: `grace` seconds after one rank failed (its peers may wait for it forever), or past `limit`
+    seconds, the ones still running are killed, each with a FAIL line naming `what` and the rank."""
     deadline = time.monotonic() + limit
     first_failure = None
     while any(p.is_alive() for p in procs):
         now = time.monotonic()
         if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
             first_failure = now
-        if now > deadline or (first_failure is not None and now - first_failure > 30):
+        if now > deadline or (first_failure is not None and now - first_failure > grace):
             why = f"the {limit:.0f} s limit" if now > deadline else "another rank failed"
             for r, p in enumerate(procs):
                 if p.is_alive():
