@@ -28,6 +28,7 @@ pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
 pub mod p2p;
+mod peer_buffers;
 pub mod process_exit;
 pub mod scratch;
 

@@ -1,0 +1,1026 @@
+//! The peers' registered buffers as this rank reaches them: the host-side bookkeeping of the zero-copy
+//! collectives' mappings (`docs/ZERO_COPY.md`, "Mappings: exchanged once per registration, pushed").
+//!
+//! A zero-copy collective reads and writes the peers' registered buffers directly, and its kernels decide
+//! on the GPU, by a vote, whether every rank can reach every other's buffers (the host cannot ask the
+//! peers per call). What the vote checks is kept here:
+//! - `LocalSlots`: each of this rank's registrations gets a slot and a generation. The slot indexes the
+//!   peers' tables; the generation tells a reuse of the slot from the registration it held before, so that
+//!   a peer whose mapping is of an older registration never takes it for the new one.
+//! - `Record`: what a rank pushes to every peer, once per registration, through the bootstrap's one-way
+//!   messages: "slot s, generation g is this allocation, exported as this handle" (`Added`), and later
+//!   "slot s, generation g is gone" (`Gone`). No call waits for an answer.
+//! - `PeerTable`: per peer and slot, the newest generation heard of and its opened mapping. `resolve`
+//!   answers "do I hold peer p's slot s at generation g, and where is it?", the question of the kernels'
+//!   vote; `device_entries` lists what the device-visible table (`peerBase[peer][slot]` with its
+//!   generation) is to hold.
+//!
+//! Generations start at 1: 0 is never issued, so that an empty entry of the device-visible table (zeroed)
+//! never matches a descriptor.
+//!
+//! Not done yet (issue 27's GPU work): nothing calls this module. Still to come are exporting a
+//! registration at `register` (`cuIpcGetMemHandle`, or the shareable handle of `ncclMemAlloc`'s memory)
+//! and pushing its `Record`, the receiver-side hook that applies the records, the real `Opener`
+//! (`cuIpcOpenMemHandle`), the device-visible table and its copy, and closing a mapping only once the
+//! collectives that may use it have ended: here a `Gone` drops the mapping at once, so the caller must
+//! apply it only when that holds. Two registrations in one allocation are opened once each: whether the
+//! driver accepts a handle opened twice in one context is to be checked on a GPU; if not, the real opener
+//! shares the mapping by the record's buffer id.
+
+// Built ahead of the GPU work of issue 27 (the zero-copy kernels); wired into the collectives when the
+// kernels land, until then only its tests use it.
+#![allow(dead_code)]
+
+use super::kernel_args::MAX_RANKS;
+use crate::codec::{Reader, Writer};
+use crate::error::{Error, Result};
+use crate::registration::Registration;
+
+/// The most registrations a rank exports at once: the slots of the device-visible table per peer.
+pub const MAX_SLOTS: usize = 64;
+
+/// The largest exported handle a record carries: a `cuIpcGetMemHandle` handle is 64 bytes.
+pub const MAX_HANDLE_BYTES: usize = 64;
+
+/// The records' format. A peer speaking another one is refused, never half understood.
+const FORMAT_VERSION: u8 = 1;
+const KIND_ADDED: u8 = 1;
+const KIND_GONE: u8 = 2;
+
+/// What a rank pushes to its peers about one of its registrations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// The registration in `slot` at `generation`: `len` bytes at `offset_in_allocation` of an allocation
+    /// of `alloc_size` bytes, exported as `handle` (opaque bytes: 64 for `cuIpcGetMemHandle`). The
+    /// handle names the whole allocation, hence the offset.
+    Added {
+        slot: u32,
+        generation: u32,
+        offset_in_allocation: u64,
+        len: u64,
+        alloc_size: u64,
+        /// The owner's `CU_POINTER_ATTRIBUTE_BUFFER_ID`: tells two registrations of one allocation.
+        buffer_id: u64,
+        handle: Vec<u8>,
+    },
+    /// The registration in `slot` at `generation` is deregistered (or found stale): its mapping goes.
+    Gone { slot: u32, generation: u32 },
+}
+
+impl Record {
+    /// The `Added` record of `registration`, given its slot, generation and exported handle.
+    pub fn added(slot: u32, generation: u32, registration: &Registration, handle: Vec<u8>) -> Result<Record> {
+        let allocation = &registration.allocation;
+        let offset_in_allocation = registration.ptr.checked_sub(allocation.base).ok_or_else(|| {
+            Error::internal(format!(
+                "registration at {:#x} starts before its allocation at {:#x}",
+                registration.ptr, allocation.base
+            ))
+        })?;
+        let record = Record::Added {
+            slot,
+            generation,
+            offset_in_allocation,
+            len: registration.len as u64,
+            alloc_size: allocation.size as u64,
+            buffer_id: allocation.buffer_id,
+            handle,
+        };
+        match record.inconsistency() {
+            Some(why) => Err(Error::internal(format!("registration record {why}"))),
+            None => Ok(record),
+        }
+    }
+
+    pub fn slot(&self) -> u32 {
+        match self {
+            Record::Added { slot, .. } | Record::Gone { slot, .. } => *slot,
+        }
+    }
+
+    pub fn generation(&self) -> u32 {
+        match self {
+            Record::Added { generation, .. } | Record::Gone { generation, .. } => *generation,
+        }
+    }
+
+    /// The message pushed to a peer. A handle over `MAX_HANDLE_BYTES` is written as it is and refused by
+    /// the peer's `decode`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::with_capacity(48 + MAX_HANDLE_BYTES);
+        match self {
+            Record::Added {
+                slot,
+                generation,
+                offset_in_allocation,
+                len,
+                alloc_size,
+                buffer_id,
+                handle,
+            } => {
+                w.u8(KIND_ADDED)
+                    .u8(FORMAT_VERSION)
+                    .u32(*slot)
+                    .u32(*generation)
+                    .u64(*offset_in_allocation)
+                    .u64(*len)
+                    .u64(*alloc_size)
+                    .u64(*buffer_id)
+                    .string(handle);
+            }
+            Record::Gone { slot, generation } => {
+                w.u8(KIND_GONE).u8(FORMAT_VERSION).u32(*slot).u32(*generation);
+            }
+        }
+        w.into_bytes()
+    }
+
+    /// Reads a message written by `encode`. A truncated message, trailing bytes, another format version,
+    /// an unknown kind, an oversized handle or a range outside its allocation is a `Remote` error naming
+    /// what was wrong.
+    pub fn decode(bytes: &[u8]) -> Result<Record> {
+        let mut r = Reader::new(bytes, "registration record");
+        let kind = r.u8()?;
+        let version = r.u8()?;
+        // The version first: another format may number its kinds differently.
+        if version != FORMAT_VERSION {
+            return Err(r.malformed(format!(
+                "is of format version {version}, and this library reads version {FORMAT_VERSION} only (ranks \
+                 running different library versions?)"
+            )));
+        }
+        let record = match kind {
+            KIND_ADDED => {
+                let slot = r.u32()?;
+                let generation = r.u32()?;
+                let offset_in_allocation = r.u64()?;
+                let len = r.u64()?;
+                let alloc_size = r.u64()?;
+                let buffer_id = r.u64()?;
+                // Read by hand rather than with `Reader::string`, so that the error names the handle.
+                let handle_len = r.u32()? as usize;
+                if handle_len > MAX_HANDLE_BYTES {
+                    return Err(r.malformed(format!(
+                        "has an IPC handle of {handle_len} bytes (at most {MAX_HANDLE_BYTES})"
+                    )));
+                }
+                let handle = r.slice(handle_len)?.to_vec();
+                Record::Added {
+                    slot,
+                    generation,
+                    offset_in_allocation,
+                    len,
+                    alloc_size,
+                    buffer_id,
+                    handle,
+                }
+            }
+            KIND_GONE => Record::Gone {
+                slot: r.u32()?,
+                generation: r.u32()?,
+            },
+            other => {
+                return Err(r.malformed(format!(
+                    "has an unknown kind {other} ({KIND_ADDED}: added, {KIND_GONE}: gone)"
+                )));
+            }
+        };
+        if let Some(why) = record.inconsistency() {
+            return Err(r.malformed(why));
+        }
+        r.finish()?;
+        Ok(record)
+    }
+
+    /// What makes the record unusable whatever the table, said after "registration record".
+    fn inconsistency(&self) -> Option<String> {
+        if self.generation() == 0 {
+            return Some(format!(
+                "of slot {} has generation 0, which is never issued",
+                self.slot()
+            ));
+        }
+        let Record::Added {
+            slot,
+            offset_in_allocation,
+            len,
+            alloc_size,
+            handle,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        if *len == 0 {
+            return Some(format!("of slot {slot} covers 0 bytes"));
+        }
+        if offset_in_allocation
+            .checked_add(*len)
+            .is_none_or(|end| end > *alloc_size)
+        {
+            return Some(format!(
+                "of slot {slot} has {len} bytes at offset {offset_in_allocation}, outside its allocation of \
+                 {alloc_size} bytes"
+            ));
+        }
+        if handle.len() > MAX_HANDLE_BYTES {
+            return Some(format!(
+                "of slot {slot} has an IPC handle of {} bytes (at most {MAX_HANDLE_BYTES})",
+                handle.len()
+            ));
+        }
+        None
+    }
+}
+
+/// One slot of this rank's own registrations.
+#[derive(Clone, Copy, Debug, Default)]
+struct LocalSlot {
+    /// The generation issued last (0: never used).
+    generation: u32,
+    /// The registration's token while the slot is in use.
+    token: Option<u64>,
+}
+
+/// Slot and generation of this rank's own registrations, by registration token.
+#[derive(Debug)]
+pub struct LocalSlots {
+    slots: [LocalSlot; MAX_SLOTS],
+}
+
+impl Default for LocalSlots {
+    fn default() -> Self {
+        LocalSlots {
+            slots: [LocalSlot::default(); MAX_SLOTS],
+        }
+    }
+}
+
+impl LocalSlots {
+    /// Gives the registration `token` the lowest free slot, at the generation after the slot's last.
+    /// A slot whose generation reached `u32::MAX` is retired rather than wrapped to 0 (which would match an
+    /// empty entry of a peer's table): out of reach in practice, 2^32 reuses.
+    pub fn add(&mut self, token: u64) -> Result<(u32, u32)> {
+        if let Some(held) = self.get(token) {
+            return Err(Error::internal(format!(
+                "registration {token:#x} already holds slot {} (generation {})",
+                held.0, held.1
+            )));
+        }
+        let free = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| s.token.is_none() && s.generation < u32::MAX);
+        let Some((slot, entry)) = free else {
+            let retired = self
+                .slots
+                .iter()
+                .filter(|s| s.token.is_none() && s.generation == u32::MAX)
+                .count();
+            let retired = if retired > 0 {
+                format!(" ({retired} retired after 2^32 - 1 reuses)")
+            } else {
+                String::new()
+            };
+            return Err(Error::invalid_usage(format!(
+                "a communicator exports at most {MAX_SLOTS} registered buffers at once, and no slot is free\
+                 {retired}; deregister buffers first"
+            )));
+        };
+        entry.generation += 1;
+        entry.token = Some(token);
+        Ok((slot as u32, entry.generation))
+    }
+
+    /// Frees the slot of `token`; gives its slot and generation (what the `Gone` record names), or `None`
+    /// for a token that holds none.
+    pub fn remove(&mut self, token: u64) -> Option<(u32, u32)> {
+        let (slot, entry) = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| s.token == Some(token))?;
+        entry.token = None;
+        Some((slot as u32, entry.generation))
+    }
+
+    /// The slot and generation `token` holds.
+    pub fn get(&self, token: u64) -> Option<(u32, u32)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.token == Some(token))
+            .map(|(slot, s)| (slot as u32, s.generation))
+    }
+
+    /// How many slots are in use.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.token.is_some()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Opens a peer's exported allocation in this rank's context. The real one calls `cuIpcOpenMemHandle`;
+/// dropping its `Mapping` closes it.
+pub trait Opener {
+    type Mapping;
+    /// Maps the allocation of `alloc_size` bytes that `peer` exported as `handle`; gives the mapping and
+    /// the address of the allocation's first byte in this context.
+    fn open(&self, peer: usize, handle: &[u8], alloc_size: u64) -> Result<(Self::Mapping, u64)>;
+}
+
+/// A peer's registration opened here.
+struct Entry<M> {
+    /// Keeps the allocation mapped; dropped (closed) with the entry.
+    _mapping: M,
+    /// The registration's first byte in this context: the mapped base plus its offset in the allocation.
+    address: u64,
+    len: u64,
+    buffer_id: u64,
+}
+
+/// One slot of a peer's registrations.
+struct PeerSlot<M> {
+    /// The newest generation heard of for the slot (0: none), held or not: an `Added` of it or of an older
+    /// one is stale, even after its `Gone` or a failed open.
+    generation: u32,
+    /// The mapping of `generation`, while it is open.
+    entry: Option<Entry<M>>,
+}
+
+impl<M> Default for PeerSlot<M> {
+    fn default() -> Self {
+        PeerSlot {
+            generation: 0,
+            entry: None,
+        }
+    }
+}
+
+/// The peers' registrations as this rank reaches them: per peer and slot, the current generation and its
+/// mapping. The owner serializes `apply` (the receiver threads) against the readers (the calls).
+pub struct PeerTable<O: Opener> {
+    rank: usize,
+    nranks: usize,
+    opener: O,
+    /// By peer (this rank's row stays empty), then slot.
+    peers: Vec<Vec<PeerSlot<O::Mapping>>>,
+}
+
+impl<O: Opener> PeerTable<O> {
+    /// The table of rank `rank` of `nranks`, empty.
+    pub fn new(rank: usize, nranks: usize, opener: O) -> Result<PeerTable<O>> {
+        if nranks > MAX_RANKS {
+            return Err(Error::invalid_usage(format!(
+                "zero-copy collectives span at most {MAX_RANKS} ranks; this communicator has {nranks}"
+            )));
+        }
+        crate::ensure_arg!(rank < nranks, "rank {rank} out of range for nranks {nranks}");
+        let peers = (0..nranks)
+            .map(|_| (0..MAX_SLOTS).map(|_| PeerSlot::default()).collect())
+            .collect();
+        Ok(PeerTable {
+            rank,
+            nranks,
+            opener,
+            peers,
+        })
+    }
+
+    /// Checks that `peer` is another rank of the communicator and `slot` a slot.
+    fn check(&self, peer: usize, slot: u32) -> Result<()> {
+        crate::ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        crate::ensure_arg!(
+            peer != self.rank,
+            "peer {peer} is this rank: a rank maps no registration of its own"
+        );
+        crate::ensure_arg!(
+            (slot as usize) < MAX_SLOTS,
+            "slot {slot} of peer {peer} out of range (at most {MAX_SLOTS} slots)"
+        );
+        Ok(())
+    }
+
+    /// Applies a record pushed by `peer`. An `Added` newer than the slot's generation replaces what the
+    /// slot holds (the old mapping is closed) and opens the new one; an older or the same is stale and
+    /// ignored. A `Gone` of the held generation closes its mapping; of another generation it is ignored.
+    /// A failed open leaves the slot empty and gives the opener's error.
+    pub fn apply(&mut self, peer: usize, record: Record) -> Result<()> {
+        self.check(peer, record.slot())?;
+        if let Some(why) = record.inconsistency() {
+            return Err(Error::invalid_argument(format!(
+                "registration record from peer {peer} {why}"
+            )));
+        }
+        let slot = record.slot();
+        match record {
+            Record::Added {
+                generation,
+                offset_in_allocation,
+                len,
+                alloc_size,
+                buffer_id,
+                handle,
+                ..
+            } => {
+                let held = &mut self.peers[peer][slot as usize];
+                if generation <= held.generation {
+                    log::debug!(
+                        "peer {peer}'s registration slot {slot}: generation {generation} added, ignored (stale: \
+                         generation {} heard of already)",
+                        held.generation
+                    );
+                    return Ok(());
+                }
+                // The peer reuses a slot only after its registration is gone: the old mapping is closed
+                // first, whatever becomes of the new one.
+                held.generation = generation;
+                held.entry = None;
+                let opened = self.opener.open(peer, &handle, alloc_size).and_then(|(mapping, base)| {
+                    match base.checked_add(offset_in_allocation) {
+                        Some(address) => Ok((mapping, address)),
+                        None => Err(Error::internal(format!(
+                            "mapped at {base:#x}, where offset {offset_in_allocation} overflows"
+                        ))),
+                    }
+                });
+                match opened {
+                    Ok((mapping, address)) => {
+                        log::debug!(
+                            "peer {peer}'s registration slot {slot} generation {generation}: {len} bytes at \
+                             {address:#x} (buffer id {buffer_id})"
+                        );
+                        self.peers[peer][slot as usize].entry = Some(Entry {
+                            _mapping: mapping,
+                            address,
+                            len,
+                            buffer_id,
+                        });
+                        Ok(())
+                    }
+                    Err(e) => {
+                        // The slot stays empty: the vote answers no for it, and calls take the scratch path.
+                        log::warn!(
+                            "peer {peer}'s registration slot {slot} generation {generation} ({len} bytes) cannot \
+                             be mapped: {}; collectives on it will not be zero-copy",
+                            e.message
+                        );
+                        Err(e)
+                    }
+                }
+            }
+            Record::Gone { generation, .. } => {
+                let held = &mut self.peers[peer][slot as usize];
+                if held.generation == generation && held.entry.is_some() {
+                    held.entry = None;
+                    log::debug!("peer {peer}'s registration slot {slot} generation {generation}: gone, unmapped");
+                } else {
+                    log::debug!(
+                        "peer {peer}'s registration slot {slot}: generation {generation} gone, ignored (generation \
+                         {} {})",
+                        held.generation,
+                        if held.entry.is_some() { "held" } else { "not held" }
+                    );
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The address, in this context, of the first byte of `peer`'s registration in `slot`, only while
+    /// exactly `generation` of it is held: what the kernels' vote relies on.
+    pub fn resolve(&self, peer: usize, slot: u32, generation: u32) -> Option<u64> {
+        let held = self.peers.get(peer)?.get(slot as usize)?;
+        match &held.entry {
+            Some(entry) if held.generation == generation => Some(entry.address),
+            _ => None,
+        }
+    }
+
+    /// Every held registration as (peer, slot, generation, address), by peer and then slot: what the
+    /// device-visible table is to hold.
+    pub fn device_entries(&self) -> Vec<(usize, u32, u32, u64)> {
+        let mut out = Vec::new();
+        for (peer, slots) in self.peers.iter().enumerate() {
+            for (slot, held) in slots.iter().enumerate() {
+                if let Some(entry) = &held.entry {
+                    out.push((peer, slot as u32, held.generation, entry.address));
+                }
+            }
+        }
+        out
+    }
+
+    /// Closes every mapping (the communicator's destroy, once its collectives have ended); gives how many
+    /// there were. The generations heard of are kept, so that a late record stays stale.
+    pub fn clear(&mut self) -> usize {
+        let mut n = 0;
+        for held in self.peers.iter_mut().flatten() {
+            n += held.entry.take().is_some() as usize;
+        }
+        n
+    }
+
+    /// How many mappings are open.
+    pub fn len(&self) -> usize {
+        self.peers.iter().flatten().filter(|h| h.entry.is_some()).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::registration::{Allocation, Kind};
+    use std::cell::{Cell, RefCell};
+    use std::rc::Rc;
+
+    /// What the fake opener saw: every open's arguments, and every mapping closed, by id.
+    #[derive(Default)]
+    struct Log {
+        opened: RefCell<Vec<(usize, Vec<u8>, u64)>>,
+        closed: RefCell<Vec<u64>>,
+    }
+
+    /// A mapping that records its close.
+    struct FakeMapping {
+        id: u64,
+        log: Rc<Log>,
+    }
+
+    impl Drop for FakeMapping {
+        fn drop(&mut self) {
+            self.log.closed.borrow_mut().push(self.id);
+        }
+    }
+
+    /// Maps allocation `n` (counting opens from 1) at `0x7f00_0000_0000 + (n << 32)`; fails while `fail` is set.
+    struct FakeOpener {
+        log: Rc<Log>,
+        fail: Cell<bool>,
+        next: Cell<u64>,
+    }
+
+    impl FakeOpener {
+        fn new() -> (FakeOpener, Rc<Log>) {
+            let log = Rc::new(Log::default());
+            let opener = FakeOpener {
+                log: log.clone(),
+                fail: Cell::new(false),
+                next: Cell::new(1),
+            };
+            (opener, log)
+        }
+    }
+
+    fn base_of(id: u64) -> u64 {
+        0x7f00_0000_0000 + (id << 32)
+    }
+
+    impl Opener for FakeOpener {
+        type Mapping = FakeMapping;
+        fn open(&self, peer: usize, handle: &[u8], alloc_size: u64) -> Result<(FakeMapping, u64)> {
+            self.log.opened.borrow_mut().push((peer, handle.to_vec(), alloc_size));
+            if self.fail.get() {
+                return Err(Error::cuda("cuIpcOpenMemHandle: CUDA_ERROR_INVALID_VALUE (fake)"));
+            }
+            let id = self.next.get();
+            self.next.set(id + 1);
+            Ok((
+                FakeMapping {
+                    id,
+                    log: self.log.clone(),
+                },
+                base_of(id),
+            ))
+        }
+    }
+
+    fn added(slot: u32, generation: u32) -> Record {
+        Record::Added {
+            slot,
+            generation,
+            offset_in_allocation: 0x200,
+            len: 4096,
+            alloc_size: 1 << 20,
+            buffer_id: 42,
+            handle: vec![slot as u8; 64],
+        }
+    }
+
+    /// `added(1, 2)` with another range in its allocation of 1 MiB.
+    fn ranged(offset_in_allocation: u64, len: u64) -> Record {
+        let Record::Added {
+            slot,
+            generation,
+            alloc_size,
+            buffer_id,
+            handle,
+            ..
+        } = added(1, 2)
+        else {
+            unreachable!("added() makes an Added record")
+        };
+        Record::Added {
+            slot,
+            generation,
+            offset_in_allocation,
+            len,
+            alloc_size,
+            buffer_id,
+            handle,
+        }
+    }
+
+    fn gone(slot: u32, generation: u32) -> Record {
+        Record::Gone { slot, generation }
+    }
+
+    fn table(rank: usize, nranks: usize) -> (PeerTable<FakeOpener>, Rc<Log>) {
+        let (opener, log) = FakeOpener::new();
+        (PeerTable::new(rank, nranks, opener).unwrap(), log)
+    }
+
+    fn closed(log: &Log) -> Vec<u64> {
+        log.closed.borrow().clone()
+    }
+
+    #[test]
+    fn both_kinds_round_trip() {
+        let mut handle = vec![0u8; 64];
+        handle[0] = 0xab;
+        handle[63] = 0xcd;
+        let a = Record::Added {
+            slot: 63,
+            generation: u32::MAX,
+            offset_in_allocation: 0x1000,
+            len: (1 << 30) - 0x1000,
+            alloc_size: 1 << 30,
+            buffer_id: u64::MAX,
+            handle,
+        };
+        let bytes = a.encode();
+        assert_eq!(bytes.len(), 2 + 4 + 4 + 4 * 8 + 4 + 64);
+        assert_eq!(bytes[..2], [KIND_ADDED, FORMAT_VERSION]);
+        assert_eq!(Record::decode(&bytes).unwrap(), a);
+        let g = gone(5, 7);
+        let bytes = g.encode();
+        assert_eq!(bytes, [KIND_GONE, FORMAT_VERSION, 5, 0, 0, 0, 7, 0, 0, 0]);
+        assert_eq!(Record::decode(&bytes).unwrap(), g);
+        assert_eq!((g.slot(), g.generation()), (5, 7));
+    }
+
+    #[test]
+    fn an_added_record_is_made_from_a_registration() {
+        let registration = Registration {
+            ptr: 0x10_0200,
+            len: 4096,
+            kind: Kind::Buffer,
+            allocation: Allocation {
+                buffer_id: 42,
+                base: 0x10_0000,
+                size: 1 << 20,
+                device: 0,
+            },
+            library_memory: false,
+        };
+        assert_eq!(Record::added(3, 1, &registration, vec![3; 64]).unwrap(), added(3, 1));
+        let before = Registration {
+            ptr: 0xf_0000,
+            ..registration
+        };
+        let e = Record::added(3, 1, &before, vec![3; 64]).unwrap_err();
+        assert!(e.message.contains("starts before its allocation"), "{}", e.message);
+    }
+
+    #[test]
+    fn truncated_messages_are_refused_naming_the_record() {
+        for record in [added(1, 2), gone(1, 2)] {
+            let bytes = record.encode();
+            for n in 0..bytes.len() {
+                let e = Record::decode(&bytes[..n]).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Remote);
+                assert!(
+                    e.message.contains("registration record is truncated"),
+                    "{n}: {}",
+                    e.message
+                );
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            let e = Record::decode(&longer).unwrap_err();
+            assert!(e.message.contains("1 trailing bytes"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn unknown_kinds_and_versions_are_refused() {
+        let mut bytes = gone(1, 2).encode();
+        bytes[0] = 9;
+        let e = Record::decode(&bytes).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(e.message.contains("unknown kind 9"), "{}", e.message);
+        let mut bytes = added(1, 2).encode();
+        bytes[1] = FORMAT_VERSION + 1;
+        let e = Record::decode(&bytes).unwrap_err();
+        assert!(
+            e.message.contains("format version 2") && e.message.contains("version 1 only"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn oversized_handles_and_inconsistent_records_are_refused() {
+        assert_eq!(
+            added(1, 2).encode().len(),
+            2 + 4 + 4 + 4 * 8 + 4 + MAX_HANDLE_BYTES,
+            "64 bytes pass"
+        );
+        let oversized = Record::Added {
+            slot: 1,
+            generation: 2,
+            offset_in_allocation: 0,
+            len: 1,
+            alloc_size: 1,
+            buffer_id: 1,
+            handle: vec![0; MAX_HANDLE_BYTES + 1],
+        };
+        let e = Record::decode(&oversized.encode()).unwrap_err();
+        assert!(
+            e.message
+                .contains("registration record has an IPC handle of 65 bytes (at most 64)"),
+            "{}",
+            e.message
+        );
+        // A length prefix claiming more than the message holds is refused before anything is read.
+        let mut bytes = added(1, 2).encode();
+        let at = bytes.len() - 64 - 4;
+        bytes[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let e = Record::decode(&bytes).unwrap_err();
+        assert!(e.message.contains("IPC handle of 4294967295 bytes"), "{}", e.message);
+
+        let e = Record::decode(&ranged((1 << 20) - 100, 4096).encode()).unwrap_err();
+        assert!(e.message.contains("outside its allocation"), "{}", e.message);
+        let e = Record::decode(&ranged(u64::MAX, 4096).encode()).unwrap_err();
+        assert!(e.message.contains("outside its allocation"), "{}", e.message);
+        let e = Record::decode(&ranged(0, 0).encode()).unwrap_err();
+        assert!(e.message.contains("covers 0 bytes"), "{}", e.message);
+        assert_eq!(
+            Record::decode(&ranged(0, 1 << 20).encode()).unwrap(),
+            ranged(0, 1 << 20),
+            "the whole allocation"
+        );
+        for record in [added(1, 0), gone(1, 0)] {
+            let e = Record::decode(&record.encode()).unwrap_err();
+            assert!(e.message.contains("generation 0"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn slots_are_the_lowest_free_and_reuse_bumps_the_generation() {
+        let mut slots = LocalSlots::default();
+        assert_eq!(slots.add(0xa).unwrap(), (0, 1));
+        assert_eq!(slots.add(0xb).unwrap(), (1, 1));
+        assert_eq!(slots.add(0xc).unwrap(), (2, 1));
+        assert_eq!(slots.get(0xb), Some((1, 1)));
+        assert_eq!(slots.remove(0xb), Some((1, 1)));
+        assert_eq!(slots.remove(0xb), None, "removed once");
+        assert_eq!(slots.get(0xb), None);
+        assert_eq!(slots.add(0xd).unwrap(), (1, 2), "slot 1 again, at a new generation");
+        assert_eq!(slots.remove(0xa), Some((0, 1)));
+        assert_eq!(slots.add(0xe).unwrap(), (0, 2));
+        assert_eq!(slots.remove(0xd), Some((1, 2)));
+        assert_eq!(slots.add(0xf).unwrap(), (1, 3));
+        assert_eq!(slots.len(), 3);
+        let e = slots.add(0xf).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Internal);
+        assert!(e.message.contains("already holds slot 1"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_full_table_is_refused_naming_the_limit_and_the_remedy() {
+        let mut slots = LocalSlots::default();
+        for token in 0..MAX_SLOTS as u64 {
+            assert_eq!(slots.add(token).unwrap(), (token as u32, 1));
+        }
+        let e = slots.add(1000).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(
+            e.message.contains("at most 64 registered buffers") && e.message.contains("deregister buffers first"),
+            "{}",
+            e.message
+        );
+        assert_eq!(slots.get(1000), None);
+        assert_eq!(slots.remove(17), Some((17, 1)));
+        assert_eq!(slots.add(1000).unwrap(), (17, 2));
+    }
+
+    #[test]
+    fn an_exhausted_slot_is_retired_never_wrapped_to_generation_0() {
+        let mut slots = LocalSlots::default();
+        slots.slots[0].generation = u32::MAX - 1;
+        assert_eq!(slots.add(1).unwrap(), (0, u32::MAX));
+        assert_eq!(slots.remove(1), Some((0, u32::MAX)));
+        assert_eq!(slots.add(2).unwrap(), (1, 1), "slot 0 is retired");
+        for s in &mut slots.slots {
+            s.token = None;
+            s.generation = u32::MAX;
+        }
+        let e = slots.add(3).unwrap_err();
+        assert!(
+            e.message.contains("(64 retired") && e.message.contains("deregister buffers first"),
+            "{}",
+            e.message
+        );
+        assert!(slots.is_empty());
+    }
+
+    #[test]
+    fn added_opens_and_resolves_only_the_exact_generation() {
+        let (mut t, log) = table(0, 4);
+        t.apply(2, added(5, 3)).unwrap();
+        assert_eq!(*log.opened.borrow(), [(2, vec![5u8; 64], 1 << 20)]);
+        let address = base_of(1) + 0x200;
+        assert_eq!(t.resolve(2, 5, 3), Some(address), "mapped base plus the offset");
+        assert_eq!(t.resolve(2, 5, 2), None, "older generation");
+        assert_eq!(t.resolve(2, 5, 4), None, "newer generation");
+        assert_eq!(t.resolve(1, 5, 3), None, "another peer");
+        assert_eq!(t.resolve(2, 4, 3), None, "another slot");
+        assert_eq!(t.resolve(0, 5, 3), None, "this rank");
+        assert_eq!(t.resolve(9, 5, 3), None, "no such peer");
+        assert_eq!(t.resolve(2, MAX_SLOTS as u32, 3), None, "no such slot");
+        assert_eq!(t.device_entries(), [(2, 5, 3, address)]);
+    }
+
+    #[test]
+    fn a_newer_added_replaces_and_closes_the_old_mapping() {
+        let (mut t, log) = table(1, 2);
+        t.apply(0, added(0, 1)).unwrap();
+        t.apply(0, added(0, 2)).unwrap();
+        assert_eq!(closed(&log), [1], "generation 1's mapping closed");
+        assert_eq!(t.resolve(0, 0, 1), None);
+        assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200));
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn stale_added_is_ignored() {
+        let (mut t, log) = table(1, 2);
+        t.apply(0, added(3, 5)).unwrap();
+        t.apply(0, added(3, 5)).unwrap();
+        t.apply(0, added(3, 4)).unwrap();
+        assert_eq!(
+            log.opened.borrow().len(),
+            1,
+            "neither the same nor an older generation is opened"
+        );
+        assert!(closed(&log).is_empty());
+        assert_eq!(t.resolve(0, 3, 5), Some(base_of(1) + 0x200));
+        // After its Gone, a late Added of the same generation does not map it again.
+        t.apply(0, gone(3, 5)).unwrap();
+        t.apply(0, added(3, 5)).unwrap();
+        assert_eq!(log.opened.borrow().len(), 1);
+        assert_eq!(t.resolve(0, 3, 5), None);
+    }
+
+    #[test]
+    fn gone_drops_only_the_held_generation() {
+        let (mut t, log) = table(0, 3);
+        t.apply(1, added(2, 4)).unwrap();
+        t.apply(1, gone(2, 3)).unwrap();
+        t.apply(1, gone(2, 5)).unwrap();
+        t.apply(2, gone(2, 4)).unwrap();
+        assert!(
+            closed(&log).is_empty(),
+            "another generation's or another peer's Gone is ignored"
+        );
+        assert_eq!(t.resolve(1, 2, 4), Some(base_of(1) + 0x200));
+        t.apply(1, gone(2, 4)).unwrap();
+        assert_eq!(closed(&log), [1]);
+        assert_eq!(t.resolve(1, 2, 4), None);
+        assert!(t.is_empty());
+        t.apply(1, gone(2, 4)).unwrap();
+        assert_eq!(closed(&log), [1], "a repeated Gone closes nothing more");
+        // The slot is reused at a newer generation.
+        t.apply(1, added(2, 5)).unwrap();
+        assert_eq!(t.resolve(1, 2, 5), Some(base_of(2) + 0x200));
+    }
+
+    #[test]
+    fn a_failed_open_leaves_the_slot_empty_and_reports_the_error() {
+        let (mut t, log) = table(0, 2);
+        t.apply(1, added(7, 1)).unwrap();
+        t.opener.fail.set(true);
+        let e = t.apply(1, added(7, 2)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Cuda);
+        assert!(e.message.contains("cuIpcOpenMemHandle"), "{}", e.message);
+        assert_eq!(closed(&log), [1], "the superseded mapping is closed all the same");
+        assert_eq!(t.resolve(1, 7, 1), None);
+        assert_eq!(t.resolve(1, 7, 2), None);
+        assert!(t.device_entries().is_empty());
+        let e = t.apply(1, added(8, 1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Cuda);
+        assert_eq!(t.resolve(1, 8, 1), None);
+        // A later generation opens again once the opener works.
+        t.opener.fail.set(false);
+        t.apply(1, added(7, 3)).unwrap();
+        assert_eq!(t.resolve(1, 7, 3), Some(base_of(2) + 0x200));
+    }
+
+    #[test]
+    fn a_mapping_that_would_overflow_is_refused() {
+        struct AtTheTop;
+        impl Opener for AtTheTop {
+            type Mapping = ();
+            fn open(&self, _: usize, _: &[u8], _: u64) -> Result<((), u64)> {
+                Ok(((), u64::MAX - 0x100))
+            }
+        }
+        let mut t = PeerTable::new(0, 2, AtTheTop).unwrap();
+        let e = t.apply(1, added(0, 1)).unwrap_err();
+        assert!(e.message.contains("overflows"), "{}", e.message);
+        assert_eq!(t.resolve(1, 0, 1), None);
+    }
+
+    #[test]
+    fn every_mapping_is_closed_exactly_once() {
+        let (mut t, log) = table(0, 4);
+        t.apply(1, added(0, 1)).unwrap(); // 1: replaced
+        t.apply(1, added(0, 2)).unwrap(); // 2: gone
+        t.apply(2, added(0, 1)).unwrap(); // 3: cleared
+        t.apply(3, added(9, 1)).unwrap(); // 4: cleared
+        t.apply(1, gone(0, 2)).unwrap();
+        assert_eq!(closed(&log), [1, 2]);
+        assert_eq!(t.clear(), 2);
+        assert_eq!(closed(&log), [1, 2, 3, 4]);
+        assert_eq!(t.clear(), 0);
+        t.apply(2, added(0, 1)).unwrap();
+        assert_eq!(
+            log.opened.borrow().len(),
+            4,
+            "generations are kept across clear: a late Added is stale"
+        );
+        t.apply(3, added(9, 2)).unwrap(); // 5: dropped with the table
+        drop(t);
+        assert_eq!(closed(&log), [1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn device_entries_are_by_peer_then_slot() {
+        let (mut t, _log) = table(1, 4);
+        t.apply(3, added(1, 1)).unwrap();
+        t.apply(0, added(63, 2)).unwrap();
+        t.apply(2, added(4, 1)).unwrap();
+        t.apply(0, added(2, 9)).unwrap();
+        t.apply(3, added(0, 1)).unwrap();
+        let entries = t.device_entries();
+        let keys: Vec<_> = entries.iter().map(|&(p, s, g, _)| (p, s, g)).collect();
+        assert_eq!(keys, [(0, 2, 9), (0, 63, 2), (2, 4, 1), (3, 0, 1), (3, 1, 1)]);
+        for (peer, slot, generation, address) in entries {
+            assert_eq!(t.resolve(peer, slot, generation), Some(address));
+        }
+    }
+
+    #[test]
+    fn own_rank_and_out_of_range_arguments_are_refused() {
+        let (mut t, log) = table(1, 3);
+        let e = t.apply(1, added(0, 1)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("peer 1 is this rank"), "{}", e.message);
+        let e = t.apply(3, added(0, 1)).unwrap_err();
+        assert!(e.message.contains("peer 3 out of range for nranks 3"), "{}", e.message);
+        let e = t.apply(0, added(MAX_SLOTS as u32, 1)).unwrap_err();
+        assert!(e.message.contains("slot 64 of peer 0 out of range"), "{}", e.message);
+        let e = t.apply(0, gone(u32::MAX, 1)).unwrap_err();
+        assert!(e.message.contains("slot 4294967295"), "{}", e.message);
+        let e = t.apply(0, added(0, 0)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains("from peer 0") && e.message.contains("generation 0"),
+            "{}",
+            e.message
+        );
+        assert!(log.opened.borrow().is_empty(), "nothing opened for refused records");
+
+        let (opener, _) = FakeOpener::new();
+        let e = PeerTable::new(2, 2, opener).err().unwrap();
+        assert!(e.message.contains("rank 2 out of range for nranks 2"), "{}", e.message);
+        let (opener, _) = FakeOpener::new();
+        let e = PeerTable::new(0, MAX_RANKS + 1, opener).err().unwrap();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(e.message.contains("at most 16 ranks"), "{}", e.message);
+    }
+}
