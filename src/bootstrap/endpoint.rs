@@ -267,6 +267,31 @@ impl Bootstrap {
             .map_err(|e| Error::new(e.kind, format!("rank {}: {}", self.rank, e.message)))
     }
 
+    /// Pushes a registration record (of the zero-copy collectives' mappings) to `peer`, which takes it
+    /// with `take_registration_records` whenever it likes: nobody waits for it, so a rank registering a
+    /// buffer needs no call of its peers. Returns once the bytes are handed to the socket; records to one
+    /// peer stay in order. Like `send`, it fails once the job has failed.
+    pub fn push_registration_record(&self, peer: usize, record: &[u8]) -> Result<()> {
+        ensure_arg!(
+            peer < self.nranks,
+            "peer {peer} out of range for nranks {}",
+            self.nranks
+        );
+        // A rank maps no registration of its own: a record to self is a caller's mistake.
+        ensure_arg!(
+            peer != self.rank,
+            "peer {peer} is this rank: registration records go to the other ranks only"
+        );
+        self.send_frame(peer, Key::registration(), record)
+    }
+
+    /// Every registration record that `peer` pushed and that has arrived so far, oldest first (none for
+    /// self or a peer out of range). Never waits and never fails: after a failure it still gives what had
+    /// arrived, and the caller decides what to make of it.
+    pub fn take_registration_records(&self, peer: usize) -> Vec<Vec<u8>> {
+        self.shared().mailbox.take_all(peer, Key::registration())
+    }
+
     pub(super) fn shared(&self) -> &Shared {
         self.receiver.shared()
     }

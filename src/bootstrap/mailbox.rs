@@ -120,6 +120,18 @@ impl Mailbox {
         self.take_until(peer, key, false, None)
     }
 
+    /// Takes every message from `peer` under `key` queued so far, oldest first, without waiting: for
+    /// messages pushed unasked, which the receiver absorbs when it likes. Neither a failure nor a closed
+    /// connection hides what had arrived: the caller decides what to do with it.
+    pub fn take_all(&self, peer: usize, key: Key) -> Vec<Vec<u8>> {
+        self.state
+            .lock()
+            .queues
+            .remove(&(peer, key))
+            .map(Vec::from)
+            .unwrap_or_default()
+    }
+
     /// `take`, where `despite_failure` keeps waiting after the job failed (for as long as the peer's own
     /// connection is open: the survivors of a failure still talk to one another), and `deadline`, where
     /// given, ends the wait with a `Remote` error.
@@ -263,6 +275,29 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_millis(100));
         assert_eq!(e.kind, ErrorKind::Remote);
         assert!(e.message.contains("nothing came in time"), "{}", e.message);
+    }
+
+    #[test]
+    fn take_all_empties_one_queue_in_order_without_waiting() {
+        let m = Mailbox::new(0, 3);
+        let start = Instant::now();
+        assert!(m.take_all(1, Key::registration()).is_empty(), "nothing came");
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        for message in [&b"a"[..], b"b", b"c"] {
+            m.deliver(1, Key::registration(), message.to_vec());
+        }
+        m.deliver(2, Key::registration(), b"other peer".to_vec());
+        m.deliver(1, Key::user(0), b"other key".to_vec());
+        assert_eq!(m.take_all(1, Key::registration()), [b"a", b"b", b"c"]);
+        assert!(m.take_all(1, Key::registration()).is_empty(), "taken once");
+        assert_eq!(m.take(1, Key::user(0)).unwrap(), b"other key");
+        // After a failure and a close, what had arrived is still there.
+        m.fail(Error::remote("rank 2 failed (connection closed)"));
+        m.close(2, "peer closed its connection".into());
+        m.deliver(1, Key::registration(), b"late".to_vec());
+        assert_eq!(m.take_all(2, Key::registration()), [b"other peer"]);
+        assert_eq!(m.take_all(1, Key::registration()), [b"late"]);
+        assert!(m.take_all(2, Key::registration()).is_empty());
     }
 
     #[test]

@@ -36,8 +36,9 @@ mod sys;
 mod unique_id;
 mod wire;
 
+// Its helpers that start in-process ranks serve other modules' tests too.
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use address::RootAddress;
 pub use endpoint::Bootstrap;

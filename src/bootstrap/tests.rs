@@ -9,15 +9,15 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// Long enough never to fire in a passing test on a loaded machine.
-const T: Duration = Duration::from_secs(30);
+pub(crate) const T: Duration = Duration::from_secs(30);
 
-fn local_root(magic: u64, timeout: Duration) -> Root {
+pub(crate) fn local_root(magic: u64, timeout: Duration) -> Root {
     crate::logging::init();
     Root::listen("127.0.0.1:0".parse().unwrap(), magic, timeout).unwrap()
 }
 
 /// Runs `f(rank)` on `n` threads and returns the results in rank order.
-fn on_ranks<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
+pub(crate) fn on_ranks<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
     thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
@@ -844,4 +844,101 @@ fn survivors_of_a_failure_still_exchange_split_messages() {
     let e = ranks[0].recv_split(2, 9, true, far).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5), "{e}");
     assert!(ranks[0].send_split(5, 1, b"").is_err(), "a peer out of range");
+}
+
+// ---- registration records: pushed unasked, taken without waiting ----
+
+/// Takes `peer`'s registration records on `b` until `n` have come, waiting up to 5 s for them.
+fn take_records(b: &Bootstrap, peer: usize, n: usize) -> Vec<Vec<u8>> {
+    let start = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "rank {}: {} of {n} records from peer {peer} after 5 s",
+            b.rank(),
+            got.len()
+        );
+        got.extend(b.take_registration_records(peer));
+        thread::sleep(Duration::from_millis(2));
+    }
+    got
+}
+
+#[test]
+fn registration_records_arrive_unasked_in_order_apart_from_other_messages() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let bs = on_ranks(3, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 3, T).unwrap());
+    // Nothing came: an empty answer at once, for every peer, self and a peer out of range included.
+    let start = Instant::now();
+    for peer in [0, 1, 2, 3, usize::MAX] {
+        assert!(bs[1].take_registration_records(peer).is_empty(), "peer {peer}");
+    }
+    assert!(start.elapsed() < Duration::from_millis(500), "{:?}", start.elapsed());
+
+    // A burst from rank 0, with user and split messages of tag 0 between; one record from rank 2.
+    for i in 0..200u32 {
+        bs[0].push_registration_record(1, &i.to_le_bytes()).unwrap();
+        if i == 100 {
+            bs[0].send(1, 0, b"user").unwrap();
+            bs[0].send_split(1, 0, b"split").unwrap();
+        }
+    }
+    bs[2].push_registration_record(1, b"from 2").unwrap();
+    bs[0].push_registration_record(2, b"to 2").unwrap();
+    let got = take_records(&bs[1], 0, 200);
+    let expected: Vec<Vec<u8>> = (0..200u32).map(|i| i.to_le_bytes().to_vec()).collect();
+    assert_eq!(got, expected, "every record, once, in the order pushed");
+    assert_eq!(take_records(&bs[1], 2, 1), [b"from 2"], "kept apart by sender");
+    assert_eq!(take_records(&bs[2], 0, 1), [b"to 2"], "and by receiver");
+    assert_eq!(bs[1].recv(0, 0).unwrap(), b"user", "records never reach recv");
+    assert_eq!(bs[1].recv_split(0, 0, false, None).unwrap(), b"split");
+    // The collectives and user messages still line up after them.
+    on_ranks(3, |r| {
+        check_all_gather(&bs[r], 8)?;
+        bs[r].barrier()
+    })
+    .into_iter()
+    .for_each(|r| r.unwrap());
+    for (b, peer) in [(&bs[1], 0), (&bs[1], 2), (&bs[2], 0), (&bs[0], 1)] {
+        assert!(b.take_registration_records(peer).is_empty(), "nothing more");
+    }
+}
+
+#[test]
+fn a_registration_record_to_self_or_out_of_range_is_refused() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let bs = on_ranks(2, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 2, T).unwrap());
+    let e = bs[1].push_registration_record(1, b"x").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("peer 1 is this rank"), "{e}");
+    let e = bs[0].push_registration_record(2, b"x").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("peer 2 out of range for nranks 2"), "{e}");
+    assert!(
+        bs[1].take_registration_records(1).is_empty(),
+        "nothing delivered to self"
+    );
+}
+
+#[test]
+fn registration_records_that_arrived_are_still_taken_after_a_failure() {
+    let (ranks, fake) = job_with_fake_last_rank(3, patient());
+    ranks[0].push_registration_record(1, b"before").unwrap();
+    drop(fake);
+    for b in &ranks {
+        failure_within(b, Duration::from_secs(5));
+    }
+    assert_eq!(take_records(&ranks[1], 0, 1), [b"before"]);
+    // Pushing is over, as every plain send is.
+    let e = ranks[0].push_registration_record(1, b"after").unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote);
+    assert!(e.message.contains("rank 2 failed"), "{e}");
+    assert!(ranks[1].take_registration_records(0).is_empty());
+    assert!(
+        ranks[1].take_registration_records(2).is_empty(),
+        "the dead rank sent none"
+    );
 }

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 /// First bytes of every greeting; anything else is a stranger.
 pub const GREETING_TAG: [u8; 8] = *b"MSCLBOOT";
-/// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames; 3: split and
+/// registration-record frames, which a version 2 peer would refuse as frames of an unknown kind).
+pub const PROTOCOL_VERSION: u32 = 3;
 pub const GREETING_LEN: usize = 72;
 pub const ADDR_LEN: usize = 28;
 pub const FRAME_HEADER_LEN: usize = 24;
@@ -204,6 +205,10 @@ pub enum Space {
     /// agree on their new communicator through them, so they are delivered and may be waited for after
     /// the job failed.
     Split = 6,
+    /// Registration records of the zero-copy collectives (`Bootstrap::push_registration_record`): pushed
+    /// without being asked for, and taken without waiting, whenever the peer likes, so they have a queue
+    /// of their own that no `recv` or collective ever looks at.
+    Registration = 7,
 }
 
 impl Space {
@@ -234,6 +239,14 @@ impl Key {
             tag,
         }
     }
+
+    /// The one key of registration records: a peer takes them all, in the order they were pushed.
+    pub fn registration() -> Key {
+        Key {
+            space: Space::Registration,
+            tag: 0,
+        }
+    }
 }
 
 pub fn encode_frame_header(key: Key, len: u64) -> [u8; FRAME_HEADER_LEN] {
@@ -253,6 +266,7 @@ pub fn decode_frame_header(b: &[u8; FRAME_HEADER_LEN]) -> Result<(Key, u64), Str
         4 => Space::Goodbye,
         5 => Space::Abort,
         6 => Space::Split,
+        7 => Space::Registration,
         s => return Err(format!("frame of unknown kind {s}")),
     };
     if r.u32().map_err(why)? != 0 {
@@ -625,6 +639,11 @@ mod tests {
         );
         let e = decode_frame_header(&encode_frame_header(key, MAX_FRAME_LEN + 1)).unwrap_err();
         assert!(e.contains("exceeds"));
+        // Registration records have a space of their own, numbered after the older ones.
+        let h = encode_frame_header(Key::registration(), 58);
+        assert_eq!(h[0..4], 7u32.to_le_bytes());
+        assert_eq!(decode_frame_header(&h).unwrap(), (Key::registration(), 58));
+        assert!(!Space::Registration.is_control());
         let mut b = encode_frame_header(key, 1);
         b[0] = 9;
         assert!(decode_frame_header(&b).unwrap_err().contains("unknown kind"));

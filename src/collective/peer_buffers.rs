@@ -3,7 +3,7 @@
 //!
 //! A zero-copy collective reads and writes the peers' registered buffers directly, and its kernels decide
 //! on the GPU, by a vote, whether every rank can reach every other's buffers (the host cannot ask the
-//! peers per call). What the vote checks is kept here:
+//! peers per call). What the vote checks is kept here, and how it travels:
 //! - `LocalSlots`: each of this rank's registrations gets a slot and a generation. The slot indexes the
 //!   peers' tables; the generation tells a reuse of the slot from the registration it held before, so that
 //!   a peer whose mapping is of an older registration never takes it for the new one.
@@ -14,24 +14,28 @@
 //!   answers "do I hold peer p's slot s at generation g, and where is it?", the question of the kernels'
 //!   vote; `device_entries` lists what the device-visible table (`peerBase[peer][slot]` with its
 //!   generation) is to hold.
+//! - `publish` and `PeerTable::absorb`: a record travels through the bootstrap's registration records
+//!   (`Bootstrap::push_registration_record`), queued at each peer until it absorbs them, without waiting,
+//!   whenever it likes (at the start of each collective call, once wired in): no peer is ever asked.
 //!
 //! Generations start at 1: 0 is never issued, so that an empty entry of the device-visible table (zeroed)
 //! never matches a descriptor.
 //!
 //! Not done yet (issue 27's GPU work): nothing calls this module. Still to come are exporting a
 //! registration at `register` (`cuIpcGetMemHandle`, or the shareable handle of `ncclMemAlloc`'s memory)
-//! and pushing its `Record`, the receiver-side hook that applies the records, the real `Opener`
-//! (`cuIpcOpenMemHandle`), the device-visible table and its copy, and closing a mapping only once the
-//! collectives that may use it have ended: here a `Gone` drops the mapping at once, so the caller must
-//! apply it only when that holds. Two registrations in one allocation are opened once each: whether the
-//! driver accepts a handle opened twice in one context is to be checked on a GPU; if not, the real opener
-//! shares the mapping by the record's buffer id.
+//! and publishing its `Record`, the real `Opener` (`cuIpcOpenMemHandle`), the device-visible table and
+//! its copy, calling `absorb` from the collectives, and closing a mapping only once the collectives that
+//! may use it have ended: here a `Gone` drops the mapping at once, so the caller must absorb only when
+//! that holds. Two registrations in one allocation are opened once each: whether the driver accepts a
+//! handle opened twice in one context is to be checked on a GPU; if not, the real opener shares the
+//! mapping by the record's buffer id.
 
 // Built ahead of the GPU work of issue 27 (the zero-copy kernels); wired into the collectives when the
 // kernels land, until then only its tests use it.
 #![allow(dead_code)]
 
 use super::kernel_args::MAX_RANKS;
+use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use crate::registration::Registration;
@@ -233,6 +237,41 @@ impl Record {
     }
 }
 
+/// Pushes `record` to every other rank of `bootstrap`'s job; each absorbs it when it likes
+/// (`PeerTable::absorb`). A peer that cannot be reached does not keep the record from the others: every
+/// peer is tried, and the first error comes back naming its peer.
+pub fn publish(bootstrap: &Bootstrap, record: &Record) -> Result<()> {
+    let message = record.encode();
+    let mut first: Option<Error> = None;
+    let mut failed = 0;
+    for peer in (0..bootstrap.nranks()).filter(|&p| p != bootstrap.rank()) {
+        if let Err(e) = bootstrap.push_registration_record(peer, &message) {
+            failed += 1;
+            if first.is_none() {
+                first = Some(Error::new(
+                    e.kind,
+                    format!(
+                        "pushing the registration record of slot {} generation {} to peer {peer}: {}",
+                        record.slot(),
+                        record.generation(),
+                        e.message
+                    ),
+                ));
+            } else {
+                log::debug!("pushing a registration record to peer {peer} failed too: {}", e.message);
+            }
+        }
+    }
+    match first {
+        Some(e) if failed > 1 => Err(Error::new(
+            e.kind,
+            format!("{} (and {} more peers failed)", e.message, failed - 1),
+        )),
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// One slot of this rank's own registrations.
 #[derive(Clone, Copy, Debug, Default)]
 struct LocalSlot {
@@ -362,7 +401,7 @@ impl<M> Default for PeerSlot<M> {
 }
 
 /// The peers' registrations as this rank reaches them: per peer and slot, the current generation and its
-/// mapping. The owner serializes `apply` (the receiver threads) against the readers (the calls).
+/// mapping. The owner serializes `apply` and `absorb` (which change it) against the readers.
 pub struct PeerTable<O: Opener> {
     rank: usize,
     nranks: usize,
@@ -493,6 +532,49 @@ impl<O: Opener> PeerTable<O> {
                 Ok(())
             }
         }
+    }
+
+    /// Applies every record the peers have pushed (`publish`) and that has arrived, each peer's in the
+    /// order it pushed them, without waiting. A record that cannot be read or applied (a failed open,
+    /// among others) is logged and skipped; the rest are applied all the same. Gives how many records were
+    /// applied (a stale one, ignored by `apply`, counts: it was taken into account).
+    pub fn absorb(&mut self, bootstrap: &Bootstrap) -> usize {
+        debug_assert_eq!(
+            (bootstrap.rank(), bootstrap.nranks()),
+            (self.rank, self.nranks),
+            "a table absorbs the records of its own communicator"
+        );
+        let (rank, nranks) = (self.rank, self.nranks);
+        let mut applied = 0;
+        for peer in (0..nranks).filter(|&p| p != rank) {
+            for message in bootstrap.take_registration_records(peer) {
+                let record = match Record::decode(&message) {
+                    Ok(record) => record,
+                    Err(e) => {
+                        log::warn!(
+                            "a registration record from peer {peer} ({} bytes) is skipped: {}",
+                            message.len(),
+                            e.message
+                        );
+                        continue;
+                    }
+                };
+                let what = match &record {
+                    Record::Added { .. } => "added",
+                    Record::Gone { .. } => "gone",
+                };
+                let (slot, generation) = (record.slot(), record.generation());
+                match self.apply(peer, record) {
+                    Ok(()) => applied += 1,
+                    Err(e) => log::warn!(
+                        "peer {peer}'s registration record \"slot {slot} generation {generation} {what}\" is \
+                         skipped: {}",
+                        e.message
+                    ),
+                }
+            }
+        }
+        applied
     }
 
     /// The address, in this context, of the first byte of `peer`'s registration in `slot`, only while
@@ -1022,5 +1104,184 @@ mod tests {
         let e = PeerTable::new(0, MAX_RANKS + 1, opener).err().unwrap();
         assert_eq!(e.kind, ErrorKind::InvalidUsage);
         assert!(e.message.contains("at most 16 ranks"), "{}", e.message);
+    }
+
+    // ---- pushed through the bootstrap: several in-process ranks ----
+
+    /// A job of `n` in-process ranks (their root is done once all have arrived).
+    fn job(n: usize) -> Vec<Bootstrap> {
+        use crate::bootstrap::PROTOCOL_MAGIC;
+        use crate::bootstrap::tests::{T, local_root, on_ranks};
+        let root = local_root(PROTOCOL_MAGIC, T);
+        let addr = root.local_addr();
+        on_ranks(n, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T).unwrap())
+    }
+
+    /// Absorbs into `t` until `n` records were applied, waiting up to 5 s for them to arrive.
+    fn absorb_until(t: &mut PeerTable<FakeOpener>, b: &Bootstrap, n: usize) -> usize {
+        let start = std::time::Instant::now();
+        let mut applied = t.absorb(b);
+        while applied < n {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "rank {}: {applied} of {n} records applied after 5 s",
+                b.rank()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            applied += t.absorb(b);
+        }
+        applied
+    }
+
+    #[test]
+    fn published_records_are_absorbed_by_every_peer() {
+        let bs = job(3);
+        let mut tables: Vec<_> = (0..3).map(|r| table(r, 3)).collect();
+        publish(&bs[0], &added(0, 1)).unwrap();
+        for r in [1, 2] {
+            let (t, log) = &mut tables[r];
+            assert_eq!(absorb_until(t, &bs[r], 1), 1);
+            assert_eq!(*log.opened.borrow(), [(0, vec![0u8; 64], 1 << 20)], "rank {r}");
+            assert_eq!(t.resolve(0, 0, 1), Some(base_of(1) + 0x200), "rank {r}");
+        }
+        assert_eq!(tables[0].0.absorb(&bs[0]), 0, "nothing to self");
+        publish(&bs[0], &gone(0, 1)).unwrap();
+        for r in [1, 2] {
+            let (t, log) = &mut tables[r];
+            assert_eq!(absorb_until(t, &bs[r], 1), 1);
+            assert_eq!(t.resolve(0, 0, 1), None, "rank {r}");
+            assert_eq!(closed(log), [1], "rank {r}");
+            assert!(t.is_empty());
+            assert_eq!(t.absorb(&bs[r]), 0, "absorbed once");
+        }
+    }
+
+    #[test]
+    fn records_of_different_ranks_are_kept_apart() {
+        let bs = job(3);
+        publish(&bs[0], &added(4, 1)).unwrap();
+        publish(&bs[1], &added(4, 5)).unwrap();
+        let (mut t, log) = table(2, 3);
+        assert_eq!(absorb_until(&mut t, &bs[2], 2), 2);
+        let mut opened: Vec<usize> = log.opened.borrow().iter().map(|o| o.0).collect();
+        opened.sort();
+        assert_eq!(opened, [0, 1], "one open per peer");
+        assert!(t.resolve(0, 4, 1).is_some() && t.resolve(1, 4, 5).is_some());
+        assert_eq!(t.resolve(0, 4, 5), None, "rank 1's generation is not rank 0's");
+        assert_eq!(t.resolve(1, 4, 1), None);
+        // Ranks 0 and 1 each hear of the other's only.
+        for (r, peer, generation) in [(0, 1, 5), (1, 0, 1)] {
+            let (mut t, _log) = table(r, 3);
+            assert_eq!(absorb_until(&mut t, &bs[r], 1), 1);
+            assert_eq!(t.device_entries(), [(peer, 4, generation, base_of(1) + 0x200)]);
+        }
+    }
+
+    #[test]
+    fn a_burst_is_applied_in_the_order_it_was_published() {
+        let bs = job(3);
+        for record in [added(0, 1), gone(0, 1), added(0, 2)] {
+            publish(&bs[0], &record).unwrap();
+        }
+        let (mut t, log) = table(1, 3);
+        assert_eq!(absorb_until(&mut t, &bs[1], 3), 3);
+        assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200), "generation 2 held");
+        assert_eq!(t.resolve(0, 0, 1), None);
+        assert_eq!(log.opened.borrow().len(), 2, "generation 1 opened, then 2");
+        assert_eq!(closed(&log), [1], "generation 1 closed by its Gone");
+        // A Gone pushed before the Added of its generation leaves it held; after it, it goes.
+        for record in [gone(1, 1), added(1, 1), added(2, 1), gone(2, 1)] {
+            publish(&bs[0], &record).unwrap();
+        }
+        assert_eq!(absorb_until(&mut t, &bs[1], 4), 4);
+        assert!(t.resolve(0, 1, 1).is_some());
+        assert_eq!(t.resolve(0, 2, 1), None);
+        assert_eq!(closed(&log), [1, 4]);
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_read_or_applied_is_skipped_and_the_rest_applied() {
+        let bs = job(3);
+        let out_of_range = added(MAX_SLOTS as u32, 1).encode();
+        let messages: [&[u8]; 5] = [
+            b"garbage",
+            &[KIND_GONE, FORMAT_VERSION + 1, 0, 0, 0, 0, 1, 0, 0, 0],
+            &out_of_range,
+            &added(3, 1).encode(),
+            &gone(9, 9).encode(),
+        ];
+        for message in messages {
+            bs[0].push_registration_record(1, message).unwrap();
+        }
+        let (mut t, _log) = table(1, 3);
+        assert_eq!(absorb_until(&mut t, &bs[1], 2), 2, "the good Added and Gone");
+        assert_eq!(t.resolve(0, 3, 1), Some(base_of(1) + 0x200));
+        // A failed open is skipped too; a later record still opens.
+        t.opener.fail.set(true);
+        publish(&bs[0], &added(5, 1)).unwrap();
+        let start = std::time::Instant::now();
+        while t.opener.log.opened.borrow().len() < 2 {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "the record never came"
+            );
+            assert_eq!(t.absorb(&bs[1]), 0);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(t.resolve(0, 5, 1), None);
+        t.opener.fail.set(false);
+        publish(&bs[0], &added(5, 2)).unwrap();
+        assert_eq!(absorb_until(&mut t, &bs[1], 1), 1);
+        assert_eq!(t.resolve(0, 5, 2), Some(base_of(2) + 0x200));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn absorbing_when_nothing_came_returns_at_once() {
+        let bs = job(3);
+        let (mut t, _log) = table(2, 3);
+        let start = std::time::Instant::now();
+        for _ in 0..100 {
+            assert_eq!(t.absorb(&bs[2]), 0);
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+
+    #[test]
+    fn publish_tries_every_peer_and_names_the_one_that_failed() {
+        let mut bs = job(3);
+        // Rank 1 leaves: pushing to it fails once its socket is gone, and rank 2 still gets every record.
+        drop(bs.remove(1));
+        let (b0, b2) = (&bs[0], &bs[1]);
+        let start = std::time::Instant::now();
+        let mut generation = 0;
+        let e = loop {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "pushing to the closed rank 1 never failed"
+            );
+            generation += 1;
+            if let Err(e) = publish(b0, &added(0, generation)) {
+                break e;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        assert_eq!(e.kind, ErrorKind::Remote);
+        assert!(
+            e.message.contains(&format!(
+                "pushing the registration record of slot 0 generation {generation} to peer 1: "
+            )),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("more peers failed"), "{}", e.message);
+        let (mut t, log) = table(2, 3);
+        assert_eq!(absorb_until(&mut t, b2, generation as usize), generation as usize);
+        assert_eq!(t.resolve(0, 0, generation), Some(base_of(generation as u64) + 0x200));
+        assert_eq!(log.opened.borrow().len(), generation as usize);
     }
 }
