@@ -399,8 +399,23 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A communicator of one rank on a free local port (for the FFI's tests, here and in registration.rs).
+    pub(crate) fn one_rank() -> mscclppComm_t {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
+        let mut comm: mscclppComm_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and string.
+        let r = unsafe { mscclppCommInitRank(&mut comm, 1, addr.as_ptr(), 0) };
+        assert_eq!(r, mscclppResult_t::mscclppSuccess);
+        comm
+    }
 
     #[test]
     fn every_result_code_has_its_own_string() {
@@ -483,19 +498,9 @@ mod tests {
 
     #[test]
     fn a_one_rank_communicator_lives_and_dies() {
-        let mut comm: mscclppComm_t = std::ptr::null_mut();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
+        let comm = one_rank();
         // SAFETY: valid out-pointers and strings throughout.
         unsafe {
-            assert_eq!(
-                mscclppCommInitRank(&mut comm, 1, addr.as_ptr(), 0),
-                mscclppResult_t::mscclppSuccess
-            );
             let (mut rank, mut size) = (-1, -1);
             assert_eq!(mscclppCommRank(comm, &mut rank), mscclppResult_t::mscclppSuccess);
             assert_eq!(mscclppCommSize(comm, &mut size), mscclppResult_t::mscclppSuccess);

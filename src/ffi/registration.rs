@@ -46,23 +46,10 @@ pub unsafe extern "C" fn mscclppCommDeregister(comm: mscclppComm_t, handle: *mut
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::api::{mscclppCommAbort, mscclppCommDestroy, mscclppCommInitRank};
+    use crate::ffi::api::tests::one_rank;
+    use crate::ffi::api::{mscclppCommAbort, mscclppCommDestroy};
     use crate::registration::{Allocation, Registration};
     use mscclppResult_t::*;
-
-    fn one_rank() -> mscclppComm_t {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = std::ffi::CString::new(format!("127.0.0.1:{port}")).unwrap();
-        let mut comm: mscclppComm_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and string.
-        let r = unsafe { mscclppCommInitRank(&mut comm, 1, addr.as_ptr(), 0) };
-        assert_eq!(r, mscclppSuccess);
-        comm
-    }
 
     #[test]
     fn bad_arguments_and_unknown_handles_are_refused() {
