@@ -264,7 +264,7 @@ def main() -> int:
     parser.add_argument("--nranks", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1K, 64K, 1M, 16M, 256M; shorter repeats")
     parser.add_argument("--colls", help="e.g. allreduce_f16,allgather_f32 (default: all-reduce bf16 and f32, "
-                        "all-gather, reduce-scatter, broadcast, f32)")
+                        "all-gather, reduce-scatter, broadcast, f32; through torch also reduce and all-to-all)")
     parser.add_argument("--sizes", help="comma-separated bytes with K, M, G (default 1K..1G, powers of 4)")
     parser.add_argument("--min-bytes")
     parser.add_argument("--max-bytes")
