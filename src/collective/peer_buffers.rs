@@ -505,15 +505,15 @@ impl<O: Opener> PeerTable<O> {
                         });
                         Ok(())
                     }
-                    Err(e) => {
-                        // The slot stays empty: the vote answers no for it, and calls take the scratch path.
-                        log::warn!(
-                            "peer {peer}'s registration slot {slot} generation {generation} ({len} bytes) cannot \
-                             be mapped: {}; collectives on it will not be zero-copy",
+                    // The slot stays empty: the vote answers no for it, and calls take the scratch path. The
+                    // caller logs it (absorb: once, at warn).
+                    Err(e) => Err(Error::new(
+                        e.kind,
+                        format!(
+                            "{len} bytes cannot be mapped ({}); collectives on them will not be zero-copy",
                             e.message
-                        );
-                        Err(e)
-                    }
+                        ),
+                    )),
                 }
             }
             Record::Gone { generation, .. } => {
