@@ -51,24 +51,30 @@ const FORMAT_VERSION: u8 = 1;
 const KIND_ADDED: u8 = 1;
 const KIND_GONE: u8 = 2;
 
+/// The registration in `slot` at `generation`: `len` bytes at `offset_in_allocation` of an allocation of
+/// `alloc_size` bytes, exported as `handle` (opaque bytes: 64 for `cuIpcGetMemHandle`). The handle names
+/// the whole allocation, hence the offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exported {
+    pub slot: u32,
+    pub generation: u32,
+    pub offset_in_allocation: u64,
+    pub len: u64,
+    pub alloc_size: u64,
+    /// The owner's `CU_POINTER_ATTRIBUTE_BUFFER_ID`: tells two registrations of one allocation.
+    pub buffer_id: u64,
+    pub handle: Vec<u8>,
+}
+
 /// What a rank pushes to its peers about one of its registrations.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// The registration in `slot` at `generation`: `len` bytes at `offset_in_allocation` of an allocation
-    /// of `alloc_size` bytes, exported as `handle` (opaque bytes: 64 for `cuIpcGetMemHandle`). The
-    /// handle names the whole allocation, hence the offset.
-    Added {
+    Added(Exported),
+    /// The registration in `slot` at `generation` is deregistered (or found stale): its mapping goes.
+    Gone {
         slot: u32,
         generation: u32,
-        offset_in_allocation: u64,
-        len: u64,
-        alloc_size: u64,
-        /// The owner's `CU_POINTER_ATTRIBUTE_BUFFER_ID`: tells two registrations of one allocation.
-        buffer_id: u64,
-        handle: Vec<u8>,
     },
-    /// The registration in `slot` at `generation` is deregistered (or found stale): its mapping goes.
-    Gone { slot: u32, generation: u32 },
 }
 
 impl Record {
@@ -81,7 +87,7 @@ impl Record {
                 registration.ptr, allocation.base
             ))
         })?;
-        let record = Record::Added {
+        let record = Record::Added(Exported {
             slot,
             generation,
             offset_in_allocation,
@@ -89,7 +95,7 @@ impl Record {
             alloc_size: allocation.size as u64,
             buffer_id: allocation.buffer_id,
             handle,
-        };
+        });
         match record.inconsistency() {
             Some(why) => Err(Error::internal(format!("registration record {why}"))),
             None => Ok(record),
@@ -98,13 +104,13 @@ impl Record {
 
     pub fn slot(&self) -> u32 {
         match self {
-            Record::Added { slot, .. } | Record::Gone { slot, .. } => *slot,
+            Record::Added(Exported { slot, .. }) | Record::Gone { slot, .. } => *slot,
         }
     }
 
     pub fn generation(&self) -> u32 {
         match self {
-            Record::Added { generation, .. } | Record::Gone { generation, .. } => *generation,
+            Record::Added(Exported { generation, .. }) | Record::Gone { generation, .. } => *generation,
         }
     }
 
@@ -113,24 +119,16 @@ impl Record {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(48 + MAX_HANDLE_BYTES);
         match self {
-            Record::Added {
-                slot,
-                generation,
-                offset_in_allocation,
-                len,
-                alloc_size,
-                buffer_id,
-                handle,
-            } => {
+            Record::Added(e) => {
                 w.u8(KIND_ADDED)
                     .u8(FORMAT_VERSION)
-                    .u32(*slot)
-                    .u32(*generation)
-                    .u64(*offset_in_allocation)
-                    .u64(*len)
-                    .u64(*alloc_size)
-                    .u64(*buffer_id)
-                    .string(handle);
+                    .u32(e.slot)
+                    .u32(e.generation)
+                    .u64(e.offset_in_allocation)
+                    .u64(e.len)
+                    .u64(e.alloc_size)
+                    .u64(e.buffer_id)
+                    .string(&e.handle);
             }
             Record::Gone { slot, generation } => {
                 w.u8(KIND_GONE).u8(FORMAT_VERSION).u32(*slot).u32(*generation);
@@ -169,7 +167,7 @@ impl Record {
                     )));
                 }
                 let handle = r.slice(handle_len)?.to_vec();
-                Record::Added {
+                Record::Added(Exported {
                     slot,
                     generation,
                     offset_in_allocation,
@@ -177,7 +175,7 @@ impl Record {
                     alloc_size,
                     buffer_id,
                     handle,
-                }
+                })
             }
             KIND_GONE => Record::Gone {
                 slot: r.u32()?,
@@ -204,14 +202,14 @@ impl Record {
                 self.slot()
             ));
         }
-        let Record::Added {
+        let Record::Added(Exported {
             slot,
             offset_in_allocation,
             len,
             alloc_size,
             handle,
             ..
-        } = self
+        }) = self
         else {
             return None;
         };
@@ -461,7 +459,7 @@ impl<O: Opener> PeerTable<O> {
         }
         let slot = record.slot();
         match record {
-            Record::Added {
+            Record::Added(Exported {
                 generation,
                 offset_in_allocation,
                 len,
@@ -469,7 +467,7 @@ impl<O: Opener> PeerTable<O> {
                 buffer_id,
                 handle,
                 ..
-            } => {
+            }) => {
                 let held = &mut self.peers[peer][slot as usize];
                 if generation <= held.generation {
                     log::debug!(
@@ -560,7 +558,7 @@ impl<O: Opener> PeerTable<O> {
                     }
                 };
                 let what = match &record {
-                    Record::Added { .. } => "added",
+                    Record::Added(_) => "added",
                     Record::Gone { .. } => "gone",
                 };
                 let (slot, generation) = (record.slot(), record.generation());
@@ -690,8 +688,8 @@ mod tests {
         }
     }
 
-    fn added(slot: u32, generation: u32) -> Record {
-        Record::Added {
+    fn exported(slot: u32, generation: u32) -> Exported {
+        Exported {
             slot,
             generation,
             offset_in_allocation: 0x200,
@@ -702,28 +700,17 @@ mod tests {
         }
     }
 
+    fn added(slot: u32, generation: u32) -> Record {
+        Record::Added(exported(slot, generation))
+    }
+
     /// `added(1, 2)` with another range in its allocation of 1 MiB.
     fn ranged(offset_in_allocation: u64, len: u64) -> Record {
-        let Record::Added {
-            slot,
-            generation,
-            alloc_size,
-            buffer_id,
-            handle,
-            ..
-        } = added(1, 2)
-        else {
-            unreachable!("added() makes an Added record")
-        };
-        Record::Added {
-            slot,
-            generation,
+        Record::Added(Exported {
             offset_in_allocation,
             len,
-            alloc_size,
-            buffer_id,
-            handle,
-        }
+            ..exported(1, 2)
+        })
     }
 
     fn gone(slot: u32, generation: u32) -> Record {
@@ -744,7 +731,7 @@ mod tests {
         let mut handle = vec![0u8; 64];
         handle[0] = 0xab;
         handle[63] = 0xcd;
-        let a = Record::Added {
+        let a = Record::Added(Exported {
             slot: 63,
             generation: u32::MAX,
             offset_in_allocation: 0x1000,
@@ -752,7 +739,7 @@ mod tests {
             alloc_size: 1 << 30,
             buffer_id: u64::MAX,
             handle,
-        };
+        });
         let bytes = a.encode();
         assert_eq!(bytes.len(), 2 + 4 + 4 + 4 * 8 + 4 + 64);
         assert_eq!(bytes[..2], [KIND_ADDED, FORMAT_VERSION]);
@@ -831,15 +818,14 @@ mod tests {
             2 + 4 + 4 + 4 * 8 + 4 + MAX_HANDLE_BYTES,
             "64 bytes pass"
         );
-        let oversized = Record::Added {
-            slot: 1,
-            generation: 2,
+        let oversized = Record::Added(Exported {
             offset_in_allocation: 0,
             len: 1,
             alloc_size: 1,
             buffer_id: 1,
             handle: vec![0; MAX_HANDLE_BYTES + 1],
-        };
+            ..exported(1, 2)
+        });
         let e = Record::decode(&oversized.encode()).unwrap_err();
         assert!(
             e.message
