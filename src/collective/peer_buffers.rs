@@ -21,9 +21,14 @@
 //! Generations start at 1: 0 is never issued, so that an empty entry of the device-visible table (zeroed)
 //! never matches a descriptor.
 //!
-//! Not done yet (issue 27's GPU work): nothing calls this module. Still to come are exporting a
-//! registration at `register` (`cuIpcGetMemHandle`, or the shareable handle of `ncclMemAlloc`'s memory)
-//! and publishing its `Record`, the real `Opener` (`cuIpcOpenMemHandle`), the device-visible table and
+//! CUDA IPC's side: `export` makes the `Added` record of a registration (`cuIpcGetMemHandle` of its
+//! allocation), and `IpcOpener` maps a peer's (`cuIpcOpenMemHandle`). Neither serves peers in the same
+//! process (a process cannot open its own handles): those will take the registration's address as it is.
+//!
+//! Not done yet (issue 27's GPU work): nothing calls this module, and its CUDA side has not run on a GPU.
+//! Still to come are calling `export` and `publish` at `register` (and the shareable handle of
+//! `ncclMemAlloc`'s `cuMemCreate` memory, which `cuIpcGetMemHandle` does not export), peers of the same
+//! process, the device-visible table and
 //! its copy, calling `absorb` from the collectives, and closing a mapping only once the collectives that
 //! may use it have ended: here a `Gone` drops the mapping at once, so the caller must absorb only when
 //! that holds. Two registrations in one allocation are opened once each: whether the driver accepts a
@@ -38,6 +43,7 @@ use super::kernel_args::MAX_RANKS;
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
+use crate::gpu::{GpuContext, IpcExport, IpcMapping};
 use crate::registration::Registration;
 
 /// The most registrations a rank exports at once: the slots of the device-visible table per peer.
@@ -368,6 +374,42 @@ pub trait Opener {
     /// Maps the allocation of `alloc_size` bytes that `peer` exported as `handle`; gives the mapping and
     /// the address of the allocation's first byte in this context.
     fn open(&self, peer: usize, handle: &[u8], alloc_size: u64) -> Result<(Self::Mapping, u64)>;
+}
+
+/// The real `Opener`: a peer's allocation mapped into this rank's context with CUDA IPC.
+pub struct IpcOpener {
+    pub gpu: GpuContext,
+}
+
+impl Opener for IpcOpener {
+    type Mapping = IpcMapping;
+    fn open(&self, peer: usize, handle: &[u8], _alloc_size: u64) -> Result<(IpcMapping, u64)> {
+        let mapping = IpcMapping::open(&self.gpu, ipc_handle(peer, handle)?)?;
+        let base = mapping.base();
+        Ok((mapping, base))
+    }
+}
+
+/// `handle` as a CUDA IPC handle, checked before the driver is asked: one of another size is not one.
+fn ipc_handle(peer: usize, handle: &[u8]) -> Result<&[u8; 64]> {
+    handle.try_into().map_err(|_| {
+        Error::invalid_argument(format!(
+            "peer {peer}'s exported handle has {} bytes, and a CUDA IPC handle 64",
+            handle.len()
+        ))
+    })
+}
+
+/// The `Added` record of this rank's `registration` in `slot` at `generation`: its whole allocation
+/// exported for CUDA IPC (a handle names an allocation; the record carries the offset into it).
+pub fn export(slot: u32, generation: u32, registration: &Registration) -> Result<Record> {
+    let allocation = &registration.allocation;
+    let exported = IpcExport::new(
+        allocation.base,
+        allocation.size as u64,
+        "a registered buffer's allocation",
+    )?;
+    Record::added(slot, generation, registration, exported.handle.to_vec())
 }
 
 /// A peer's registration opened here.
@@ -1269,5 +1311,39 @@ mod tests {
         assert_eq!(absorb_until(&mut t, b2, generation as usize), generation as usize);
         assert_eq!(t.resolve(0, 0, generation), Some(base_of(generation as u64) + 0x200));
         assert_eq!(log.opened.borrow().len(), generation as usize);
+    }
+
+    #[test]
+    fn only_64_byte_handles_reach_the_driver() {
+        let e = ipc_handle(2, &[0u8; 63]).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
+        assert!(
+            e.message.contains("peer 2's exported handle has 63 bytes"),
+            "{}",
+            e.message
+        );
+        assert!(ipc_handle(2, &[0u8; 65]).is_err());
+        assert_eq!(ipc_handle(2, &[7u8; 64]).unwrap(), &[7u8; 64]);
+    }
+
+    #[test]
+    fn without_a_driver_exporting_is_a_cuda_error() {
+        if crate::gpu::ensure_driver().is_ok() {
+            return; // a machine with a driver answers about the address instead
+        }
+        let registration = Registration {
+            ptr: 0x1000,
+            len: 64,
+            kind: crate::registration::Kind::Buffer,
+            allocation: crate::registration::Allocation {
+                buffer_id: 1,
+                base: 0x1000,
+                size: 64,
+                device: 0,
+            },
+            library_memory: false,
+        };
+        let e = export(0, 1, &registration).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::Cuda, "{}", e.message);
     }
 }

@@ -183,6 +183,8 @@ pub struct PointerInfo {
 /// driver call (collectives check their buffers at every call).
 pub fn pointer_info(ptr: DevicePtr, size: u64, what: &str) -> Result<PointerInfo> {
     use sys::CUpointer_attribute as A;
+    // The driver is loaded at run time: without one this is an error, not a call into nothing.
+    super::ensure_driver()?;
     let mut mem_type: u32 = 0;
     let mut device: i32 = -1;
     let mut base: DevicePtr = 0;
