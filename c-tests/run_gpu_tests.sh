@@ -83,6 +83,7 @@ for n in $collective_ranks; do
   run_collectives "collectives_large_$n" $((330 * k)) "$bin_dir/collectives_test" large "$n"
   run_collectives "collectives_graph_$n" $((150 * k)) "$bin_dir/collectives_test" graph "$n"
   run_collectives "collectives_sizes_$n" $((120 * k)) "$bin_dir/collectives_test" sizes "$n"
+  run_collectives "collectives_zerocopy_$n" $((360 * k)) "$bin_dir/collectives_test" zerocopy "$n"
   run_collectives "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
   # Each exit case ends processes with kernels running: under MPS the server may then refuse new clients
   # (cudaErrorInitializationError) for longer than a case waits (seen: over 30 s at 4 ranks and more), so

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::failure::FailureState;
 use crate::gpu::{AppStream, DevicePtr, GpuContext, pointer_info};
 use crate::proxy::trigger::MAX_CONNECTIONS;
-use crate::registration::Registrations;
+use crate::registration::{Kind, Registrations};
 use crate::transport::ib::IbTransport;
 use crate::transport::p2p::P2pTransport;
 use crate::transport::{FlagsCarried, RegisteredWrite, Transport};
@@ -510,7 +510,25 @@ impl Communicator {
             call,
             root,
             stream,
+            &self.registrations,
         )
+    }
+
+    /// Registers `[buff, buff + size)` (`mscclppCommRegister`, NCCL's registrations and windows): recorded
+    /// here, and exported to the peers for the zero-copy collectives (`Collectives::registered`).
+    pub fn register(&self, buff: DevicePtr, size: usize, kind: Kind, library_memory: bool) -> Result<u64> {
+        let token = self.registrations.register(buff, size, kind, library_memory)?;
+        if let Some(registration) = self.registrations.get(token) {
+            self.collectives.registered(&self.bootstrap, token, &registration);
+        }
+        Ok(token)
+    }
+
+    /// Forgets a registration (`Registrations::deregister`); the peers are told.
+    pub fn deregister(&self, token: u64, kind: Kind, what: &str) -> Result<()> {
+        self.registrations.deregister(token, kind, what)?;
+        self.collectives.deregistered(&self.bootstrap, token);
+        Ok(())
     }
 
     /// Sets the collectives up now (collective: every rank calls it), so that send and receive can follow;

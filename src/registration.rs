@@ -9,8 +9,8 @@
 //! entry is never taken for the new memory. Handles are tokens from the same sequence as the
 //! communicators' (`ffi::handles`), never addresses.
 //!
-//! The collectives do not consult the table yet: it is the bookkeeping the zero-copy algorithms will use
-//! (a peer's mapping of a registered buffer is to be exchanged when a collective first needs it).
+//! The zero-copy collectives (`collective::zero_copy`) look a call's buffers up here; each registration is
+//! also exported to the peers when it is made (`Collectives::registered`).
 
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, pointer_info};
@@ -136,6 +136,11 @@ impl Registrations {
         token
     }
 
+    /// The registration of `token`, if it is live.
+    pub fn get(&self, token: u64) -> Option<Registration> {
+        self.entries.lock().get(&token).copied()
+    }
+
     /// Removes the registration of `token`, which must be one of this table's of `kind`; `what` names
     /// the handle argument in the error (unknown, made up, already deregistered, or of another kind:
     /// `InvalidUsage`).
@@ -161,10 +166,10 @@ impl Registrations {
         Ok(entries.remove(&token).expect("checked above under the same lock"))
     }
 
-    /// The registration that holds all of `[ptr, ptr + len)`, if its allocation is still the one
-    /// registered (the driver is asked again). A stale one, whose memory was freed (and perhaps
+    /// The registration (its token and itself) that holds all of `[ptr, ptr + len)`, if its allocation is
+    /// still the one registered (the driver is asked again). A stale one, whose memory was freed (and perhaps
     /// allocated again at the same address), gives `None` and a log line.
-    pub fn lookup(&self, ptr: DevicePtr, len: usize) -> Option<Registration> {
+    pub fn lookup(&self, ptr: DevicePtr, len: usize) -> Option<(u64, Registration)> {
         self.lookup_with(ptr, len, |p, l| Allocation::of(p, l, "a registered buffer"))
     }
 
@@ -174,7 +179,7 @@ impl Registrations {
         ptr: DevicePtr,
         len: usize,
         query: impl FnOnce(DevicePtr, u64) -> Result<Allocation>,
-    ) -> Option<Registration> {
+    ) -> Option<(u64, Registration)> {
         let (token, found) = self
             .entries
             .lock()
@@ -182,7 +187,9 @@ impl Registrations {
             .find(|(_, r)| r.holds(ptr, len))
             .map(|(t, r)| (*t, *r))?;
         match query(ptr, len as u64) {
-            Ok(now) if now.buffer_id == found.allocation.buffer_id && now.base == found.allocation.base => Some(found),
+            Ok(now) if now.buffer_id == found.allocation.buffer_id && now.base == found.allocation.base => {
+                Some((token, found))
+            }
             Ok(now) => {
                 log::warn!(
                     "{} {token:#x} of {} bytes at {:#x} is stale: the memory there is now another allocation \
@@ -310,7 +317,7 @@ mod tests {
         let r = Registrations::default();
         r.insert(entry(0x10_0000, 4096, Kind::Buffer));
         let same = |_, _| Ok(allocation(7));
-        assert_eq!(r.lookup_with(0x10_0100, 256, same).unwrap().len, 4096);
+        assert_eq!(r.lookup_with(0x10_0100, 256, same).unwrap().1.len, 4096);
         assert!(
             r.lookup_with(0x10_0f00, 512, same).is_none(),
             "runs past the registered range"

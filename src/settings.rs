@@ -144,9 +144,9 @@ setting!(
     COLL_ALGO,
     "MSCCLPP_COLL_ALGO",
     "auto",
-    Values::Choice(&["auto", "packet", "copy"]),
+    Values::Choice(&["auto", "packet", "copy", "zerocopy"]),
     Warn,
-    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs); `packet` or `copy` forces one (for measurement)"
+    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers above the packet sizes; `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size"
 );
 setting!(
     COLL_SCRATCH_MB,

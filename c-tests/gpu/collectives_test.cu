@@ -28,6 +28,11 @@
 //       for peers that join 2 s later; every survivor of a SIGKILLed rank calls exit() without synchronizing or
 //       destroying; a rank's own kernel faults and every rank calls exit() once it sees an error: each process
 //       ends within seconds, with the status it chose
+//   zerocopy (= zerocopy, zerocopy_partial; MSCCLPP_COLL_ALGO=zerocopy): the matrix (5 types, 2 operators, 5
+//       counts to 262147, in and out of place, unaligned) twice on pools registered with mscclppCommRegister:
+//       both on every rank; the receive pool only; freed without deregistering and reused, then registered
+//       afresh; and (zerocopy_partial) on rank 0 only. Results as the matrix checks them; at destroy the
+//       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
 //       documented code and a log line; count 0 with null buffers works; the communicator still works after
@@ -42,6 +47,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <functional>
 
 using namespace tc;
 
@@ -1177,6 +1183,184 @@ std::string caseSizes(Rank& R)
 int sizesBody(Rank& R) { return runCase(R, "sizes_200_calls_back_to_back", [&] { return caseSizes(R); }) ? 0 : 1; }
 
 // ------------------------------------------------------------------------------------------------
+// zerocopy: the matrix on registered buffers (MSCCLPP_COLL_ALGO=zerocopy: every size tries zero-copy)
+// ------------------------------------------------------------------------------------------------
+
+constexpr size_t kZcPoolBytes = 96ull << 20;
+
+// Which of a rank's pools it registers.
+enum ZcRegister { kZcNone = 0, kZcSend = 1, kZcRecv = 2, kZcBoth = 3 };
+
+struct ZcPools
+{
+  Pools P;
+  void* sendHandle = nullptr;
+  void* recvHandle = nullptr;
+};
+
+std::string zcRegister(Rank& R, ZcPools& Z, int which)
+{
+  if (which & kZcSend) TC_EXPECT(mscclppCommRegister(R.comm, Z.P.send.ptr, Z.P.send.bytes, &Z.sendHandle) == mscclppSuccess, "registering the send pool failed");
+  if (which & kZcRecv) TC_EXPECT(mscclppCommRegister(R.comm, Z.P.recv.ptr, Z.P.recv.bytes, &Z.recvHandle) == mscclppSuccess, "registering the receive pool failed");
+  return "";
+}
+
+std::string zcDeregister(Rank& R, ZcPools& Z)
+{
+  if (Z.sendHandle) TC_EXPECT(mscclppCommDeregister(R.comm, Z.sendHandle) == mscclppSuccess, "deregistering the send pool failed");
+  if (Z.recvHandle) TC_EXPECT(mscclppCommDeregister(R.comm, Z.recvHandle) == mscclppSuccess, "deregistering the receive pool failed");
+  Z.sendHandle = Z.recvHandle = nullptr;
+  return "";
+}
+
+// Calls whose every buffer that a peer touches is registered on its rank: the only ones that may go
+// zero-copy (zeroCopyCounted).
+long long gZcEligible = 0;
+
+// Every collective x type (5 of them) x operator (sum, max) x placement x count, on pools of fixed size,
+// `rounds` times over (later rounds find every peer's mapping in place). `eligible` says which calls may go
+// zero-copy with the pools registered as they are.
+std::string zcMatrix(Rank& R, ZcPools& Z, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
+{
+  const int types[] = {mscclppUint8, mscclppInt32, mscclppFloat32, mscclppFloat16, mscclppBfloat16};
+  const uint64_t counts[] = {1, 7, 1000, 65537, 262147};
+  uint64_t serial = 0;
+  for (int round = 0; round < rounds; ++round)
+    for (Coll coll : kColls)
+      for (int type : types) {
+        std::vector<int> ops{-1};
+        if (reduces(coll)) ops = {mscclppSum, mscclppMax};
+        for (int op : ops) {
+          std::vector<Call> batch;
+          for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); ++k)
+            for (int inPlace = 0; inPlace < 2; ++inPlace) {
+              Call c = makeCall(coll, type, op, counts[k], inPlace != 0, (int)(serial % R.nranks), seedOf(7, serial));
+              ++serial;
+              c.sendShift = (int)(k % 2);
+              c.recvShift = inPlace ? (int)(k % 2) : (int)((k / 2) % 2);
+              gZcEligible += eligible(c) ? 1 : 0;
+              batch.push_back(c);
+            }
+          TC_TRY(runBatch(R, R.comm, R.stream, batch, Z.P, t));
+        }
+      }
+  return "";
+}
+
+std::string zcAllocate(Rank& R, ZcPools& Z)
+{
+  TC_TRY(ensure(R, Z.P.send, kZcPoolBytes));
+  TC_TRY(ensure(R, Z.P.recv, kZcPoolBytes));
+  return "";
+}
+
+// One case of the group: the pools registered as `which` says on the ranks `registers` picks, the matrix
+// twice; then deregistered and freed.
+std::string caseZeroCopy(Rank& R, int which, bool (*registers)(int rank), const std::function<bool(const Call&)>& eligible,
+                         const char* what)
+{
+  ZcPools Z;
+  Tally t;
+  const double t0 = nowSec();
+  TC_TRY(zcAllocate(R, Z));
+  if (registers(R.rank)) TC_TRY(zcRegister(R, Z, which));
+  std::string err = zcMatrix(R, Z, t, 2, eligible);
+  if (err.empty()) err = zcDeregister(R, Z);
+  release(Z.P);
+  TC_TRY(err);
+  TC_TRY(compareAcrossRanks(R, R.comm, t));
+  R.info = fmt("%s: %d calls (%zu all-reduces bitwise equal on every rank) in %.1f s", what, t.calls,
+               t.allReduceHashes.size(), nowSec() - t0);
+  return t.verdict();
+}
+
+// Registered, then freed without deregistering and allocated again (perhaps at the same address: the
+// registration is then stale, never used), then deregistered, freed, allocated and registered afresh.
+std::string caseZeroCopyReuse(Rank& R)
+{
+  ZcPools Z;
+  Tally t;
+  TC_TRY(zcAllocate(R, Z));
+  const auto every = [](const Call&) { return true; };
+  TC_TRY(zcRegister(R, Z, kZcBoth));
+  TC_TRY(zcMatrix(R, Z, t, 1, every));
+  TC_TRY(waitStream(R, R.stream, "before freeing the registered pools"));
+  const void* oldSend = Z.P.send.ptr;
+  release(Z.P);
+  TC_TRY(zcAllocate(R, Z));
+  // The registrations are stale now: nothing may go zero-copy.
+  std::string err = zcMatrix(R, Z, t, 1, [](const Call&) { return false; });
+  if (err.empty()) err = zcDeregister(R, Z);
+  if (err.empty()) err = waitStream(R, R.stream, "before freeing the pools again");
+  release(Z.P);
+  TC_TRY(err);
+  TC_TRY(zcAllocate(R, Z));
+  TC_TRY(zcRegister(R, Z, kZcBoth));
+  err = zcMatrix(R, Z, t, 2, every);
+  if (err.empty()) err = zcDeregister(R, Z);
+  release(Z.P);
+  TC_TRY(err);
+  TC_TRY(compareAcrossRanks(R, R.comm, t));
+  R.info = fmt("%d calls; the send pool came back %s", t.calls, oldSend == Z.P.send.ptr ? "at the same address" : "elsewhere");
+  return t.verdict();
+}
+
+bool everyRank(int) { return true; }
+bool rankZeroOnly(int rank) { return rank == 0; }
+
+// The count of zero-copy calls the library logged at destroy (INFO), or -1 without that line.
+long long zcCallsLogged()
+{
+  std::lock_guard<std::mutex> lock(gLogMutex);
+  for (const std::string& line : gLog) {
+    const size_t at = line.find(" call(s) moved their data zero-copy");
+    if (at == std::string::npos) continue;
+    size_t start = at;
+    while (start > 0 && isdigit((unsigned char)line[start - 1])) --start;
+    return atoll(line.substr(start, at - start).c_str());
+  }
+  return -1;
+}
+
+int zeroCopyBody(Rank& R, const char* name)
+{
+  bool ok = true;
+  if (!strcmp(name, "zerocopy")) {
+    ok &= runCase(R, "zerocopy_registered_everywhere", [&] {
+      return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
+    });
+    // The peers' inputs are in the send pool, but for calls in place (in the receive pool).
+    ok &= runCase(R, "zerocopy_outputs_only", [&] {
+      return caseZeroCopy(R, kZcRecv, everyRank, [](const Call& c) { return c.coll == kAllGather || c.inPlace; },
+                          "the receive pool only");
+    });
+    ok &= runCase(R, "zerocopy_freed_and_reused", [&] { return caseZeroCopyReuse(R); });
+  } else {
+    // A broadcast reads its root's input alone.
+    ok &= runCase(R, "zerocopy_rank0_only", [&] {
+      return caseZeroCopy(R, kZcBoth, rankZeroOnly, [](const Call& c) { return c.coll == kBroadcast && c.root == 0; },
+                          "rank 0 alone registers");
+    });
+  }
+  return ok ? 0 : 1;
+}
+
+// After the group's teardown: the library said how many calls went zero-copy. Never more than the eligible
+// ones (a call that needs an unregistered buffer must not), and most of them: only a call made before a
+// peer's new registration reached this rank may take the scratch path (at most a few per registration).
+bool zeroCopyCounted(Rank& R, const char* name)
+{
+  return runCase(R, fmt("%s_counted", name), [&]() -> std::string {
+    const long long n = std::max(zcCallsLogged(), 0ll);
+    TC_EXPECT(n <= gZcEligible, "%lld calls went zero-copy, but only %lld had every buffer they need registered", n,
+              gZcEligible);
+    TC_EXPECT(n >= gZcEligible * 9 / 10, "only %lld of %lld eligible calls went zero-copy", n, gZcEligible);
+    R.info = fmt("%lld of %lld eligible calls zero-copy", n, gZcEligible);
+    return "";
+  });
+}
+
+// ------------------------------------------------------------------------------------------------
 // args: bad input on a GPU
 // ------------------------------------------------------------------------------------------------
 
@@ -1423,6 +1607,8 @@ const Group kGroups[] = {
   {"exit_after_kill", "exit", true, 90, nullptr, nullptr, true},
   {"exit_after_fault", "exit", true, 90, nullptr, nullptr, true},
   {"args", "args", true, 90, nullptr, nullptr, false},
+  {"zerocopy", "zerocopy", true, 240, "zerocopy", nullptr, false},
+  {"zerocopy_partial", "zerocopy", true, 120, "zerocopy", nullptr, false},
 };
 
 std::string teardown(Rank& R)
@@ -1440,9 +1626,16 @@ int groupRankMain(Rank& R, const Group& g)
   // Settings are read once, at the library's first need: before the communicator exists.
   if (g.algo) setenv("MSCCLPP_COLL_ALGO", g.algo, 1);
   if (g.scratchMb) setenv("MSCCLPP_COLL_SCRATCH_MB", g.scratchMb, 1);
+  const std::string name = g.name;
+  const bool zeroCopy = !strncmp(g.name, "zerocopy", 8);
+  if (zeroCopy) {
+    // The count of zero-copy calls is logged at INFO when the communicator goes.
+    setenv("MSCCLPP_DEBUG", "INFO", 1);
+    gLogRank = R.rank;
+    mscclppSetLogHandler(captureLog);
+  }
   if (!runCase(R, fmt("%s_init", g.name), [&] { return initRank(R); })) return 1;
   int rc = 0;
-  const std::string name = g.name;
   if (!strncmp(g.name, "matrix", 6)) rc = matrixBody(R, g.name);
   else if (name == "large") rc = largeBody(R);
   else if (name == "large_windows") rc = windowsBody(R, false);
@@ -1450,7 +1643,9 @@ int groupRankMain(Rank& R, const Group& g)
   else if (name == "graph") rc = graphBody(R);
   else if (name == "sizes") rc = sizesBody(R);
   else if (name == "args") rc = argsBody(R);
+  else if (zeroCopy) rc = zeroCopyBody(R, g.name);
   const bool down = runCase(R, fmt("%s_teardown", g.name), [&] { return teardown(R); });
+  if (zeroCopy && down && !zeroCopyCounted(R, g.name)) rc = 1;
   return rc == 0 && down ? 0 : 1;
 }
 

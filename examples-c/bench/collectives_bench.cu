@@ -20,7 +20,7 @@
 //
 //   collectives_bench [nranks] [--port P] [--colls LIST] [--sizes LIST] [--min-bytes N] [--max-bytes N]
 //                     [--modes graph,eager] [--repeats N] [--iters N] [--repeat-ms T] [--quick] [--timeout S]
-//                     [--api mscclpp|nccl|both] [--nccl-lib PATH]
+//                     [--api mscclpp|nccl|both] [--nccl-lib PATH] [--register] [--roofline]
 // LIST of collectives: allreduce_f16, allreduce_f32, allreduce_bf16, allgather_f32, reducescatter_f16, ...
 // ("allreduce" = allreduce_f16,allreduce_f32; a name without a type is f32). Sizes take K, M, G (KiB...).
 //
@@ -29,6 +29,10 @@
 // run time from --nccl-lib, default ../lib/nccl/libnccl.so.2 beside this program; its RESULT lines say
 // lib=ncclface). both: each size measured through one face then the other in the same processes, on the same
 // buffers, so the difference is what the NCCL layer costs per call (issue 25, point 6).
+//
+// --register: both buffers are registered with mscclppCommRegister before the first call (zero-copy where
+// every rank registered; algo= in RESULT lines gets "+registered"). --roofline: after each size, rank 0
+// alone times device-to-device copies of the bytes the call must move at the least (timeRoofline).
 #include "../common/case_runner.h"
 
 #include <nccl.h>
@@ -215,6 +219,8 @@ struct Config
   double timeoutS = 0; // 0: from the number of cases
   bool viaMscclpp = true, viaNccl = false;
   std::string ncclLib;  // empty: beside this program
+  bool registered = false; // --register: both buffers registered with mscclppCommRegister (zero-copy)
+  bool roofline = false;   // --roofline: also time a device-to-device copy of what each call must move
 };
 Config gCfg;
 
@@ -248,6 +254,7 @@ long callsPerRepeat(uint64_t bytes)
   fprintf(stderr,
           "%s\nusage: %s [nranks] [--port P] [--colls LIST] [--sizes LIST] [--min-bytes N] [--max-bytes N]\n"
           "       [--modes graph,eager] [--repeats N] [--iters N] [--repeat-ms T] [--quick] [--timeout S]\n"
+          "       [--api mscclpp|nccl|both] [--nccl-lib PATH] [--register] [--roofline]\n"
           "collectives: allreduce_f16 allreduce_f32 allreduce_bf16 allgather[_TYPE] reducescatter[_TYPE]\n"
           "             broadcast[_TYPE] (TYPE f16, bf16 or f32; f32 when left out; allreduce = f16 and f32)\n"
           "sizes: bytes, or with K, M, G (KiB, MiB, GiB)\n",
@@ -355,6 +362,10 @@ Options parseOptions(int argc, char** argv)
       if (!gCfg.viaMscclpp && !gCfg.viaNccl) usage(argv[0], "bad --api (mscclpp, nccl, both)");
     } else if (a == "--nccl-lib" && hasValue) {
       gCfg.ncclLib = argv[++i];
+    } else if (a == "--register") {
+      gCfg.registered = true;
+    } else if (a == "--roofline") {
+      gCfg.roofline = true;
     } else if (a == "--quick") {
       quick = true;
     } else if (a[0] != '-') {
@@ -687,6 +698,35 @@ std::string allRanks(Rank& R, bool mine, bool* all)
   return "";
 }
 
+// The roofline of a call on ranks that share one GPU: rank 0 alone copies, device to device, the bytes the
+// call must read and write at the least on all ranks together (all-reduce and all-gather of N bytes among n
+// ranks: n x N each way; reduce-scatter: its input on every rank; broadcast: its buffer to n - 1 ranks), as
+// copies of at most the buffers' size, while the other ranks wait. Printed as mode=roofline.
+std::string timeRoofline(Rank& R, const Spec& s, const Shape& sh, cudaEvent_t start, cudaEvent_t stop)
+{
+  const uint64_t n = (uint64_t)R.nranks;
+  const uint64_t total = s.coll == kBroadcast ? sh.bytes * (n - 1) : sh.bytes * (s.coll == kReduceScatter ? 1 : n);
+  TC_TRY(barrier(R, "before the roofline"));
+  if (R.rank == 0) {
+    std::vector<double> us;
+    for (int rep = 0; rep < gCfg.repeats + 1; ++rep) {
+      TC_CUDA(cudaEventRecord(start, R.stream));
+      for (uint64_t done = 0; done < total;) {
+        const uint64_t chunk = std::min(total - done, gBufBytes);
+        TC_CUDA(cudaMemcpyAsync(gRecv, gSend, chunk, cudaMemcpyDeviceToDevice, R.stream));
+        done += chunk;
+      }
+      TC_CUDA(cudaEventRecord(stop, R.stream));
+      TC_TRY(syncBounded(R, "roofline copies"));
+      float ms = 0;
+      TC_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (rep > 0) us.push_back((double)ms * 1000.0);
+    }
+    printResult(R, s, sh, "roofline", median(us), 1, true);
+  }
+  return barrier(R, "after the roofline");
+}
+
 std::string benchOne(Rank& R, const Spec& s, uint64_t bytes, uint32_t salt, cudaEvent_t start, cudaEvent_t stop)
 {
   const Shape sh = shapeOf(s, bytes, R.nranks);
@@ -717,6 +757,7 @@ std::string benchOne(Rank& R, const Spec& s, uint64_t bytes, uint32_t salt, cuda
   if (gCfg.eager) printResult(R, s, sh, "eager", row.eagerUs, eagerCalls, row.checked);
   gRows.push_back(row);
   TC_TRY(after);
+  if (gCfg.roofline) TC_TRY(timeRoofline(R, s, sh, start, stop));
   R.info = fmt("(graph %.2f us, eager %.2f us per call)", row.graphUs, row.eagerUs);
   return "";
 }
@@ -729,8 +770,14 @@ std::string setup(Rank& R)
   gBufBytes = most;
   TC_CUDA(cudaMalloc((void**)&gSend, gBufBytes));
   TC_CUDA(cudaMalloc((void**)&gRecv, gBufBytes));
+  if (gCfg.registered) {
+    void* handle = nullptr;
+    TC_EXPECT(mscclppCommRegister(R.comm, gSend, gBufBytes, &handle) == mscclppSuccess, "registering the input failed");
+    TC_EXPECT(mscclppCommRegister(R.comm, gRecv, gBufBytes, &handle) == mscclppSuccess, "registering the output failed");
+  }
   const char* algo = getenv("MSCCLPP_COLL_ALGO");
   gAlgo = algo && *algo ? algo : "auto";
+  if (gCfg.registered) gAlgo += "+registered";
   if (R.rank == 0) {
     cudaDeviceProp prop;
     TC_CUDA(cudaGetDeviceProperties(&prop, R.device));

@@ -33,7 +33,31 @@ struct CollArgs {
   // when it is not null, else the element in the low bytes of `scalarBits`. Unused by the other operators.
   uint64_t scalarBits;
   const void* scalarPtr;
+  // Zero-copy (zero_copy.cuh). This rank's input and output as its peers name them: a tag (bit 63 set,
+  // the registration's slot in bits 32-62, its generation in bits 0-31; 0 when not registered) and the
+  // offset into that registration. `zcTable`: the peers' registrations mapped here ([peer][slot] of
+  // {generation, address}, in host memory the host rewrites). `zcGuard`: non-zero on a scratch launch
+  // that follows the zero-copy launch of the same call; it does nothing if that one moved the data.
+  uint64_t zcSendTag;
+  uint64_t zcSendOffset;
+  uint64_t zcRecvTag;
+  uint64_t zcRecvOffset;
+  const volatile uint64_t* zcTable;
+  uint32_t zcGuard;
+  uint32_t zcReserved;
 };
+
+// The words of `CollArgs::state`: the epoch of the last call and the blocks done with the current one
+// (below), the zero-copy decision of the last call that voted (epoch << 2 | aligned << 1 | go), the number
+// of calls that went zero-copy, then every rank's input and output as this rank reaches them (the vote's
+// result, for the blocks other than the one that voted).
+#define MSCCLPP_STATE_EPOCH 0
+#define MSCCLPP_STATE_BLOCKS_DONE 1
+#define MSCCLPP_STATE_ZC_DECISION 2
+#define MSCCLPP_STATE_ZC_CALLS 3
+#define MSCCLPP_STATE_ZC_SEND 4
+#define MSCCLPP_STATE_ZC_RECV (MSCCLPP_STATE_ZC_SEND + MSCCLPP_COLL_MAX_RANKS)
+#define MSCCLPP_STATE_WORDS (MSCCLPP_STATE_ZC_RECV + MSCCLPP_COLL_MAX_RANKS)
 
 // The PreMulSum scalar of a call whose elements are of type T (see CollArgs).
 template <typename T>

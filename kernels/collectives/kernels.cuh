@@ -20,12 +20,14 @@
 #include "scale.cuh"
 #include "scatter_copy.cuh"
 #include "scatter_packet.cuh"
+#include "zero_copy.cuh"
 
 #define MSCCLPP_COLL_THREADS 1024
 
 #define MSCCLPP_KERNEL(name, body)                                                                  \
   extern "C" __global__ void __launch_bounds__(MSCCLPP_COLL_THREADS) mscclpp_##name(CollArgs args) \
   {                                                                                                 \
+    if (zcSkipped(args)) return;                                                                    \
     body(args);                                                                                     \
   }
 
@@ -35,6 +37,11 @@
   MSCCLPP_KERNEL(reducescatter_packet_##oname##_##tname, (reducescatterPacket<T, Op>)) \
   MSCCLPP_KERNEL(reducescatter_copy_##oname##_##tname, (reducescatterCopy<T, Op>))
 
+// The zero-copy kernels of an operator (every operator but PreMulSum: zero_copy.cuh).
+#define MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, oname, Op)                    \
+  MSCCLPP_KERNEL(allreduce_zc_##oname##_##tname, (allreduceZc<T, Op>))         \
+  MSCCLPP_KERNEL(reducescatter_zc_##oname##_##tname, (reducescatterZc<T, Op>))
+
 #define MSCCLPP_REDUCING_KERNELS(tname, T)                        \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)               \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, prod, OpProd)             \
@@ -42,6 +49,11 @@
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, min, OpMin)               \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)               \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, premulsum, OpPreMulSum)   \
+  MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, sum, OpSum)            \
+  MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, prod, OpProd)          \
+  MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, max, OpMax)            \
+  MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, min, OpMin)            \
+  MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)            \
   MSCCLPP_KERNEL(scale_premulsum_##tname, (scaleOneRank<T, OpPreMulSum>))
 
 #define MSCCLPP_MOVING_KERNELS()                    \
@@ -49,6 +61,8 @@
   MSCCLPP_KERNEL(allgather_copy, allgatherCopy)     \
   MSCCLPP_KERNEL(broadcast_packet, broadcastPacket) \
   MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)     \
+  MSCCLPP_KERNEL(allgather_zc, allgatherZc)         \
+  MSCCLPP_KERNEL(broadcast_zc, broadcastZc)         \
   MSCCLPP_KERNEL(alltoall_packet, alltoallPacket)   \
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
   MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \

@@ -33,14 +33,18 @@ pub enum Choice {
     /// The table below.
     Auto,
     Force(Protocol),
+    /// Every all-reduce, all-gather, reduce-scatter and broadcast tries the zero-copy path first (at
+    /// every size; `Auto` does above the packet sizes); `Force(Copy)` never does.
+    ZeroCopy,
 }
 
 impl Choice {
-    /// The setting's value (`auto`, `packet`, `copy`), as `settings` has checked it.
+    /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`), as `settings` has checked it.
     pub fn parse(value: &str) -> Choice {
         match value.to_ascii_lowercase().as_str() {
             "packet" => Choice::Force(Protocol::Packet),
             "copy" => Choice::Force(Protocol::Copy),
+            "zerocopy" => Choice::ZeroCopy,
             _ => Choice::Auto,
         }
     }
@@ -78,8 +82,8 @@ pub fn packet_limit(collective: Collective, nranks: usize) -> u64 {
 pub fn choose(collective: Collective, nranks: usize, message: u64, choice: Choice) -> Protocol {
     match choice {
         Choice::Force(p) => p,
-        Choice::Auto if message <= packet_limit(collective, nranks) => Protocol::Packet,
-        Choice::Auto => Protocol::Copy,
+        Choice::Auto | Choice::ZeroCopy if message <= packet_limit(collective, nranks) => Protocol::Packet,
+        Choice::Auto | Choice::ZeroCopy => Protocol::Copy,
     }
 }
 

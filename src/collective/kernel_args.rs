@@ -30,7 +30,23 @@ pub struct KernelArgs {
     /// A `PreMulSum`'s scalar (`Scalar::kernel_fields`): its bits, or the device memory that holds it.
     pub scalar_bits: u64,
     pub scalar_ptr: DevicePtr,
+    /// Zero-copy (`zero_copy.rs`): this rank's input and output as the peers name them (tag and offset
+    /// into the registration; 0 and 0 when not registered), the table of the peers' registrations, and
+    /// the guard of a scratch launch that follows a zero-copy one of the same call.
+    pub zc_send_tag: u64,
+    pub zc_send_offset: u64,
+    pub zc_recv_tag: u64,
+    pub zc_recv_offset: u64,
+    pub zc_table: DevicePtr,
+    pub zc_guard: u32,
+    pub zc_reserved: u32,
 }
+
+/// Words of the kernels' state (`CollArgs::state`, the `STATE_` words of common.cuh): the epoch, the blocks
+/// done, the zero-copy decision and count, then every rank's input and output as this rank reaches them.
+pub const STATE_WORDS: usize = 4 + 2 * MAX_RANKS;
+/// The state word that counts the calls that went zero-copy.
+pub const STATE_ZC_CALLS: usize = 3;
 
 /// Lanes of the channel from one rank to another: a send is cut into up to this many contiguous parts,
 /// each streamed through its own lane (by its own block where the launch has blocks enough).
@@ -124,7 +140,11 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, aligned), 76 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, scalar_bits), 80 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, scalar_ptr), 88 + 8 * MAX_RANKS);
-        assert_eq!(size_of::<KernelArgs>(), 96 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, zc_send_tag), 96 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, zc_recv_offset), 120 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, zc_table), 128 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, zc_guard), 136 + 8 * MAX_RANKS);
+        assert_eq!(size_of::<KernelArgs>(), 144 + 8 * MAX_RANKS);
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   name this rank, and carried by one launch;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
-//! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting.
+//! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
+//! - `zero_copy.rs` and `peer_buffers.rs`: registered buffers exported to the peers, mapped there, and
+//!   the calls that read and write them directly (docs/ZERO_COPY.md).
 //!
 //! Every launch is one epoch of a counter the kernels keep on the GPU, so that a replayed graph goes on
 //! counting; calls on one communicator must be ordered (one stream, or streams the application orders),
@@ -31,6 +33,7 @@ pub mod p2p;
 mod peer_buffers;
 pub mod process_exit;
 pub mod scratch;
+pub mod zero_copy;
 
 pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp, Scalar};
@@ -39,13 +42,16 @@ pub use p2p::{P2pKind, P2pOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
 use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
+use crate::registration::{Registration, Registrations};
 use algorithm::{Choice, Protocol};
 use kernel_args::KernelArgs;
 use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
+use peer_buffers::LocalSlots;
 use scratch::{AbortWord, Scratch, SharedAbortWord};
 use std::sync::Arc;
+use zero_copy::ZeroCopy;
 
 /// A communicator's collectives: nothing until the first call, then its scratch and loaded kernels.
 #[derive(Default)]
@@ -53,6 +59,8 @@ pub struct Collectives {
     ready: Mutex<Option<Ready>>,
     /// Kept apart from `ready`, so that an abort takes no lock.
     abort: OnceCell<SharedAbortWord>,
+    /// Slots and generations of this rank's registrations exported to the peers.
+    own: Mutex<LocalSlots>,
     /// One rank's kernels (a `PreMulSum` of one rank: `ONE_RANK_PREMULSUM`), which need no scratch.
     solo: Mutex<Option<LoadedKernels>>,
 }
@@ -63,6 +71,7 @@ struct Ready {
     scratch: Scratch,
     abort: SharedAbortWord,
     choice: Choice,
+    zero_copy: ZeroCopy,
 }
 
 impl Collectives {
@@ -76,8 +85,54 @@ impl Collectives {
     /// Frees the scratch and unloads the kernels (`mscclppCommDestroy`; the application has synchronized
     /// the streams of its collectives).
     pub fn clear(&self) {
-        self.ready.lock().take();
+        if let Some(ready) = self.ready.lock().take() {
+            let offset = (kernel_args::STATE_ZC_CALLS * 8) as u64;
+            match ready.scratch.state.read_u64(offset) {
+                Ok(0) => {}
+                Ok(n) => log::info!("collectives: {n} call(s) moved their data zero-copy (registered buffers)"),
+                Err(e) => log::debug!("the zero-copy count could not be read: {e}"),
+            }
+        }
         self.solo.lock().take();
+    }
+
+    /// A buffer was registered (`token`): it is exported, and its record pushed to every peer, which maps
+    /// it at one of its next calls. A buffer that cannot be exported stays registered, locally only (its
+    /// calls take the scratch path), and the log says why.
+    pub fn registered(&self, bootstrap: &Bootstrap, token: u64, registration: &Registration) {
+        if bootstrap.nranks() == 1 {
+            return;
+        }
+        let mut own = self.own.lock();
+        let exported = own.add(token).and_then(|(slot, generation)| {
+            let record = peer_buffers::export(slot, generation, registration).inspect_err(|_| {
+                own.remove(token);
+            })?;
+            peer_buffers::publish(bootstrap, &record)
+        });
+        match exported {
+            Ok(()) => log::debug!("registration {token:#x} exported to the peers"),
+            Err(e) => log::info!(
+                "registration {token:#x} ({} bytes at {:#x}) is not zero-copy: {}",
+                registration.len,
+                registration.ptr,
+                e.message
+            ),
+        }
+    }
+
+    /// A registration is gone: its peers are told, and close their mappings once their kernels that may
+    /// read them have ended.
+    pub fn deregistered(&self, bootstrap: &Bootstrap, token: u64) {
+        let Some((slot, generation)) = self.own.lock().remove(token) else {
+            return;
+        };
+        if let Err(e) = peer_buffers::publish(bootstrap, &peer_buffers::Record::Gone { slot, generation }) {
+            log::warn!(
+                "registration {token:#x}: telling the peers it is gone failed: {}",
+                e.message
+            );
+        }
     }
 
     /// Sets the collectives up now rather than at the first call: collective, every rank calls it in place
@@ -112,6 +167,7 @@ impl Collectives {
         call: &Call,
         root: i64,
         stream: AppStream,
+        registrations: &Registrations,
     ) -> Result<()> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         let sizes = call.sizes(rank, nranks, root)?;
@@ -149,7 +205,7 @@ impl Collectives {
         let capturing = stream.is_capturing()?;
         // From here on the peers may already be in this call (its set-up, or its kernels waiting for ours):
         // a failure on this rank alone would leave them waiting forever, so it aborts the communicator.
-        self.set_up_and_launch(bootstrap, gpu, &aborted, call, &sizes, capturing, stream)
+        self.set_up_and_launch(bootstrap, gpu, &aborted, call, &sizes, capturing, stream, registrations)
             .inspect_err(|e| {
                 if aborted().is_ok() {
                     log::warn!(
@@ -172,6 +228,7 @@ impl Collectives {
         sizes: &call::Sizes,
         capturing: bool,
         stream: AppStream,
+        registrations: &Registrations,
     ) -> Result<()> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         let mut ready = self.ready.lock();
@@ -214,6 +271,8 @@ impl Collectives {
         let recv = if sizes.recv == 0 { 0 } else { call.recv };
         let (scalar_bits, scalar_ptr) = call.op.and_then(RedOp::scalar).map_or((0, 0), Scalar::kernel_fields);
         let mut args = KernelArgs {
+            send,
+            recv,
             scratch: ready.scratch.ptrs,
             slot_bytes: ready.scratch.slot_bytes,
             packet_bytes: ready.scratch.packet_bytes,
@@ -228,6 +287,21 @@ impl Collectives {
             scalar_ptr,
             ..KernelArgs::default()
         };
+        if zero_copy::attempt(call.collective, call.op, nranks, message, ready.choice) {
+            self.launch_zero_copy(
+                bootstrap,
+                ready,
+                gpu,
+                call,
+                sizes,
+                capturing,
+                stream,
+                registrations,
+                &args,
+            )?;
+            // The scratch launches below move the data only if the vote said no.
+            args.zc_guard = 1;
+        }
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
             args.send = if send == 0 { 0 } else { send + offset };
             args.recv = if recv == 0 { 0 } else { recv + offset };
@@ -240,6 +314,59 @@ impl Collectives {
             unsafe { loaded.kernel.launch(blocks, threads, stream, &args)? };
         }
         Ok(())
+    }
+
+    /// The zero-copy launch of a call (`zero_copy.rs`): the peers' newest records taken in, this rank's
+    /// descriptors, and one launch over the whole buffers that votes and, if every rank can, moves the data.
+    /// `base` holds the call's arguments as the scratch launches get them (their first window aside).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_zero_copy(
+        &self,
+        bootstrap: &Bootstrap,
+        ready: &mut Ready,
+        gpu: &GpuContext,
+        call: &Call,
+        sizes: &call::Sizes,
+        capturing: bool,
+        stream: AppStream,
+        registrations: &Registrations,
+        base: &KernelArgs,
+    ) -> Result<()> {
+        ready.zero_copy.refresh(bootstrap, gpu, capturing)?;
+        let base_name = zero_copy::kernel_base(call.collective);
+        let threads = algorithm::threads(Protocol::Copy);
+        let loaded = {
+            let _relaxed = (capturing && ready.kernels.needs_loading(base_name, call.op, call.datatype))
+                .then(RelaxedCapture::enter)
+                .transpose()?;
+            ready.kernels.get(base_name, call.op, call.datatype, threads)?
+        };
+        let own = self.own.lock();
+        let describe =
+            |ptr, len| zero_copy::descriptor(ptr, len, |p, l| registrations.lookup(p, l), |token| own.get(token));
+        let (zc_send_tag, zc_send_offset) = describe(base.send, sizes.send);
+        let (zc_recv_tag, zc_recv_offset) = describe(base.recv, sizes.recv);
+        drop(own);
+        let args = KernelArgs {
+            bytes: sizes.piece,
+            zc_send_tag,
+            zc_send_offset,
+            zc_recv_tag,
+            zc_recv_offset,
+            zc_table: ready.zero_copy.table_ptr(),
+            zc_guard: 0,
+            ..*base
+        };
+        let nranks = bootstrap.nranks();
+        let (blocks, threads) =
+            algorithm::grid(call.collective, Protocol::Copy, nranks, sizes.piece, loaded.max_blocks);
+        // The vote is made by block 0 with one thread per rank.
+        let threads = threads.max(kernel_args::MAX_RANKS as u32);
+        // SAFETY: as the scratch launches (`set_up_and_launch`): `CollArgs`'s layout; the application's
+        // buffers hold `sizes` bytes; a peer's buffer is touched only where every rank's vote found it in
+        // its table, whose mappings stay open until no kernel may read them (`ZeroCopy::refresh`); the
+        // table and the scratch live in `ready` until `clear`.
+        unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
     /// One rank's `PreMulSum`: `recv` gets `send` times the scalar, element-wise, in one launch (no scratch,
@@ -300,6 +427,7 @@ impl Collectives {
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
         Ok(Ready {
             kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
+            zero_copy: ZeroCopy::new(gpu, bootstrap.rank(), bootstrap.nranks())?,
             scratch,
             abort,
             choice,

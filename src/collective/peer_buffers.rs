@@ -575,46 +575,72 @@ impl<O: Opener> PeerTable<O> {
     }
 
     /// Applies every record the peers have pushed (`publish`) and that has arrived, each peer's in the
-    /// order it pushed them, without waiting. A record that cannot be read or applied (a failed open,
-    /// among others) is logged and skipped; the rest are applied all the same. Gives how many records were
-    /// applied (a stale one, ignored by `apply`, counts: it was taken into account).
+    /// order it pushed them, without waiting: `take`, then `apply_logged` of each. Gives how many records
+    /// were applied (a stale one, ignored by `apply`, counts: it was taken into account).
     pub fn absorb(&mut self, bootstrap: &Bootstrap) -> usize {
+        let records = self.take(bootstrap);
+        records
+            .into_iter()
+            .filter(|(peer, record)| self.apply_logged(*peer, record.clone()))
+            .count()
+    }
+
+    /// Every record the peers have pushed and that has arrived, decoded, each peer's in the order it pushed
+    /// them, without waiting. One that cannot be read is logged and skipped.
+    pub fn take(&self, bootstrap: &Bootstrap) -> Vec<(usize, Record)> {
         debug_assert_eq!(
             (bootstrap.rank(), bootstrap.nranks()),
             (self.rank, self.nranks),
-            "a table absorbs the records of its own communicator"
+            "a table takes the records of its own communicator"
         );
-        let (rank, nranks) = (self.rank, self.nranks);
-        let mut applied = 0;
-        for peer in (0..nranks).filter(|&p| p != rank) {
+        let mut out = Vec::new();
+        for peer in (0..self.nranks).filter(|&p| p != self.rank) {
             for message in bootstrap.take_registration_records(peer) {
-                let record = match Record::decode(&message) {
-                    Ok(record) => record,
-                    Err(e) => {
-                        log::warn!(
-                            "a registration record from peer {peer} ({} bytes) is skipped: {}",
-                            message.len(),
-                            e.message
-                        );
-                        continue;
-                    }
-                };
-                let what = match &record {
-                    Record::Added(_) => "added",
-                    Record::Gone { .. } => "gone",
-                };
-                let (slot, generation) = (record.slot(), record.generation());
-                match self.apply(peer, record) {
-                    Ok(()) => applied += 1,
+                match Record::decode(&message) {
+                    Ok(record) => out.push((peer, record)),
                     Err(e) => log::warn!(
-                        "peer {peer}'s registration record \"slot {slot} generation {generation} {what}\" is \
-                         skipped: {}",
+                        "a registration record from peer {peer} ({} bytes) is skipped: {}",
+                        message.len(),
                         e.message
                     ),
                 }
             }
         }
-        applied
+        out
+    }
+
+    /// `apply`, its error logged (a failed open among others: the registration is then not zero-copy);
+    /// gives whether it was applied.
+    pub fn apply_logged(&mut self, peer: usize, record: Record) -> bool {
+        let what = match &record {
+            Record::Added(_) => "added",
+            Record::Gone { .. } => "gone",
+        };
+        let (slot, generation) = (record.slot(), record.generation());
+        match self.apply(peer, record) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!(
+                    "peer {peer}'s registration record \"slot {slot} generation {generation} {what}\" is \
+                     skipped: {}",
+                    e.message
+                );
+                false
+            }
+        }
+    }
+
+    /// Whether applying `record` from `peer` would close a mapping this table holds (a `Gone` of the held
+    /// generation, or an `Added` that replaces it): kernels that may still read it must have ended first.
+    pub fn closes(&self, peer: usize, record: &Record) -> bool {
+        let Some(held) = self.peers.get(peer).and_then(|slots| slots.get(record.slot() as usize)) else {
+            return false;
+        };
+        held.entry.is_some()
+            && match record {
+                Record::Gone { generation, .. } => *generation == held.generation,
+                Record::Added(e) => e.generation > held.generation,
+            }
     }
 
     /// The address, in this context, of the first byte of `peer`'s registration in `slot`, only while

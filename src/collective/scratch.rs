@@ -47,7 +47,8 @@ pub struct Scratch {
     pub copy_bytes: u64,
     /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
     pub p2p: [DevicePtr; MAX_RANKS],
-    /// `[0]`: the epoch of the last call; `[1]`: the blocks done with the current one.
+    /// The kernels' words (`kernel_args::STATE_WORDS`): `[0]` the epoch of the last call, `[1]` the blocks
+    /// done with the current one, then the zero-copy decision, count and addresses.
     pub state: DeviceAllocation,
     /// The most ranks of the communicator that share one GPU (their kernels share its multiprocessors),
     /// and the fewest multiprocessors any rank's context has: the same on every rank, so that every rank
@@ -71,7 +72,7 @@ impl Scratch {
         let stream = Stream::new(gpu)?;
         let p2p_offset = 2 * slot_bytes;
         let own = DeviceAllocation::zeroed_on(gpu, (p2p_offset + super::p2p::area_bytes(nranks)) as usize, &stream)?;
-        let state = DeviceAllocation::zeroed_on(gpu, 16, &stream)?;
+        let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
         let me = ProcessId::this();
         let device = device_key(gpu)?;
         let multiprocessors =

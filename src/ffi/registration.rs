@@ -11,7 +11,8 @@ use std::ffi::c_void;
 
 /// Extension (MSCCLPP_HAS_REGISTRATION). Registers `[buff, buff + size)`, device memory of one
 /// allocation, with the communicator, and writes a handle for it to *handle. Local: no peer takes part.
-/// The collectives do not use registrations yet. Errors: mscclppInvalidArgument for a NULL handle or
+/// Exported to the peers: collectives whose buffers every rank registered move their data directly
+/// (zero-copy). Errors: mscclppInvalidArgument for a NULL handle or
 /// buff, a size of 0, or a range that is not device memory inside one allocation;
 /// mscclppUnhandledCudaError without a CUDA driver. *handle is left alone on error.
 #[unsafe(no_mangle)]
@@ -23,7 +24,7 @@ pub unsafe extern "C" fn mscclppCommRegister(
 ) -> mscclppResult_t {
     with_comm("mscclppCommRegister", comm, |c| {
         non_null(handle, "handle")?;
-        let token = c.registrations().register(buff as u64, size, Kind::Buffer, false)?;
+        let token = c.register(buff as u64, size, Kind::Buffer, false)?;
         // SAFETY: checked non-null; the caller provides a writable void*.
         unsafe { *handle = token as *mut c_void };
         Ok(())
@@ -38,7 +39,7 @@ pub unsafe extern "C" fn mscclppCommRegister(
 pub unsafe extern "C" fn mscclppCommDeregister(comm: mscclppComm_t, handle: *mut c_void) -> mscclppResult_t {
     with_comm("mscclppCommDeregister", comm, |c| {
         non_null(handle, "handle")?;
-        c.registrations().deregister(handle as u64, Kind::Buffer, "handle")?;
+        c.deregister(handle as u64, Kind::Buffer, "handle")?;
         Ok(())
     })
 }

@@ -178,6 +178,14 @@ impl GpuContext {
         })
     }
 
+    /// Waits until every stream of this context is idle (`cuCtxSynchronize`): before a mapping that
+    /// kernels may still read is closed. Not allowed while a stream of the context captures.
+    pub fn synchronize(&self) -> Result<()> {
+        self.make_current()?;
+        // SAFETY: no arguments; this context is current.
+        check(unsafe { sys::cuCtxSynchronize() }, || "cuCtxSynchronize".into())
+    }
+
     /// Frees a resource of this context in a `Drop`: makes the context current, runs `free` (the driver
     /// call) and logs a failure, since a destructor cannot report it.
     pub fn free_in_drop(&self, what: &str, free: impl FnOnce() -> CUresult) {

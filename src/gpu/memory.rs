@@ -60,6 +60,24 @@ impl DeviceAllocation {
     pub fn write_u64(&self, offset: u64, value: u64) -> Result<()> {
         self.write_words(offset, &[value])
     }
+    /// Reads the 64-bit word at byte `offset` (synchronously, against work that may still write it: for
+    /// counters read at the end).
+    pub fn read_u64(&self, offset: u64) -> Result<u64> {
+        if offset.checked_add(8).is_none_or(|end| end > self.size as u64) {
+            return Err(Error::internal(format!(
+                "a word at +{offset} runs past the end of an allocation of {} bytes",
+                self.size
+            )));
+        }
+        self.ctx.make_current()?;
+        let mut value = 0u64;
+        // SAFETY: the word lies inside our allocation (checked above); the destination is a local.
+        check(
+            unsafe { sys::cuMemcpyDtoH_v2((&mut value as *mut u64).cast(), self.ptr + offset, 8) },
+            || "cuMemcpyDtoH".into(),
+        )?;
+        Ok(value)
+    }
     /// Writes 64-bit words from byte `offset` on (synchronously: set-up only).
     pub fn write_words(&self, offset: u64, words: &[u64]) -> Result<()> {
         let bytes = std::mem::size_of_val(words);

@@ -1072,7 +1072,7 @@ nccl_export! {
     fn ncclCommDeregister / pncclCommDeregister(comm: ncclComm_t, handle: *mut c_void) -> ncclResult_t {
         with_comm("ncclCommDeregister", comm, |c| {
             if !handle.is_null() {
-                c.core()?.registrations().deregister(handle as u64, Kind::Buffer, "handle")?;
+                c.core()?.deregister(handle as u64, Kind::Buffer, "handle")?;
             }
             OK
         })
@@ -1107,7 +1107,7 @@ nccl_export! {
     fn ncclCommWindowDeregister / pncclCommWindowDeregister(comm: ncclComm_t, win: ncclWindow_t) -> ncclResult_t {
         with_comm("ncclCommWindowDeregister", comm, |c| {
             if !win.is_null() {
-                c.core()?.registrations().deregister(win as u64, Kind::Window { flags: 0 }, "win")?;
+                c.core()?.deregister(win as u64, Kind::Window { flags: 0 }, "win")?;
             }
             OK
         })
@@ -1125,7 +1125,7 @@ fn register(c: &NcclComm, buff: *mut c_void, size: usize, kind: Kind) -> Result<
         .lock()
         .values()
         .any(|a| start >= a.ptr() && start + size as u64 <= a.ptr() + a.size() as u64);
-    core.registrations().register(start, size, kind, library_memory)
+    core.register(start, size, kind, library_memory)
 }
 
 // ---- operators ----

@@ -1,0 +1,250 @@
+// Zero-copy collectives: every rank reads and writes the peers' registered buffers directly, so each byte
+// crosses memory once (no pass through the scratch). Registration is local, so the ranks first agree, in
+// the kernel, that every rank reaches every buffer the algorithm touches (docs/ZERO_COPY.md):
+//
+// 1. Block 0 of each rank writes its input's and output's descriptors (tag and offset, CollArgs) as packets
+//    into every peer's scratch, reads the peers' and looks each up in the table of the peers' registrations
+//    mapped here (`zcTable`, host memory the host rewrites as records arrive).
+// 2. It writes its vote (it found every buffer it needs) to every peer and reads theirs. Every rank reads
+//    the same votes, so every rank decides alike: all yes, zero-copy; any no, nothing here, and the scratch
+//    launches that follow on the stream (`zcGuard`) move the data as they would have.
+// 3. Block 0 leaves the decision and the addresses in `state`; the other blocks wait for them there (every
+//    block of a launch is resident: src/collective/algorithm.rs, resident_share).
+// 4. The data moves; then each block tells every peer it is done with the peers' buffers and waits for
+//    theirs, so that no rank returns while a peer still reads its input or writes its output.
+//
+// The decision word also tells the guarded scratch launches of the same call to skip their work.
+#pragma once
+
+#include "packet.cuh"
+#include "reduce.cuh"
+
+// Registrations per rank the table holds (src/collective/peer_buffers.rs, MAX_SLOTS).
+#define MSCCLPP_ZC_SLOTS 64
+// Packets of the agreement, at the start of the slot's packet area: [source rank][4] descriptor words,
+// then [source rank] votes.
+#define MSCCLPP_ZC_DESCRIPTOR_WORDS 4
+#define MSCCLPP_ZC_VOTES (MSCCLPP_COLL_MAX_RANKS * MSCCLPP_ZC_DESCRIPTOR_WORDS)
+
+// Which of the peers' buffers an algorithm reads or writes.
+enum ZcNeeds : uint32_t {
+  ZcPeerInputs = 1,   // every peer's input
+  ZcPeerOutputs = 2,  // every peer's output
+  ZcRootInput = 4,    // the root's input only (broadcast)
+};
+
+// The address here of byte `offset` of the peer's registration named by `tag`, or 0 when the table holds
+// no mapping of exactly that generation. The host writes an entry's generation 0 first, then the address,
+// then the new generation: a read between sees two generations that differ, or 0.
+__device__ __forceinline__ uint64_t zcResolve(const CollArgs& a, uint32_t peer, uint64_t tag, uint64_t offset)
+{
+  if ((tag >> 63) == 0) return 0;
+  const uint32_t slot = static_cast<uint32_t>(tag >> 32) & 0x7fffffffu;
+  const uint32_t generation = static_cast<uint32_t>(tag);
+  if (slot >= MSCCLPP_ZC_SLOTS || generation == 0) return 0;
+  const volatile uint64_t* entry = a.zcTable + (static_cast<uint64_t>(peer) * MSCCLPP_ZC_SLOTS + slot) * 2;
+  const uint64_t before = entry[0];
+  __threadfence_system();
+  const uint64_t address = entry[1];
+  __threadfence_system();
+  const uint64_t after = entry[0];
+  return before == generation && after == generation && address != 0 ? address + offset : 0;
+}
+
+struct ZcPlan {
+  bool go;       // every rank moves the data zero-copy
+  bool aligned;  // every buffer this rank touches, and the stride, are multiples of 16
+};
+
+// Steps 1-3 above. `inputs` and `outputs` (shared memory, a word per rank) get every rank's input and
+// output as this rank reaches them (0 for those the algorithm does not touch).
+template <uint32_t Needs>
+__device__ ZcPlan zcAgree(const CollArgs& a, uint64_t epoch, uint64_t* inputs, uint64_t* outputs)
+{
+  volatile uint64_t* state = a.state;
+  const uint32_t t = threadIdx.x;
+  if (blockIdx.x == 0) {
+    const uint32_t flag = packetFlag(epoch);
+    const char* mine = collPackets(a, a.rank, epoch);
+    bool aborted = false;
+    if (t < a.nranks && t != a.rank) {
+      char* theirs = collPackets(a, t, epoch);
+      const uint64_t words[MSCCLPP_ZC_DESCRIPTOR_WORDS] = {a.zcSendTag, a.zcSendOffset, a.zcRecvTag, a.zcRecvOffset};
+      for (int w = 0; w < MSCCLPP_ZC_DESCRIPTOR_WORDS; w++) {
+        putPacket(theirs, a.rank * MSCCLPP_ZC_DESCRIPTOR_WORDS + w, words[w], flag);
+      }
+    }
+    bool found = true, aligned = true;
+    if (t < a.nranks) {
+      uint64_t input = 0, output = 0;
+      if (t == a.rank) {
+        input = reinterpret_cast<uint64_t>(a.send);
+        output = reinterpret_cast<uint64_t>(a.recv);
+      } else {
+        uint64_t w[MSCCLPP_ZC_DESCRIPTOR_WORDS];
+        for (int k = 0; k < MSCCLPP_ZC_DESCRIPTOR_WORDS; k++) {
+          w[k] = getPacket(a, mine, t * MSCCLPP_ZC_DESCRIPTOR_WORDS + k, flag, aborted);
+        }
+        if ((Needs & ZcPeerInputs) || ((Needs & ZcRootInput) && t == a.root)) {
+          input = zcResolve(a, t, w[0], w[1]);
+          found = found && input != 0;
+        }
+        if (Needs & ZcPeerOutputs) {
+          output = zcResolve(a, t, w[2], w[3]);
+          found = found && output != 0;
+        }
+      }
+      aligned = input % 16 == 0 && output % 16 == 0;
+      state[MSCCLPP_STATE_ZC_SEND + t] = input;
+      state[MSCCLPP_STATE_ZC_RECV + t] = output;
+    }
+    const bool mineYes = __syncthreads_and(found && !aborted) != 0;
+    if (t < a.nranks && t != a.rank) {
+      putPacket(collPackets(a, t, epoch), MSCCLPP_ZC_VOTES + a.rank, mineYes ? 1 : 0, flag);
+    }
+    bool yes = mineYes;
+    if (t < a.nranks && t != a.rank) {
+      yes = getPacket(a, mine, MSCCLPP_ZC_VOTES + t, flag, aborted) == 1 && !aborted;
+    }
+    const bool go = __syncthreads_and(yes) != 0;
+    const bool allAligned = __syncthreads_and(aligned) != 0 && a.aligned != 0;
+    if (t == 0) {
+      if (go) state[MSCCLPP_STATE_ZC_CALLS] = state[MSCCLPP_STATE_ZC_CALLS] + 1;
+      __threadfence();
+      state[MSCCLPP_STATE_ZC_DECISION] = (epoch << 2) | (allAligned ? 2 : 0) | (go ? 1 : 0);
+    }
+    __syncthreads();
+  } else {
+    // Block 0 always decides (its waits end on an abort), so this wait ends.
+    if (t == 0) {
+      while ((state[MSCCLPP_STATE_ZC_DECISION] >> 2) != epoch) {
+      }
+      __threadfence();
+    }
+    __syncthreads();
+  }
+  const uint64_t decision = state[MSCCLPP_STATE_ZC_DECISION];
+  if (t < a.nranks) {
+    inputs[t] = state[MSCCLPP_STATE_ZC_SEND + t];
+    outputs[t] = state[MSCCLPP_STATE_ZC_RECV + t];
+  }
+  __syncthreads();
+  return {(decision & 1) != 0, (decision & 2) != 0};
+}
+
+// Step 4: this block is done with the peers' buffers; waits until every peer's same block is.
+__device__ __forceinline__ void zcFinish(const CollArgs& a, uint64_t epoch)
+{
+  collSignal(a, epoch, 0);
+  collWait(a, epoch, 0);
+}
+
+// A scratch launch after a zero-copy one of the same call (`zcGuard`): whether that one moved the data, in
+// which case this launch only counts its epoch.
+__device__ __forceinline__ bool zcSkipped(const CollArgs& a)
+{
+  if (a.zcGuard == 0) return false;
+  const volatile uint64_t* state = a.state;
+  if ((state[MSCCLPP_STATE_ZC_DECISION] & 1) == 0) return false;
+  collEnd(a, collBegin(a));
+  return true;
+}
+
+#define MSCCLPP_ZC_BEGIN(needs)                                         \
+  __shared__ uint64_t inputs[MSCCLPP_COLL_MAX_RANKS];                   \
+  __shared__ uint64_t outputs[MSCCLPP_COLL_MAX_RANKS];                  \
+  const uint64_t epoch = collBegin(a);                                  \
+  const ZcPlan plan = zcAgree<needs>(a, epoch, inputs, outputs);
+
+// All-reduce: rank r reduces shard r of every rank's input, in rank order (every rank gets the same bits),
+// and writes it into every rank's output. Each unit is read and then written by one thread, and only shard
+// r's owner touches shard r anywhere, so any rank's output may be its input. PreMulSum is not taken here
+// (a rank would scale a peer's input by its own scalar): src/collective/zero_copy.rs.
+template <typename T, typename Op>
+__device__ void allreduceZc(const CollArgs& a)
+{
+  MSCCLPP_ZC_BEGIN(ZcPeerInputs | ZcPeerOutputs)
+  if (plan.go) {
+    const uint64_t units = unitsOf(a.bytes, 16);
+    const uint64_t shard = (units + a.nranks - 1) / a.nranks;
+    const UnitRange part = blockRange(shard, blockIdx.x, gridDim.x);
+    const PreOp<T, Op> pre(a);
+    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      const uint64_t u = a.rank * shard + j;
+      if (u >= units) break;
+      uint4 acc;
+      for (uint32_t r = 0; r < a.nranks; r++) {
+        const uint4 v = pre(loadUnit<uint4>(reinterpret_cast<const char*>(inputs[r]), u, a.bytes, plan.aligned));
+        acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+      }
+      acc = finishUnit<T, Op>(acc, a.nranks);
+      for (uint32_t k = 0; k < a.nranks; k++) {
+        const uint32_t r = (a.rank + k) % a.nranks;
+        storeUnit<uint4>(reinterpret_cast<char*>(outputs[r]), u, a.bytes, plan.aligned, acc);
+      }
+    }
+    zcFinish(a, epoch);
+  }
+  collEnd(a, epoch);
+}
+
+// All-gather: every rank writes its piece into its place in every rank's output.
+__device__ void allgatherZc(const CollArgs& a)
+{
+  MSCCLPP_ZC_BEGIN(ZcPeerOutputs)
+  if (plan.go) {
+    const uint64_t units = unitsOf(a.bytes, 16);
+    const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
+    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      const uint4 v = loadUnit<uint4>(a.send, j, a.bytes, plan.aligned);
+      for (uint32_t k = 0; k < a.nranks; k++) {
+        const uint32_t r = (a.rank + k) % a.nranks;
+        char* piece = reinterpret_cast<char*>(outputs[r]) + a.rank * a.strideBytes;
+        if (piece != a.send) storeUnit<uint4>(piece, j, a.bytes, plan.aligned, v);
+      }
+    }
+    zcFinish(a, epoch);
+  }
+  collEnd(a, epoch);
+}
+
+// Reduce-scatter: rank r reduces piece r of every rank's input, in rank order, into its output.
+template <typename T, typename Op>
+__device__ void reducescatterZc(const CollArgs& a)
+{
+  MSCCLPP_ZC_BEGIN(ZcPeerInputs)
+  if (plan.go) {
+    const uint64_t units = unitsOf(a.bytes, 16);
+    const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
+    const PreOp<T, Op> pre(a);
+    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      uint4 acc;
+      for (uint32_t r = 0; r < a.nranks; r++) {
+        const char* piece = reinterpret_cast<const char*>(inputs[r]) + a.rank * a.strideBytes;
+        const uint4 v = pre(loadUnit<uint4>(piece, j, a.bytes, plan.aligned));
+        acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+      }
+      storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, finishUnit<T, Op>(acc, a.nranks));
+    }
+    zcFinish(a, epoch);
+  }
+  collEnd(a, epoch);
+}
+
+// Broadcast: every rank copies the root's input into its output (the root too, unless in place).
+__device__ void broadcastZc(const CollArgs& a)
+{
+  MSCCLPP_ZC_BEGIN(ZcRootInput)
+  if (plan.go) {
+    const char* source = reinterpret_cast<const char*>(inputs[a.root]);
+    if (source != a.recv) {
+      const uint64_t units = unitsOf(a.bytes, 16);
+      const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
+      for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+        storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, loadUnit<uint4>(source, j, a.bytes, plan.aligned));
+      }
+    }
+    zcFinish(a, epoch);
+  }
+  collEnd(a, epoch);
+}

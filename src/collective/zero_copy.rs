@@ -1,0 +1,254 @@
+//! Zero-copy collectives, the host side: which calls try them, the descriptors of a call's own buffers,
+//! and the table of the peers' registrations the kernels look descriptors up in. The device side is
+//! `kernels/collectives/zero_copy.cuh`, the design `docs/ZERO_COPY.md`, the mappings' bookkeeping
+//! `peer_buffers.rs`.
+//!
+//! A call tries zero-copy on every rank or on none: the choice here depends only on what every rank of the
+//! call shares (collective, operator, ranks, size, `MSCCLPP_COLL_ALGO`), never on this rank's
+//! registrations. The kernels then vote on whether every rank reaches every buffer; the scratch launches
+//! that follow on the stream move the data when the vote says no.
+
+use super::algorithm::{Choice, packet_limit};
+use super::kernel_args::MAX_RANKS;
+use super::peer_buffers::{IpcOpener, MAX_SLOTS, PeerTable, Record};
+use super::{Collective, RedOp};
+use crate::bootstrap::Bootstrap;
+use crate::error::Result;
+use crate::gpu::{DevicePtr, GpuContext, PinnedHostBuffer};
+use crate::registration::Registration;
+use std::sync::atomic::{Ordering, fence};
+
+/// Bytes of the device-visible table: `[peer][slot]` of {generation, address}, 64 bits each.
+pub const TABLE_BYTES: usize = MAX_RANKS * MAX_SLOTS * 16;
+
+/// Whether a call tries the zero-copy path (its kernel votes, then the scratch launches follow, guarded).
+/// PreMulSum never does: a rank reading a peer's input would scale it by its own scalar.
+pub fn attempt(collective: Collective, op: Option<RedOp>, nranks: usize, message: u64, choice: Choice) -> bool {
+    let family = matches!(
+        collective,
+        Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast
+    );
+    if !family || matches!(op, Some(RedOp::PreMulSum(_))) || nranks < 2 || message == 0 {
+        return false;
+    }
+    match choice {
+        Choice::ZeroCopy => true,
+        Choice::Auto => message > packet_limit(collective, nranks),
+        Choice::Force(_) => false,
+    }
+}
+
+/// The zero-copy kernel's name without its operator and type (`mscclpp_<this>[_<op>_<type>]`).
+pub fn kernel_base(collective: Collective) -> &'static str {
+    match collective {
+        Collective::AllReduce => "allreduce_zc",
+        Collective::ReduceScatter => "reducescatter_zc",
+        Collective::Broadcast => "broadcast_zc",
+        _ => "allgather_zc",
+    }
+}
+
+/// The tag that names a registration's slot and generation to the peers (`CollArgs::zcSendTag`).
+pub fn tag(slot: u32, generation: u32) -> u64 {
+    (1 << 63) | ((slot as u64) << 32) | generation as u64
+}
+
+/// The descriptor (tag, offset into the registration) of this rank's `[ptr, ptr + len)`, or (0, 0) when
+/// no live registration exported to the peers holds all of it. `lookup` is `Registrations::lookup`;
+/// `slot_of` gives an exported registration's slot and generation by token.
+pub fn descriptor(
+    ptr: DevicePtr,
+    len: u64,
+    lookup: impl FnOnce(DevicePtr, usize) -> Option<(u64, Registration)>,
+    slot_of: impl FnOnce(u64) -> Option<(u32, u32)>,
+) -> (u64, u64) {
+    if ptr == 0 || len == 0 {
+        return (0, 0);
+    }
+    lookup(ptr, len as usize)
+        .and_then(|(token, registration)| {
+            let (slot, generation) = slot_of(token)?;
+            Some((tag(slot, generation), ptr - registration.ptr))
+        })
+        .unwrap_or((0, 0))
+}
+
+/// The peers' registrations as this rank reaches them, and their copy the kernels read.
+pub struct ZeroCopy {
+    peers: PeerTable<IpcOpener>,
+    /// Host memory mapped for the device: `TABLE_BYTES`, rewritten by `refresh`.
+    table: PinnedHostBuffer,
+    /// What `table` holds, by `[peer][slot]`: (generation, address).
+    shadow: Vec<(u32, u64)>,
+    /// Records taken but not applied yet: they close a mapping, which waits for a call outside a capture.
+    pending: Vec<(usize, Record)>,
+}
+
+impl ZeroCopy {
+    pub fn new(gpu: &GpuContext, rank: usize, nranks: usize) -> Result<ZeroCopy> {
+        Ok(ZeroCopy {
+            peers: PeerTable::new(rank, nranks, IpcOpener { gpu: *gpu })?,
+            table: PinnedHostBuffer::zeroed(gpu, TABLE_BYTES)?,
+            shadow: vec![(0, 0); MAX_RANKS * MAX_SLOTS],
+            pending: Vec::new(),
+        })
+    }
+
+    /// The table's address for the kernels (`CollArgs::zcTable`).
+    pub fn table_ptr(&self) -> DevicePtr {
+        self.table.device_ptr()
+    }
+
+    /// Takes the records the peers have pushed and applies them, then rewrites the table. A record that
+    /// closes a mapping waits until no kernel may read it: the context is synchronized first, which a
+    /// capture does not allow, so during one such records stay pending for the next call outside it.
+    pub fn refresh(&mut self, bootstrap: &Bootstrap, gpu: &GpuContext, capturing: bool) -> Result<()> {
+        let taken = self.peers.take(bootstrap);
+        self.pending.extend(taken);
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if self
+            .pending
+            .iter()
+            .any(|(peer, record)| self.peers.closes(*peer, record))
+        {
+            if capturing {
+                return Ok(());
+            }
+            gpu.synchronize()?;
+        }
+        for (peer, record) in std::mem::take(&mut self.pending) {
+            self.peers.apply_logged(peer, record);
+        }
+        self.write_table()
+    }
+
+    /// Makes the table what `peers` holds. An entry changes as the kernels expect (`zcResolve`): its
+    /// generation 0 first, then the address, then the new generation.
+    fn write_table(&mut self) -> Result<()> {
+        let mut wanted = vec![(0u32, 0u64); MAX_RANKS * MAX_SLOTS];
+        for (peer, slot, generation, address) in self.peers.device_entries() {
+            wanted[peer * MAX_SLOTS + slot as usize] = (generation, address);
+        }
+        for (i, (&want, have)) in wanted.iter().zip(self.shadow.iter_mut()).enumerate() {
+            if want == *have {
+                continue;
+            }
+            self.table.store_u64(i * 16, 0)?;
+            fence(Ordering::SeqCst);
+            self.table.store_u64(i * 16 + 8, want.1)?;
+            fence(Ordering::SeqCst);
+            self.table.store_u64(i * 16, want.0 as u64)?;
+            *have = want;
+        }
+        Ok(())
+    }
+
+    /// Closes every mapping (the communicator's destroy, after its collectives ended).
+    pub fn clear(&mut self) -> usize {
+        self.peers.clear()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registration::{Allocation, Kind, Registrations};
+
+    #[test]
+    fn the_choice_depends_on_what_every_rank_shares() {
+        let limit = packet_limit(Collective::AllReduce, 2);
+        assert!(!attempt(
+            Collective::AllReduce,
+            Some(RedOp::Sum),
+            2,
+            limit,
+            Choice::Auto
+        ));
+        assert!(attempt(
+            Collective::AllReduce,
+            Some(RedOp::Sum),
+            2,
+            limit + 1,
+            Choice::Auto
+        ));
+        assert!(attempt(Collective::AllGather, None, 4, 1, Choice::ZeroCopy));
+        assert!(!attempt(
+            Collective::AllGather,
+            None,
+            4,
+            1 << 30,
+            Choice::Force(super::super::algorithm::Protocol::Copy)
+        ));
+        assert!(!attempt(
+            Collective::AllReduce,
+            Some(RedOp::Sum),
+            1,
+            1 << 30,
+            Choice::ZeroCopy
+        ));
+        assert!(!attempt(
+            Collective::AllReduce,
+            Some(RedOp::Sum),
+            2,
+            0,
+            Choice::ZeroCopy
+        ));
+        for c in [
+            Collective::Reduce,
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
+        ] {
+            assert!(!attempt(c, Some(RedOp::Sum), 2, 1 << 30, Choice::ZeroCopy), "{c:?}");
+        }
+        let premul = RedOp::PreMulSum(super::super::Scalar::Immediate(1));
+        assert!(!attempt(
+            Collective::AllReduce,
+            Some(premul),
+            2,
+            1 << 30,
+            Choice::ZeroCopy
+        ));
+    }
+
+    #[test]
+    fn tags_name_slot_and_generation() {
+        assert_eq!(tag(0, 1), 0x8000_0000_0000_0001);
+        assert_eq!(tag(63, 0xffff_ffff), 0x8000_003f_ffff_ffff);
+    }
+
+    #[test]
+    fn descriptors_of_exported_registrations_only() {
+        let registrations = Registrations::default();
+        let allocation = Allocation {
+            buffer_id: 7,
+            base: 0x10_0000,
+            size: 1 << 20,
+            device: 0,
+        };
+        let token = registrations.insert(Registration {
+            ptr: 0x10_0100,
+            len: 4096,
+            kind: Kind::Buffer,
+            allocation,
+            library_memory: false,
+        });
+        let same = |p: DevicePtr, l: usize| registrations.lookup_with(p, l, |_, _| Ok(allocation));
+        let exported = |t: u64| (t == token).then_some((3, 9));
+        assert_eq!(descriptor(0x10_0200, 64, same, exported), (tag(3, 9), 0x100));
+        assert_eq!(descriptor(0x10_0100, 4096, same, exported), (tag(3, 9), 0));
+        // Past the registration's end, not exported, null, empty, or its memory reallocated: not zero-copy.
+        assert_eq!(descriptor(0x10_0200, 4096, same, exported), (0, 0));
+        assert_eq!(descriptor(0x10_0200, 64, same, |_| None), (0, 0));
+        assert_eq!(descriptor(0, 64, same, exported), (0, 0));
+        assert_eq!(descriptor(0x10_0200, 0, same, exported), (0, 0));
+        let moved = Allocation {
+            buffer_id: 8,
+            ..allocation
+        };
+        let reallocated = |p: DevicePtr, l: usize| registrations.lookup_with(p, l, |_, _| Ok(moved));
+        assert_eq!(descriptor(0x10_0200, 64, reallocated, exported), (0, 0));
+    }
+}
