@@ -31,7 +31,8 @@
 //   zerocopy (= zerocopy, zerocopy_partial; MSCCLPP_COLL_ALGO=zerocopy): the matrix (5 types, 2 operators, 5
 //       counts to 262147, in and out of place, unaligned) twice on pools registered with mscclppCommRegister:
 //       both on every rank; the receive pool only; freed without deregistering and reused, then registered
-//       afresh; and (zerocopy_partial) on rank 0 only. Results as the matrix checks them; at destroy the
+//       afresh; the graph case's 9 calls on registered pools, replayed 50 times; and (zerocopy_partial) on rank 0
+//       only; then the kill case with both buffers registered (kill_zerocopy). Results as the matrix checks them; at destroy the
 //       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
@@ -948,17 +949,28 @@ int windowsBody(Rank& R, bool packetsForced)
 // Captures [fill + call] for every call and a bump of the replay counter, replays the graph `replays` times,
 // checks every call after each of the first `checkedReplays` replays and after the last (replays in between
 // run back to back), then frees everything. Call k of replay i has seed c.seed + i.
+// Whether runGraph registers its pools (with its communicator) before the capture: the zerocopy group's.
+bool gGraphRegisters = false;
+
 std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vector<Call>& calls, int replays,
                      int checkedReplays, Tally& t)
 {
   Pools P;
   uint64_t* counter = nullptr;
   cudaGraphExec_t exec = nullptr;
+  void* handles[2] = {nullptr, nullptr};
   std::string err = [&]() -> std::string {
     size_t sendBytes = 0;
     const size_t recvBytes = planCalls(calls, R.nranks, &sendBytes);
     TC_TRY(ensure(R, P.send, sendBytes));
     TC_TRY(ensure(R, P.recv, recvBytes));
+    if (gGraphRegisters) {
+      TC_EXPECT(mscclppCommRegister(comm, P.send.ptr, P.send.bytes, &handles[0]) == mscclppSuccess, "registering the send pool failed");
+      TC_EXPECT(mscclppCommRegister(comm, P.recv.ptr, P.recv.bytes, &handles[1]) == mscclppSuccess, "registering the receive pool failed");
+      // Every rank's registration has reached the others before the capture (the records travel ahead of
+      // the barrier's messages), so the captured calls find every mapping.
+      TC_TRY(oobBarrier(R, "after registering the graph's pools"));
+    }
     TC_CUDA(cudaMalloc((void**)&counter, sizeof(uint64_t)));
     TC_CUDA(cudaMemsetAsync(counter, 0, sizeof(uint64_t), stream));
     TC_CUDA(cudaMemsetAsync(P.recv.ptr, kSentinel, recvBytes, stream));
@@ -1023,6 +1035,8 @@ std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vect
   if (err.empty() || !R.fatal) {
     if (exec) cudaGraphExecDestroy(exec);
     if (counter) cudaFree(counter);
+    for (void* h : handles)
+      if (h && mscclppCommDeregister(comm, h) != mscclppSuccess && err.empty()) err = "deregistering a graph pool failed";
     release(P);
   }
   return err;
@@ -1329,12 +1343,19 @@ int zeroCopyBody(Rank& R, const char* name)
     ok &= runCase(R, "zerocopy_registered_everywhere", [&] {
       return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
     });
-    // The peers' inputs are in the send pool, but for calls in place (in the receive pool).
+    // Every algorithm reads the peers' inputs, which are in the send pool but for calls in place.
     ok &= runCase(R, "zerocopy_outputs_only", [&] {
-      return caseZeroCopy(R, kZcRecv, everyRank, [](const Call& c) { return c.coll == kAllGather || c.inPlace; },
-                          "the receive pool only");
+      return caseZeroCopy(R, kZcRecv, everyRank, [](const Call& c) { return c.inPlace; }, "the receive pool only");
     });
     ok &= runCase(R, "zerocopy_freed_and_reused", [&] { return caseZeroCopyReuse(R); });
+    // The mixed graph (9 calls, 50 replays) on registered pools: every replayed call is eligible.
+    ok &= runCase(R, "zerocopy_graph_replayed", [&] {
+      gGraphRegisters = true;
+      const std::string e = caseGraphMixed(R);
+      gGraphRegisters = false;
+      gZcEligible += 9 * 50;
+      return e;
+    });
   } else {
     // A broadcast reads its root's input alone.
     ok &= runCase(R, "zerocopy_rank0_only", [&] {
@@ -1609,6 +1630,7 @@ const Group kGroups[] = {
   {"args", "args", true, 90, nullptr, nullptr, false},
   {"zerocopy", "zerocopy", true, 240, "zerocopy", nullptr, false},
   {"zerocopy_partial", "zerocopy", true, 120, "zerocopy", nullptr, false},
+  {"kill_zerocopy", "zerocopy", true, 90, nullptr, nullptr, true},
 };
 
 std::string teardown(Rank& R)
@@ -1677,7 +1699,7 @@ struct KillShared
   KillResult res[kMaxRanks];
 };
 
-int killRankMain(int rank, int nranks, int port, KillShared* S)
+int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
 {
   KillResult& out = S->res[rank];
   const double scale = timeoutScale();
@@ -1686,6 +1708,7 @@ int killRankMain(int rank, int nranks, int port, KillShared* S)
     return 1;
   };
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  if (zeroCopy) setenv("MSCCLPP_COLL_ALGO", "zerocopy", 1);
   int ngpus = 0;
   if (cudaGetDeviceCount(&ngpus) != cudaSuccess || ngpus < 1) return fail("no CUDA device visible");
   const int device = rank % ngpus;
@@ -1703,6 +1726,13 @@ int killRankMain(int rank, int nranks, int port, KillShared* S)
     return fail("allocations failed");
   for (cudaEvent_t& e : events)
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate failed");
+  if (zeroCopy) {
+    // Both buffers registered on every rank: the loop's all-reduces read and write the peers' buffers.
+    void* handle = nullptr;
+    if (mscclppCommRegister(comm, send, count * 4, &handle) != mscclppSuccess ||
+        mscclppCommRegister(comm, recv, count * 4, &handle) != mscclppSuccess)
+      return fail("mscclppCommRegister failed");
+  }
 
   // A checked first call: the set-up, and proof that the loop below moves real data.
   const Call c = makeCall(kAllReduce, mscclppFloat32, mscclppSum, count, false, 0, seedOf(14, 0));
@@ -1794,9 +1824,9 @@ int killRankMain(int rank, int nranks, int port, KillShared* S)
   return 0;
 }
 
-int runKill(int nranks, int port)
+int runKill(int nranks, int port, bool zeroCopy)
 {
-  const char* name = "kill_last_rank_during_allreduces";
+  const char* name = zeroCopy ? "kill_last_rank_during_zerocopy_allreduces" : "kill_last_rank_during_allreduces";
   if (nranks < 2) {
     printf("SKIP %s: needs 2 ranks or more\n", name);
     return 0;
@@ -1810,7 +1840,7 @@ int runKill(int nranks, int port)
   }
   const int victim = nranks - 1;
   ForkedRanks ranks(nranks, 150 * scale, [&](int r) {
-    const int rc = killRankMain(r, nranks, port, S);
+    const int rc = killRankMain(r, nranks, port, S, zeroCopy);
     if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
     return rc;
   });
@@ -2079,7 +2109,7 @@ int main(int argc, char** argv)
                    : !strcmp(g.name, "exit_after_kill") ? kExitAfterKill
                                                         : kExitAfterFault);
     } else if (g.kill) {
-      rc = runKill(nranks, groupPort);
+      rc = runKill(nranks, groupPort, !strcmp(g.name, "kill_zerocopy"));
     } else {
       const Group* group = &g;
       // Above 4 ranks on one GPU each call takes longer (the ranks share its multiprocessors): the limit grows.

@@ -11,7 +11,7 @@
 // 3. Block 0 leaves the decision and the addresses in `state`; the other blocks wait for them there (every
 //    block of a launch is resident: src/collective/algorithm.rs, resident_share).
 // 4. The data moves; then each block tells every peer it is done with the peers' buffers and waits for
-//    theirs, so that no rank returns while a peer still reads its input or writes its output.
+//    theirs, so that no rank returns while a peer still reads its buffers.
 //
 // The decision word also tells the guarded scratch launches of the same call to skip their work.
 #pragma once
@@ -156,10 +156,24 @@ __device__ __forceinline__ bool zcSkipped(const CollArgs& a)
   const uint64_t epoch = collBegin(a);                                  \
   const ZcPlan plan = zcAgree<needs>(a, epoch, inputs, outputs);
 
-// All-reduce: rank r reduces shard r of every rank's input, in rank order (every rank gets the same bits),
-// and writes it into every rank's output. Each unit is read and then written by one thread, and only shard
-// r's owner touches shard r anywhere, so any rank's output may be its input. PreMulSum is not taken here
-// (a rank would scale a peer's input by its own scalar): src/collective/zero_copy.rs.
+// Every zero-copy algorithm pulls: a rank reads the peers' buffers and writes only its own. Measured on one
+// H100 with 2 ranks under MPS (docs/PERFORMANCE.md, zero-copy), writing into the peers' buffers through
+// their mappings moved 1.6-1.7 TB/s of memory traffic where reading them moved 2.2-2.3. Handling several
+// units per thread at once (4 loads in flight) measured 6-16 % slower, so each thread takes one at a time.
+
+// This block's units of a piece cut like every rank's (blockRange of `total`), one per thread at a time.
+template <typename Step>
+__device__ __forceinline__ void zcUnits(uint64_t total, Step step)
+{
+  const UnitRange part = blockRange(total, blockIdx.x, gridDim.x);
+  for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) step(j);
+}
+
+// All-reduce in two pulls. 1: rank r reduces shard r of every rank's input, in rank order (every rank gets
+// the same bits), into its own output. 2: after every rank's block has done its part of step 1, it copies
+// every other shard from its owner's output. In place is safe: in step 1 only shard r's owner reads shard r
+// of any input, and a shard is overwritten in step 2 only after its owner read it in step 1. PreMulSum is
+// not taken here (a rank would scale a peer's input by its own scalar): src/collective/zero_copy.rs.
 template <typename T, typename Op>
 __device__ void allreduceZc(const CollArgs& a)
 {
@@ -167,20 +181,27 @@ __device__ void allreduceZc(const CollArgs& a)
   if (plan.go) {
     const uint64_t units = unitsOf(a.bytes, 16);
     const uint64_t shard = (units + a.nranks - 1) / a.nranks;
-    const UnitRange part = blockRange(shard, blockIdx.x, gridDim.x);
     const PreOp<T, Op> pre(a);
-    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+    zcUnits(shard, [&](uint64_t j) {
       const uint64_t u = a.rank * shard + j;
-      if (u >= units) break;
+      if (u >= units) return;
       uint4 acc;
       for (uint32_t r = 0; r < a.nranks; r++) {
         const uint4 v = pre(loadUnit<uint4>(reinterpret_cast<const char*>(inputs[r]), u, a.bytes, plan.aligned));
         acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
       }
-      acc = finishUnit<T, Op>(acc, a.nranks);
-      for (uint32_t k = 0; k < a.nranks; k++) {
-        const uint32_t r = (a.rank + k) % a.nranks;
-        storeUnit<uint4>(reinterpret_cast<char*>(outputs[r]), u, a.bytes, plan.aligned, acc);
+      storeUnit<uint4>(a.recv, u, a.bytes, plan.aligned, finishUnit<T, Op>(acc, a.nranks));
+    });
+    // Block b of every rank handles the same units of every shard, so it waits for its namesakes alone.
+    collSignal(a, epoch, 1);
+    if (collWait(a, epoch, 1)) {
+      for (uint32_t k = 1; k < a.nranks; k++) {
+        const uint32_t owner = (a.rank + k) % a.nranks;
+        const char* reduced = reinterpret_cast<const char*>(outputs[owner]);
+        zcUnits(shard, [&](uint64_t j) {
+          const uint64_t u = owner * shard + j;
+          if (u < units) storeUnit<uint4>(a.recv, u, a.bytes, plan.aligned, loadUnit<uint4>(reduced, u, a.bytes, plan.aligned));
+        });
       }
     }
     zcFinish(a, epoch);
@@ -188,20 +209,19 @@ __device__ void allreduceZc(const CollArgs& a)
   collEnd(a, epoch);
 }
 
-// All-gather: every rank writes its piece into its place in every rank's output.
+// All-gather: every rank copies every peer's input into that peer's place in its own output.
 __device__ void allgatherZc(const CollArgs& a)
 {
-  MSCCLPP_ZC_BEGIN(ZcPeerOutputs)
+  MSCCLPP_ZC_BEGIN(ZcPeerInputs)
   if (plan.go) {
-    const uint64_t units = unitsOf(a.bytes, 16);
-    const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
-    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
-      const uint4 v = loadUnit<uint4>(a.send, j, a.bytes, plan.aligned);
-      for (uint32_t k = 0; k < a.nranks; k++) {
-        const uint32_t r = (a.rank + k) % a.nranks;
-        char* piece = reinterpret_cast<char*>(outputs[r]) + a.rank * a.strideBytes;
-        if (piece != a.send) storeUnit<uint4>(piece, j, a.bytes, plan.aligned, v);
-      }
+    for (uint32_t k = 0; k < a.nranks; k++) {
+      const uint32_t r = (a.rank + k) % a.nranks;
+      const char* source = reinterpret_cast<const char*>(inputs[r]);
+      char* piece = a.recv + r * a.strideBytes;
+      if (piece == source) continue;
+      zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
+        storeUnit<uint4>(piece, j, a.bytes, plan.aligned, loadUnit<uint4>(source, j, a.bytes, plan.aligned));
+      });
     }
     zcFinish(a, epoch);
   }
@@ -214,18 +234,17 @@ __device__ void reducescatterZc(const CollArgs& a)
 {
   MSCCLPP_ZC_BEGIN(ZcPeerInputs)
   if (plan.go) {
-    const uint64_t units = unitsOf(a.bytes, 16);
-    const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
+    const uint64_t piece = a.rank * a.strideBytes;
     const PreOp<T, Op> pre(a);
-    for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+    zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
       uint4 acc;
       for (uint32_t r = 0; r < a.nranks; r++) {
-        const char* piece = reinterpret_cast<const char*>(inputs[r]) + a.rank * a.strideBytes;
-        const uint4 v = pre(loadUnit<uint4>(piece, j, a.bytes, plan.aligned));
+        const char* source = reinterpret_cast<const char*>(inputs[r]) + piece;
+        const uint4 v = pre(loadUnit<uint4>(source, j, a.bytes, plan.aligned));
         acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
       }
       storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, finishUnit<T, Op>(acc, a.nranks));
-    }
+    });
     zcFinish(a, epoch);
   }
   collEnd(a, epoch);
@@ -238,11 +257,9 @@ __device__ void broadcastZc(const CollArgs& a)
   if (plan.go) {
     const char* source = reinterpret_cast<const char*>(inputs[a.root]);
     if (source != a.recv) {
-      const uint64_t units = unitsOf(a.bytes, 16);
-      const UnitRange part = blockRange(units, blockIdx.x, gridDim.x);
-      for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
+      zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
         storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, loadUnit<uint4>(source, j, a.bytes, plan.aligned));
-      }
+      });
     }
     zcFinish(a, epoch);
   }

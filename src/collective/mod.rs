@@ -332,7 +332,11 @@ impl Collectives {
         registrations: &Registrations,
         base: &KernelArgs,
     ) -> Result<()> {
-        ready.zero_copy.refresh(bootstrap, gpu, capturing)?;
+        {
+            // Opening a peer's mapping is not a stream operation, which a capture's global mode refuses.
+            let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
+            ready.zero_copy.refresh(bootstrap, gpu, capturing)?;
+        }
         let base_name = zero_copy::kernel_base(call.collective);
         let threads = algorithm::threads(Protocol::Copy);
         let loaded = {

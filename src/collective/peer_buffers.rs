@@ -37,7 +37,6 @@
 
 // Built ahead of the GPU work of issue 27 (the zero-copy kernels); wired into the collectives when the
 // kernels land, until then only its tests use it.
-#![allow(dead_code)]
 
 use super::kernel_args::MAX_RANKS;
 use crate::bootstrap::Bootstrap;
@@ -357,11 +356,13 @@ impl LocalSlots {
             .map(|(slot, s)| (slot as u32, s.generation))
     }
 
+    #[cfg(test)]
     /// How many slots are in use.
     pub fn len(&self) -> usize {
         self.slots.iter().filter(|s| s.token.is_some()).count()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -418,8 +419,6 @@ struct Entry<M> {
     _mapping: M,
     /// The registration's first byte in this context: the mapped base plus its offset in the allocation.
     address: u64,
-    len: u64,
-    buffer_id: u64,
 }
 
 /// One slot of a peer's registrations.
@@ -448,6 +447,9 @@ pub struct PeerTable<O: Opener> {
     opener: O,
     /// By peer (this rank's row stays empty), then slot.
     peers: Vec<Vec<PeerSlot<O::Mapping>>>,
+    /// `hold_closes`: mappings taken out of their slots stay open here until `release_retired`.
+    hold: bool,
+    retired: Vec<Entry<O::Mapping>>,
 }
 
 impl<O: Opener> PeerTable<O> {
@@ -467,6 +469,8 @@ impl<O: Opener> PeerTable<O> {
             nranks,
             opener,
             peers,
+            hold: false,
+            retired: Vec::new(),
         })
     }
 
@@ -520,9 +524,10 @@ impl<O: Opener> PeerTable<O> {
                     return Ok(());
                 }
                 // The peer reuses a slot only after its registration is gone: the old mapping is closed
-                // first, whatever becomes of the new one.
+                // first (or retired: `hold_closes`), whatever becomes of the new one.
                 held.generation = generation;
-                held.entry = None;
+                let old = held.entry.take();
+                self.dispose(old);
                 let opened = self.opener.open(peer, &handle, alloc_size).and_then(|(mapping, base)| {
                     match base.checked_add(offset_in_allocation) {
                         Some(address) => Ok((mapping, address)),
@@ -540,8 +545,6 @@ impl<O: Opener> PeerTable<O> {
                         self.peers[peer][slot as usize].entry = Some(Entry {
                             _mapping: mapping,
                             address,
-                            len,
-                            buffer_id,
                         });
                         Ok(())
                     }
@@ -559,7 +562,8 @@ impl<O: Opener> PeerTable<O> {
             Record::Gone { generation, .. } => {
                 let held = &mut self.peers[peer][slot as usize];
                 if held.generation == generation && held.entry.is_some() {
-                    held.entry = None;
+                    let old = held.entry.take();
+                    self.dispose(old);
                     log::debug!("peer {peer}'s registration slot {slot} generation {generation}: gone, unmapped");
                 } else {
                     log::debug!(
@@ -574,6 +578,7 @@ impl<O: Opener> PeerTable<O> {
         }
     }
 
+    #[cfg(test)]
     /// Applies every record the peers have pushed (`publish`) and that has arrived, each peer's in the
     /// order it pushed them, without waiting: `take`, then `apply_logged` of each. Gives how many records
     /// were applied (a stale one, ignored by `apply`, counts: it was taken into account).
@@ -630,19 +635,34 @@ impl<O: Opener> PeerTable<O> {
         }
     }
 
-    /// Whether applying `record` from `peer` would close a mapping this table holds (a `Gone` of the held
-    /// generation, or an `Added` that replaces it): kernels that may still read it must have ended first.
-    pub fn closes(&self, peer: usize, record: &Record) -> bool {
-        let Some(held) = self.peers.get(peer).and_then(|slots| slots.get(record.slot() as usize)) else {
-            return false;
-        };
-        held.entry.is_some()
-            && match record {
-                Record::Gone { generation, .. } => *generation == held.generation,
-                Record::Added(e) => e.generation > held.generation,
-            }
+    /// From now on, a mapping that `apply` replaces or removes is not closed at once but retired: it stays
+    /// open, no longer resolved, until `release_retired` (kernels launched before may still read it).
+    pub fn hold_closes(&mut self) {
+        self.hold = true;
     }
 
+    /// Closes the retired mappings (once no kernel may read them); gives how many.
+    pub fn release_retired(&mut self) -> usize {
+        let n = self.retired.len();
+        self.retired.clear();
+        n
+    }
+
+    /// Whether mappings wait in `retired`.
+    pub fn has_retired(&self) -> bool {
+        !self.retired.is_empty()
+    }
+
+    /// A mapping taken out of its slot: closed now, or retired (`hold_closes`).
+    fn dispose(&mut self, entry: Option<Entry<O::Mapping>>) {
+        if let Some(entry) = entry
+            && self.hold
+        {
+            self.retired.push(entry);
+        }
+    }
+
+    #[cfg(test)]
     /// The address, in this context, of the first byte of `peer`'s registration in `slot`, only while
     /// exactly `generation` of it is held: what the kernels' vote relies on.
     pub fn resolve(&self, peer: usize, slot: u32, generation: u32) -> Option<u64> {
@@ -670,18 +690,20 @@ impl<O: Opener> PeerTable<O> {
     /// Closes every mapping (the communicator's destroy, once its collectives have ended); gives how many
     /// there were. The generations heard of are kept, so that a late record stays stale.
     pub fn clear(&mut self) -> usize {
-        let mut n = 0;
+        let mut n = self.release_retired();
         for held in self.peers.iter_mut().flatten() {
             n += held.entry.take().is_some() as usize;
         }
         n
     }
 
+    #[cfg(test)]
     /// How many mappings are open.
     pub fn len(&self) -> usize {
         self.peers.iter().flatten().filter(|h| h.entry.is_some()).count()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -1010,6 +1032,28 @@ mod tests {
         assert_eq!(t.resolve(0, 0, 1), None);
         assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200));
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn held_closes_wait_until_released() {
+        let (mut t, log) = table(1, 2);
+        t.hold_closes();
+        t.apply(0, added(0, 1)).unwrap();
+        t.apply(0, added(0, 2)).unwrap();
+        t.apply(0, added(1, 1)).unwrap();
+        t.apply(0, gone(1, 1)).unwrap();
+        assert!(closed(&log).is_empty(), "replaced and gone mappings stay open while kernels may read them");
+        assert!(t.has_retired());
+        assert_eq!(t.resolve(0, 0, 1), None, "a retired mapping is no longer resolved");
+        assert_eq!(t.resolve(0, 1, 1), None);
+        assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200));
+        assert_eq!(t.device_entries().len(), 1);
+        assert_eq!(t.release_retired(), 2);
+        assert_eq!(closed(&log), [1, 3]);
+        assert!(!t.has_retired());
+        t.apply(0, gone(0, 2)).unwrap();
+        assert_eq!(t.clear(), 1, "clear closes the retired ones too");
+        assert_eq!(closed(&log), [1, 3, 2]);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 
 use super::algorithm::{Choice, packet_limit};
 use super::kernel_args::MAX_RANKS;
-use super::peer_buffers::{IpcOpener, MAX_SLOTS, PeerTable, Record};
+use super::peer_buffers::{IpcOpener, MAX_SLOTS, PeerTable};
 use super::{Collective, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -80,17 +80,16 @@ pub struct ZeroCopy {
     table: PinnedHostBuffer,
     /// What `table` holds, by `[peer][slot]`: (generation, address).
     shadow: Vec<(u32, u64)>,
-    /// Records taken but not applied yet: they close a mapping, which waits for a call outside a capture.
-    pending: Vec<(usize, Record)>,
 }
 
 impl ZeroCopy {
     pub fn new(gpu: &GpuContext, rank: usize, nranks: usize) -> Result<ZeroCopy> {
+        let mut peers = PeerTable::new(rank, nranks, IpcOpener { gpu: *gpu })?;
+        peers.hold_closes();
         Ok(ZeroCopy {
-            peers: PeerTable::new(rank, nranks, IpcOpener { gpu: *gpu })?,
+            peers,
             table: PinnedHostBuffer::zeroed(gpu, TABLE_BYTES)?,
             shadow: vec![(0, 0); MAX_RANKS * MAX_SLOTS],
-            pending: Vec::new(),
         })
     }
 
@@ -99,29 +98,25 @@ impl ZeroCopy {
         self.table.device_ptr()
     }
 
-    /// Takes the records the peers have pushed and applies them, then rewrites the table. A record that
-    /// closes a mapping waits until no kernel may read it: the context is synchronized first, which a
-    /// capture does not allow, so during one such records stay pending for the next call outside it.
+    /// Takes the records the peers have pushed, applies them and rewrites the table. A mapping a record
+    /// removes or replaces is retired, not closed: kernels launched before may still read it. Retired
+    /// mappings are closed once the context is idle (`cuCtxSynchronize`, made only when some wait, and not
+    /// during a capture, which forbids it: then at the next call outside one).
     pub fn refresh(&mut self, bootstrap: &Bootstrap, gpu: &GpuContext, capturing: bool) -> Result<()> {
-        let taken = self.peers.take(bootstrap);
-        self.pending.extend(taken);
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        if self
-            .pending
-            .iter()
-            .any(|(peer, record)| self.peers.closes(*peer, record))
-        {
-            if capturing {
-                return Ok(());
-            }
-            gpu.synchronize()?;
-        }
-        for (peer, record) in std::mem::take(&mut self.pending) {
+        let records = self.peers.take(bootstrap);
+        let changed = !records.is_empty();
+        for (peer, record) in records {
             self.peers.apply_logged(peer, record);
         }
-        self.write_table()
+        if changed {
+            self.write_table()?;
+        }
+        if self.peers.has_retired() && !capturing {
+            gpu.synchronize()?;
+            let closed = self.peers.release_retired();
+            log::debug!("{closed} peer mapping(s) of deregistered buffers closed");
+        }
+        Ok(())
     }
 
     /// Makes the table what `peers` holds. An entry changes as the kernels expect (`zcResolve`): its
