@@ -115,6 +115,9 @@ done
 if part sanitizer; then
   sanitized sanitizer_collectives 500 5 "$bin_dir/collectives_test" matrix_small 2
   sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
+  # Zero-copy: the peers' registered buffers read through their mappings, on registered pools.
+  sanitized sanitizer_zerocopy 500 5 "$bin_dir/collectives_test" zerocopy_small 2
+  sanitized sanitizer_zerocopy_8 500 5 "$bin_dir/collectives_test" zerocopy_small 8
 fi
 
 # NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks and its main group under

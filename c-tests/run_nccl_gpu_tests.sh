@@ -3,6 +3,7 @@
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
 #   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
 #   refusals, a killed rank shrunk out) at 2 and 4 ranks;
+# - python/examples/torch_zero_copy.py: PyTorch's registered memory (allocator hook, MemPool) going zero-copy;
 # - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, checked
 #   against gloo, at 2 and 4 ranks, then its --kill mode (a rank SIGKILLs itself; every other process must end
 #   within a bounded time) at 4 ranks (skipped, and said so, where torch cannot be imported);
@@ -66,6 +67,11 @@ else
   # collective or be torn down by torch's watchdog within 60 s, and the parent reaps every process.
   before=$failed
   run_program torch_on_our_nccl_kill_4 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 4 --kill
+  recover "$before"
+  # Registered memory from PyTorch (the allocator hook, and a MemPool over ncclMemAlloc): the collectives go
+  # zero-copy, which the library's INFO count at destroy shows, and their results are exact.
+  before=$failed
+  run_program torch_zero_copy_2 300 env LD_PRELOAD="$root/$lib" "$py" python/examples/torch_zero_copy.py --nranks 2
   recover "$before"
 fi
 

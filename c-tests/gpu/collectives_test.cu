@@ -32,7 +32,8 @@
 //       counts to 262147, in and out of place, unaligned) twice on pools registered with mscclppCommRegister:
 //       both on every rank; the receive pool only; freed without deregistering and reused, then registered
 //       afresh; the graph case's 9 calls on registered pools, replayed 50 times; and (zerocopy_partial) on rank 0
-//       only; then the kill case with both buffers registered (kill_zerocopy). Results as the matrix checks them; at destroy the
+//       only; then the kill case with both buffers registered (kill_zerocopy). zerocopy_small (for
+//       compute-sanitizer; not in "all"): the first case alone, 2 types and 3 counts. Results as the matrix checks them; at destroy the
 //       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
@@ -1234,10 +1235,17 @@ long long gZcEligible = 0;
 // Every collective x type (5 of them) x operator (sum, max) x placement x count, on pools of fixed size,
 // `rounds` times over (later rounds find every peer's mapping in place). `eligible` says which calls may go
 // zero-copy with the pools registered as they are.
+// zerocopy_small (for compute-sanitizer): 2 types and 3 counts.
+bool gZcSmall = false;
+
 std::string zcMatrix(Rank& R, ZcPools& Z, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
 {
-  const int types[] = {mscclppUint8, mscclppInt32, mscclppFloat32, mscclppFloat16, mscclppBfloat16};
-  const uint64_t counts[] = {1, 7, 1000, 65537, 262147};
+  std::vector<int> types{mscclppUint8, mscclppInt32, mscclppFloat32, mscclppFloat16, mscclppBfloat16};
+  std::vector<uint64_t> counts{1, 7, 1000, 65537, 262147};
+  if (gZcSmall) {
+    types = {mscclppUint8, mscclppFloat32};
+    counts = {7, 1000, 65537};
+  }
   uint64_t serial = 0;
   for (int round = 0; round < rounds; ++round)
     for (Coll coll : kColls)
@@ -1246,7 +1254,7 @@ std::string zcMatrix(Rank& R, ZcPools& Z, Tally& t, int rounds, const std::funct
         if (reduces(coll)) ops = {mscclppSum, mscclppMax};
         for (int op : ops) {
           std::vector<Call> batch;
-          for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); ++k)
+          for (size_t k = 0; k < counts.size(); ++k)
             for (int inPlace = 0; inPlace < 2; ++inPlace) {
               Call c = makeCall(coll, type, op, counts[k], inPlace != 0, (int)(serial % R.nranks), seedOf(7, serial));
               ++serial;
@@ -1355,6 +1363,11 @@ int zeroCopyBody(Rank& R, const char* name)
       gGraphRegisters = false;
       gZcEligible += 9 * 50;
       return e;
+    });
+  } else if (!strcmp(name, "zerocopy_small")) {
+    gZcSmall = true;
+    ok &= runCase(R, "zerocopy_small_registered_everywhere", [&] {
+      return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
     });
   } else {
     // A broadcast reads its root's input alone.
@@ -1631,6 +1644,7 @@ const Group kGroups[] = {
   {"zerocopy", "zerocopy", true, 240, "zerocopy", nullptr, false},
   {"zerocopy_partial", "zerocopy", true, 120, "zerocopy", nullptr, false},
   {"kill_zerocopy", "zerocopy", true, 90, nullptr, nullptr, true},
+  {"zerocopy_small", "zerocopy_small", false, 90, "zerocopy", nullptr, false},
 };
 
 std::string teardown(Rank& R)

@@ -26,7 +26,7 @@
 //       ncclInvalidArgument); collectives in one group, in nested groups, a group failed by a bad call; a
 //       CUDA graph of an all-reduce replayed 10 times; ncclCommInitRankConfig blocking and non-blocking
 //       (ncclInProgress, then ncclCommGetAsyncError reaches ncclSuccess); ncclMemAlloc buffers registered
-//       with ncclCommRegister in an all-reduce; ncclMemAlloc memory mapped by the other ranks' processes
+//       with ncclCommRegister in three 4 MiB all-reduces (zero-copy); ncclMemAlloc memory mapped by the other ranks' processes
 //       (1 MiB + 12 bytes filled with a rank's pattern on its stream, its cudaIpcGetMemHandle published on
 //       the shared board, the next rank's buffer opened with cudaIpcOpenMemHandle and every byte checked by
 //       a kernel where this device can reach it and by a copy to the host, closed, then ncclMemFree);
@@ -1131,10 +1131,11 @@ std::string caseConfigNonBlocking(Rank& R)
   return "";
 }
 
-// ncclMemAlloc buffers, registered, in an all-reduce; then deregistered and freed.
+// ncclMemAlloc buffers, registered, in all-reduces above the packet sizes (so that they go zero-copy once
+// every rank's registration reached the others); then deregistered and freed.
 std::string caseMemAlloc(Rank& R)
 {
-  const uint64_t count = 65537, bytes = count * 4;
+  const uint64_t count = (4u << 20) / 4 + 1, bytes = count * 4;
   void *a = nullptr, *b = nullptr;
   TN_OK(ncclMemAlloc(&a, bytes));
   TN_OK(ncclMemAlloc(&b, bytes));
@@ -1154,6 +1155,8 @@ std::string caseMemAlloc(Rank& R)
   s.extRecv = (char*)b;
   TC_TRY(runOne(R, gComm, s));
   s.op = ncclMax, s.salt = ++gSalt;
+  TC_TRY(runOne(R, gComm, s));
+  s.op = ncclMin, s.salt = ++gSalt;
   TC_TRY(runOne(R, gComm, s));
   TN_OK(ncclCommDeregister(gComm, ha));
   TN_OK(ncclCommDeregister(gComm, hb));

@@ -698,14 +698,15 @@ std::string allRanks(Rank& R, bool mine, bool* all)
   return "";
 }
 
-// The roofline of a call on ranks that share one GPU: rank 0 alone copies, device to device, the bytes the
-// call must read and write at the least on all ranks together (all-reduce and all-gather of N bytes among n
-// ranks: n x N each way; reduce-scatter: its input on every rank; broadcast: its buffer to n - 1 ranks), as
-// copies of at most the buffers' size, while the other ranks wait. Printed as mode=roofline.
+// The roofline of a call on ranks that share one GPU: rank 0 alone copies, device to device, as many bytes as
+// the call must read and write at the least on all ranks together, as copies of at most the buffers' size,
+// while the other ranks wait. Printed as mode=roofline. Of N message bytes among n ranks, out of place: an
+// all-reduce or an all-gather n x N (every output written, about as much read), a broadcast n x N (every
+// rank's output from the root's input), a reduce-scatter (n + 1) x N / 2 (every input read, N written).
 std::string timeRoofline(Rank& R, const Spec& s, const Shape& sh, cudaEvent_t start, cudaEvent_t stop)
 {
   const uint64_t n = (uint64_t)R.nranks;
-  const uint64_t total = s.coll == kBroadcast ? sh.bytes * (n - 1) : sh.bytes * (s.coll == kReduceScatter ? 1 : n);
+  const uint64_t total = s.coll == kReduceScatter ? sh.bytes * (n + 1) / 2 : sh.bytes * n;
   TC_TRY(barrier(R, "before the roofline"));
   if (R.rank == 0) {
     std::vector<double> us;
