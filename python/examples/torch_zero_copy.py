@@ -10,7 +10,7 @@ Two ways PyTorch hands NCCL registered memory, each a job of its own (rank r on 
   - mempool: a torch.cuda.MemPool over the process group's allocator (ncclMemAlloc), the tensors allocated in
     it, the pool registered with backend.register_mem_pool. torch offers that allocator only on GPUs that
     support multicast; elsewhere (it says why) the MemPool is of torch's own allocator, registered alike.
-Each rank makes tensors of 16 MiB (above the packet sizes, so every call tries zero-copy) and runs, three
+Each rank makes tensors of 16 MiB (MSCCLPP_COLL_ALGO=zerocopy: every call tries zero-copy) and runs, three
 times over, all_reduce (sum), all_gather_into_tensor, reduce_scatter_tensor (sum) and broadcast from rank
 0, each checked exactly (small integers). At destroy_process_group the library logs at INFO how many calls
 moved their data zero-copy; every rank's log (MSCCLPP_DEBUG_FILE) must give at least 2 of the 3 rounds'
@@ -62,6 +62,9 @@ def worker(rank: int, nranks: int, port: int, mode: str, log_dir: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     os.environ["MSCCLPP_DEBUG"] = "INFO"
+    # Every call tries zero-copy whatever the GPUs' placement (`auto` takes it where it measured faster:
+    # src/collective/algorithm.rs, zero_copy_from).
+    os.environ["MSCCLPP_COLL_ALGO"] = "zerocopy"
     os.environ["MSCCLPP_DEBUG_FILE"] = os.path.join(log_dir, f"rank{rank}.%p.log")
     if mode == "hook":
         os.environ["TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"] = "1"

@@ -13,6 +13,9 @@
 //! | scatter        | `scatter_packet`                         | `scatter_copy`                               |
 //! | all-to-all     | `alltoall_packet`                        | `alltoall_copy`                              |
 //!
+//! Above these, on buffers every rank registered, all-reduce, all-gather, reduce-scatter and broadcast read
+//! the peers' buffers directly (`<collective>_zc`, `zero_copy.rs`) from the sizes `zero_copy_from` gives.
+//!
 //! Packets carry 8 data bytes in 16 (the flag travels with the data: one link crossing, no signal), so they
 //! win while latency dominates; copies move 16-byte units and signal once per block and phase.
 
@@ -74,6 +77,39 @@ pub fn packet_limit(collective: Collective, nranks: usize) -> u64 {
         Collective::AllReduce | Collective::Reduce => 512 << 10,
         Collective::AllGather | Collective::ReduceScatter | Collective::Gather | Collective::AllToAll => 256 << 10,
         Collective::Broadcast | Collective::Scatter => 64 << 10,
+    }
+}
+
+/// Where the ranks of a communicator run, as every rank sees it alike (`Scratch::gpu_sharers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Every rank on one GPU (under MPS): a peer's buffer is this GPU's own memory.
+    OneGpu,
+    /// Ranks on several GPUs: some peers' buffers are across NVLink or PCIe.
+    SeveralGpus,
+}
+
+/// The smallest message (see `packet_limit`) that `Choice::Auto` sends zero-copy when every rank registered
+/// its buffers (`zero_copy.rs`); `None`: never. Zero-copy algorithms read the peers' buffers.
+///
+/// Measured in CUDA graphs (docs/PERFORMANCE.md, zero-copy, 2026-11-26), registered against unregistered:
+/// - one H100, 2 ranks under MPS: faster from 16 MiB for every collective (all-reduce 65.6 against 70.9 us,
+///   1 GiB 472 against 280 GB/s), so from the scratch's copy sizes on;
+/// - two H100s over NVLink: reads of a peer's memory wait a round trip, so small calls lose (all-reduce
+///   48.7 against 35.5 us at 4 MiB, 87.0 against 74.5 at 16 MiB; reduce-scatter 50.0 against 46.5 at 16
+///   MiB) and large ones win (all-reduce 271 against 260 GB/s at 64 MiB, 315 against 277 at 1 GiB;
+///   reduce-scatter 514 against 431 at 64 MiB; broadcast 244 against 217 at 16 MiB, 122 against 118 at 4
+///   MiB). All-gather never won there (1 GiB 513 against 516).
+pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placement) -> Option<u64> {
+    let above_packets = packet_limit(collective, nranks) + 1;
+    match (placement, collective) {
+        (_, Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::AllToAll) => None,
+        (Placement::OneGpu, _) => Some(above_packets),
+        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter) => {
+            Some((64 << 20).max(above_packets))
+        }
+        (Placement::SeveralGpus, Collective::Broadcast) => Some((16 << 20).max(above_packets)),
+        (Placement::SeveralGpus, Collective::AllGather) => None,
     }
 }
 

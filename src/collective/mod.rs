@@ -287,7 +287,12 @@ impl Collectives {
             scalar_ptr,
             ..KernelArgs::default()
         };
-        if zero_copy::attempt(call.collective, call.op, nranks, message, ready.choice) {
+        let placement = if ready.scratch.gpu_sharers >= nranks {
+            algorithm::Placement::OneGpu
+        } else {
+            algorithm::Placement::SeveralGpus
+        };
+        if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
             self.launch_zero_copy(
                 bootstrap,
                 ready,

@@ -1042,7 +1042,10 @@ mod tests {
         t.apply(0, added(0, 2)).unwrap();
         t.apply(0, added(1, 1)).unwrap();
         t.apply(0, gone(1, 1)).unwrap();
-        assert!(closed(&log).is_empty(), "replaced and gone mappings stay open while kernels may read them");
+        assert!(
+            closed(&log).is_empty(),
+            "replaced and gone mappings stay open while kernels may read them"
+        );
         assert!(t.has_retired());
         assert_eq!(t.resolve(0, 0, 1), None, "a retired mapping is no longer resolved");
         assert_eq!(t.resolve(0, 1, 1), None);

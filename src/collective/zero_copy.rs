@@ -8,7 +8,7 @@
 //! registrations. The kernels then vote on whether every rank reaches every buffer; the scratch launches
 //! that follow on the stream move the data when the vote says no.
 
-use super::algorithm::{Choice, packet_limit};
+use super::algorithm::{Choice, Placement, zero_copy_from};
 use super::kernel_args::MAX_RANKS;
 use super::peer_buffers::{IpcOpener, MAX_SLOTS, PeerTable};
 use super::{Collective, RedOp};
@@ -21,9 +21,17 @@ use std::sync::atomic::{Ordering, fence};
 /// Bytes of the device-visible table: `[peer][slot]` of {generation, address}, 64 bits each.
 pub const TABLE_BYTES: usize = MAX_RANKS * MAX_SLOTS * 16;
 
-/// Whether a call tries the zero-copy path (its kernel votes, then the scratch launches follow, guarded).
+/// Whether a call tries the zero-copy path (its kernel votes, then the scratch launches follow, guarded):
+/// `Choice::Auto` from the sizes of `algorithm::zero_copy_from`, `Choice::ZeroCopy` at every size.
 /// PreMulSum never does: a rank reading a peer's input would scale it by its own scalar.
-pub fn attempt(collective: Collective, op: Option<RedOp>, nranks: usize, message: u64, choice: Choice) -> bool {
+pub fn attempt(
+    collective: Collective,
+    op: Option<RedOp>,
+    nranks: usize,
+    placement: Placement,
+    message: u64,
+    choice: Choice,
+) -> bool {
     let family = matches!(
         collective,
         Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter | Collective::Broadcast
@@ -33,7 +41,7 @@ pub fn attempt(collective: Collective, op: Option<RedOp>, nranks: usize, message
     }
     match choice {
         Choice::ZeroCopy => true,
-        Choice::Auto => message > packet_limit(collective, nranks),
+        Choice::Auto => zero_copy_from(collective, nranks, placement).is_some_and(|from| message >= from),
         Choice::Force(_) => false,
     }
 }
@@ -153,56 +161,39 @@ mod tests {
 
     #[test]
     fn the_choice_depends_on_what_every_rank_shares() {
+        use super::super::algorithm::{Protocol, packet_limit};
+        let sum = Some(RedOp::Sum);
+        let one = Placement::OneGpu;
+        let several = Placement::SeveralGpus;
         let limit = packet_limit(Collective::AllReduce, 2);
-        assert!(!attempt(
-            Collective::AllReduce,
-            Some(RedOp::Sum),
-            2,
-            limit,
-            Choice::Auto
-        ));
-        assert!(attempt(
-            Collective::AllReduce,
-            Some(RedOp::Sum),
-            2,
-            limit + 1,
-            Choice::Auto
-        ));
-        assert!(attempt(Collective::AllGather, None, 4, 1, Choice::ZeroCopy));
-        assert!(!attempt(
-            Collective::AllGather,
-            None,
-            4,
-            1 << 30,
-            Choice::Force(super::super::algorithm::Protocol::Copy)
-        ));
-        assert!(!attempt(
-            Collective::AllReduce,
-            Some(RedOp::Sum),
-            1,
-            1 << 30,
-            Choice::ZeroCopy
-        ));
-        assert!(!attempt(
-            Collective::AllReduce,
-            Some(RedOp::Sum),
-            2,
-            0,
-            Choice::ZeroCopy
-        ));
+        assert!(!attempt(Collective::AllReduce, sum, 2, one, limit, Choice::Auto));
+        assert!(attempt(Collective::AllReduce, sum, 2, one, limit + 1, Choice::Auto));
+        // Across GPUs only where it measured faster.
+        assert!(!attempt(Collective::AllReduce, sum, 2, several, 16 << 20, Choice::Auto));
+        assert!(attempt(Collective::AllReduce, sum, 2, several, 64 << 20, Choice::Auto));
+        assert!(attempt(Collective::Broadcast, None, 2, several, 16 << 20, Choice::Auto));
+        assert!(!attempt(Collective::AllGather, None, 2, several, 1 << 30, Choice::Auto));
+        assert!(attempt(Collective::AllGather, None, 2, one, 1 << 30, Choice::Auto));
+        assert!(attempt(Collective::AllGather, None, 4, several, 1, Choice::ZeroCopy));
+        let copy = Choice::Force(Protocol::Copy);
+        assert!(!attempt(Collective::AllGather, None, 4, one, 1 << 30, copy));
+        assert!(!attempt(Collective::AllReduce, sum, 1, one, 1 << 30, Choice::ZeroCopy));
+        assert!(!attempt(Collective::AllReduce, sum, 2, one, 0, Choice::ZeroCopy));
         for c in [
             Collective::Reduce,
             Collective::Gather,
             Collective::Scatter,
             Collective::AllToAll,
         ] {
-            assert!(!attempt(c, Some(RedOp::Sum), 2, 1 << 30, Choice::ZeroCopy), "{c:?}");
+            assert!(!attempt(c, sum, 2, one, 1 << 30, Choice::ZeroCopy), "{c:?}");
+            assert_eq!(zero_copy_from(c, 2, one), None);
         }
         let premul = RedOp::PreMulSum(super::super::Scalar::Immediate(1));
         assert!(!attempt(
             Collective::AllReduce,
             Some(premul),
             2,
+            one,
             1 << 30,
             Choice::ZeroCopy
         ));
