@@ -117,6 +117,7 @@ if part sanitizer; then
   sanitized sanitizer_collectives_8 500 5 "$bin_dir/collectives_test" matrix_small 8
   # Zero-copy: the peers' registered buffers read through their mappings, on registered pools.
   sanitized sanitizer_zerocopy 500 5 "$bin_dir/collectives_test" zerocopy_small 2
+  sanitized sanitizer_zerocopy_4 500 5 "$bin_dir/collectives_test" zerocopy_small 4
   sanitized sanitizer_zerocopy_8 500 5 "$bin_dir/collectives_test" zerocopy_small 8
 fi
 
