@@ -146,7 +146,7 @@ setting!(
     "auto",
     Values::Choice(&["auto", "packet", "copy", "zerocopy"]),
     Warn,
-    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers above the packet sizes; `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size"
+    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers at large sizes (zero_copy_from); `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size"
 );
 setting!(
     COLL_SCRATCH_MB,

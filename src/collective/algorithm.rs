@@ -37,7 +37,7 @@ pub enum Choice {
     Auto,
     Force(Protocol),
     /// Every all-reduce, all-gather, reduce-scatter and broadcast tries the zero-copy path first (at
-    /// every size; `Auto` does above the packet sizes); `Force(Copy)` never does.
+    /// every size; `Auto` does from the sizes of `zero_copy_from`); `Force(Copy)` never does.
     ZeroCopy,
 }
 
@@ -93,8 +93,9 @@ pub enum Placement {
 /// its buffers (`zero_copy.rs`); `None`: never. Zero-copy algorithms read the peers' buffers.
 ///
 /// Measured in CUDA graphs (docs/PERFORMANCE.md, zero-copy, 2026-11-26), registered against unregistered:
-/// - one H100, 2 ranks under MPS: faster from 16 MiB for every collective (all-reduce 65.6 against 70.9 us,
-///   1 GiB 472 against 280 GB/s), so from the scratch's copy sizes on;
+/// - one H100, 2 ranks under MPS: slower at 4 MiB (all-reduce 37.7 against 29.3 us: the vote's two packet
+///   rounds and the pulls' barriers), faster from 16 MiB for every collective (all-reduce 67.0 against
+///   71.2 us, 1 GiB 472 against 281 GB/s);
 /// - two H100s over NVLink: reads of a peer's memory wait a round trip, so small calls lose (all-reduce
 ///   48.7 against 35.5 us at 4 MiB, 87.0 against 74.5 at 16 MiB; reduce-scatter 50.0 against 46.5 at 16
 ///   MiB) and large ones win (all-reduce 271 against 260 GB/s at 64 MiB, 315 against 277 at 1 GiB;
@@ -104,7 +105,7 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
     let above_packets = packet_limit(collective, nranks) + 1;
     match (placement, collective) {
         (_, Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::AllToAll) => None,
-        (Placement::OneGpu, _) => Some(above_packets),
+        (Placement::OneGpu, _) => Some((16 << 20).max(above_packets)),
         (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter) => {
             Some((64 << 20).max(above_packets))
         }

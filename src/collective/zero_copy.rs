@@ -162,12 +162,18 @@ mod tests {
     #[test]
     fn the_choice_depends_on_what_every_rank_shares() {
         use super::super::algorithm::{Protocol, packet_limit};
+        assert!(packet_limit(Collective::AllReduce, 2) < 16 << 20);
         let sum = Some(RedOp::Sum);
         let one = Placement::OneGpu;
         let several = Placement::SeveralGpus;
         let limit = packet_limit(Collective::AllReduce, 2);
         assert!(!attempt(Collective::AllReduce, sum, 2, one, limit, Choice::Auto));
-        assert!(attempt(Collective::AllReduce, sum, 2, one, limit + 1, Choice::Auto));
+        assert!(
+            !attempt(Collective::AllReduce, sum, 2, one, 4 << 20, Choice::Auto),
+            "slower at 4 MiB"
+        );
+        assert!(attempt(Collective::AllReduce, sum, 2, one, 16 << 20, Choice::Auto));
+        assert!(attempt(Collective::ReduceScatter, sum, 16, one, 16 << 20, Choice::Auto));
         // Across GPUs only where it measured faster.
         assert!(!attempt(Collective::AllReduce, sum, 2, several, 16 << 20, Choice::Auto));
         assert!(attempt(Collective::AllReduce, sum, 2, several, 64 << 20, Choice::Auto));
