@@ -111,3 +111,20 @@ def test_a_rank_left_waiting_is_killed_and_named(first: str) -> None:
         codes, said, took = _supervise([_hangs], 1.0, 30.0)
         assert codes[0] != 0 and took < 30, (codes, took)
         assert said == ["FAIL case rank=0: killed after the 1 s limit"], said
+
+
+def test_zero_copy_count_is_read_as_the_library_writes_it() -> None:
+    """python/examples/torch_zero_copy.py and collectives_test read the library's INFO count of zero-copy
+    calls; the words they look for are the ones src/collective/mod.rs logs."""
+    sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+    try:
+        import torch_zero_copy  # imports no torch at module level
+    finally:
+        sys.path.pop(0)
+    source = open(os.path.join(ROOT, "src", "collective", "mod.rs")).read()
+    words = "call(s) moved their data zero-copy"
+    assert words in source, "the library's INFO line changed: update its readers"
+    line = f"MSCCLPP INFO rank 1 COLL: collectives: 37 {words} (registered buffers)"
+    assert [int(m.group(1)) for m in torch_zero_copy.COUNT_LINE.finditer(line)] == [37]
+    test = open(os.path.join(ROOT, "c-tests", "gpu", "collectives_test.cu")).read()
+    assert f'" {words}"' in test
