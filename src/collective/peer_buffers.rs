@@ -44,6 +44,8 @@ use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuContext, IpcExport, IpcMapping};
 use crate::registration::Registration;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 /// The most registrations a rank exports at once: the slots of the device-visible table per peer.
 pub const MAX_SLOTS: usize = 64;
@@ -415,8 +417,10 @@ pub fn export(slot: u32, generation: u32, registration: &Registration) -> Result
 
 /// A peer's registration opened here.
 struct Entry<M> {
+    // Shared by every registration of the peer in one allocation: an allocation is opened once per
+    // context (CUDA IPC refuses a second open of it), and closed when the last of them goes.
     /// Keeps the allocation mapped; dropped (closed) with the entry.
-    _mapping: M,
+    _mapping: Arc<M>,
     /// The registration's first byte in this context: the mapped base plus its offset in the allocation.
     address: u64,
 }
@@ -450,6 +454,9 @@ pub struct PeerTable<O: Opener> {
     /// `hold_closes`: mappings taken out of their slots stay open here until `release_retired`.
     hold: bool,
     retired: Vec<Entry<O::Mapping>>,
+    /// Every open mapping by (peer, the owner's buffer id of the allocation), with its base here: a second
+    /// registration in the same allocation shares it.
+    open: HashMap<(usize, u64), (Weak<O::Mapping>, u64)>,
 }
 
 impl<O: Opener> PeerTable<O> {
@@ -471,6 +478,7 @@ impl<O: Opener> PeerTable<O> {
             peers,
             hold: false,
             retired: Vec::new(),
+            open: HashMap::new(),
         })
     }
 
@@ -528,14 +536,14 @@ impl<O: Opener> PeerTable<O> {
                 held.generation = generation;
                 let old = held.entry.take();
                 self.dispose(old);
-                let opened = self.opener.open(peer, &handle, alloc_size).and_then(|(mapping, base)| {
-                    match base.checked_add(offset_in_allocation) {
+                let opened = self
+                    .open_shared(peer, buffer_id, &handle, alloc_size)
+                    .and_then(|(mapping, base)| match base.checked_add(offset_in_allocation) {
                         Some(address) => Ok((mapping, address)),
                         None => Err(Error::internal(format!(
                             "mapped at {base:#x}, where offset {offset_in_allocation} overflows"
                         ))),
-                    }
-                });
+                    });
                 match opened {
                     Ok((mapping, address)) => {
                         log::debug!(
@@ -633,6 +641,27 @@ impl<O: Opener> PeerTable<O> {
                 false
             }
         }
+    }
+
+    /// The mapping of `peer`'s allocation `buffer_id` and its base here: the one open already (for another
+    /// registration in it), or a new one.
+    fn open_shared(
+        &mut self,
+        peer: usize,
+        buffer_id: u64,
+        handle: &[u8],
+        alloc_size: u64,
+    ) -> Result<(Arc<O::Mapping>, u64)> {
+        if let Some((weak, base)) = self.open.get(&(peer, buffer_id))
+            && let Some(mapping) = weak.upgrade()
+        {
+            return Ok((mapping, *base));
+        }
+        let (mapping, base) = self.opener.open(peer, handle, alloc_size)?;
+        let mapping = Arc::new(mapping);
+        self.open.retain(|_, (weak, _)| weak.strong_count() > 0);
+        self.open.insert((peer, buffer_id), (Arc::downgrade(&mapping), base));
+        Ok((mapping, base))
     }
 
     /// From now on, a mapping that `apply` replaces or removes is not closed at once but retired: it stays
@@ -785,7 +814,8 @@ mod tests {
             offset_in_allocation: 0x200,
             len: 4096,
             alloc_size: 1 << 20,
-            buffer_id: 42,
+            // An allocation of its own per slot and generation (`shared_allocation` shares one).
+            buffer_id: 1000 * (slot as u64 + 1) + generation as u64,
             handle: vec![slot as u8; 64],
         }
     }
@@ -848,7 +878,7 @@ mod tests {
             len: 4096,
             kind: Kind::Buffer,
             allocation: Allocation {
-                buffer_id: 42,
+                buffer_id: 4001,
                 base: 0x10_0000,
                 size: 1 << 20,
                 device: 0,
@@ -1032,6 +1062,46 @@ mod tests {
         assert_eq!(t.resolve(0, 0, 1), None);
         assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200));
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn registrations_in_one_allocation_share_its_mapping() {
+        let (mut t, log) = table(1, 3);
+        let in_one = |slot: u32, offset: u64| {
+            Record::Added(Exported {
+                offset_in_allocation: offset,
+                buffer_id: 7,
+                ..exported(slot, 1)
+            })
+        };
+        t.apply(0, in_one(0, 0x200)).unwrap();
+        t.apply(0, in_one(1, 0x4000)).unwrap();
+        t.apply(2, in_one(0, 0x200)).unwrap();
+        assert_eq!(
+            log.opened.borrow().len(),
+            2,
+            "peer 0's allocation opened once, peer 2's once"
+        );
+        assert_eq!(t.resolve(0, 0, 1), Some(base_of(1) + 0x200));
+        assert_eq!(
+            t.resolve(0, 1, 1),
+            Some(base_of(1) + 0x4000),
+            "the same mapping, another offset"
+        );
+        t.apply(0, gone(0, 1)).unwrap();
+        assert!(closed(&log).is_empty(), "still used by slot 1");
+        t.apply(0, gone(1, 1)).unwrap();
+        assert_eq!(closed(&log), [1], "closed with its last registration");
+        // Opened afresh once closed.
+        t.apply(
+            0,
+            Record::Added(Exported {
+                buffer_id: 7,
+                ..exported(0, 2)
+            }),
+        )
+        .unwrap();
+        assert_eq!(log.opened.borrow().len(), 3);
     }
 
     #[test]
