@@ -456,8 +456,11 @@ pub struct PeerTable<O: Opener> {
     retired: Vec<Entry<O::Mapping>>,
     /// Every open mapping by (peer, the owner's buffer id of the allocation), with its base here: a second
     /// registration in the same allocation shares it.
-    open: HashMap<(usize, u64), (Weak<O::Mapping>, u64)>,
+    open: HashMap<(usize, u64), OpenAllocation<O::Mapping>>,
 }
+
+/// An allocation of a peer open here: its mapping while any registration holds it, and its base.
+type OpenAllocation<M> = (Weak<M>, u64);
 
 impl<O: Opener> PeerTable<O> {
     /// The table of rank `rank` of `nranks`, empty.
