@@ -517,15 +517,13 @@ impl Communicator {
     /// Registers `[buff, buff + size)` (`mscclppCommRegister`, NCCL's registrations and windows): recorded
     /// here, and exported to the peers for the zero-copy collectives (`Collectives::registered`).
     pub fn register(&self, buff: DevicePtr, size: usize, kind: Kind, library_memory: bool) -> Result<u64> {
-        let token = self.registrations.register(buff, size, kind, library_memory)?;
-        if let Some(registration) = self.registrations.get(token) {
-            // Exporting needs the communicator's context current (the calling thread may have another).
-            let _restore = crate::gpu::RestoreContext::save();
-            let gpu = Self::gpu(&mut self.state.lock());
-            match gpu {
-                Ok(_) => self.collectives.registered(&self.bootstrap, token, &registration),
-                Err(e) => log::info!("registration {token:#x} is not zero-copy: {}", e.message),
-            }
+        let (token, registration) = self.registrations.register(buff, size, kind, library_memory)?;
+        // Exporting needs the communicator's context current (the calling thread may have another).
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = Self::gpu(&mut self.state.lock());
+        match gpu {
+            Ok(_) => self.collectives.registered(&self.bootstrap, token, &registration),
+            Err(e) => log::info!("registration {token:#x} is not zero-copy: {}", e.message),
         }
         Ok(token)
     }

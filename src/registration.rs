@@ -106,18 +106,25 @@ pub fn check_range(buff: DevicePtr, size: usize) -> Result<()> {
 
 impl Registrations {
     /// Registers `[buff, buff + size)`: checks the range, asks the driver which allocation holds it, and
-    /// returns the new registration's token. `library_memory` says whether the range lies in memory of
-    /// the library's own allocator.
-    pub fn register(&self, buff: DevicePtr, size: usize, kind: Kind, library_memory: bool) -> Result<u64> {
+    /// returns the new registration's token and what it recorded. `library_memory` says whether the range
+    /// lies in memory of the library's own allocator.
+    pub fn register(
+        &self,
+        buff: DevicePtr,
+        size: usize,
+        kind: Kind,
+        library_memory: bool,
+    ) -> Result<(u64, Registration)> {
         check_range(buff, size)?;
         let allocation = Allocation::of(buff, size as u64, "buff")?;
-        Ok(self.insert(Registration {
+        let registration = Registration {
             ptr: buff,
             len: size,
             kind,
             allocation,
             library_memory,
-        }))
+        };
+        Ok((self.insert(registration), registration))
     }
 
     /// Records a registration whose allocation is known (`register`, and tests without a GPU).
@@ -134,11 +141,6 @@ impl Registrations {
             registration.allocation.buffer_id
         );
         token
-    }
-
-    /// The registration of `token`, if it is live.
-    pub fn get(&self, token: u64) -> Option<Registration> {
-        self.entries.lock().get(&token).copied()
     }
 
     /// Removes the registration of `token`, which must be one of this table's of `kind`; `what` names
