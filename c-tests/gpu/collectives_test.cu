@@ -488,6 +488,9 @@ struct DeviceBuffer
 struct Pools
 {
   DeviceBuffer send, recv;
+  // mscclppCommRegister's handles of the two, while registered (registerPools).
+  void* sendHandle = nullptr;
+  void* recvHandle = nullptr;
 };
 
 size_t alignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -950,7 +953,30 @@ int windowsBody(Rank& R, bool packetsForced)
 // Captures [fill + call] for every call and a bump of the replay counter, replays the graph `replays` times,
 // checks every call after each of the first `checkedReplays` replays and after the last (replays in between
 // run back to back), then frees everything. Call k of replay i has seed c.seed + i.
+// Which of a rank's pools it registers.
+enum ZcRegister { kZcNone = 0, kZcSend = 1, kZcRecv = 2, kZcBoth = 3 };
+
+std::string registerPools(mscclppComm_t comm, Pools& P, int which)
+{
+  if (which & kZcSend) TC_EXPECT(mscclppCommRegister(comm, P.send.ptr, P.send.bytes, &P.sendHandle) == mscclppSuccess, "registering the send pool failed");
+  if (which & kZcRecv) TC_EXPECT(mscclppCommRegister(comm, P.recv.ptr, P.recv.bytes, &P.recvHandle) == mscclppSuccess, "registering the receive pool failed");
+  return "";
+}
+
+std::string deregisterPools(mscclppComm_t comm, Pools& P)
+{
+  if (P.sendHandle) TC_EXPECT(mscclppCommDeregister(comm, P.sendHandle) == mscclppSuccess, "deregistering the send pool failed");
+  if (P.recvHandle) TC_EXPECT(mscclppCommDeregister(comm, P.recvHandle) == mscclppSuccess, "deregistering the receive pool failed");
+  P.sendHandle = P.recvHandle = nullptr;
+  return "";
+}
+
+// Calls whose every buffer that a peer touches is registered on its rank: the only ones that may go
+// zero-copy (zeroCopyCounted).
+long long gZcEligible = 0;
+
 // Whether runGraph registers its pools (with its communicator) before the capture: the zerocopy group's.
+// Every replayed call is then eligible for zero-copy.
 bool gGraphRegisters = false;
 
 std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vector<Call>& calls, int replays,
@@ -959,15 +985,14 @@ std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vect
   Pools P;
   uint64_t* counter = nullptr;
   cudaGraphExec_t exec = nullptr;
-  void* handles[2] = {nullptr, nullptr};
   std::string err = [&]() -> std::string {
     size_t sendBytes = 0;
     const size_t recvBytes = planCalls(calls, R.nranks, &sendBytes);
     TC_TRY(ensure(R, P.send, sendBytes));
     TC_TRY(ensure(R, P.recv, recvBytes));
     if (gGraphRegisters) {
-      TC_EXPECT(mscclppCommRegister(comm, P.send.ptr, P.send.bytes, &handles[0]) == mscclppSuccess, "registering the send pool failed");
-      TC_EXPECT(mscclppCommRegister(comm, P.recv.ptr, P.recv.bytes, &handles[1]) == mscclppSuccess, "registering the receive pool failed");
+      TC_TRY(registerPools(comm, P, kZcBoth));
+      gZcEligible += (long long)calls.size() * replays;
       // Every rank's registration has reached the others before the capture (the records travel ahead of
       // the barrier's messages), so the captured calls find every mapping.
       TC_TRY(oobBarrier(R, "after registering the graph's pools"));
@@ -1036,8 +1061,8 @@ std::string runGraph(Rank& R, mscclppComm_t comm, cudaStream_t stream, std::vect
   if (err.empty() || !R.fatal) {
     if (exec) cudaGraphExecDestroy(exec);
     if (counter) cudaFree(counter);
-    for (void* h : handles)
-      if (h && mscclppCommDeregister(comm, h) != mscclppSuccess && err.empty()) err = "deregistering a graph pool failed";
+    const std::string deregistered = deregisterPools(comm, P);
+    if (err.empty()) err = deregistered;
     release(P);
   }
   return err;
@@ -1203,34 +1228,6 @@ int sizesBody(Rank& R) { return runCase(R, "sizes_200_calls_back_to_back", [&] {
 
 constexpr size_t kZcPoolBytes = 96ull << 20;
 
-// Which of a rank's pools it registers.
-enum ZcRegister { kZcNone = 0, kZcSend = 1, kZcRecv = 2, kZcBoth = 3 };
-
-struct ZcPools
-{
-  Pools P;
-  void* sendHandle = nullptr;
-  void* recvHandle = nullptr;
-};
-
-std::string zcRegister(Rank& R, ZcPools& Z, int which)
-{
-  if (which & kZcSend) TC_EXPECT(mscclppCommRegister(R.comm, Z.P.send.ptr, Z.P.send.bytes, &Z.sendHandle) == mscclppSuccess, "registering the send pool failed");
-  if (which & kZcRecv) TC_EXPECT(mscclppCommRegister(R.comm, Z.P.recv.ptr, Z.P.recv.bytes, &Z.recvHandle) == mscclppSuccess, "registering the receive pool failed");
-  return "";
-}
-
-std::string zcDeregister(Rank& R, ZcPools& Z)
-{
-  if (Z.sendHandle) TC_EXPECT(mscclppCommDeregister(R.comm, Z.sendHandle) == mscclppSuccess, "deregistering the send pool failed");
-  if (Z.recvHandle) TC_EXPECT(mscclppCommDeregister(R.comm, Z.recvHandle) == mscclppSuccess, "deregistering the receive pool failed");
-  Z.sendHandle = Z.recvHandle = nullptr;
-  return "";
-}
-
-// Calls whose every buffer that a peer touches is registered on its rank: the only ones that may go
-// zero-copy (zeroCopyCounted).
-long long gZcEligible = 0;
 
 // Every collective x type (5 of them) x operator (sum, max) x placement x count, on pools of fixed size,
 // `rounds` times over (later rounds find every peer's mapping in place). `eligible` says which calls may go
@@ -1238,7 +1235,7 @@ long long gZcEligible = 0;
 // zerocopy_small (for compute-sanitizer): 2 types and 3 counts.
 bool gZcSmall = false;
 
-std::string zcMatrix(Rank& R, ZcPools& Z, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
+std::string zcMatrix(Rank& R, Pools& P, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
 {
   std::vector<int> types{mscclppUint8, mscclppInt32, mscclppFloat32, mscclppFloat16, mscclppBfloat16};
   std::vector<uint64_t> counts{1, 7, 1000, 65537, 262147};
@@ -1263,16 +1260,16 @@ std::string zcMatrix(Rank& R, ZcPools& Z, Tally& t, int rounds, const std::funct
               gZcEligible += eligible(c) ? 1 : 0;
               batch.push_back(c);
             }
-          TC_TRY(runBatch(R, R.comm, R.stream, batch, Z.P, t));
+          TC_TRY(runBatch(R, R.comm, R.stream, batch, P, t));
         }
       }
   return "";
 }
 
-std::string zcAllocate(Rank& R, ZcPools& Z)
+std::string zcAllocate(Rank& R, Pools& P)
 {
-  TC_TRY(ensure(R, Z.P.send, kZcPoolBytes));
-  TC_TRY(ensure(R, Z.P.recv, kZcPoolBytes));
+  TC_TRY(ensure(R, P.send, kZcPoolBytes));
+  TC_TRY(ensure(R, P.recv, kZcPoolBytes));
   return "";
 }
 
@@ -1281,14 +1278,14 @@ std::string zcAllocate(Rank& R, ZcPools& Z)
 std::string caseZeroCopy(Rank& R, int which, bool (*registers)(int rank), const std::function<bool(const Call&)>& eligible,
                          const char* what)
 {
-  ZcPools Z;
+  Pools P;
   Tally t;
   const double t0 = nowSec();
-  TC_TRY(zcAllocate(R, Z));
-  if (registers(R.rank)) TC_TRY(zcRegister(R, Z, which));
-  std::string err = zcMatrix(R, Z, t, 2, eligible);
-  if (err.empty()) err = zcDeregister(R, Z);
-  release(Z.P);
+  TC_TRY(zcAllocate(R, P));
+  if (registers(R.rank)) TC_TRY(registerPools(R.comm, P, which));
+  std::string err = zcMatrix(R, P, t, 2, eligible);
+  if (err.empty()) err = deregisterPools(R.comm, P);
+  release(P);
   TC_TRY(err);
   TC_TRY(compareAcrossRanks(R, R.comm, t));
   R.info = fmt("%s: %d calls (%zu all-reduces bitwise equal on every rank) in %.1f s", what, t.calls,
@@ -1300,30 +1297,33 @@ std::string caseZeroCopy(Rank& R, int which, bool (*registers)(int rank), const 
 // registration is then stale, never used), then deregistered, freed, allocated and registered afresh.
 std::string caseZeroCopyReuse(Rank& R)
 {
-  ZcPools Z;
+  Pools P;
   Tally t;
-  TC_TRY(zcAllocate(R, Z));
+  TC_TRY(zcAllocate(R, P));
   const auto every = [](const Call&) { return true; };
-  TC_TRY(zcRegister(R, Z, kZcBoth));
-  TC_TRY(zcMatrix(R, Z, t, 1, every));
+  TC_TRY(registerPools(R.comm, P, kZcBoth));
+  TC_TRY(zcMatrix(R, P, t, 1, every));
   TC_TRY(waitStream(R, R.stream, "before freeing the registered pools"));
-  const void* oldSend = Z.P.send.ptr;
-  release(Z.P);
-  TC_TRY(zcAllocate(R, Z));
-  // The registrations are stale now: nothing may go zero-copy.
-  std::string err = zcMatrix(R, Z, t, 1, [](const Call&) { return false; });
-  if (err.empty()) err = zcDeregister(R, Z);
+  const Pools freed = P;
+  release(P);
+  TC_TRY(zcAllocate(R, P));
+  const bool sameAddress = freed.send.ptr == P.send.ptr;
+  // The registrations (of the freed pools, deregistered below) are stale now: nothing may go zero-copy.
+  P.sendHandle = freed.sendHandle;
+  P.recvHandle = freed.recvHandle;
+  std::string err = zcMatrix(R, P, t, 1, [](const Call&) { return false; });
+  if (err.empty()) err = deregisterPools(R.comm, P);
   if (err.empty()) err = waitStream(R, R.stream, "before freeing the pools again");
-  release(Z.P);
+  release(P);
   TC_TRY(err);
-  TC_TRY(zcAllocate(R, Z));
-  TC_TRY(zcRegister(R, Z, kZcBoth));
-  err = zcMatrix(R, Z, t, 2, every);
-  if (err.empty()) err = zcDeregister(R, Z);
-  release(Z.P);
+  TC_TRY(zcAllocate(R, P));
+  TC_TRY(registerPools(R.comm, P, kZcBoth));
+  err = zcMatrix(R, P, t, 2, every);
+  if (err.empty()) err = deregisterPools(R.comm, P);
+  release(P);
   TC_TRY(err);
   TC_TRY(compareAcrossRanks(R, R.comm, t));
-  R.info = fmt("%d calls; the send pool came back %s", t.calls, oldSend == Z.P.send.ptr ? "at the same address" : "elsewhere");
+  R.info = fmt("%d calls; the send pool came back %s", t.calls, sameAddress ? "at the same address" : "elsewhere");
   return t.verdict();
 }
 
@@ -1356,12 +1356,11 @@ int zeroCopyBody(Rank& R, const char* name)
       return caseZeroCopy(R, kZcRecv, everyRank, [](const Call& c) { return c.inPlace; }, "the receive pool only");
     });
     ok &= runCase(R, "zerocopy_freed_and_reused", [&] { return caseZeroCopyReuse(R); });
-    // The mixed graph (9 calls, 50 replays) on registered pools: every replayed call is eligible.
+    // The mixed graph (9 calls, 50 replays) on registered pools.
     ok &= runCase(R, "zerocopy_graph_replayed", [&] {
       gGraphRegisters = true;
       const std::string e = caseGraphMixed(R);
       gGraphRegisters = false;
-      gZcEligible += 9 * 50;
       return e;
     });
   } else if (!strcmp(name, "zerocopy_small")) {
