@@ -1070,16 +1070,16 @@ mod tests {
     #[test]
     fn registrations_in_one_allocation_share_its_mapping() {
         let (mut t, log) = table(1, 3);
-        let in_one = |slot: u32, offset: u64| {
+        let in_one = |slot: u32, generation: u32, offset: u64| {
             Record::Added(Exported {
                 offset_in_allocation: offset,
                 buffer_id: 7,
-                ..exported(slot, 1)
+                ..exported(slot, generation)
             })
         };
-        t.apply(0, in_one(0, 0x200)).unwrap();
-        t.apply(0, in_one(1, 0x4000)).unwrap();
-        t.apply(2, in_one(0, 0x200)).unwrap();
+        t.apply(0, in_one(0, 1, 0x200)).unwrap();
+        t.apply(0, in_one(1, 1, 0x4000)).unwrap();
+        t.apply(2, in_one(0, 1, 0x200)).unwrap();
         assert_eq!(
             log.opened.borrow().len(),
             2,
@@ -1096,14 +1096,7 @@ mod tests {
         t.apply(0, gone(1, 1)).unwrap();
         assert_eq!(closed(&log), [1], "closed with its last registration");
         // Opened afresh once closed.
-        t.apply(
-            0,
-            Record::Added(Exported {
-                buffer_id: 7,
-                ..exported(0, 2)
-            }),
-        )
-        .unwrap();
+        t.apply(0, in_one(0, 2, 0x200)).unwrap();
         assert_eq!(log.opened.borrow().len(), 3);
     }
 
