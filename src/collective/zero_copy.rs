@@ -4,7 +4,7 @@
 //! `peer_buffers.rs`.
 //!
 //! A call tries zero-copy on every rank or on none: the choice here depends only on what every rank of the
-//! call shares (collective, operator, ranks, size, `MSCCLPP_COLL_ALGO`), never on this rank's
+//! call shares (collective, operator, ranks, size, placement, `MSCCLPP_COLL_ALGO`), never on this rank's
 //! registrations. The kernels then vote on whether every rank reaches every buffer; the scratch launches
 //! that follow on the stream move the data when the vote says no.
 
@@ -81,7 +81,8 @@ pub fn descriptor(
         .unwrap_or((0, 0))
 }
 
-/// The peers' registrations as this rank reaches them, and their copy the kernels read.
+/// The peers' registrations as this rank reaches them, and their copy the kernels read. Dropped with the
+/// collectives at the communicator's destroy, after its kernels ended: every mapping closes then.
 pub struct ZeroCopy {
     peers: PeerTable<IpcOpener>,
     /// Host memory mapped for the device: `TABLE_BYTES`, rewritten by `refresh`.
@@ -146,11 +147,6 @@ impl ZeroCopy {
             *have = want;
         }
         Ok(())
-    }
-
-    /// Closes every mapping (the communicator's destroy, after its collectives ended).
-    pub fn clear(&mut self) -> usize {
-        self.peers.clear()
     }
 }
 
