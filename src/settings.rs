@@ -144,9 +144,9 @@ setting!(
     COLL_ALGO,
     "MSCCLPP_COLL_ALGO",
     "auto",
-    Values::Choice(&["auto", "packet", "copy", "zerocopy"]),
+    Values::Choice(&["auto", "packet", "copy", "zerocopy", "copyengine"]),
     Warn,
-    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers at large sizes (zero_copy_from); `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size"
+    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers at large sizes (zero_copy_from); `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size; `copyengine` also tries the copy engine for every eager all-gather and broadcast"
 );
 setting!(
     COLL_SCRATCH_MB,

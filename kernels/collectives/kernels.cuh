@@ -14,6 +14,7 @@
 #include "alltoall_packet.cuh"
 #include "broadcast_copy.cuh"
 #include "broadcast_packet.cuh"
+#include "copy_engine.cuh"
 #include "p2p.cuh"
 #include "reducescatter_copy.cuh"
 #include "reducescatter_packet.cuh"
@@ -63,6 +64,7 @@
   MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)     \
   MSCCLPP_KERNEL(allgather_zc, allgatherZc)         \
   MSCCLPP_KERNEL(broadcast_zc, broadcastZc)         \
+  MSCCLPP_KERNEL(ce_fence, ceFence)                 \
   MSCCLPP_KERNEL(alltoall_packet, alltoallPacket)   \
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
   MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \

@@ -39,15 +39,19 @@ pub enum Choice {
     /// Every all-reduce, all-gather, reduce-scatter and broadcast tries the zero-copy path first (at
     /// every size; `Auto` does from the sizes of `zero_copy_from`); `Force(Copy)` never does.
     ZeroCopy,
+    /// As `ZeroCopy`, and every eager all-gather and broadcast tries the copy engine first
+    /// (`copy_engine.rs`; `Auto` does from the sizes of `copy_engine_from`).
+    CopyEngine,
 }
 
 impl Choice {
-    /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`), as `settings` has checked it.
+    /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`, `copyengine`), as `settings` has checked it.
     pub fn parse(value: &str) -> Choice {
         match value.to_ascii_lowercase().as_str() {
             "packet" => Choice::Force(Protocol::Packet),
             "copy" => Choice::Force(Protocol::Copy),
             "zerocopy" => Choice::ZeroCopy,
+            "copyengine" => Choice::CopyEngine,
             _ => Choice::Auto,
         }
     }
@@ -114,13 +118,26 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
     }
 }
 
+/// The smallest message that `Choice::Auto` moves with the copy engine (`copy_engine.rs`: eager calls
+/// whose every rank registered its input); `None`: never. Each call pays a host exchange among the ranks
+/// (two of the bootstrap's all-gathers), so only large calls can win.
+pub fn copy_engine_from(collective: Collective, nranks: usize, placement: Placement) -> Option<u64> {
+    let _ = (nranks, placement);
+    match collective {
+        Collective::AllGather | Collective::Broadcast => Some(64 << 20),
+        _ => None,
+    }
+}
+
 /// The algorithm for a call among `nranks` ranks whose message (see `packet_limit`) has `message` bytes.
 /// It depends on nothing else, so every rank of the call picks the same.
 pub fn choose(collective: Collective, nranks: usize, message: u64, choice: Choice) -> Protocol {
     match choice {
         Choice::Force(p) => p,
-        Choice::Auto | Choice::ZeroCopy if message <= packet_limit(collective, nranks) => Protocol::Packet,
-        Choice::Auto | Choice::ZeroCopy => Protocol::Copy,
+        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine if message <= packet_limit(collective, nranks) => {
+            Protocol::Packet
+        }
+        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine => Protocol::Copy,
     }
 }
 
@@ -300,6 +317,7 @@ mod tests {
         assert_eq!(Choice::parse("PACKET"), Choice::Force(Protocol::Packet));
         assert_eq!(Choice::parse("copy"), Choice::Force(Protocol::Copy));
         assert_eq!(Choice::parse("auto"), Choice::Auto);
+        assert_eq!(Choice::parse("copyengine"), Choice::CopyEngine);
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
 //! - `zero_copy.rs` and `peer_buffers.rs`: registered buffers exported to the peers, mapped there, and
-//!   the calls that read and write them directly (docs/ZERO_COPY.md).
+//!   the calls that read and write them directly (docs/ZERO_COPY.md); `copy_engine.rs`: eager all-gathers
+//!   and broadcasts on registered buffers whose data the copy engines move.
 //!
 //! Every launch is one epoch of a counter the kernels keep on the GPU, so that a replayed graph goes on
 //! counting; calls on one communicator must be ordered (one stream, or streams the application orders),
@@ -26,6 +27,7 @@
 
 pub mod algorithm;
 pub mod call;
+pub mod copy_engine;
 pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
@@ -44,6 +46,7 @@ use crate::error::Result;
 use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use crate::registration::{Registration, Registrations};
 use algorithm::{Choice, Protocol};
+use copy_engine::SideStreams;
 use kernel_args::KernelArgs;
 use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
 use once_cell::sync::OnceCell;
@@ -72,6 +75,7 @@ struct Ready {
     abort: SharedAbortWord,
     choice: Choice,
     zero_copy: ZeroCopy,
+    side_streams: SideStreams,
 }
 
 impl Collectives {
@@ -292,6 +296,11 @@ impl Collectives {
         } else {
             algorithm::Placement::SeveralGpus
         };
+        if copy_engine::attempt(call.collective, nranks, placement, message, ready.choice, capturing)
+            && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
+        {
+            return Ok(());
+        }
         if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
             self.launch_zero_copy(
                 bootstrap,
@@ -378,6 +387,61 @@ impl Collectives {
         unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
+    /// The copy-engine path of an eager call (`copy_engine.rs`): agrees with every rank on it and, if all
+    /// can, queues the fences and the copies. `false`: some rank cannot reach an input it reads, nothing
+    /// was queued, and the call goes on by the other paths.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_copy_engine(
+        &self,
+        bootstrap: &Bootstrap,
+        ready: &mut Ready,
+        gpu: &GpuContext,
+        call: &Call,
+        sizes: &call::Sizes,
+        stream: AppStream,
+        registrations: &Registrations,
+        base: &KernelArgs,
+    ) -> Result<bool> {
+        ready.zero_copy.refresh(bootstrap, gpu, false)?;
+        let own = {
+            let own = self.own.lock();
+            zero_copy::descriptor(base.send, sizes.send, |p, l| registrations.lookup(p, l), |token| own.get(token))
+        };
+        let zero_copy = &ready.zero_copy;
+        let root = call.root as usize;
+        let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.send, |peer, tag, offset| {
+            zero_copy.resolve(peer, tag, offset)
+        })?;
+        let Some(inputs) = agreed else {
+            return Ok(false);
+        };
+        let copies = copy_engine::copies(call.collective, bootstrap.rank(), root, sizes.piece, base.recv, &inputs);
+        let fence = ready.kernels.get(
+            copy_engine::FENCE_KERNEL,
+            None,
+            DataType::Uint8,
+            copy_engine::FENCE_THREADS,
+        )?;
+        let before = KernelArgs { bytes: 0, ..*base };
+        let after = KernelArgs {
+            bytes: sizes.piece,
+            ..*base
+        };
+        // SAFETY: `CollArgs`'s layout; a fence touches only the state and the flags of the scratch, which
+        // live in `ready` until `clear`; the stream was checked to be of this context.
+        unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &before)? };
+        // SAFETY: each copy writes this rank's output, checked to hold `sizes.recv` bytes (an all-gather's
+        // piece r at r * piece, a broadcast's whole), and reads this rank's checked input or a peer's
+        // registered input that every rank found mapped here at the generation it named; that mapping stays
+        // open until a context synchronization after the peer's deregistration (`ZeroCopy::refresh`), which
+        // comes after these copies. The peers' streams wait in the second fence until these copies are
+        // done, so the inputs are not overwritten meanwhile.
+        unsafe { ready.side_streams.queue(stream, &copies)? };
+        // SAFETY: as the first fence.
+        unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &after)? };
+        Ok(true)
+    }
+
     /// One rank's `PreMulSum`: `recv` gets `send` times the scalar, element-wise, in one launch (no scratch,
     /// no peers: the call's buffers and stream were checked).
     fn scale_one_rank(
@@ -437,6 +501,7 @@ impl Collectives {
         Ok(Ready {
             kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
             zero_copy: ZeroCopy::new(gpu, bootstrap.rank(), bootstrap.nranks())?,
+            side_streams: SideStreams::new(gpu),
             scratch,
             abort,
             choice,

@@ -694,9 +694,8 @@ impl<O: Opener> PeerTable<O> {
         }
     }
 
-    #[cfg(test)]
     /// The address, in this context, of the first byte of `peer`'s registration in `slot`, only while
-    /// exactly `generation` of it is held: what the kernels' vote relies on.
+    /// exactly `generation` of it is held: what the kernels' vote relies on, and the copy engine's plan.
     pub fn resolve(&self, peer: usize, slot: u32, generation: u32) -> Option<u64> {
         let held = self.peers.get(peer)?.get(slot as usize)?;
         match &held.entry {

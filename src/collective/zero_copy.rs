@@ -40,7 +40,7 @@ pub fn attempt(
         return false;
     }
     match choice {
-        Choice::ZeroCopy => true,
+        Choice::ZeroCopy | Choice::CopyEngine => true,
         Choice::Auto => zero_copy_from(collective, nranks, placement).is_some_and(|from| message >= from),
         Choice::Force(_) => false,
     }
@@ -59,6 +59,11 @@ pub fn kernel_base(collective: Collective) -> &'static str {
 /// The tag that names a registration's slot and generation to the peers (`CollArgs::zcSendTag`).
 pub fn tag(slot: u32, generation: u32) -> u64 {
     (1 << 63) | ((slot as u64) << 32) | generation as u64
+}
+
+/// The slot and generation a tag names (`tag`'s inverse); `None` for 0, "no registration".
+pub fn untag(tag: u64) -> Option<(u32, u32)> {
+    (tag >> 63 == 1).then_some((((tag >> 32) & 0x7fff_ffff) as u32, tag as u32))
 }
 
 /// The descriptor (tag, offset into the registration) of this rank's `[ptr, ptr + len)`, or (0, 0) when
@@ -100,6 +105,13 @@ impl ZeroCopy {
             table: PinnedHostBuffer::zeroed(gpu, TABLE_BYTES)?,
             shadow: vec![(0, 0); MAX_RANKS * MAX_SLOTS],
         })
+    }
+
+    /// Where byte `offset` of the peer's registration named by `tag` is in this context, if this rank
+    /// holds exactly that generation of it (the host's `zcResolve`).
+    pub fn resolve(&self, peer: usize, tag: u64, offset: u64) -> Option<DevicePtr> {
+        let (slot, generation) = untag(tag)?;
+        self.peers.resolve(peer, slot, generation).map(|base| base + offset)
     }
 
     /// The table's address for the kernels (`CollArgs::zcTable`).
@@ -205,6 +217,9 @@ mod tests {
     fn tags_name_slot_and_generation() {
         assert_eq!(tag(0, 1), 0x8000_0000_0000_0001);
         assert_eq!(tag(63, 0xffff_ffff), 0x8000_003f_ffff_ffff);
+        assert_eq!(untag(tag(63, 0xffff_ffff)), Some((63, 0xffff_ffff)));
+        assert_eq!(untag(tag(5, 2)), Some((5, 2)));
+        assert_eq!(untag(0), None);
     }
 
     #[test]

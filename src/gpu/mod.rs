@@ -19,7 +19,7 @@ pub use ipc::{IpcExport, IpcMapping};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, PointerInfo, pointer_info};
 pub use module::{Kernel, Module, RelaxedCapture};
 pub use shared_host::SharedHostMemory;
-pub use stream::{AppStream, Stream};
+pub use stream::{AppStream, Event, Stream};
 
 /// A device address (`CUdeviceptr`). Plain data, so it can cross threads; what it points to is owned
 /// elsewhere.

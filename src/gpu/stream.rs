@@ -103,6 +103,63 @@ impl Stream {
     }
 }
 
+/// A CUDA event without timing, which joins streams: work queued on one after `Stream::record`
+/// waits, where another queued `wait` for it, until the work before the record is done.
+pub struct Event {
+    raw: usize,
+    ctx: GpuContext,
+}
+
+impl Event {
+    pub fn new(ctx: &GpuContext) -> Result<Event> {
+        ctx.make_current()?;
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: out-pointer to a local; a context is current.
+        check(unsafe { sys::cuEventCreate(&mut raw, flags) }, || "cuEventCreate".into())?;
+        Ok(Event {
+            raw: raw as usize,
+            ctx: *ctx,
+        })
+    }
+
+    fn raw(&self) -> sys::CUevent {
+        self.raw as sys::CUevent
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let _ = self.ctx.make_current();
+        // SAFETY: a valid event, destroyed once; CUDA lets work that waits on it complete first.
+        unsafe { sys::cuEventDestroy_v2(self.raw()) };
+    }
+}
+
+/// Records `event` on `stream` (both of the current context).
+fn record_on(stream: CUstream, event: &Event) -> Result<()> {
+    // SAFETY: the event is alive (borrowed); the stream is the caller's, alive while it is used.
+    check(unsafe { sys::cuEventRecord(event.raw(), stream) }, || "cuEventRecord".into())
+}
+
+/// Makes the work queued on `stream` from now on wait for `event`'s last record.
+fn wait_on(stream: CUstream, event: &Event) -> Result<()> {
+    // SAFETY: as `record_on`.
+    check(unsafe { sys::cuStreamWaitEvent(stream, event.raw(), 0) }, || {
+        "cuStreamWaitEvent".into()
+    })
+}
+
+impl Stream {
+    pub fn record(&self, event: &Event) -> Result<()> {
+        record_on(self.raw(), event)
+    }
+
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        wait_on(self.raw(), event)
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.ctx.make_current();
@@ -177,6 +234,14 @@ impl AppStream {
         check(unsafe { sys::cuMemsetD8Async(dst, 0, bytes, self.raw()) }, || {
             format!("zeroing {bytes} bytes at {dst:#x} on the application's stream")
         })
+    }
+
+    pub fn record(&self, event: &Event) -> Result<()> {
+        record_on(self.raw(), event)
+    }
+
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        wait_on(self.raw(), event)
     }
 
     /// Waits until the work queued on the stream so far is done.
