@@ -84,6 +84,7 @@ for n in $collective_ranks; do
   run_collectives "collectives_graph_$n" $((150 * k)) "$bin_dir/collectives_test" graph "$n"
   run_collectives "collectives_sizes_$n" $((120 * k)) "$bin_dir/collectives_test" sizes "$n"
   run_collectives "collectives_zerocopy_$n" $((360 * k)) "$bin_dir/collectives_test" zerocopy "$n"
+  run_collectives "collectives_copyengine_$n" $((360 * k)) "$bin_dir/collectives_test" copyengine "$n"
   run_collectives "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
   # Each exit case ends processes with kernels running: under MPS the server may then refuse new clients
   # (cudaErrorInitializationError) for longer than a case waits (seen: over 30 s at 4 ranks and more), so
@@ -119,6 +120,8 @@ if part sanitizer; then
   sanitized sanitizer_zerocopy 500 5 "$bin_dir/collectives_test" zerocopy_small 2
   sanitized sanitizer_zerocopy_4 500 5 "$bin_dir/collectives_test" zerocopy_small 4
   sanitized sanitizer_zerocopy_8 500 5 "$bin_dir/collectives_test" zerocopy_small 8
+  # The copy engine's fences and copies (eager all-gathers and broadcasts) on registered pools.
+  sanitized sanitizer_copyengine 500 5 "$bin_dir/collectives_test" copyengine_small 2
 fi
 
 # NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks and its main group under

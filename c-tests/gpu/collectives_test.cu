@@ -35,6 +35,10 @@
 //       only; then the kill case with both buffers registered (kill_zerocopy). zerocopy_small (for
 //       compute-sanitizer; not in "all"): the first case alone, 2 types and 3 counts. Results as the matrix checks them; at destroy the
 //       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
+//   copyengine (= copyengine, kill_copyengine; MSCCLPP_COLL_ALGO=copyengine): the zerocopy cases again, every
+//       eager all-gather and broadcast on registered buffers moved by the copy engine (the library's INFO line
+//       counts them: nearly every eligible one, never more); then the last rank SIGKILLed while every rank
+//       streams copy-engine all-gathers (kill_copyengine). copyengine_small: as zerocopy_small
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
 //       documented code and a log line; count 0 with null buffers works; the communicator still works after
@@ -1234,6 +1238,9 @@ constexpr size_t kZcPoolBytes = 96ull << 20;
 // zero-copy with the pools registered as they are.
 // zerocopy_small (for compute-sanitizer): 2 types and 3 counts.
 bool gZcSmall = false;
+// Eager all-gathers and broadcasts among the eligible calls: those the copy engine takes under
+// MSCCLPP_COLL_ALGO=copyengine.
+long long gCeEligible = 0;
 
 std::string zcMatrix(Rank& R, Pools& P, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
 {
@@ -1258,6 +1265,7 @@ std::string zcMatrix(Rank& R, Pools& P, Tally& t, int rounds, const std::functio
               c.sendShift = (int)(k % 2);
               c.recvShift = inPlace ? (int)(k % 2) : (int)((k / 2) % 2);
               gZcEligible += eligible(c) ? 1 : 0;
+              gCeEligible += eligible(c) && (coll == kAllGather || coll == kBroadcast) ? 1 : 0;
               batch.push_back(c);
             }
           TC_TRY(runBatch(R, R.comm, R.stream, batch, P, t));
@@ -1331,11 +1339,11 @@ bool everyRank(int) { return true; }
 bool rankZeroOnly(int rank) { return rank == 0; }
 
 // The count of zero-copy calls the library logged at destroy (INFO), or -1 without that line.
-long long zcCallsLogged()
+long long zcCallsLogged(const char* what = " call(s) moved their data zero-copy")
 {
   std::lock_guard<std::mutex> lock(gLogMutex);
   for (const std::string& line : gLog) {
-    const size_t at = line.find(" call(s) moved their data zero-copy");
+    const size_t at = line.find(what);
     if (at == std::string::npos) continue;
     size_t start = at;
     while (start > 0 && isdigit((unsigned char)line[start - 1])) --start;
@@ -1347,7 +1355,7 @@ long long zcCallsLogged()
 int zeroCopyBody(Rank& R, const char* name)
 {
   bool ok = true;
-  if (!strcmp(name, "zerocopy")) {
+  if (!strcmp(name, "zerocopy") || !strcmp(name, "copyengine")) {
     ok &= runCase(R, "zerocopy_registered_everywhere", [&] {
       return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
     });
@@ -1363,7 +1371,7 @@ int zeroCopyBody(Rank& R, const char* name)
       gGraphRegisters = false;
       return e;
     });
-  } else if (!strcmp(name, "zerocopy_small")) {
+  } else if (!strcmp(name, "zerocopy_small") || !strcmp(name, "copyengine_small")) {
     gZcSmall = true;
     ok &= runCase(R, "zerocopy_small_registered_everywhere", [&] {
       return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
@@ -1389,6 +1397,13 @@ bool zeroCopyCounted(Rank& R, const char* name)
               gZcEligible);
     TC_EXPECT(n >= gZcEligible * 9 / 10, "only %lld of %lld eligible calls went zero-copy", n, gZcEligible);
     R.info = fmt("%lld of %lld eligible calls zero-copy", n, gZcEligible);
+    if (strncmp(name, "copyengine", 10) != 0) return "";
+    const long long ce = std::max(zcCallsLogged(" call(s) moved their data by the copy engine"), 0ll);
+    TC_EXPECT(ce <= gCeEligible, "%lld calls went by the copy engine, but only %lld eager all-gathers and broadcasts "
+              "had their inputs registered", ce, gCeEligible);
+    TC_EXPECT(ce >= gCeEligible * 9 / 10, "only %lld of %lld eligible all-gathers and broadcasts went by the copy engine",
+              ce, gCeEligible);
+    R.info += fmt(", %lld of %lld eligible all-gathers and broadcasts by the copy engine", ce, gCeEligible);
     return "";
   });
 }
@@ -1644,6 +1659,9 @@ const Group kGroups[] = {
   {"zerocopy_partial", "zerocopy", true, 120, "zerocopy", nullptr, false},
   {"kill_zerocopy", "zerocopy", true, 90, nullptr, nullptr, true},
   {"zerocopy_small", "zerocopy_small", false, 90, "zerocopy", nullptr, false},
+  {"copyengine", "copyengine", true, 240, "copyengine", nullptr, false},
+  {"kill_copyengine", "copyengine", true, 90, nullptr, nullptr, true},
+  {"copyengine_small", "copyengine_small", false, 90, "copyengine", nullptr, false},
 };
 
 std::string teardown(Rank& R)
@@ -1662,7 +1680,7 @@ int groupRankMain(Rank& R, const Group& g)
   if (g.algo) setenv("MSCCLPP_COLL_ALGO", g.algo, 1);
   if (g.scratchMb) setenv("MSCCLPP_COLL_SCRATCH_MB", g.scratchMb, 1);
   const std::string name = g.name;
-  const bool zeroCopy = !strncmp(g.name, "zerocopy", 8);
+  const bool zeroCopy = !strncmp(g.name, "zerocopy", 8) || !strncmp(g.name, "copyengine", 10);
   if (zeroCopy) {
     // The count of zero-copy calls is logged at INFO when the communicator goes.
     setenv("MSCCLPP_DEBUG", "INFO", 1);
@@ -1712,7 +1730,15 @@ struct KillShared
   KillResult res[kMaxRanks];
 };
 
-int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
+// What the kill case's ranks loop on.
+enum KillMode : int
+{
+  kKillAllReduces,          // 1 MiB all-reduces through the scratch
+  kKillZeroCopyAllReduces,  // the same on registered buffers, zero-copy
+  kKillCopyEngineAllGathers // 1 MiB a rank all-gathers on registered buffers, by the copy engine
+};
+
+int killRankMain(int rank, int nranks, int port, KillShared* S, KillMode mode)
 {
   KillResult& out = S->res[rank];
   const double scale = timeoutScale();
@@ -1721,7 +1747,10 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
     return 1;
   };
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  if (zeroCopy) setenv("MSCCLPP_COLL_ALGO", "zerocopy", 1);
+  const bool zeroCopy = mode != kKillAllReduces;
+  const bool gathers = mode == kKillCopyEngineAllGathers;
+  if (mode == kKillZeroCopyAllReduces) setenv("MSCCLPP_COLL_ALGO", "zerocopy", 1);
+  if (gathers) setenv("MSCCLPP_COLL_ALGO", "copyengine", 1);
   int ngpus = 0;
   if (cudaGetDeviceCount(&ngpus) != cudaSuccess || ngpus < 1) return fail("no CUDA device visible");
   const int device = rank % ngpus;
@@ -1734,7 +1763,9 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
   char *send = nullptr, *recv = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t events[4];
-  if (cudaMalloc((void**)&send, count * 4) != cudaSuccess || cudaMalloc((void**)&recv, count * 4) != cudaSuccess ||
+  // An all-gather's output holds every rank's piece.
+  const uint64_t outCount = gathers ? count * nranks : count;
+  if (cudaMalloc((void**)&send, count * 4) != cudaSuccess || cudaMalloc((void**)&recv, outCount * 4) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
     return fail("allocations failed");
   for (cudaEvent_t& e : events)
@@ -1743,22 +1774,25 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
     // Both buffers registered on every rank: the loop's all-reduces read and write the peers' buffers.
     void* handle = nullptr;
     if (mscclppCommRegister(comm, send, count * 4, &handle) != mscclppSuccess ||
-        mscclppCommRegister(comm, recv, count * 4, &handle) != mscclppSuccess)
+        mscclppCommRegister(comm, recv, outCount * 4, &handle) != mscclppSuccess)
       return fail("mscclppCommRegister failed");
   }
 
   // A checked first call: the set-up, and proof that the loop below moves real data.
-  const Call c = makeCall(kAllReduce, mscclppFloat32, mscclppSum, count, false, 0, seedOf(14, 0));
-  fillInputKernel<<<gridFor(count), 256, 0, stream>>>(send, count, c.type, kGenSum, c.seed, nullptr, rank);
-  r = mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream);
-  if (r != mscclppSuccess) return fail(fmt("the first mscclppAllReduce returned %d", (int)r));
+  const Call c = makeCall(gathers ? kAllGather : kAllReduce, mscclppFloat32, mscclppSum, count, false, 0, seedOf(14, 0));
+  const char* what = gathers ? "mscclppAllGather" : "mscclppAllReduce";
+  auto issue = [&] { return collective(c.coll, send, recv, count, c.type, c.op, comm, stream); };
+  fillInputKernel<<<gridFor(count), 256, 0, stream>>>(send, count, c.type, genKindFor(c.coll, c.op), c.seed, nullptr,
+                                                       rank);
+  r = issue();
+  if (r != mscclppSuccess) return fail(fmt("the first %s returned %d", what, (int)r));
   const double warmDeadline = nowSec() + 60 * scale;
   while (cudaStreamQuery(stream) == cudaErrorNotReady && nowSec() < warmDeadline) usleep(200);
-  if (cudaStreamQuery(stream) != cudaSuccess) return fail("the first all-reduce did not finish within 60 s");
-  std::vector<uint8_t> host(count * 4);
+  if (cudaStreamQuery(stream) != cudaSuccess) return fail(fmt("the first %s did not finish within 60 s", what));
+  std::vector<uint8_t> host(outCount * 4);
   cudaMemcpy(host.data(), recv, host.size(), cudaMemcpyDeviceToHost);
   const std::string wrong = checkOutput(c, rank, nranks, host.data());
-  if (!wrong.empty()) return fail("the first all-reduce: " + wrong);
+  if (!wrong.empty()) return fail(fmt("the first %s: %s", what, wrong.c_str()));
   out.warmupOk = 1;
   S->ready[rank] = 1;
 
@@ -1782,7 +1816,7 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
       giveUp = true;
       break;
     }
-    r = mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream);
+    r = issue();
     if (r != mscclppSuccess) {
       out.loopEndRc = (int)r;
       break;
@@ -1815,7 +1849,7 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
 
   // A later call returns the error at once.
   t0 = nowSec();
-  out.laterRc = (int)mscclppAllReduce(send, recv, count, mscclppFloat32, mscclppSum, comm, stream);
+  out.laterRc = (int)issue();
   out.laterS = nowSec() - t0;
 
   mscclppResult_t destroyRc = mscclppSuccess;
@@ -1837,9 +1871,11 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, bool zeroCopy)
   return 0;
 }
 
-int runKill(int nranks, int port, bool zeroCopy)
+int runKill(int nranks, int port, KillMode mode)
 {
-  const char* name = zeroCopy ? "kill_last_rank_during_zerocopy_allreduces" : "kill_last_rank_during_allreduces";
+  const char* name = mode == kKillZeroCopyAllReduces     ? "kill_last_rank_during_zerocopy_allreduces"
+                     : mode == kKillCopyEngineAllGathers ? "kill_last_rank_during_copy_engine_allgathers"
+                                                         : "kill_last_rank_during_allreduces";
   if (nranks < 2) {
     printf("SKIP %s: needs 2 ranks or more\n", name);
     return 0;
@@ -1853,7 +1889,7 @@ int runKill(int nranks, int port, bool zeroCopy)
   }
   const int victim = nranks - 1;
   ForkedRanks ranks(nranks, 150 * scale, [&](int r) {
-    const int rc = killRankMain(r, nranks, port, S, zeroCopy);
+    const int rc = killRankMain(r, nranks, port, S, mode);
     if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
     return rc;
   });
@@ -1882,7 +1918,7 @@ int runKill(int nranks, int port, bool zeroCopy)
     else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
     else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
       why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
-    else if (o.iterations == 0) why = "no all-reduce ran in the loop";
+    else if (o.iterations == 0) why = "no call ran in the loop";
     else if (o.asyncError != mscclppRemoteError)
       why = fmt("mscclppCommGetAsyncError gave %d (%s), not mscclppRemoteError", o.asyncError,
                 errStr((mscclppResult_t)o.asyncError));
@@ -1890,9 +1926,9 @@ int runKill(int nranks, int port, bool zeroCopy)
     else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
     else if (o.syncS > 5 * lim) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
     else if (o.laterRc != o.asyncError)
-      why = fmt("the next mscclppAllReduce returned %d (%s), not the communicator's error", o.laterRc,
+      why = fmt("the next call returned %d (%s), not the communicator's error", o.laterRc,
                 errStr((mscclppResult_t)o.laterRc));
-    else if (o.laterS > 1 * lim) why = fmt("the next mscclppAllReduce took %.2f s to fail", o.laterS);
+    else if (o.laterS > 1 * lim) why = fmt("the next call took %.2f s to fail", o.laterS);
     else if (o.destroyRc != mscclppSuccess && o.destroyRc != mscclppRemoteError)
       why = fmt("mscclppCommDestroy returned %d (%s)", o.destroyRc, errStr((mscclppResult_t)o.destroyRc));
     else if (o.destroyS > 10 * lim) why = fmt("mscclppCommDestroy took %.2f s", o.destroyS);
@@ -2122,7 +2158,10 @@ int main(int argc, char** argv)
                    : !strcmp(g.name, "exit_after_kill") ? kExitAfterKill
                                                         : kExitAfterFault);
     } else if (g.kill) {
-      rc = runKill(nranks, groupPort, !strcmp(g.name, "kill_zerocopy"));
+      rc = runKill(nranks, groupPort,
+                   !strcmp(g.name, "kill_zerocopy")     ? kKillZeroCopyAllReduces
+                   : !strcmp(g.name, "kill_copyengine") ? kKillCopyEngineAllGathers
+                                                        : kKillAllReduces);
     } else {
       const Group* group = &g;
       // Above 4 ranks on one GPU each call takes longer (the ranks share its multiprocessors): the limit grows.

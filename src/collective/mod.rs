@@ -54,6 +54,7 @@ use parking_lot::Mutex;
 use peer_buffers::LocalSlots;
 use scratch::{AbortWord, Scratch, SharedAbortWord};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use zero_copy::ZeroCopy;
 
 /// A communicator's collectives: nothing until the first call, then its scratch and loaded kernels.
@@ -66,6 +67,8 @@ pub struct Collectives {
     own: Mutex<LocalSlots>,
     /// One rank's kernels (a `PreMulSum` of one rank: `ONE_RANK_PREMULSUM`), which need no scratch.
     solo: Mutex<Option<LoadedKernels>>,
+    /// Calls whose data the copy engine moved (eager only, so counted here, once each).
+    copy_engine_calls: AtomicU64,
 }
 
 struct Ready {
@@ -95,6 +98,10 @@ impl Collectives {
                 Ok(0) => {}
                 Ok(n) => log::info!("collectives: {n} call(s) moved their data zero-copy (registered buffers)"),
                 Err(e) => log::debug!("the zero-copy count could not be read: {e}"),
+            }
+            match self.copy_engine_calls.swap(0, Ordering::Relaxed) {
+                0 => {}
+                n => log::info!("collectives: {n} call(s) moved their data by the copy engine (registered buffers)"),
             }
         }
         self.solo.lock().take();
@@ -299,6 +306,7 @@ impl Collectives {
         if copy_engine::attempt(call.collective, nranks, placement, message, ready.choice, capturing)
             && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
         {
+            self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
         if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
@@ -408,7 +416,7 @@ impl Collectives {
             zero_copy::descriptor(base.send, sizes.send, |p, l| registrations.lookup(p, l), |token| own.get(token))
         };
         let zero_copy = &ready.zero_copy;
-        let root = call.root as usize;
+        let root = call.root;
         let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.send, |peer, tag, offset| {
             zero_copy.resolve(peer, tag, offset)
         })?;
