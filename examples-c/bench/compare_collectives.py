@@ -10,6 +10,10 @@ Runs, one after another:
   and two-shot all-reduce, graph and eager;
 - the same script again with our build/lib/nccl/libnccl.so.2 preloaded (LD_PRELOAD): torch.distributed's
   calls, unchanged, on our library (lib=ours-nccl);
+- with --register, both again on registered buffers: collectives_bench --register (zero-copy: the kernels
+  that read the peers' buffers, and the copy engine for large eager all-gathers and broadcasts), and
+  torch.distributed on our libnccl with torch's allocator hook (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1:
+  every segment registered with ncclCommRegister);
 collects their RESULT lines and prints two markdown tables, graph and eager: a row per collective and
 size, a column per library and caller (time per call in us / algBW in GB/s), and the time ratios against
 NVIDIA's NCCL (below 1: ours is faster). Then the issue's targets, each met or missed. Raw logs go to
@@ -39,8 +43,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 # (lib, caller) -> column heading, per table (the mode is the table's). A column no row has is left out.
 COLUMNS: List[Tuple[Tuple[str, str], str]] = [
     (("mscclpp", "c"), "ours, C"),
+    (("mscclpp+reg", "c"), "ours, C, registered"),
     (("mscclpp", "torch"), "ours, torch (package)"),
     (("ours-nccl", "torch"), "torch.distributed on our libnccl"),
+    (("ours-nccl+reg", "torch"), "torch.distributed on our libnccl, registered"),
     (("nccl", "torch"), "torch.distributed on NVIDIA NCCL"),
     (("symm-oneshot", "torch"), "SymmMem one-shot"),
     (("symm-twoshot", "torch"), "SymmMem two-shot"),
@@ -48,13 +54,18 @@ COLUMNS: List[Tuple[Tuple[str, str], str]] = [
 # Each table's ratios: (ours, NVIDIA's), time over time.
 RATIOS: List[Tuple[Tuple[str, str], str]] = [
     (("mscclpp", "c"), "ours C / NVIDIA"),
+    (("mscclpp+reg", "c"), "ours C registered / NVIDIA"),
     (("mscclpp", "torch"), "ours torch / NVIDIA"),
     (("ours-nccl", "torch"), "our libnccl / NVIDIA"),
+    (("ours-nccl+reg", "torch"), "our libnccl registered / NVIDIA"),
 ]
 NVIDIA = ("nccl", "torch")
 OURS_GRAPH, OURS_TORCH_EAGER = ("mscclpp", "c", "graph"), ("mscclpp", "torch", "eager")
 NCCL_GRAPH, NCCL_EAGER = ("nccl", "torch", "graph"), ("nccl", "torch", "eager")
 OURS_NCCL_GRAPH, OURS_NCCL_EAGER = ("ours-nccl", "torch", "graph"), ("ours-nccl", "torch", "eager")
+OURS_REG_GRAPH, OURS_REG_EAGER = ("mscclpp+reg", "c", "graph"), ("mscclpp+reg", "c", "eager")
+# Where a target asks for bandwidth: the best of ours from C, unregistered and registered, either mode.
+OURS_C_ANY = [OURS_GRAPH, ("mscclpp", "c", "eager"), OURS_REG_GRAPH, OURS_REG_EAGER]
 SYMM = ("symm-oneshot", "symm-twoshot")
 C_DEFAULT_COLLS = "allreduce_bf16,allreduce_f32,allgather_f32,reducescatter_f32,broadcast_f32"
 COLL_ORDER = {"allreduce": 0, "allgather": 1, "reducescatter": 2, "broadcast": 3, "reduce": 4, "alltoall": 5}
@@ -129,7 +140,9 @@ def index(results: List[Result]) -> Dict[Key, Dict[Tuple[str, str, str], Result]
     for r in results:
         try:
             key = (r["collective"], r["dtype"], int(r["bytes"]))
-            col = (r["lib"], r["caller"], r["mode"])
+            # Registered buffers (collectives_bench --register) are a column of their own.
+            lib = r["lib"] + ("+reg" if "+registered" in r.get("algo", "") else "")
+            col = (lib, r["caller"], r["mode"])
             float(r["us"])
         except (KeyError, ValueError):
             continue
@@ -205,12 +218,15 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
                 out.append((us <= limit, f"{k[1]} {size_name(k[2])} {fmt_us(us)} µs", us))
         return out
 
-    def gbps_at_least(coll: str, sizes: List[int], limit: float) -> List[Tuple[bool, str, float]]:
+    def gbps_at_least(coll: str, sizes: List[int], limit: float, cols=(OURS_GRAPH,)) -> List[Tuple[bool, str, float]]:
+        """Per row, the best of `cols` (named in the detail when there are several)."""
         out = []
         for k, v in rows(coll):
-            if k[2] in sizes and OURS_GRAPH in v:
-                g = float(v[OURS_GRAPH]["algbw"])
-                out.append((g >= limit, f"{k[1]} {size_name(k[2])} {fmt_gbps(g)} GB/s", -g))
+            found = [(float(v[c]["algbw"]), c) for c in cols if c in v]
+            if k[2] in sizes and found:
+                g, c = max(found)
+                where = f" ({c[0]}, {c[2]})" if len(cols) > 1 else ""
+                out.append((g >= limit, f"{k[1]} {size_name(k[2])} {fmt_gbps(g)} GB/s{where}", -g))
         return out
 
     def vs_nccl(coll: str, ours, theirs, hi: int = 1 << 62, factor: float = 1.0) -> List[Tuple[bool, str, float]]:
@@ -238,6 +254,8 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
     verdict("all-reduce in a CUDA graph ≤ 8 µs at 1 MiB", us_at_most("allreduce", OURS_GRAPH, 1 << 20, 1 << 20, 8.0))
     verdict("all-reduce algBW ≥ 370 GB/s at 256 MiB and 1 GiB (graph)",
             gbps_at_least("allreduce", [256 << 20, 1 << 30], 370.0))
+    verdict("all-reduce algBW ≥ 370 GB/s at 256 MiB and 1 GiB (ours from C, best of graph, eager, registered)",
+            gbps_at_least("allreduce", [256 << 20, 1 << 30], 370.0, OURS_C_ANY))
     verdict("all-reduce eager from torch (the package) ≤ 1/3 of dist.all_reduce on NVIDIA NCCL up to 1 MiB",
             vs_nccl("allreduce", OURS_TORCH_EAGER, NCCL_EAGER, 1 << 20, 1.0 / 3.0))
     verdict("(for reference) dist.all_reduce on our libnccl ≤ 1/3 of it on NVIDIA NCCL up to 1 MiB, eager",
@@ -249,6 +267,8 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
     for coll, name in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter"), ("broadcast", "broadcast"),
                        ("reduce", "reduce"), ("alltoall", "all-to-all"), ("allreduce", "all-reduce")):
         verdict(f"{name} ≥ NCCL at every size, graph, ours from C", vs_nccl(coll, OURS_GRAPH, NCCL_GRAPH))
+        verdict(f"{name} ≥ NCCL at every size, graph, ours from C, registered", vs_nccl(coll, OURS_REG_GRAPH, NCCL_GRAPH))
+        verdict(f"{name} ≥ NCCL at every size, eager, ours from C, registered", vs_nccl(coll, OURS_REG_EAGER, NCCL_EAGER))
         verdict(f"{name} ≥ NCCL at every size, graph, torch.distributed on ours",
                 vs_nccl(coll, OURS_NCCL_GRAPH, NCCL_GRAPH))
         verdict(f"{name} ≥ NCCL at every size, eager, torch.distributed on ours",
@@ -256,6 +276,8 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
         verdict(f"{name} ≥ NCCL at every size, eager, ours from torch (the package)",
                 vs_nccl(coll, OURS_TORCH_EAGER, NCCL_EAGER))
     verdict("all-gather ≥ 770 GB/s at 1 GiB (graph)", gbps_at_least("allgather", [1 << 30], 770.0))
+    verdict("all-gather ≥ 770 GB/s at 1 GiB (ours from C, best of graph, eager, registered)",
+            gbps_at_least("allgather", [1 << 30], 770.0, OURS_C_ANY))
 
 
 def main() -> int:
@@ -278,6 +300,9 @@ def main() -> int:
                         help="leave out torch.distributed on our libnccl.so.2 (LD_PRELOAD)")
     parser.add_argument("--torch-limit", type=int, default=1800, help="seconds for each run of nccl_collectives.py")
     parser.add_argument("--table-only", action="store_true", help="only print the table of the logs in --log-dir")
+    parser.add_argument("--register", action="store_true",
+                        help="also on registered buffers: collectives_bench --register, and torch.distributed on our "
+                             "libnccl with torch's allocator hook")
     args = parser.parse_args()
     # Given: from where this was started; by default: from the repository root, as run_bench.sh has it.
     if args.log_dir:
@@ -289,13 +314,15 @@ def main() -> int:
     c_log = os.path.join(log_dir, "collectives_bench.log")
     torch_log = os.path.join(log_dir, "nccl_collectives.log")
     preload_log = os.path.join(log_dir, "nccl_collectives_ours.log")
+    c_reg_log = os.path.join(log_dir, "collectives_bench_registered.log")
+    preload_reg_log = os.path.join(log_dir, "nccl_collectives_ours_registered.log")
     failures: List[str] = []
     notes: List[str] = []
     ran: List[str] = []  # the logs of this run (a part left out keeps no stale log in the table)
     shared = False
 
     if args.table_only:
-        ran = [p for p in (c_log, torch_log, preload_log) if os.path.exists(p)]
+        ran = [p for p in (c_log, c_reg_log, torch_log, preload_log, preload_reg_log) if os.path.exists(p)]
     else:
         n_gpus = count_gpus()
         min_gpus = max(1, int(os.environ.get("MSCCLPP_TEST_MIN_GPUS", "2") or 2))
@@ -328,6 +355,11 @@ def main() -> int:
                 ran.append(c_log)
                 if rc != 0:
                     failures.append(f"FAIL collectives_bench: exit code {rc} (log {c_log})")
+                if args.register:
+                    rc = run_logged([binary, str(args.nranks)] + colls + common + ["--register"], c_reg_log, 1200, env)
+                    ran.append(c_reg_log)
+                    if rc != 0:
+                        failures.append(f"FAIL collectives_bench --register: exit code {rc} (log {c_reg_log})")
         if not args.skip_torch:
             py = os.environ.get("PYTHON", sys.executable)
             try:
@@ -365,6 +397,15 @@ def main() -> int:
                     ran.append(preload_log)
                     if rc != 0:
                         failures.append(f"FAIL nccl_collectives.py on our libnccl: exit code {rc} (log {preload_log})")
+                    if args.register:
+                        reg_env = dict(pre_env, TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK="1")
+                        cmd = script + common + ["--libs", "nccl", "--nccl-label", "ours-nccl+reg",
+                                                 "--timeout", str(args.torch_limit)]
+                        rc = run_logged(cmd, preload_reg_log, args.torch_limit + 60, reg_env)
+                        ran.append(preload_reg_log)
+                        if rc != 0:
+                            failures.append(f"FAIL nccl_collectives.py on our libnccl, registered: exit code {rc} "
+                                            f"(log {preload_reg_log})")
 
     results: List[Result] = []
     for path in ran:
@@ -407,7 +448,7 @@ def main() -> int:
         print()
         for f in fails:
             print(f)
-    print(f"\nlogs: {c_log}, {torch_log}, {preload_log}")
+    print(f"\nlogs: {', '.join(ran)}")
     return 1 if fails else 0
 
 

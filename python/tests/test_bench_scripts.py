@@ -68,6 +68,28 @@ def test_the_targets_are_judged_against_the_faster_symmetric_memory_kernel(tmp_p
     assert "met" in small and "MISSED" not in small, small
 
 
+def test_registered_runs_get_columns_of_their_own_and_count_for_bandwidth_targets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    reg = [_line("mscclpp", "c", "allgather", "f32", 1 << 30, "eager", 1300.0) + " algo=auto+registered",
+           _line("mscclpp", "c", "allgather", "f32", 1 << 30, "graph", 1900.0) + " algo=auto+registered"]
+    (tmp_path / "collectives_bench_registered.log").write_text("\n".join(reg) + "\n")
+    (tmp_path / "nccl_collectives_ours_registered.log").write_text(
+        _line("ours-nccl+reg", "torch", "reduce", "f32", 4096, "eager", 10.0) + "\n")
+    text = _table(tmp_path)
+    graph, eager = text.split("**In a CUDA graph**")[1].split("**Eager**")
+    assert "ours, C, registered" in graph and "ours C registered / NVIDIA" in graph
+    # The unregistered graph row keeps its own cell: 2000 µs, and the registered one beside it: 1900.
+    row = next(r for r in graph.splitlines() if r.startswith("| allgather f32 | 1 GiB |"))
+    assert "2000 / 536.9" in row and "1900 / 565.1" in row and row.rstrip(" |").endswith("1.90"), row
+    row = next(r for r in eager.splitlines() if r.startswith("| reduce f32 | 4 KiB |"))
+    assert row.rstrip(" |").endswith("0.25"), row
+    targets = text.split("Targets")[1]
+    best = next(t for t in targets.splitlines() if t.startswith("- all-gather ≥ 770 GB/s at 1 GiB (ours from C, best"))
+    # 1 GiB in 1300 µs: 826 GB/s, from the registered eager run.
+    assert "met" in best and "826.0 GB/s (mscclpp+reg, eager)" in best, best
+    plain = next(t for t in targets.splitlines() if t.startswith("- all-gather ≥ 770 GB/s at 1 GiB (graph)"))
+    assert "MISSED" in plain, plain
+
+
 def _ok() -> None:
     pass
 
