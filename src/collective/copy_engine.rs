@@ -195,14 +195,48 @@ mod tests {
         let several = Placement::SeveralGpus;
         let big = 1 << 30;
         assert!(attempt(Collective::AllGather, 2, several, big, Choice::Auto, false));
-        assert!(attempt(Collective::Broadcast, 8, Placement::OneGpu, big, Choice::Auto, false));
-        assert!(!attempt(Collective::AllGather, 2, several, big, Choice::Auto, true), "captured");
-        assert!(!attempt(Collective::AllGather, 2, several, 1 << 20, Choice::Auto, false), "small");
+        assert!(attempt(
+            Collective::Broadcast,
+            8,
+            Placement::OneGpu,
+            big,
+            Choice::Auto,
+            false
+        ));
+        assert!(
+            !attempt(Collective::AllGather, 2, several, big, Choice::Auto, true),
+            "captured"
+        );
+        assert!(
+            !attempt(Collective::AllGather, 2, several, 1 << 20, Choice::Auto, false),
+            "small"
+        );
         assert!(attempt(Collective::AllGather, 2, several, 1, Choice::CopyEngine, false));
-        assert!(!attempt(Collective::AllGather, 2, several, 0, Choice::CopyEngine, false));
-        assert!(!attempt(Collective::AllGather, 1, several, big, Choice::CopyEngine, false));
-        for choice in [Choice::ZeroCopy, Choice::Force(Protocol::Copy), Choice::Force(Protocol::Packet)] {
-            assert!(!attempt(Collective::AllGather, 2, several, big, choice, false), "{choice:?}");
+        assert!(!attempt(
+            Collective::AllGather,
+            2,
+            several,
+            0,
+            Choice::CopyEngine,
+            false
+        ));
+        assert!(!attempt(
+            Collective::AllGather,
+            1,
+            several,
+            big,
+            Choice::CopyEngine,
+            false
+        ));
+        for choice in [
+            Choice::ZeroCopy,
+            Choice::Force(Protocol::Copy),
+            Choice::Force(Protocol::Packet),
+        ] {
+            assert!(
+                !attempt(Collective::AllGather, 2, several, big, choice, false),
+                "{choice:?}"
+            );
         }
         for c in [
             Collective::AllReduce,
@@ -242,8 +276,15 @@ mod tests {
                 bytes: 64
             }]
         );
-        assert!(copies(Collective::Broadcast, 1, 1, 64, 0x5000, &inputs).is_empty(), "root in place");
-        assert_eq!(copies(Collective::Broadcast, 1, 1, 64, 0x6000, &inputs).len(), 1, "root out of place");
+        assert!(
+            copies(Collective::Broadcast, 1, 1, 64, 0x5000, &inputs).is_empty(),
+            "root in place"
+        );
+        assert_eq!(
+            copies(Collective::Broadcast, 1, 1, 64, 0x6000, &inputs).len(),
+            1,
+            "root out of place"
+        );
     }
 
     #[test]

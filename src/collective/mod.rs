@@ -413,7 +413,12 @@ impl Collectives {
         ready.zero_copy.refresh(bootstrap, gpu, false)?;
         let own = {
             let own = self.own.lock();
-            zero_copy::descriptor(base.send, sizes.send, |p, l| registrations.lookup(p, l), |token| own.get(token))
+            zero_copy::descriptor(
+                base.send,
+                sizes.send,
+                |p, l| registrations.lookup(p, l),
+                |token| own.get(token),
+            )
         };
         let zero_copy = &ready.zero_copy;
         let root = call.root;

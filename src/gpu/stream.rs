@@ -116,7 +116,9 @@ impl Event {
         let mut raw: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: out-pointer to a local; a context is current.
-        check(unsafe { sys::cuEventCreate(&mut raw, flags) }, || "cuEventCreate".into())?;
+        check(unsafe { sys::cuEventCreate(&mut raw, flags) }, || {
+            "cuEventCreate".into()
+        })?;
         Ok(Event {
             raw: raw as usize,
             ctx: *ctx,
@@ -139,7 +141,9 @@ impl Drop for Event {
 /// Records `event` on `stream` (both of the current context).
 fn record_on(stream: CUstream, event: &Event) -> Result<()> {
     // SAFETY: the event is alive (borrowed); the stream is the caller's, alive while it is used.
-    check(unsafe { sys::cuEventRecord(event.raw(), stream) }, || "cuEventRecord".into())
+    check(unsafe { sys::cuEventRecord(event.raw(), stream) }, || {
+        "cuEventRecord".into()
+    })
 }
 
 /// Makes the work queued on `stream` from now on wait for `event`'s last record.
