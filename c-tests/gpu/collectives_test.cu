@@ -36,8 +36,8 @@
 //       compute-sanitizer; not in "all"): the first case alone, 2 types and 3 counts. Results as the matrix checks them; at destroy the
 //       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
 //   copyengine (= copyengine, kill_copyengine; MSCCLPP_COLL_ALGO=copyengine): the zerocopy cases again, every
-//       eager all-gather and broadcast on registered buffers moved by the copy engine (the library's INFO line
-//       counts them: nearly every eligible one, never more); then the last rank SIGKILLed while every rank
+//       eager all-gather and broadcast whose outputs are registered moved by the copy engine (the library's INFO
+//       line counts them: nearly every eligible one, never more); then the last rank SIGKILLed while every rank
 //       streams copy-engine all-gathers (kill_copyengine). copyengine_small: as zerocopy_small
 //   args: host memory, too small buffers, another GPU's buffer or stream, null buffers, unknown type or
 //       operator, overflowing counts, bad roots, null or destroyed communicators: each rejected with the
@@ -1241,6 +1241,9 @@ bool gZcSmall = false;
 // Eager all-gathers and broadcasts among the eligible calls: those the copy engine takes under
 // MSCCLPP_COLL_ALGO=copyengine.
 long long gCeEligible = 0;
+// The copyengine group: its all-gathers and broadcasts write the peers' outputs, so a registered output
+// is all they need.
+bool gCopyEngine = false;
 
 std::string zcMatrix(Rank& R, Pools& P, Tally& t, int rounds, const std::function<bool(const Call&)>& eligible)
 {
@@ -1359,9 +1362,13 @@ int zeroCopyBody(Rank& R, const char* name)
     ok &= runCase(R, "zerocopy_registered_everywhere", [&] {
       return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
     });
-    // Every algorithm reads the peers' inputs, which are in the send pool but for calls in place.
+    // Every kernel reads the peers' inputs, which are in the send pool but for calls in place; the copy
+    // engine writes the peers' outputs.
     ok &= runCase(R, "zerocopy_outputs_only", [&] {
-      return caseZeroCopy(R, kZcRecv, everyRank, [](const Call& c) { return c.inPlace; }, "the receive pool only");
+      return caseZeroCopy(
+          R, kZcRecv, everyRank,
+          [](const Call& c) { return c.inPlace || (gCopyEngine && (c.coll == kAllGather || c.coll == kBroadcast)); },
+          "the receive pool only");
     });
     ok &= runCase(R, "zerocopy_freed_and_reused", [&] { return caseZeroCopyReuse(R); });
     // The mixed graph (9 calls, 50 replays) on registered pools.
@@ -1681,6 +1688,7 @@ int groupRankMain(Rank& R, const Group& g)
   if (g.scratchMb) setenv("MSCCLPP_COLL_SCRATCH_MB", g.scratchMb, 1);
   const std::string name = g.name;
   const bool zeroCopy = !strncmp(g.name, "zerocopy", 8) || !strncmp(g.name, "copyengine", 10);
+  gCopyEngine = !strncmp(g.name, "copyengine", 10);
   if (zeroCopy) {
     // The count of zero-copy calls is logged at INFO when the communicator goes.
     setenv("MSCCLPP_DEBUG", "INFO", 1);

@@ -1,20 +1,21 @@
 //! Copy-engine collectives on registered buffers: an eager all-gather or broadcast whose data the GPU's
-//! copy engines (DMA) move straight from the peers' registered inputs into this rank's output, each byte
-//! once, with no SM spent on it. Over NVLink the copy engine carries more than SM stores or loads
-//! (docs/PERFORMANCE.md, "The link's ceilings"); the design is in docs/ZERO_COPY.md.
+//! copy engines (DMA) move straight from this rank's input into the peers' registered outputs, each byte
+//! once, with no SM spent on it. Over NVLink the copy engine writing into the peer's memory carries more
+//! than SM stores or loads, and more than the copy engine reading it (docs/PERFORMANCE.md, "The link's
+//! ceilings" and the copy engine's figures); the design is in docs/ZERO_COPY.md.
 //!
-//! The host queues the copies, so it must know before queuing them that every rank reaches every input
-//! it reads (the SM zero-copy kernels find that out on the GPU, by their vote). The ranks exchange their
-//! inputs' descriptors through the bootstrap, each looks the peers' up in its zero-copy table
+//! The host queues the copies, so it must know before queuing them that every rank reaches every output
+//! it writes (the SM zero-copy kernels find that out on the GPU, by their vote). The ranks exchange their
+//! outputs' descriptors through the bootstrap, each looks the peers' up in its zero-copy table
 //! (`ZeroCopy::resolve`), and a second exchange makes the verdict every rank's: all yes, the copy engine;
 //! any no, the call goes on as if this had not been tried. Such a call waits on the host until every rank
 //! has reached it (two all-gathers of the bootstrap), so only large calls try it
 //! (`algorithm::copy_engine_from`).
 //!
 //! On the application's stream: a fence launch (every rank's stream has reached the call, so the peers'
-//! inputs hold its data), the copies (the first on the stream, the others on side streams the stream forks
-//! to and joins by events), and a second fence (every rank's copies are done, so no rank's stream moves on
-//! and overwrites its input while a peer still reads it). The fences are kernels that end on an abort
+//! outputs may be overwritten), the copies (the first on the stream, the others on side streams the stream
+//! forks to and joins by events), and a second fence (every rank's copies are done, so every output is
+//! whole before its stream moves on). The fences are kernels that end on an abort
 //! (`kernels/collectives/copy_engine.cuh`); the copies always end.
 //!
 //! Never in a CUDA graph: a captured copy would be replayed with the capture's addresses, unchecked, after
@@ -53,27 +54,27 @@ pub fn attempt(
     }
 }
 
-/// The ranks whose inputs `rank` reads: every peer for an all-gather, the root for a broadcast's
-/// non-root.
-fn reads(collective: Collective, rank: usize, nranks: usize, root: usize) -> Vec<usize> {
+/// The peers whose outputs `rank` writes: every peer for an all-gather and for a broadcast's root, none
+/// for a broadcast's other ranks.
+fn writes(collective: Collective, rank: usize, nranks: usize, root: usize) -> Vec<usize> {
     match collective {
         Collective::AllGather => (0..nranks).filter(|&r| r != rank).collect(),
-        Collective::Broadcast if rank != root => vec![root],
+        Collective::Broadcast if rank == root => (0..nranks).filter(|&r| r != rank).collect(),
         _ => Vec::new(),
     }
 }
 
-/// Agrees with every rank on whether the call goes by the copy engine. `own` is this rank's input's
-/// descriptor (`zero_copy::descriptor`: tag and offset, or (0, 0) when not registered), `send` its input,
-/// and `resolve(peer, tag, offset)` where a peer's input lies in this context (`ZeroCopy::resolve`).
-/// Collective: every rank of the call calls it. Gives every rank's input as this rank reaches it (0 for
-/// those it does not read), or `None` when some rank cannot reach all it reads.
+/// Agrees with every rank on whether the call goes by the copy engine. `own` is this rank's output's
+/// descriptor (`zero_copy::descriptor`: tag and offset, or (0, 0) when not registered), `recv` its output,
+/// and `resolve(peer, tag, offset)` where a peer's output lies in this context (`ZeroCopy::resolve`).
+/// Collective: every rank of the call calls it. Gives every rank's output as this rank reaches it (0 for
+/// those it does not write), or `None` when some rank cannot reach all it writes.
 pub fn agree(
     bootstrap: &Bootstrap,
     collective: Collective,
     root: usize,
     own: (u64, u64),
-    send: DevicePtr,
+    recv: DevicePtr,
     resolve: impl Fn(usize, u64, u64) -> Option<DevicePtr>,
 ) -> Result<Option<Vec<DevicePtr>>> {
     let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
@@ -82,19 +83,19 @@ pub fn agree(
     descriptors[16 * rank + 8..16 * rank + 16].copy_from_slice(&own.1.to_le_bytes());
     bootstrap.all_gather(&mut descriptors, 16)?;
     let word = |i: usize| u64::from_le_bytes(descriptors[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-    let mut inputs = vec![0; nranks];
-    inputs[rank] = send;
+    let mut outputs = vec![0; nranks];
+    outputs[rank] = recv;
     let mut found = true;
-    for peer in reads(collective, rank, nranks, root) {
+    for peer in writes(collective, rank, nranks, root) {
         match resolve(peer, word(2 * peer), word(2 * peer + 1)) {
-            Some(address) => inputs[peer] = address,
+            Some(address) => outputs[peer] = address,
             None => found = false,
         }
     }
     let mut votes = vec![0u8; nranks];
     votes[rank] = found as u8;
     bootstrap.all_gather(&mut votes, 1)?;
-    Ok(votes.iter().all(|&v| v == 1).then_some(inputs))
+    Ok(votes.iter().all(|&v| v == 1).then_some(outputs))
 }
 
 /// One copy the copy engine makes.
@@ -105,25 +106,23 @@ pub struct PeerCopy {
     pub bytes: u64,
 }
 
-/// This rank's copies of a call of `piece` bytes a rank (`Call::sizes`): an all-gather's every input
-/// into its place in `recv`, a broadcast's root input into `recv`; none where source and destination are
-/// the same bytes (in place). `inputs` is `agree`'s.
+/// This rank's copies of a call of `piece` bytes a rank (`Call::sizes`): an all-gather's input into its
+/// place in every output, a broadcast root's input into every output; none where source and destination
+/// are the same bytes (in place). `outputs` is `agree`'s, `send` this rank's input.
 pub fn copies(
     collective: Collective,
     rank: usize,
     root: usize,
     piece: u64,
-    recv: DevicePtr,
-    inputs: &[DevicePtr],
+    send: DevicePtr,
+    outputs: &[DevicePtr],
 ) -> Vec<PeerCopy> {
-    let nranks = inputs.len();
+    let nranks = outputs.len();
+    // This rank's own output last: the peers' are across the link, the longer copies.
+    let everyone = (1..=nranks).map(|k| (rank + k) % nranks);
     let wanted: Vec<(DevicePtr, DevicePtr)> = match collective {
-        // This rank's own piece last: the peers' come over the link, which is the longer wait.
-        Collective::AllGather => (1..=nranks)
-            .map(|k| (rank + k) % nranks)
-            .map(|r| (recv + r as u64 * piece, inputs[r]))
-            .collect(),
-        Collective::Broadcast => vec![(recv, inputs[root])],
+        Collective::AllGather => everyone.map(|r| (outputs[r] + rank as u64 * piece, send)).collect(),
+        Collective::Broadcast if rank == root => everyone.map(|r| (outputs[r], send)).collect(),
         _ => Vec::new(),
     };
     wanted
@@ -251,47 +250,42 @@ mod tests {
     }
 
     #[test]
-    fn all_gather_copies_every_input_into_its_place() {
-        let inputs = [0x1000, 0x2000, 0x3000];
-        let got = copies(Collective::AllGather, 1, 0, 0x100, 0x9000, &inputs);
-        let want = [(0x9200, 0x3000), (0x9000, 0x1000), (0x9100, 0x2000)];
+    fn all_gather_copies_the_input_into_every_output() {
+        let outputs = [0x1000, 0x9000, 0x3000];
+        let got = copies(Collective::AllGather, 1, 0, 0x100, 0x5000, &outputs);
+        let want = [(0x3100, 0x5000), (0x1100, 0x5000), (0x9100, 0x5000)];
         assert_eq!(got.len(), 3);
         for (copy, (dst, src)) in got.iter().zip(want) {
             assert_eq!((copy.dst, copy.src, copy.bytes), (dst, src, 0x100));
         }
-        // In place: this rank's input is its piece of the output, which needs no copy.
-        let in_place = copies(Collective::AllGather, 1, 0, 0x100, 0x9000, &[0x1000, 0x9100, 0x3000]);
+        // In place: this rank's input is its piece of its own output, which needs no copy.
+        let in_place = copies(Collective::AllGather, 1, 0, 0x100, 0x9100, &outputs);
         assert_eq!(in_place.len(), 2);
-        assert!(in_place.iter().all(|c| c.src != 0x9100));
+        assert!(in_place.iter().all(|c| c.dst != 0x9100));
     }
 
     #[test]
-    fn broadcast_copies_the_root_input() {
-        let inputs = [0, 0x5000, 0];
+    fn broadcast_copies_the_root_input_into_every_output() {
+        let outputs = [0x7000, 0x5000, 0x8000];
+        let root = copies(Collective::Broadcast, 1, 1, 64, 0x4000, &outputs);
+        let dsts: Vec<_> = root.iter().map(|c| (c.dst, c.src, c.bytes)).collect();
+        assert_eq!(dsts, [(0x8000, 0x4000, 64), (0x7000, 0x4000, 64), (0x5000, 0x4000, 64)]);
         assert_eq!(
-            copies(Collective::Broadcast, 2, 1, 64, 0x7000, &inputs),
-            [PeerCopy {
-                dst: 0x7000,
-                src: 0x5000,
-                bytes: 64
-            }]
-        );
-        assert!(
-            copies(Collective::Broadcast, 1, 1, 64, 0x5000, &inputs).is_empty(),
+            copies(Collective::Broadcast, 1, 1, 64, 0x5000, &outputs).len(),
+            2,
             "root in place"
         );
-        assert_eq!(
-            copies(Collective::Broadcast, 1, 1, 64, 0x6000, &inputs).len(),
-            1,
-            "root out of place"
+        assert!(
+            copies(Collective::Broadcast, 2, 1, 64, 0, &outputs).is_empty(),
+            "not the root"
         );
     }
 
     #[test]
-    fn reads_are_the_inputs_each_algorithm_needs() {
-        assert_eq!(reads(Collective::AllGather, 1, 3, 0), [0, 2]);
-        assert_eq!(reads(Collective::Broadcast, 1, 3, 2), [2]);
-        assert!(reads(Collective::Broadcast, 2, 3, 2).is_empty());
+    fn writes_are_the_outputs_each_algorithm_fills() {
+        assert_eq!(writes(Collective::AllGather, 1, 3, 0), [0, 2]);
+        assert_eq!(writes(Collective::Broadcast, 2, 3, 2), [0, 1]);
+        assert!(writes(Collective::Broadcast, 1, 3, 2).is_empty());
     }
 
     fn job(n: usize) -> Vec<Bootstrap> {
@@ -302,7 +296,7 @@ mod tests {
         on_ranks(n, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T).unwrap())
     }
 
-    /// Runs `agree` on every rank of `bs` at once; rank r's input is registered as tag r + 1 at offset
+    /// Runs `agree` on every rank of `bs` at once; rank r's output is registered as tag r + 1 at offset
     /// 16 r, and each rank resolves what `reaches(rank, peer)` allows, at 0x1000 (peer + 1).
     fn agree_everywhere(
         bs: &[Bootstrap],
@@ -335,12 +329,14 @@ mod tests {
         let all = agree_everywhere(&bs, Collective::AllGather, 0, |_, _| true);
         assert_eq!(all[1], Some(vec![0x1000, 0xa001, 0x3000 + 32]));
         assert!(all.iter().all(Option::is_some));
-        // Rank 2 cannot map rank 0's input: nobody goes by the copy engine.
+        // Rank 2 cannot map rank 0's output: nobody goes by the copy engine.
         let one_missing = agree_everywhere(&bs, Collective::AllGather, 0, |rank, peer| (rank, peer) != (2, 0));
         assert!(one_missing.iter().all(Option::is_none), "{one_missing:?}");
-        // A broadcast reads the root's input only: a rank that cannot map another peer's does not matter.
-        let broadcast = agree_everywhere(&bs, Collective::Broadcast, 1, |_, peer| peer == 1);
-        assert_eq!(broadcast[0], Some(vec![0xa000, 0x2000 + 16, 0]));
-        assert_eq!(broadcast[1], Some(vec![0, 0xa001, 0]));
+        // A broadcast's root alone writes the peers' outputs: what the others cannot map does not matter.
+        let broadcast = agree_everywhere(&bs, Collective::Broadcast, 1, |rank, _| rank == 1);
+        assert_eq!(broadcast[1], Some(vec![0x1000, 0xa001, 0x3000 + 32]));
+        assert_eq!(broadcast[0], Some(vec![0xa000, 0, 0]));
+        let root_blind = agree_everywhere(&bs, Collective::Broadcast, 1, |rank, peer| rank != 1 || peer != 2);
+        assert!(root_blind.iter().all(Option::is_none), "{root_blind:?}");
     }
 }

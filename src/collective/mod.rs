@@ -396,7 +396,7 @@ impl Collectives {
     }
 
     /// The copy-engine path of an eager call (`copy_engine.rs`): agrees with every rank on it and, if all
-    /// can, queues the fences and the copies. `false`: some rank cannot reach an input it reads, nothing
+    /// can, queues the fences and the copies. `false`: some rank cannot reach an output it writes, nothing
     /// was queued, and the call goes on by the other paths.
     #[allow(clippy::too_many_arguments)]
     fn launch_copy_engine(
@@ -414,21 +414,28 @@ impl Collectives {
         let own = {
             let own = self.own.lock();
             zero_copy::descriptor(
-                base.send,
-                sizes.send,
+                base.recv,
+                sizes.recv,
                 |p, l| registrations.lookup(p, l),
                 |token| own.get(token),
             )
         };
         let zero_copy = &ready.zero_copy;
         let root = call.root;
-        let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.send, |peer, tag, offset| {
+        let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.recv, |peer, tag, offset| {
             zero_copy.resolve(peer, tag, offset)
         })?;
-        let Some(inputs) = agreed else {
+        let Some(outputs) = agreed else {
             return Ok(false);
         };
-        let copies = copy_engine::copies(call.collective, bootstrap.rank(), root, sizes.piece, base.recv, &inputs);
+        let copies = copy_engine::copies(
+            call.collective,
+            bootstrap.rank(),
+            root,
+            sizes.piece,
+            base.send,
+            &outputs,
+        );
         let fence = ready.kernels.get(
             copy_engine::FENCE_KERNEL,
             None,
@@ -443,12 +450,12 @@ impl Collectives {
         // SAFETY: `CollArgs`'s layout; a fence touches only the state and the flags of the scratch, which
         // live in `ready` until `clear`; the stream was checked to be of this context.
         unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &before)? };
-        // SAFETY: each copy writes this rank's output, checked to hold `sizes.recv` bytes (an all-gather's
-        // piece r at r * piece, a broadcast's whole), and reads this rank's checked input or a peer's
-        // registered input that every rank found mapped here at the generation it named; that mapping stays
-        // open until a context synchronization after the peer's deregistration (`ZeroCopy::refresh`), which
-        // comes after these copies. The peers' streams wait in the second fence until these copies are
-        // done, so the inputs are not overwritten meanwhile.
+        // SAFETY: each copy reads `sizes.piece` bytes of this rank's input, checked to hold them, and writes
+        // them into this rank's checked output or a peer's registered output, found mapped here at the
+        // generation the peer named for its whole output (an all-gather's piece of this rank at
+        // rank * piece, a broadcast's whole). That mapping stays open until a context synchronization after
+        // the peer's deregistration (`ZeroCopy::refresh`), which comes after these copies. The first fence
+        // has every peer's stream at this call; the second holds it there until these copies are done.
         unsafe { ready.side_streams.queue(stream, &copies)? };
         // SAFETY: as the first fence.
         unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &after)? };
