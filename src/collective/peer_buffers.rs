@@ -443,6 +443,35 @@ impl<M> Default for PeerSlot<M> {
     }
 }
 
+/// `records` less every `Added` followed, among them, by the `Gone` of the same peer, slot and generation:
+/// that registration ended before this rank could use it, and its memory may be freed already, so opening
+/// it would fail (as it did for PyTorch's allocator hook, which registers and deregisters segments as they
+/// come and go) or map memory about to go. The `Gone` stays (it finds nothing held, and is ignored).
+fn without_finished(records: Vec<(usize, Record)>) -> Vec<(usize, Record)> {
+    let finished = |i: usize, peer: usize, record: &Record| {
+        matches!(record, Record::Added(_))
+            && records[i + 1..].iter().any(|(p, later)| {
+                *p == peer
+                    && matches!(later, Record::Gone { .. })
+                    && (later.slot(), later.generation()) == (record.slot(), record.generation())
+            })
+    };
+    let skip: Vec<bool> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (peer, record))| finished(i, *peer, record))
+        .collect();
+    let skipped = skip.iter().filter(|&&s| s).count();
+    if skipped > 0 {
+        log::debug!("{skipped} registration(s) of the peers ended before they were mapped here");
+    }
+    records
+        .into_iter()
+        .zip(skip)
+        .filter_map(|(r, s)| (!s).then_some(r))
+        .collect()
+}
+
 /// The peers' registrations as this rank reaches them: per peer and slot, the current generation and its
 /// mapping. The owner serializes `apply` and `absorb` (which change it) against the readers.
 pub struct PeerTable<O: Opener> {
@@ -602,7 +631,8 @@ impl<O: Opener> PeerTable<O> {
     }
 
     /// Every record the peers have pushed and that has arrived, decoded, each peer's in the order it pushed
-    /// them, without waiting. One that cannot be read is logged and skipped.
+    /// them, without waiting. One that cannot be read is logged and skipped, and so is an `Added` whose
+    /// `Gone` arrived with it (`without_finished`).
     pub fn take(&self, bootstrap: &Bootstrap) -> Vec<(usize, Record)> {
         debug_assert_eq!(
             (bootstrap.rank(), bootstrap.nranks()),
@@ -622,7 +652,7 @@ impl<O: Opener> PeerTable<O> {
                 }
             }
         }
-        out
+        without_finished(out)
     }
 
     /// `apply`, its error logged (a failed open among others: the registration is then not zero-copy);
@@ -1284,6 +1314,20 @@ mod tests {
         on_ranks(n, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T).unwrap())
     }
 
+    /// Absorbs into `t` until it holds `peer`'s `slot` at `generation`, waiting up to 5 s.
+    fn absorb_until_held(t: &mut PeerTable<FakeOpener>, b: &Bootstrap, peer: usize, slot: u32, generation: u32) {
+        let start = std::time::Instant::now();
+        while t.resolve(peer, slot, generation).is_none() {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(5),
+                "rank {}: peer {peer}'s slot {slot} generation {generation} not held after 5 s",
+                b.rank()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            t.absorb(b);
+        }
+    }
+
     /// Absorbs into `t` until `n` records were applied, waiting up to 5 s for them to arrive.
     fn absorb_until(t: &mut PeerTable<FakeOpener>, b: &Bootstrap, n: usize) -> usize {
         let start = std::time::Instant::now();
@@ -1324,6 +1368,30 @@ mod tests {
     }
 
     #[test]
+    fn a_registration_that_ended_before_it_was_taken_is_never_opened() {
+        let records = vec![
+            (0, added(1, 1)),
+            (1, added(1, 1)),
+            (0, added(2, 1)),
+            (0, gone(1, 1)),
+            (0, added(1, 2)),
+        ];
+        let kept = without_finished(records);
+        let kept: Vec<_> = kept
+            .iter()
+            .map(|(p, r)| (*p, r.slot(), r.generation(), matches!(r, Record::Gone { .. })))
+            .collect();
+        // Peer 0's slot 1 generation 1 came and went; peer 1's namesake and peer 0's next generation stay.
+        assert_eq!(
+            kept,
+            [(1, 1, 1, false), (0, 2, 1, false), (0, 1, 1, true), (0, 1, 2, false)]
+        );
+        // A Gone before its Added (of another batch's registration) drops nothing.
+        let kept = without_finished(vec![(0, gone(1, 1)), (0, added(1, 1))]);
+        assert_eq!(kept.len(), 2);
+    }
+
+    #[test]
     fn records_of_different_ranks_are_kept_apart() {
         let bs = job(3);
         publish(&bs[0], &added(4, 1)).unwrap();
@@ -1351,19 +1419,28 @@ mod tests {
             publish(&bs[0], &record).unwrap();
         }
         let (mut t, log) = table(1, 3);
-        assert_eq!(absorb_until(&mut t, &bs[1], 3), 3);
-        assert_eq!(t.resolve(0, 0, 2), Some(base_of(2) + 0x200), "generation 2 held");
+        absorb_until_held(&mut t, &bs[1], 0, 0, 2);
+        assert_eq!(
+            t.resolve(0, 0, 2),
+            Some(base_of(log.opened.borrow().len() as u64) + 0x200)
+        );
         assert_eq!(t.resolve(0, 0, 1), None);
-        assert_eq!(log.opened.borrow().len(), 2, "generation 1 opened, then 2");
-        assert_eq!(closed(&log), [1], "generation 1 closed by its Gone");
-        // A Gone pushed before the Added of its generation leaves it held; after it, it goes.
-        for record in [gone(1, 1), added(1, 1), added(2, 1), gone(2, 1)] {
+        // Generation 1 was opened and closed by its Gone, or, taken in one batch with its Gone, never opened.
+        match log.opened.borrow().len() {
+            2 => assert_eq!(closed(&log), [1], "generation 1 closed by its Gone"),
+            n => assert_eq!((n, closed(&log)), (1, vec![])),
+        }
+        // A Gone pushed before the Added of its generation leaves it held; after it, it goes. The last
+        // record (slot 5) says when all have been taken.
+        for record in [gone(1, 1), added(1, 1), added(2, 1), gone(2, 1), added(5, 1)] {
             publish(&bs[0], &record).unwrap();
         }
-        assert_eq!(absorb_until(&mut t, &bs[1], 4), 4);
+        absorb_until_held(&mut t, &bs[1], 0, 5, 1);
         assert!(t.resolve(0, 1, 1).is_some());
         assert_eq!(t.resolve(0, 2, 1), None);
-        assert_eq!(closed(&log), [1, 4]);
+        assert_eq!(t.device_entries().len(), 3, "slots 0, 1 and 5");
+        let open = log.opened.borrow().len() - closed(&log).len();
+        assert_eq!(open, 3, "every mapping but the held ones closed");
     }
 
     #[test]
