@@ -265,7 +265,12 @@ pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u6
         // The most blocks: as many as the 128 of MAX_BLOCKS on two H100s over NVLink (2026-11-26, against
         // 32 and 64 before): a packet all-reduce of 1 MiB 9.8 us instead of 13.8, copies of 1 GiB 5-7 %
         // faster (all-reduce 278 GB/s instead of 263, all-gather 527 instead of 495).
-        Protocol::Packet => (8u64, 2u64, 128u64),
+        // One packet per thread, not two: below 512 KiB twice the blocks, so more SMs write into the link
+        // at once (two H100s, 2026-11-27, graphs: all-reduce f32 16 KiB 3.64 us instead of 4.24-4.29,
+        // 64 KiB 3.96 instead of 4.73; reduce-scatter 64 KiB 4.06 instead of 5.13; the same from 1 MiB).
+        // Blocks of 128 threads (four times the blocks) gained 0.05-0.07 us more up to 64 KiB and lost from
+        // 256 KiB (all-reduce 1 MiB 12.8 us).
+        Protocol::Packet => (8u64, 1u64, 128u64),
         Protocol::Copy => (16, 1, 128),
     };
     // The units one block's part is cut from: all-reduce's copy algorithm splits each shard among the
@@ -372,6 +377,15 @@ mod tests {
         );
         assert_eq!(
             grid(Collective::AllReduce, Protocol::Copy, 2, 1 << 30, MAX_BLOCKS).0,
+            128
+        );
+        // A packet per thread: 64 KiB of all-reduce is 8192 packets, 16 blocks of 512 threads.
+        assert_eq!(
+            grid(Collective::AllReduce, Protocol::Packet, 2, 64 << 10, MAX_BLOCKS),
+            (16, 512)
+        );
+        assert_eq!(
+            grid(Collective::AllReduce, Protocol::Packet, 2, 1 << 20, MAX_BLOCKS).0,
             128
         );
     }
