@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, pointer_info};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// What a registration was made by: each face's deregistration accepts its own kind only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +84,8 @@ impl Registration {
 #[derive(Default)]
 pub struct Registrations {
     entries: Mutex<HashMap<u64, Registration>>,
+    /// Stale registrations already reported: each gets one WARN line, not one per call that meets it.
+    reported_stale: Mutex<HashSet<u64>>,
 }
 
 /// Checks the arguments every registration takes, naming them as both faces' headers do.
@@ -165,6 +167,7 @@ impl Registrations {
                 )));
             }
         }
+        self.reported_stale.lock().remove(&token);
         Ok(entries.remove(&token).expect("checked above under the same lock"))
     }
 
@@ -188,37 +191,40 @@ impl Registrations {
             .iter()
             .find(|(_, r)| r.holds(ptr, len))
             .map(|(t, r)| (*t, *r))?;
-        match query(ptr, len as u64) {
+        let why = match query(ptr, len as u64) {
             Ok(now) if now.buffer_id == found.allocation.buffer_id && now.base == found.allocation.base => {
-                Some((token, found))
+                return Some((token, found));
             }
-            Ok(now) => {
-                log::warn!(
-                    "{} {token:#x} of {} bytes at {:#x} is stale: the memory there is now another allocation \
-                     (buffer id {} where {} was registered); it is not used, deregister it",
-                    found.kind.noun(),
-                    found.len,
-                    found.ptr,
-                    now.buffer_id,
-                    found.allocation.buffer_id
-                );
-                None
-            }
-            Err(e) => {
-                log::warn!(
-                    "{} {token:#x} of {} bytes at {:#x} is stale: {}; it is not used, deregister it",
-                    found.kind.noun(),
-                    found.len,
-                    found.ptr,
-                    e.message
-                );
-                None
-            }
-        }
+            Ok(now) => format!(
+                "the memory there is now another allocation (buffer id {} where {} was registered)",
+                now.buffer_id, found.allocation.buffer_id
+            ),
+            Err(e) => e.message,
+        };
+        let level = if self.first_report_of_stale(token) {
+            log::Level::Warn
+        } else {
+            log::Level::Debug
+        };
+        log::log!(
+            level,
+            "{} {token:#x} of {} bytes at {:#x} is stale: {why}; it is not used, deregister it",
+            found.kind.noun(),
+            found.len,
+            found.ptr
+        );
+        None
+    }
+
+    /// Whether `token`'s staleness is reported for the first time (then at WARN; later calls that meet it
+    /// at DEBUG, so that a loop of calls does not repeat the line).
+    fn first_report_of_stale(&self, token: u64) -> bool {
+        self.reported_stale.lock().insert(token)
     }
 
     /// Forgets every registration (the communicator's destroy); returns how many there were.
     pub fn clear(&self) -> usize {
+        self.reported_stale.lock().clear();
         let mut entries = self.entries.lock();
         let n = entries.len();
         entries.clear();
@@ -339,5 +345,22 @@ mod tests {
         assert_eq!(r.len(), 1, "a stale entry stays until it is deregistered");
         assert_eq!(r.clear(), 1);
         assert!(r.lookup_with(0x10_0000, 64, same).is_none());
+    }
+
+    #[test]
+    fn a_stale_registration_is_reported_once_until_it_goes() {
+        let r = Registrations::default();
+        let token = r.insert(entry(0x10_0000, 4096, Kind::Buffer));
+        let moved = |_, _| Ok(allocation(8));
+        assert!(r.lookup_with(0x10_0000, 64, moved).is_none());
+        assert!(!r.first_report_of_stale(token), "the first lookup reported it");
+        assert!(r.lookup_with(0x10_0000, 64, moved).is_none());
+        assert_eq!(r.reported_stale.lock().len(), 1);
+        // Deregistered, its token is forgotten; a live registration is never reported.
+        r.deregister(token, Kind::Buffer, "handle").unwrap();
+        assert!(r.reported_stale.lock().is_empty());
+        r.insert(entry(0x10_0000, 4096, Kind::Buffer));
+        assert!(r.lookup_with(0x10_0000, 64, |_, _| Ok(allocation(7))).is_some());
+        assert!(r.reported_stale.lock().is_empty());
     }
 }
