@@ -122,6 +122,7 @@ if part sanitizer; then
   sanitized sanitizer_zerocopy_8 500 5 "$bin_dir/collectives_test" zerocopy_small 8
   # The copy engine's fences and copies (eager all-gathers and broadcasts) on registered pools.
   sanitized sanitizer_copyengine 500 5 "$bin_dir/collectives_test" copyengine_small 2
+  sanitized sanitizer_copyengine_8 500 5 "$bin_dir/collectives_test" copyengine_small 8
 fi
 
 # NCCL's API (build/lib/nccl/libnccl.so.2): its own runner (the C test at 2 and 4 ranks and its main group under
