@@ -1,7 +1,8 @@
 //! Zero-copy collectives, the host side: which calls try them, the descriptors of a call's own buffers,
 //! and the table of the peers' registrations the kernels look descriptors up in. The device side is
 //! `kernels/collectives/zero_copy.cuh`, the design `docs/ZERO_COPY.md`, the mappings' bookkeeping
-//! `peer_buffers.rs`.
+//! `peer_buffers.rs`; eager all-gathers and broadcasts may go by the copy engine first (`copy_engine.rs`),
+//! which reads the same table through `ZeroCopy::resolve`.
 //!
 //! A call tries zero-copy on every rank or on none: the choice here depends only on what every rank of the
 //! call shares (collective, operator, ranks, size, placement, `MSCCLPP_COLL_ALGO`), never on this rank's
