@@ -190,6 +190,10 @@ mod tests {
         assert!(!attempt(Collective::AllGather, None, 2, several, 1 << 30, Choice::Auto));
         assert!(attempt(Collective::AllGather, None, 2, one, 1 << 30, Choice::Auto));
         assert!(attempt(Collective::AllGather, None, 4, several, 1, Choice::ZeroCopy));
+        // Forcing the copy engine forces the kernels too, for what the copy engine does not take (all-reduce,
+        // reduce-scatter, captured calls, calls some rank cannot go by it).
+        assert!(attempt(Collective::AllReduce, sum, 2, several, 1, Choice::CopyEngine));
+        assert!(attempt(Collective::AllGather, None, 2, several, 1, Choice::CopyEngine));
         let copy = Choice::Force(Protocol::Copy);
         assert!(!attempt(Collective::AllGather, None, 4, one, 1 << 30, copy));
         assert!(!attempt(Collective::AllReduce, sum, 1, one, 1 << 30, Choice::ZeroCopy));
