@@ -43,7 +43,7 @@ pub use p2p::{P2pKind, P2pOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
-use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
+use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture};
 use crate::registration::{Registration, Registrations};
 use algorithm::{Choice, Protocol};
 use copy_engine::SideStreams;
@@ -303,7 +303,7 @@ impl Collectives {
         } else {
             algorithm::Placement::SeveralGpus
         };
-        if copy_engine::attempt(call.collective, nranks, placement, message, ready.choice, capturing)
+        if copy_engine::attempt(call.collective, nranks, message, ready.choice, capturing)
             && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
         {
             self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);
@@ -367,12 +367,8 @@ impl Collectives {
                 .transpose()?;
             ready.kernels.get(base_name, call.op, call.datatype, threads)?
         };
-        let own = self.own.lock();
-        let describe =
-            |ptr, len| zero_copy::descriptor(ptr, len, |p, l| registrations.lookup(p, l), |token| own.get(token));
-        let (zc_send_tag, zc_send_offset) = describe(base.send, sizes.send);
-        let (zc_recv_tag, zc_recv_offset) = describe(base.recv, sizes.recv);
-        drop(own);
+        let (zc_send_tag, zc_send_offset) = self.descriptor(registrations, base.send, sizes.send);
+        let (zc_recv_tag, zc_recv_offset) = self.descriptor(registrations, base.recv, sizes.recv);
         let args = KernelArgs {
             bytes: sizes.piece,
             zc_send_tag,
@@ -395,6 +391,13 @@ impl Collectives {
         unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
+    /// This rank's descriptor of `[ptr, ptr + len)` for the peers (`zero_copy::descriptor`): its exported
+    /// registration's tag and the offset into it, or (0, 0).
+    fn descriptor(&self, registrations: &Registrations, ptr: DevicePtr, len: u64) -> (u64, u64) {
+        let own = self.own.lock();
+        zero_copy::descriptor(ptr, len, |p, l| registrations.lookup(p, l), |token| own.get(token))
+    }
+
     /// The copy-engine path of an eager call (`copy_engine.rs`): agrees with every rank on it and, if all
     /// can, queues the fences and the copies. `false`: some rank cannot reach an output it writes, nothing
     /// was queued, and the call goes on by the other paths.
@@ -411,15 +414,7 @@ impl Collectives {
         base: &KernelArgs,
     ) -> Result<bool> {
         ready.zero_copy.refresh(bootstrap, gpu, false)?;
-        let own = {
-            let own = self.own.lock();
-            zero_copy::descriptor(
-                base.recv,
-                sizes.recv,
-                |p, l| registrations.lookup(p, l),
-                |token| own.get(token),
-            )
-        };
+        let own = self.descriptor(registrations, base.recv, sizes.recv);
         let zero_copy = &ready.zero_copy;
         let root = call.root;
         let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.recv, |peer, tag, offset| {
