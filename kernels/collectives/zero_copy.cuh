@@ -156,54 +156,87 @@ __device__ __forceinline__ bool zcSkipped(const CollArgs& a)
   const uint64_t epoch = collBegin(a);                                  \
   const ZcPlan plan = zcAgree<needs>(a, epoch, inputs, outputs);
 
-// Every zero-copy algorithm pulls: a rank reads the peers' buffers and writes only its own. Measured on one
-// H100 with 2 ranks under MPS (docs/PERFORMANCE.md, zero-copy), writing into the peers' buffers through
-// their mappings moved 1.6-1.7 TB/s of memory traffic where reading them moved 2.2-2.3. Handling several
-// units per thread at once (4 loads in flight) measured 6-16 % slower, so each thread takes one at a time.
+// How the units are spread: grid-stride, every block's threads on neighbouring units, so that at any
+// moment the whole launch streams through one region of each buffer. Measured on one H100 with 2 ranks
+// under MPS (docs/PERFORMANCE.md, zero-copy, the layout), a contiguous part per block instead (one stream
+// per block, 128 far apart) moved 2.25-2.38 TB/s of memory traffic where the grid-stride moved 2.85-2.99,
+// the copy engine's 3.02. With the grid-stride, writes into a peer's buffer through its mapping move as much
+// as reads of it, so all-reduce pushes its reduced shard (4 N of traffic instead of two pulls' 5 N); several
+// units per thread at once (2, 4 or 8, with the registers for them) moved no more. The whole, aligned units
+// go by plain 16-byte loads and stores, without the checks of a partial or unaligned unit (which cost 7-9 %
+// of the traffic there).
+template <bool B>
+struct ZcWhole {
+  static constexpr bool value = B;
+};
 
-// This block's units of a piece cut like every rank's (blockRange of `total`), one per thread at a time.
-template <typename Step>
-__device__ __forceinline__ void zcUnits(uint64_t total, Step step)
+// Unit `unit` of a buffer of `bytes`: a whole, aligned one directly, any other byte by byte.
+template <typename Whole>
+__device__ __forceinline__ uint4 zcLoad(const char* base, uint64_t unit, uint64_t bytes)
 {
-  const UnitRange part = blockRange(total, blockIdx.x, gridDim.x);
-  for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) step(j);
+  if constexpr (Whole::value) return reinterpret_cast<const uint4*>(base)[unit];
+  else return loadUnit<uint4>(base, unit, bytes, false);
 }
 
-// All-reduce in two pulls. 1: rank r reduces shard r of every rank's input, in rank order (every rank gets
-// the same bits), into its own output. 2: after every rank's block has done its part of step 1, it copies
-// every other shard from its owner's output. In place is safe: in step 1 only shard r's owner reads shard r
-// of any input, and a shard is overwritten in step 2 only after its owner read it in step 1. PreMulSum is
-// not taken here (a rank would scale a peer's input by its own scalar): src/collective/zero_copy.rs.
+template <typename Whole>
+__device__ __forceinline__ void zcStore(char* base, uint64_t unit, uint64_t bytes, uint4 v)
+{
+  if constexpr (Whole::value) reinterpret_cast<uint4*>(base)[unit] = v;
+  else storeUnit<uint4>(base, unit, bytes, false, v);
+}
+
+// `step(j, whole)` for each of this block's units j < `total`; `whole` is ZcWhole<true> for j < `wholeUnits`
+// (units that are whole and aligned), ZcWhole<false> after.
+template <typename Step>
+__device__ __forceinline__ void zcUnits(uint64_t total, uint64_t wholeUnits, Step step)
+{
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const uint64_t whole = wholeUnits < total ? wholeUnits : total;
+  uint64_t j = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; j < whole; j += stride) step(j, ZcWhole<true>());
+  for (; j < total; j += stride) step(j, ZcWhole<false>());
+}
+
+// The units of a buffer of `bytes` that are whole and, if every buffer is aligned, go directly.
+__device__ __forceinline__ uint64_t zcWholeUnits(const ZcPlan& plan, uint64_t bytes)
+{
+  return plan.aligned ? bytes / 16 : 0;
+}
+
+// All-reduce in one pass: rank r reduces shard r of every rank's input, in rank order, and writes the sum
+// into shard r of every rank's output (its own last), so each byte is read once and written once where it
+// lands. Every rank's output gets the same bits (one rank computes each shard). In place is safe: shard r
+// of any input is read, and of any output written, only by rank r, each unit by one thread that reads it
+// before writing it. PreMulSum is not taken here (a rank would scale a peer's input by its own scalar):
+// src/collective/zero_copy.rs.
 template <typename T, typename Op>
 __device__ void allreduceZc(const CollArgs& a)
 {
   MSCCLPP_ZC_BEGIN(ZcPeerInputs | ZcPeerOutputs)
   if (plan.go) {
-    const uint64_t units = unitsOf(a.bytes, 16);
-    const uint64_t shard = (units + a.nranks - 1) / a.nranks;
-    const PreOp<T, Op> pre(a);
-    zcUnits(shard, [&](uint64_t j) {
-      const uint64_t u = a.rank * shard + j;
-      if (u >= units) return;
-      uint4 acc;
-      for (uint32_t r = 0; r < a.nranks; r++) {
-        const uint4 v = pre(loadUnit<uint4>(reinterpret_cast<const char*>(inputs[r]), u, a.bytes, plan.aligned));
-        acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+    const uint64_t bytes = a.bytes;
+    const uint32_t nranks = a.nranks;
+    const uint64_t units = unitsOf(bytes, 16);
+    const uint64_t shard = (units + nranks - 1) / nranks;
+    // This rank's shard: units [first, first + mine), the first `whole` of them whole and aligned.
+    const uint64_t first = a.rank * shard;
+    const uint64_t left = first < units ? units - first : 0;
+    const uint64_t mine = left < shard ? left : shard;
+    const uint64_t wholeUnits = zcWholeUnits(plan, bytes);
+    const uint64_t whole = wholeUnits > first ? wholeUnits - first : 0;
+    zcUnits(mine, whole, [&](uint64_t j, auto w) {
+      using W = decltype(w);
+      const uint64_t u = first + j;
+      uint4 acc = zcLoad<W>(reinterpret_cast<const char*>(inputs[0]), u, bytes);
+      for (uint32_t r = 1; r < nranks; r++) {
+        acc = reduceUnit<T, Op>(acc, zcLoad<W>(reinterpret_cast<const char*>(inputs[r]), u, bytes));
       }
-      storeUnit<uint4>(a.recv, u, a.bytes, plan.aligned, finishUnit<T, Op>(acc, a.nranks));
+      acc = finishUnit<T, Op>(acc, nranks);
+      for (uint32_t k = 0, r = a.rank; k < nranks; k++) {
+        r = r + 1 == nranks ? 0 : r + 1;
+        zcStore<W>(reinterpret_cast<char*>(outputs[r]), u, bytes, acc);
+      }
     });
-    // Block b of every rank handles the same units of every shard, so it waits for its namesakes alone.
-    collSignal(a, epoch, 1);
-    if (collWait(a, epoch, 1)) {
-      for (uint32_t k = 1; k < a.nranks; k++) {
-        const uint32_t owner = (a.rank + k) % a.nranks;
-        const char* reduced = reinterpret_cast<const char*>(outputs[owner]);
-        zcUnits(shard, [&](uint64_t j) {
-          const uint64_t u = owner * shard + j;
-          if (u < units) storeUnit<uint4>(a.recv, u, a.bytes, plan.aligned, loadUnit<uint4>(reduced, u, a.bytes, plan.aligned));
-        });
-      }
-    }
     zcFinish(a, epoch);
   }
   collEnd(a, epoch);
@@ -219,8 +252,9 @@ __device__ void allgatherZc(const CollArgs& a)
       const char* source = reinterpret_cast<const char*>(inputs[r]);
       char* piece = a.recv + r * a.strideBytes;
       if (piece == source) continue;
-      zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
-        storeUnit<uint4>(piece, j, a.bytes, plan.aligned, loadUnit<uint4>(source, j, a.bytes, plan.aligned));
+      zcUnits(unitsOf(a.bytes, 16), zcWholeUnits(plan, a.bytes), [&](uint64_t j, auto w) {
+        using W = decltype(w);
+        zcStore<W>(piece, j, a.bytes, zcLoad<W>(source, j, a.bytes));
       });
     }
     zcFinish(a, epoch);
@@ -235,15 +269,15 @@ __device__ void reducescatterZc(const CollArgs& a)
   MSCCLPP_ZC_BEGIN(ZcPeerInputs)
   if (plan.go) {
     const uint64_t piece = a.rank * a.strideBytes;
-    const PreOp<T, Op> pre(a);
-    zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
-      uint4 acc;
-      for (uint32_t r = 0; r < a.nranks; r++) {
-        const char* source = reinterpret_cast<const char*>(inputs[r]) + piece;
-        const uint4 v = pre(loadUnit<uint4>(source, j, a.bytes, plan.aligned));
-        acc = r == 0 ? v : reduceUnit<T, Op>(acc, v);
+    const uint64_t bytes = a.bytes;
+    const uint32_t nranks = a.nranks;
+    zcUnits(unitsOf(bytes, 16), zcWholeUnits(plan, bytes), [&](uint64_t j, auto w) {
+      using W = decltype(w);
+      uint4 acc = zcLoad<W>(reinterpret_cast<const char*>(inputs[0]) + piece, j, bytes);
+      for (uint32_t r = 1; r < nranks; r++) {
+        acc = reduceUnit<T, Op>(acc, zcLoad<W>(reinterpret_cast<const char*>(inputs[r]) + piece, j, bytes));
       }
-      storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, finishUnit<T, Op>(acc, a.nranks));
+      zcStore<W>(a.recv, j, bytes, finishUnit<T, Op>(acc, nranks));
     });
     zcFinish(a, epoch);
   }
@@ -257,8 +291,9 @@ __device__ void broadcastZc(const CollArgs& a)
   if (plan.go) {
     const char* source = reinterpret_cast<const char*>(inputs[a.root]);
     if (source != a.recv) {
-      zcUnits(unitsOf(a.bytes, 16), [&](uint64_t j) {
-        storeUnit<uint4>(a.recv, j, a.bytes, plan.aligned, loadUnit<uint4>(source, j, a.bytes, plan.aligned));
+      zcUnits(unitsOf(a.bytes, 16), zcWholeUnits(plan, a.bytes), [&](uint64_t j, auto w) {
+        using W = decltype(w);
+        zcStore<W>(a.recv, j, a.bytes, zcLoad<W>(source, j, a.bytes));
       });
     }
     zcFinish(a, epoch);
