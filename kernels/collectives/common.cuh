@@ -36,15 +36,14 @@ struct CollArgs {
   // Zero-copy (zero_copy.cuh). This rank's input and output as its peers name them: a tag (bit 63 set,
   // the registration's slot in bits 32-62, its generation in bits 0-31; 0 when not registered) and the
   // offset into that registration. `zcTable`: the peers' registrations mapped here ([peer][slot] of
-  // {generation, address}, in host memory the host rewrites). `zcGuard`: non-zero on a scratch launch
-  // that follows the zero-copy launch of the same call; it does nothing if that one moved the data.
+  // {generation, address}, in host memory the host rewrites). `zcWindow`: the bytes of a window of the
+  // scratch algorithm, which the kernel falls back to where the vote says no.
   uint64_t zcSendTag;
   uint64_t zcSendOffset;
   uint64_t zcRecvTag;
   uint64_t zcRecvOffset;
   const volatile uint64_t* zcTable;
-  uint32_t zcGuard;
-  uint32_t zcReserved;
+  uint64_t zcWindow;
 };
 
 // The words of `CollArgs::state`: the epoch of the last call and the blocks done with the current one
@@ -92,6 +91,9 @@ __device__ __forceinline__ void collEnd(const CollArgs& a, uint64_t epoch)
     const unsigned long long done = atomicAdd(reinterpret_cast<unsigned long long*>(&a.state[1]), 1ull);
     if (done == gridDim.x - 1) {
       a.state[1] = 0;
+      // The count is reset before any block sees the epoch done (a zero-copy kernel's fallback starts its next
+      // window, and its count, as soon as it does).
+      __threadfence();
       *reinterpret_cast<volatile uint64_t*>(&a.state[0]) = epoch;
       __threadfence();
     }

@@ -26,18 +26,20 @@
 #define MSCCLPP_COLL_THREADS 1024
 
 // `bounds`: the kernel's __launch_bounds__.
-#define MSCCLPP_KERNEL_BOUNDED(name, body, bounds)                              \
-  extern "C" __global__ void bounds mscclpp_##name(CollArgs args)              \
-  {                                                                             \
-    if (zcSkipped(args)) return;                                                \
-    body(args);                                                                 \
+#define MSCCLPP_KERNEL_BOUNDED(name, body, bounds)                 \
+  extern "C" __global__ void bounds mscclpp_##name(CollArgs args) \
+  {                                                                \
+    body(args);                                                    \
   }
 #define MSCCLPP_KERNEL(name, body) MSCCLPP_KERNEL_BOUNDED(name, body, __launch_bounds__(MSCCLPP_COLL_THREADS))
-// The zero-copy kernels may take the registers of one block per multiprocessor (nvcc otherwise keeps some
-// of them to 32, two blocks, with spills): measured on one H100 with 2 ranks under MPS (docs/PERFORMANCE.md,
-// zero-copy), graphs of 1 GiB: broadcast 1347 us instead of 1499, reduce-scatter 1236 instead of 1292.
-#define MSCCLPP_ZC_KERNEL(name, body) \
-  MSCCLPP_KERNEL_BOUNDED(name, body, __launch_bounds__(MSCCLPP_COLL_THREADS, 1))
+// The zero-copy kernels, with the blocks each multiprocessor must hold (`resident`; nvcc caps the registers
+// to fit them). They run the scratch code too where the vote says no, and the scratch code wants two
+// blocks, the zero-copy loops one (with the registers to spare; two blocks spill). Measured on one H100 with 2
+// ranks under MPS (docs/PERFORMANCE.md, zero-copy), graphs of 1 GiB, one block / two: all-reduce f32
+// registered 1541 / 1580 us, unregistered 3735 / 4131; reduce-scatter 1135 / 1224, 2215 / 2314; all-gather
+// 1510 / 1536, 2201 / 2273; broadcast 1248 / 1396, 2612 / 2281: broadcast takes two, the others one.
+#define MSCCLPP_ZC_KERNEL(name, body, resident) \
+  MSCCLPP_KERNEL_BOUNDED(name, body, __launch_bounds__(MSCCLPP_COLL_THREADS, resident))
 
 #define MSCCLPP_REDUCING_KERNELS_OP(tname, T, oname, Op)                              \
   MSCCLPP_KERNEL(allreduce_packet_##oname##_##tname, (allreducePacket<T, Op>))         \
@@ -47,8 +49,8 @@
 
 // The zero-copy kernels of an operator (every operator but PreMulSum: zero_copy.cuh).
 #define MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, oname, Op)                    \
-  MSCCLPP_ZC_KERNEL(allreduce_zc_##oname##_##tname, (allreduceZc<T, Op>))      \
-  MSCCLPP_ZC_KERNEL(reducescatter_zc_##oname##_##tname, (reducescatterZc<T, Op>))
+  MSCCLPP_ZC_KERNEL(allreduce_zc_##oname##_##tname, (allreduceZc<T, Op>), 1)   \
+  MSCCLPP_ZC_KERNEL(reducescatter_zc_##oname##_##tname, (reducescatterZc<T, Op>), 1)
 
 #define MSCCLPP_REDUCING_KERNELS(tname, T)                        \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)               \
@@ -69,8 +71,8 @@
   MSCCLPP_KERNEL(allgather_copy, allgatherCopy)     \
   MSCCLPP_KERNEL(broadcast_packet, broadcastPacket) \
   MSCCLPP_KERNEL(broadcast_copy, broadcastCopy)     \
-  MSCCLPP_ZC_KERNEL(allgather_zc, allgatherZc)      \
-  MSCCLPP_ZC_KERNEL(broadcast_zc, broadcastZc)      \
+  MSCCLPP_ZC_KERNEL(allgather_zc, allgatherZc, 1)   \
+  MSCCLPP_ZC_KERNEL(broadcast_zc, broadcastZc, 2)   \
   MSCCLPP_KERNEL(ce_fence, ceFence)                 \
   MSCCLPP_KERNEL(alltoall_packet, alltoallPacket)   \
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \

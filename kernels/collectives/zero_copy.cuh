@@ -6,18 +6,20 @@
 //    into every peer's scratch, reads the peers' and looks each up in the table of the peers' registrations
 //    mapped here (`zcTable`, host memory the host rewrites as records arrive).
 // 2. It writes its vote (it found every buffer it needs) to every peer and reads theirs. Every rank reads
-//    the same votes, so every rank decides alike: all yes, zero-copy; any no, nothing here, and the scratch
-//    launches that follow on the stream (`zcGuard`) move the data as they would have.
+//    the same votes, so every rank decides alike: all yes, zero-copy; any no, the same launch moves the
+//    data by the scratch algorithm (the fallback, below).
 // 3. Block 0 leaves the decision and the addresses in `state`; the other blocks wait for them there (every
 //    block of a launch is resident: src/collective/algorithm.rs, resident_share).
 // 4. The data moves; then each block tells every peer it is done with the peers' buffers and waits for
 //    theirs, so that no rank returns while a peer still reads its buffers.
-//
-// The decision word also tells the guarded scratch launches of the same call to skip their work.
 #pragma once
 
+#include "allgather_copy.cuh"
+#include "allreduce_rsag.cuh"
+#include "broadcast_copy.cuh"
 #include "packet.cuh"
 #include "reduce.cuh"
+#include "reducescatter_copy.cuh"
 
 // Registrations per rank the table holds (src/collective/peer_buffers.rs, MAX_SLOTS).
 #define MSCCLPP_ZC_SLOTS 64
@@ -139,17 +141,6 @@ __device__ __forceinline__ void zcFinish(const CollArgs& a, uint64_t epoch)
   collWait(a, epoch, 0);
 }
 
-// A scratch launch after a zero-copy one of the same call (`zcGuard`): whether that one moved the data, in
-// which case this launch only counts its epoch.
-__device__ __forceinline__ bool zcSkipped(const CollArgs& a)
-{
-  if (a.zcGuard == 0) return false;
-  const volatile uint64_t* state = a.state;
-  if ((state[MSCCLPP_STATE_ZC_DECISION] & 1) == 0) return false;
-  collEnd(a, collBegin(a));
-  return true;
-}
-
 #define MSCCLPP_ZC_BEGIN(needs)                                         \
   __shared__ uint64_t inputs[MSCCLPP_COLL_MAX_RANKS];                   \
   __shared__ uint64_t outputs[MSCCLPP_COLL_MAX_RANKS];                  \
@@ -203,6 +194,46 @@ __device__ __forceinline__ uint64_t zcWholeUnits(const ZcPlan& plan, uint64_t by
   return plan.aligned ? bytes / 16 : 0;
 }
 
+// ---- the fallback: the scratch algorithm, in the same launch --------------------------------------------
+// Where the vote says no, this launch runs the collective's scratch algorithm (`body`, the scratch kernel's
+// own code), window by window, each window its own epoch as if it were its own launch: the path the call
+// would have taken without registered buffers, in one launch instead of one per window. (Separate scratch
+// launches after the zero-copy one, each doing nothing where the vote said yes, cost every zero-copy call
+// about 5 us a window: 43 windows for a 1 GiB all-reduce with the default scratch, one H100, 2 ranks under
+// MPS, docs/PERFORMANCE.md.) Between windows every block of this rank waits until the last one has ended
+// the window (collEnd), as the next launch on the stream would; every block is resident, so this ends.
+__device__ __forceinline__ void zcWindowEnded(const CollArgs& a, uint64_t epoch)
+{
+  if (threadIdx.x == 0) {
+    while (*reinterpret_cast<volatile uint64_t*>(&a.state[MSCCLPP_STATE_EPOCH]) < epoch) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// A window's arguments live in shared memory: the scratch code reads them in its loops, which from a
+// thread's own copy (local memory) made the fallback 30 % slower than the scratch kernels.
+template <typename Body>
+__device__ void zcThroughScratch(const CollArgs& a, uint64_t epoch, Body body)
+{
+  __shared__ CollArgs window;
+  collEnd(a, epoch);
+  zcWindowEnded(a, epoch);
+  for (uint64_t offset = 0; offset < a.bytes; offset += a.zcWindow) {
+    if (threadIdx.x == 0) {
+      window = a;
+      window.send = a.send ? a.send + offset : nullptr;
+      window.recv = a.recv ? a.recv + offset : nullptr;
+      window.bytes = a.bytes - offset < a.zcWindow ? a.bytes - offset : a.zcWindow;
+    }
+    __syncthreads();
+    const uint64_t windowEpoch = collBegin(a);
+    body(window);
+    zcWindowEnded(a, windowEpoch);
+  }
+}
+
 // All-reduce in one pass: rank r reduces shard r of every rank's input, in rank order, and writes the sum
 // into shard r of every rank's output (its own last), so each byte is read once and written once where it
 // lands. Every rank's output gets the same bits (one rank computes each shard). In place is safe: shard r
@@ -238,8 +269,10 @@ __device__ void allreduceZc(const CollArgs& a)
       }
     });
     zcFinish(a, epoch);
+    collEnd(a, epoch);
+  } else {
+    zcThroughScratch(a, epoch, allreduceRsag<T, Op>);
   }
-  collEnd(a, epoch);
 }
 
 // All-gather: every rank copies every peer's input into that peer's place in its own output.
@@ -258,8 +291,10 @@ __device__ void allgatherZc(const CollArgs& a)
       });
     }
     zcFinish(a, epoch);
+    collEnd(a, epoch);
+  } else {
+    zcThroughScratch(a, epoch, allgatherCopy);
   }
-  collEnd(a, epoch);
 }
 
 // Reduce-scatter: rank r reduces piece r of every rank's input, in rank order, into its output.
@@ -280,8 +315,10 @@ __device__ void reducescatterZc(const CollArgs& a)
       zcStore<W>(a.recv, j, bytes, finishUnit<T, Op>(acc, nranks));
     });
     zcFinish(a, epoch);
+    collEnd(a, epoch);
+  } else {
+    zcThroughScratch(a, epoch, reducescatterCopy<T, Op>);
   }
-  collEnd(a, epoch);
 }
 
 // Broadcast: every rank copies the root's input into its output (the root too, unless in place).
@@ -297,6 +334,8 @@ __device__ void broadcastZc(const CollArgs& a)
       });
     }
     zcFinish(a, epoch);
+    collEnd(a, epoch);
+  } else {
+    zcThroughScratch(a, epoch, broadcastCopy);
   }
-  collEnd(a, epoch);
 }

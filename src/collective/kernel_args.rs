@@ -32,14 +32,13 @@ pub struct KernelArgs {
     pub scalar_ptr: DevicePtr,
     /// Zero-copy (`zero_copy.rs`): this rank's input and output as the peers name them (tag and offset
     /// into the registration; 0 and 0 when not registered), the table of the peers' registrations, and
-    /// the guard of a scratch launch that follows a zero-copy one of the same call.
+    /// the bytes of a window of the scratch algorithm the kernel falls back to where the vote says no.
     pub zc_send_tag: u64,
     pub zc_send_offset: u64,
     pub zc_recv_tag: u64,
     pub zc_recv_offset: u64,
     pub zc_table: DevicePtr,
-    pub zc_guard: u32,
-    pub zc_reserved: u32,
+    pub zc_window: u64,
 }
 
 /// Words of the kernels' state (`CollArgs::state`, the `STATE_` words of common.cuh): the epoch, the blocks
@@ -143,7 +142,7 @@ mod tests {
         assert_eq!(offset_of!(KernelArgs, zc_send_tag), 96 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, zc_recv_offset), 120 + 8 * MAX_RANKS);
         assert_eq!(offset_of!(KernelArgs, zc_table), 128 + 8 * MAX_RANKS);
-        assert_eq!(offset_of!(KernelArgs, zc_guard), 136 + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(KernelArgs, zc_window), 136 + 8 * MAX_RANKS);
         assert_eq!(size_of::<KernelArgs>(), 144 + 8 * MAX_RANKS);
     }
 

@@ -310,7 +310,9 @@ impl Collectives {
             return Ok(());
         }
         if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
-            self.launch_zero_copy(
+            // One launch, whatever the vote: where it says no, the same kernel runs the scratch algorithm,
+            // window by window (zero_copy.cuh, the fallback).
+            return self.launch_zero_copy(
                 bootstrap,
                 ready,
                 gpu,
@@ -320,9 +322,7 @@ impl Collectives {
                 stream,
                 registrations,
                 &args,
-            )?;
-            // The scratch launches below move the data only if the vote said no.
-            args.zc_guard = 1;
+            );
         }
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
             args.send = if send == 0 { 0 } else { send + offset };
@@ -369,6 +369,7 @@ impl Collectives {
         };
         let (zc_send_tag, zc_send_offset) = self.descriptor(registrations, base.send, sizes.send);
         let (zc_recv_tag, zc_recv_offset) = self.descriptor(registrations, base.recv, sizes.recv);
+        let nranks = bootstrap.nranks();
         let args = KernelArgs {
             bytes: sizes.piece,
             zc_send_tag,
@@ -376,10 +377,9 @@ impl Collectives {
             zc_recv_tag,
             zc_recv_offset,
             zc_table: ready.zero_copy.table_ptr(),
-            zc_guard: 0,
+            zc_window: algorithm::window_bytes(call.collective, Protocol::Copy, nranks, ready.scratch.copy_bytes),
             ..*base
         };
-        let nranks = bootstrap.nranks();
         let (blocks, threads) =
             algorithm::grid(call.collective, Protocol::Copy, nranks, sizes.piece, loaded.max_blocks);
         // The vote is made by block 0 with one thread per rank.

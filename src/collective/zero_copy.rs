@@ -6,8 +6,8 @@
 //!
 //! A call tries zero-copy on every rank or on none: the choice here depends only on what every rank of the
 //! call shares (collective, operator, ranks, size, placement, `MSCCLPP_COLL_ALGO`), never on this rank's
-//! registrations. The kernels then vote on whether every rank reaches every buffer; the scratch launches
-//! that follow on the stream move the data when the vote says no.
+//! registrations. The kernels then vote on whether every rank reaches every buffer; when the vote says no,
+//! the same launch runs the scratch algorithm the call would have taken.
 
 use super::algorithm::{Choice, Placement, zero_copy_from};
 use super::kernel_args::MAX_RANKS;
@@ -22,7 +22,8 @@ use std::sync::atomic::{Ordering, fence};
 /// Bytes of the device-visible table: `[peer][slot]` of {generation, address}, 64 bits each.
 pub const TABLE_BYTES: usize = MAX_RANKS * MAX_SLOTS * 16;
 
-/// Whether a call tries the zero-copy path (its kernel votes, then the scratch launches follow, guarded):
+/// Whether a call tries the zero-copy path (one launch: its kernel votes, then moves the data directly or,
+/// where the vote says no, by the scratch algorithm):
 /// `Choice::Auto` from the sizes of `algorithm::zero_copy_from`, `Choice::ZeroCopy` at every size.
 /// PreMulSum never does: a rank reading a peer's input would scale it by its own scalar.
 pub fn attempt(
