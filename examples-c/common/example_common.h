@@ -4,7 +4,8 @@
 // Not a library interface: each example includes it as "../common/example_common.h". The GPU tests and
 // the benchmarks share it too, through case_runner.h beside it. Some of them are also built against the
 // MSCCL++ 0.1.0 header, so nothing here may need more than that header has (see epochReached()).
-// bench/proxy_floor.cu and bench/peer_copy_ceiling.cu use none of it: they measure without the library.
+// bench/proxy_floor.cu, bench/peer_copy_ceiling.cu and bench/memory_traffic.cu use none of it: they measure
+// without the library.
 #ifndef MSCCLPP_EXAMPLE_COMMON_H_
 #define MSCCLPP_EXAMPLE_COMMON_H_
 
