@@ -11,7 +11,7 @@
 // 3. Block 0 leaves the decision and the addresses in `state`; the other blocks wait for them there (every
 //    block of a launch is resident: src/collective/algorithm.rs, resident_share).
 // 4. The data moves; then each block tells every peer it is done with the peers' buffers and waits for
-//    theirs, so that no rank returns while a peer still reads its buffers.
+//    theirs, so that no rank returns while a peer still reads or writes its buffers.
 #pragma once
 
 #include "allgather_copy.cuh"
