@@ -5,7 +5,7 @@
 use super::algorithm::resident_share;
 use super::{DataType, RedOp};
 use crate::error::{Error, Result};
-use crate::gpu::{GpuContext, Kernel, Module};
+use crate::gpu::{GpuContext, Kernel, Module, RelaxedCapture};
 use std::collections::HashMap;
 
 mod embedded {
@@ -86,6 +86,22 @@ impl LoadedKernels {
     /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`).
     pub fn needs_loading(&self, base: &'static str, op: Option<RedOp>, datatype: DataType) -> bool {
         !self.kernels.contains_key(&key(base, op, datatype))
+    }
+
+    /// `get`, from a launch path that may be capturing a graph: a first kernel of its type loads a module,
+    /// which a capture allows only in the relaxed mode, entered for the load alone.
+    pub fn get_capturing(
+        &mut self,
+        capturing: bool,
+        base: &'static str,
+        op: Option<RedOp>,
+        datatype: DataType,
+        threads: u32,
+    ) -> Result<LoadedKernel> {
+        let _relaxed = (capturing && self.needs_loading(base, op, datatype))
+            .then(RelaxedCapture::enter)
+            .transpose()?;
+        self.get(base, op, datatype, threads)
     }
 
     /// The kernel of an algorithm for an operator and type, loading its module first if needed; its

@@ -255,23 +255,6 @@ impl Collectives {
 
         let message = call.collective.message(sizes.piece, nranks);
         let protocol = algorithm::choose(call.collective, nranks, message, ready.choice);
-        let base = algorithm::kernel_base(call.collective, protocol);
-        let loaded = {
-            // A first kernel of its type loads a module, which a capture allows only in the relaxed mode.
-            let _relaxed = (capturing && ready.kernels.needs_loading(base, call.op, call.datatype))
-                .then(RelaxedCapture::enter)
-                .transpose()?;
-            ready
-                .kernels
-                .get(base, call.op, call.datatype, algorithm::threads(protocol))?
-        };
-        let max_blocks = loaded.max_blocks;
-
-        let area = match protocol {
-            Protocol::Packet => ready.scratch.packet_bytes,
-            Protocol::Copy => ready.scratch.copy_bytes,
-        };
-        let window = algorithm::window_bytes(call.collective, protocol, nranks, area);
         let stride = if call.collective.per_rank_pieces() {
             sizes.piece
         } else {
@@ -324,6 +307,14 @@ impl Collectives {
                 &args,
             );
         }
+        // The scratch algorithm, a launch per window.
+        let base = algorithm::kernel_base(call.collective, protocol);
+        let loaded =
+            ready
+                .kernels
+                .get_capturing(capturing, base, call.op, call.datatype, algorithm::threads(protocol))?;
+        let max_blocks = loaded.max_blocks;
+        let window = ready.scratch.window(call.collective, protocol, nranks);
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
             args.send = if send == 0 { 0 } else { send + offset };
             args.recv = if recv == 0 { 0 } else { recv + offset };
@@ -361,12 +352,9 @@ impl Collectives {
         }
         let base_name = zero_copy::kernel_base(call.collective);
         let threads = algorithm::threads(Protocol::Copy);
-        let loaded = {
-            let _relaxed = (capturing && ready.kernels.needs_loading(base_name, call.op, call.datatype))
-                .then(RelaxedCapture::enter)
-                .transpose()?;
-            ready.kernels.get(base_name, call.op, call.datatype, threads)?
-        };
+        let loaded = ready
+            .kernels
+            .get_capturing(capturing, base_name, call.op, call.datatype, threads)?;
         let (zc_send_tag, zc_send_offset) = self.descriptor(registrations, base.send, sizes.send);
         let (zc_recv_tag, zc_recv_offset) = self.descriptor(registrations, base.recv, sizes.recv);
         let nranks = bootstrap.nranks();
@@ -377,7 +365,7 @@ impl Collectives {
             zc_recv_tag,
             zc_recv_offset,
             zc_table: ready.zero_copy.table_ptr(),
-            zc_window: algorithm::window_bytes(call.collective, Protocol::Copy, nranks, ready.scratch.copy_bytes),
+            zc_window: ready.scratch.window(call.collective, Protocol::Copy, nranks),
             ..*base
         };
         let (blocks, threads) =
@@ -478,12 +466,7 @@ impl Collectives {
             }
         };
         let threads = algorithm::threads(Protocol::Copy);
-        let loaded = {
-            let _relaxed = (capturing && kernels.needs_loading(ONE_RANK_PREMULSUM, call.op, call.datatype))
-                .then(RelaxedCapture::enter)
-                .transpose()?;
-            kernels.get(ONE_RANK_PREMULSUM, call.op, call.datatype, threads)?
-        };
+        let loaded = kernels.get_capturing(capturing, ONE_RANK_PREMULSUM, call.op, call.datatype, threads)?;
         let (scalar_bits, scalar_ptr) = scalar.kernel_fields();
         let args = KernelArgs {
             send: call.send,

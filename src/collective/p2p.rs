@@ -23,7 +23,7 @@ use super::{Collectives, DataType};
 use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture};
+use crate::gpu::{AppStream, DevicePtr, GpuContext};
 
 /// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_p2p`).
 const KERNEL_BASE: &str = "p2p";
@@ -397,13 +397,9 @@ impl Collectives {
     fn launch_p2p(&self, rank: usize, nranks: usize, work: &Work, capturing: bool, stream: AppStream) -> Result<()> {
         let mut ready = self.ready.lock();
         let ready = ready.as_mut().ok_or_else(not_prepared)?;
-        let loaded = {
-            // A first launch loads the module, which a capture allows only in the relaxed mode.
-            let _relaxed = (capturing && ready.kernels.needs_loading(KERNEL_BASE, None, BYTES))
-                .then(RelaxedCapture::enter)
-                .transpose()?;
-            ready.kernels.get(KERNEL_BASE, None, BYTES, P2P_THREADS)?
-        };
+        let loaded = ready
+            .kernels
+            .get_capturing(capturing, KERNEL_BASE, None, BYTES, P2P_THREADS)?;
         let max_blocks = loaded.max_blocks;
         let channels = channels(&work.remote, max_blocks)?;
         let (args, blocks) = kernel_args(

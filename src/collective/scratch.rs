@@ -8,6 +8,8 @@
 //! send and receive (`p2p.rs`) follows the two slots in the same allocation, so that it is mapped by every
 //! peer in the same set-up, before any send or receive (the first of which need not involve every rank).
 
+use super::Collective;
+use super::algorithm::{Protocol, window_bytes};
 use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
@@ -58,6 +60,16 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// The bytes of a window of `collective`'s `protocol` algorithm among `nranks` in this scratch's area for
+    /// that protocol (`algorithm::window_bytes`).
+    pub fn window(&self, collective: Collective, protocol: Protocol, nranks: usize) -> u64 {
+        let area = match protocol {
+            Protocol::Packet => self.packet_bytes,
+            Protocol::Copy => self.copy_bytes,
+        };
+        window_bytes(collective, protocol, nranks, area)
+    }
+
     /// Allocates this rank's buffer and maps every peer's: collective, every rank calls it (from its first
     /// collective call).
     pub fn set_up(gpu: &GpuContext, bootstrap: &Bootstrap, data_bytes: u64) -> Result<Scratch> {
