@@ -1364,12 +1364,12 @@ int zeroCopyBody(Rank& R, const char* name)
     ok &= runCase(R, "zerocopy_registered_everywhere", [&] {
       return caseZeroCopy(R, kZcBoth, everyRank, [](const Call&) { return true; }, "both pools on every rank");
     });
-    // Every kernel reads the peers' inputs, which are in the send pool but for calls in place; the copy
-    // engine writes the peers' outputs.
+    // The kernels of all-reduce, reduce-scatter and broadcast read the peers' inputs, which are in the send
+    // pool but for calls in place; all-gather's kernel and the copy engine write the peers' outputs.
     ok &= runCase(R, "zerocopy_outputs_only", [&] {
       return caseZeroCopy(
           R, kZcRecv, everyRank,
-          [](const Call& c) { return c.inPlace || (gCopyEngine && (c.coll == kAllGather || c.coll == kBroadcast)); },
+          [](const Call& c) { return c.inPlace || c.coll == kAllGather || (gCopyEngine && c.coll == kBroadcast); },
           "the receive pool only");
     });
     ok &= runCase(R, "zerocopy_freed_and_reused", [&] { return caseZeroCopyReuse(R); });

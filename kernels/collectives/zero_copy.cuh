@@ -275,19 +275,20 @@ __device__ void allreduceZc(const CollArgs& a)
   }
 }
 
-// All-gather: every rank copies every peer's input into that peer's place in its own output.
+// All-gather: every rank pushes its input into its place in every rank's output (its own last). Across GPUs
+// stores into a peer's memory carry more than loads from it with both directions busy (363 against 336 GB/s
+// each way on two H100s, docs/PERFORMANCE.md, the link's ceilings); on one GPU the two move alike.
 __device__ void allgatherZc(const CollArgs& a)
 {
-  MSCCLPP_ZC_BEGIN(ZcPeerInputs)
+  MSCCLPP_ZC_BEGIN(ZcPeerOutputs)
   if (plan.go) {
-    for (uint32_t k = 0; k < a.nranks; k++) {
+    for (uint32_t k = 1; k <= a.nranks; k++) {
       const uint32_t r = (a.rank + k) % a.nranks;
-      const char* source = reinterpret_cast<const char*>(inputs[r]);
-      char* piece = a.recv + r * a.strideBytes;
-      if (piece == source) continue;
+      char* piece = reinterpret_cast<char*>(outputs[r]) + a.rank * a.strideBytes;
+      if (piece == a.send) continue;
       zcUnits(unitsOf(a.bytes, 16), zcWholeUnits(plan, a.bytes), [&](uint64_t j, auto w) {
         using W = decltype(w);
-        zcStore<W>(piece, j, a.bytes, zcLoad<W>(source, j, a.bytes));
+        zcStore<W>(piece, j, a.bytes, zcLoad<W>(a.send, j, a.bytes));
       });
     }
     zcFinish(a, epoch);

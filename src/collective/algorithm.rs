@@ -94,7 +94,7 @@ pub enum Placement {
 }
 
 /// The smallest message (see `packet_limit`) that `Choice::Auto` sends zero-copy when every rank registered
-/// its buffers (`zero_copy.rs`); `None`: never. Zero-copy algorithms read the peers' buffers.
+/// its buffers (`zero_copy.rs`); `None`: never. Zero-copy algorithms read or write the peers' buffers.
 ///
 /// Measured in CUDA graphs (docs/PERFORMANCE.md, zero-copy, 2026-11-26), registered against unregistered:
 /// - one H100, 2 ranks under MPS: slower at 4 MiB (all-reduce 37.7 against 29.3 us: the vote's two packet
@@ -104,17 +104,18 @@ pub enum Placement {
 ///   48.7 against 35.5 us at 4 MiB, 87.0 against 74.5 at 16 MiB; reduce-scatter 50.0 against 46.5 at 16
 ///   MiB) and large ones win (all-reduce 271 against 260 GB/s at 64 MiB, 315 against 277 at 1 GiB;
 ///   reduce-scatter 514 against 431 at 64 MiB; broadcast 244 against 217 at 16 MiB, 122 against 118 at 4
-///   MiB). All-gather never won there (1 GiB 513 against 516).
+///   MiB). All-gather pulling never won there (1 GiB 513 against 516); pushing (2026-11-27, `allgatherZc`),
+///   it does from 64 MiB: 128 against 132 us, 256 MiB 457 against 518, 1 GiB 1762 against 2091; at 16 MiB
+///   43 against 37.
 pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placement) -> Option<u64> {
     let above_packets = packet_limit(collective, nranks) + 1;
     match (placement, collective) {
         (_, Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::AllToAll) => None,
         (Placement::OneGpu, _) => Some((16 << 20).max(above_packets)),
-        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter) => {
+        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => {
             Some((64 << 20).max(above_packets))
         }
         (Placement::SeveralGpus, Collective::Broadcast) => Some((16 << 20).max(above_packets)),
-        (Placement::SeveralGpus, Collective::AllGather) => None,
     }
 }
 

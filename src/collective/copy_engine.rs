@@ -20,7 +20,8 @@
 //!
 //! Never in a CUDA graph: a captured copy would be replayed with the capture's addresses, unchecked, after
 //! a peer deregistered or reallocated its buffer. A capture keeps the SM zero-copy kernels, which check at
-//! every replay.
+//! every replay. (Copies switched on at each replay by a conditional graph node were built and ran slower
+//! than those kernels: docs/ZERO_COPY.md.)
 
 use super::Collective;
 use super::algorithm::{Choice, copy_engine_from};

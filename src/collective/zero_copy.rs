@@ -188,7 +188,15 @@ mod tests {
         assert!(!attempt(Collective::AllReduce, sum, 2, several, 16 << 20, Choice::Auto));
         assert!(attempt(Collective::AllReduce, sum, 2, several, 64 << 20, Choice::Auto));
         assert!(attempt(Collective::Broadcast, None, 2, several, 16 << 20, Choice::Auto));
-        assert!(!attempt(Collective::AllGather, None, 2, several, 1 << 30, Choice::Auto));
+        assert!(attempt(Collective::AllGather, None, 2, several, 1 << 30, Choice::Auto));
+        assert!(!attempt(
+            Collective::AllGather,
+            None,
+            2,
+            several,
+            16 << 20,
+            Choice::Auto
+        ));
         assert!(attempt(Collective::AllGather, None, 2, one, 1 << 30, Choice::Auto));
         assert!(attempt(Collective::AllGather, None, 4, several, 1, Choice::ZeroCopy));
         // Forcing the copy engine forces the kernels too, for what the copy engine does not take (all-reduce,
