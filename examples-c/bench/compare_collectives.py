@@ -264,6 +264,11 @@ def print_targets(table: Dict[Key, Dict[Tuple[str, str, str], Result]]) -> None:
             vs_symm(OURS_GRAPH, "graph"))
     verdict("all-reduce ≤ SymmetricMemory's faster kernel at every size, eager (ours from torch)",
             vs_symm(OURS_TORCH_EAGER, "eager"))
+    # SymmetricMemory's kernels work on its own registered buffers (symm_mem.empty): ours on registered ones too.
+    verdict("all-reduce ≤ SymmetricMemory's faster kernel at every size, graph (ours from C, registered)",
+            vs_symm(OURS_REG_GRAPH, "graph"))
+    verdict("all-reduce ≤ SymmetricMemory's faster kernel at every size, eager (ours from C, registered)",
+            vs_symm(OURS_REG_EAGER, "eager"))
     for coll, name in (("allgather", "all-gather"), ("reducescatter", "reduce-scatter"), ("broadcast", "broadcast"),
                        ("reduce", "reduce"), ("alltoall", "all-to-all"), ("allreduce", "all-reduce")):
         verdict(f"{name} ≥ NCCL at every size, graph, ours from C", vs_nccl(coll, OURS_GRAPH, NCCL_GRAPH))

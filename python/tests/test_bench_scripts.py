@@ -90,6 +90,20 @@ def test_registered_runs_get_columns_of_their_own_and_count_for_bandwidth_target
     assert "MISSED" in plain, plain
 
 
+def test_registered_all_reduces_are_judged_against_symmetric_memory_too(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    reg = [_line("mscclpp", "c", "allreduce", "f32", 1 << 20, "graph", 9.0) + " algo=auto+registered",
+           _line("mscclpp", "c", "allreduce", "f32", 1024, "graph", 7.5) + " algo=auto+registered"]
+    (tmp_path / "collectives_bench_registered.log").write_text("\n".join(reg) + "\n")
+    targets = _table(tmp_path).split("Targets")[1]
+    line = next(t for t in targets.splitlines()
+                if "SymmetricMemory's faster kernel at every size, graph (ours from C, registered)" in t)
+    # 1 KiB: 7.5 against the two-shot's 7.0 (missed); 1 MiB: 9 against 10 (met).
+    assert "MISSED" in line and "1 KiB ratio 1.07 (symm-twoshot)" in line and "1 MiB" not in line, line
+    eager = next(t for t in targets.splitlines()
+                 if "SymmetricMemory's faster kernel at every size, eager (ours from C, registered)" in t)
+    assert "not measured" in eager, eager
+
+
 def _ok() -> None:
     pass
 
