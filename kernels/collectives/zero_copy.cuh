@@ -44,7 +44,8 @@ __device__ __forceinline__ uint64_t zcResolve(const CollArgs& a, uint32_t peer, 
   const uint32_t slot = static_cast<uint32_t>(tag >> 32) & 0x7fffffffu;
   const uint32_t generation = static_cast<uint32_t>(tag);
   if (slot >= MSCCLPP_ZC_SLOTS || generation == 0) return 0;
-  const uint64_t* entry = const_cast<const uint64_t*>(a.zcTable) + (static_cast<uint64_t>(peer) * MSCCLPP_ZC_SLOTS + slot) * 2;
+  const uint64_t* entry =
+    const_cast<const uint64_t*>(a.zcTable) + (static_cast<uint64_t>(peer) * MSCCLPP_ZC_SLOTS + slot) * 2;
   // Acquire loads keep the three reads in order (each load after an acquire is made after it) without the
   // full system fences, each of which waits for this thread's earlier memory operations system-wide.
   const uint64_t before = loadAcquireSys(entry);
