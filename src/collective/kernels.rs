@@ -83,8 +83,9 @@ impl LoadedKernels {
         }
     }
 
-    /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`).
-    pub fn needs_loading(&self, base: &'static str, op: Option<RedOp>, datatype: DataType) -> bool {
+    /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`, entered
+    /// by `get_capturing`).
+    fn needs_loading(&self, base: &'static str, op: Option<RedOp>, datatype: DataType) -> bool {
         !self.kernels.contains_key(&key(base, op, datatype))
     }
 
