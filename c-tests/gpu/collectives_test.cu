@@ -28,15 +28,15 @@
 //       for peers that join 2 s later; every survivor of a SIGKILLed rank calls exit() without synchronizing or
 //       destroying; a rank's own kernel faults and every rank calls exit() once it sees an error: each process
 //       ends within seconds, with the status it chose
-//   zerocopy (= zerocopy, zerocopy_partial, zerocopy_windows; MSCCLPP_COLL_ALGO=zerocopy): the matrix (5 types, 2 operators, 5
-//       counts to 262147, in and out of place, unaligned) twice on pools registered with mscclppCommRegister:
-//       both on every rank; the receive pool only; freed without deregistering and reused, then registered
-//       afresh; the graph case's 9 calls on registered pools, replayed 50 times; and (zerocopy_partial) on rank 0
-//       only, where the kernels' vote says no and they move the data through the scratch themselves, again
-//       (zerocopy_windows) with MSCCLPP_COLL_SCRATCH_MB=1, the larger counts in several windows; then the kill
-//       case with both buffers registered (kill_zerocopy). zerocopy_small (for
-//       compute-sanitizer; not in "all"): the first case alone, 2 types and 3 counts. Results as the matrix checks them; at destroy the
-//       library's INFO line counts the zero-copy calls: some, and none where rank 0 alone registered
+//   zerocopy (= zerocopy, zerocopy_partial, zerocopy_windows; MSCCLPP_COLL_ALGO=zerocopy): the matrix (5 types, 2
+//       operators, 5 counts to 262147, in and out of place, unaligned) twice on pools registered with
+//       mscclppCommRegister: both on every rank; the receive pool only; freed without deregistering and reused, then
+//       registered afresh; the graph case's 9 calls on registered pools, replayed 50 times; and (zerocopy_partial) on
+//       rank 0 only, where the kernels' vote says no and they move the data through the scratch themselves, again
+//       (zerocopy_windows) with MSCCLPP_COLL_SCRATCH_MB=1, the larger counts in several windows; then the kill case
+//       with both buffers registered (kill_zerocopy). zerocopy_small (for compute-sanitizer; not in "all"): the first
+//       case alone, 2 types and 3 counts. Results as the matrix checks them; at destroy the library's INFO line
+//       counts the zero-copy calls: at least 90 % of the eligible ones, never more
 //   copyengine (= copyengine, kill_copyengine; MSCCLPP_COLL_ALGO=copyengine): the zerocopy cases again, every
 //       eager all-gather and broadcast whose outputs are registered moved by the copy engine (the library's INFO
 //       line counts them: nearly every eligible one, never more); then the last rank SIGKILLed while every rank
