@@ -1,5 +1,5 @@
 /*
- * nccl.h of libmscclpp's NCCL face (build/lib/nccl/libnccl.so.2): the C interface of NCCL 2.28.9 (its
+ * nccl.h of libmscclpp's NCCL face (build/lib/nccl/libnccl.so.2): the C interface of NCCL 2.32.3 (its
  * functions, values and layouts), so that programs written for NCCL compile and run unchanged against
  * this library. Written for this library from the facts of the interface; the README's "NCCL's API" says
  * which functions are carried out and which return ncclInvalidUsage for now.
@@ -11,13 +11,14 @@
 
 #include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 32
+#define NCCL_PATCH 3
 #define NCCL_SUFFIX ""
 
-#define NCCL_VERSION_CODE 22809
+#define NCCL_VERSION_CODE 23203
 /* The code of version X.Y.Z: X*10000 + Y*100 + Z since 2.9 (X*1000 + Y*100 + Z before). */
 #define NCCL_VERSION(X, Y, Z) \
   (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
@@ -26,7 +27,8 @@
 #define NCCL_LIBMSCCLPP 1
 
 #ifndef __CUDA_RUNTIME_H__
-typedef struct CUstream_st* cudaStream_t; /* as cuda_runtime.h declares it */
+typedef struct CUstream_st* cudaStream_t; /* as cuda_runtime.h declares them */
+typedef struct CUevent_st* cudaEvent_t;
 #endif
 
 #ifdef __cplusplus
@@ -56,7 +58,8 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  ncclTimeout = 8, /* since 2.30.3: a wait with a deadline ran out */
+  ncclNumResults = 9
 } ncclResult_t;
 
 /* Configuration of a communicator: initialise it with NCCL_CONFIG_INITIALIZER, then set fields. */
@@ -77,9 +80,33 @@ typedef enum {
 /* ncclCommWindowRegister's flags, and the alignment its symmetric windows need. */
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_STRICT_ORDERING 0x02
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
-typedef struct ncclConfig_v22800 {
+/* ncclCommRevoke's flags (must be 0). */
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* ncclCommSuspend's flags: release the communicator's device memory while it is idle. */
+#define NCCL_SUSPEND_MEM 0x01
+
+/* ncclConfig_t.hostCftMode and .nvlsHostMode (2.32; this library uses neither). */
+typedef enum {
+  ncclHostCftDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclHostCftEnable = 1,
+  ncclHostCftDisable = 2,
+  ncclHostCftFallback = 3
+} ncclHostCftMode_t;
+typedef enum {
+  ncclNvlsHostModeDefault = NCCL_CONFIG_UNDEF_INT,
+  ncclNvlsHostModeEnable = 0,
+  ncclNvlsHostModeDisableTransport = 1 << 0,
+  ncclNvlsHostModeDisableSymmetricMultimem = 1 << 1,
+  ncclNvlsHostModeDisable = INT_MAX
+} ncclNvlsHostMode_t;
+
+typedef struct ncclConfig_v23100 {
   /* Set by NCCL_CONFIG_INITIALIZER: the library reads the struct by its size and version. */
   size_t size;
   unsigned int magic;
@@ -99,6 +126,16 @@ typedef struct ncclConfig_v22800 {
   int nvlsCTAs;
   int nChannelsPerNetPeer;
   int nvlinkCentricSched;
+  /* 2.29 and later (the struct grows only at its end; a shorter one, of an older header, is read by size). */
+  int graphUsageMode;
+  int numRmaCtx;
+  int maxP2pPeers;         /* 2.30 */
+  int graphStreamOrdering; /* 2.30 */
+  int launchOrderImplicit; /* 2.31 */
+  int numRmaSig;           /* 2.31 */
+  int rmaEagerInit;        /* 2.31 */
+  int hostCftMode;         /* 2.32 */
+  int nvlsHostMode;        /* 2.32 */
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                          \
@@ -119,6 +156,63 @@ typedef struct ncclConfig_v22800 {
   NCCL_CONFIG_UNDEF_INT,                     /* nvlsCTAs */                \
   NCCL_CONFIG_UNDEF_INT,                     /* nChannelsPerNetPeer */     \
   NCCL_CONFIG_UNDEF_INT,                     /* nvlinkCentricSched */      \
+  NCCL_CONFIG_UNDEF_INT,                     /* graphUsageMode */          \
+  NCCL_CONFIG_UNDEF_INT,                     /* numRmaCtx */               \
+  NCCL_CONFIG_UNDEF_INT,                     /* maxP2pPeers */             \
+  NCCL_CONFIG_UNDEF_INT,                     /* graphStreamOrdering */     \
+  NCCL_CONFIG_UNDEF_INT,                     /* launchOrderImplicit */     \
+  NCCL_CONFIG_UNDEF_INT,                     /* numRmaSig */               \
+  NCCL_CONFIG_UNDEF_INT,                     /* rmaEagerInit */            \
+  NCCL_CONFIG_UNDEF_INT,                     /* hostCftMode */             \
+  NCCL_CONFIG_UNDEF_INT,                     /* nvlsHostMode */            \
+}
+
+/* A vendor option of a per-collective config (a list through next; this library reads none). */
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+
+/* Configuration of one collective call (the nccl*Config functions, 2.31): initialise it with
+ * NCCL_COLLCONFIG_INITIALIZER, then set fields; read by its size and version as ncclConfig_t is. */
+typedef struct ncclCollConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  int minCTAs;
+  int maxCTAs;
+  int nvlsCTAs;
+  int cgaClusterSize;
+  const char* algSelection;
+  int forceAlgSelection;
+  int CTAPolicy;
+  uint64_t userProfilerTag;
+  cudaEvent_t launchCompletionEvent; /* recorded on the stream once the call's work is queued */
+} ncclCollConfig_t;
+
+#define NCCL_COLLCONFIG_INITIALIZER {                                      \
+  sizeof(ncclCollConfig_t),                  /* size */                    \
+  0xcafebeef,                                /* magic */                   \
+  NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */          \
+  NCCL_CONFIG_UNDEF_PTR,                     /* ext */                     \
+  NCCL_CONFIG_UNDEF_INT,                     /* minCTAs */                 \
+  NCCL_CONFIG_UNDEF_INT,                     /* maxCTAs */                 \
+  NCCL_CONFIG_UNDEF_INT,                     /* nvlsCTAs */                \
+  NCCL_CONFIG_UNDEF_INT,                     /* cgaClusterSize */          \
+  NCCL_CONFIG_UNDEF_PTR,                     /* algSelection */            \
+  1,                                         /* forceAlgSelection */       \
+  NCCL_CONFIG_UNDEF_INT,                     /* CTAPolicy */               \
+  0,                                         /* userProfilerTag */         \
+  NCCL_CONFIG_UNDEF_PTR                      /* launchCompletionEvent */   \
 }
 
 /* What ncclGroupSimulateEnd fills. */
@@ -217,6 +311,35 @@ ncclResult_t pncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myra
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t pncclCommFinalize(ncclComm_t comm);
 
+/* The id new ranks pass to ncclCommGrow (on one existing rank; one id at a time, used once). */
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t pncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+
+/* A communicator of nRanks ranks: the existing ones (comm, rank -1; uniqueId the id on the one rank that
+ * made it, NULL on the others) keep their ranks, the new ones (comm NULL, uniqueId, rank their new rank)
+ * take the ranks after them. */
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
+                          ncclConfig_t* config);
+ncclResult_t pncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+                           ncclComm_t* newcomm, ncclConfig_t* config);
+
+/* Releases (NCCL_SUSPEND_MEM) the device memory of an idle communicator; ncclCommResume restores it.
+ * Every rank calls both. No work may be issued on the communicator in between. */
+ncclResult_t ncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t pncclCommSuspend(ncclComm_t comm, int flags);
+ncclResult_t ncclCommResume(ncclComm_t comm);
+ncclResult_t pncclCommResume(ncclComm_t comm);
+
+/* What ncclCommMemStats reports. */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,   /* bytes of device memory a suspend releases */
+  ncclStatGpuMemSuspended = 1, /* 1 while suspended, else 0 */
+  ncclStatGpuMemPersist = 2,   /* bytes of device memory kept while suspended */
+  ncclStatGpuMemTotal = 3      /* bytes of device memory the communicator holds */
+} ncclCommMemStat_t;
+ncclResult_t ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+ncclResult_t pncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+
 /* Frees the communicator. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t pncclCommDestroy(ncclComm_t comm);
@@ -271,6 +394,9 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, nc
 ncclResult_t pncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
 ncclResult_t pncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+/* The buffer a window was registered with. */
+ncclResult_t ncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
+ncclResult_t pncclWinGetUserPtr(ncclComm_t comm, ncclWindow_t win, void** outUserPtr);
 
 /* ---- Operators ---- */
 
@@ -338,6 +464,45 @@ ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncc
 ncclResult_t pncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                           ncclComm_t comm, cudaStream_t stream);
 
+/* ---- Collectives with a per-call configuration (2.31) ---- */
+
+ncclResult_t ncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAllReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                 ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclBroadcastConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                  int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                              ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+                              const ncclCollConfig_t* config);
+ncclResult_t pncclReduceConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                               ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream,
+                               const ncclCollConfig_t* config);
+ncclResult_t ncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAllGatherConfig(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                  ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+                                     const ncclCollConfig_t* config);
+ncclResult_t pncclReduceScatterConfig(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+                                      const ncclCollConfig_t* config);
+ncclResult_t ncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclAlltoAllConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                              ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclGatherConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t ncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+                               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+ncclResult_t pncclScatterConfig(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                                int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config);
+
 /* ---- Point to point ---- */
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
@@ -349,6 +514,31 @@ ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int
 ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                        cudaStream_t stream);
 
+/* ---- One-sided: puts into a peer's window and signals, ordered on the stream (2.29) ---- */
+
+/* Copies count elements of localbuff into peer's registration of the window peerWin names (the window
+ * every rank registered in the same order), at peerWinOffset bytes, then signals peer. */
+ncclResult_t ncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin,
+                           size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t pncclPutSignal(const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+                            ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+                            ncclComm_t comm, cudaStream_t stream);
+/* A signal alone, ordered after the stream's earlier work. */
+ncclResult_t ncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclSignal(int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream);
+
+/* One wait of ncclWaitSignal: opCnt signals from peer. */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+/* The stream's later work waits until every described signal has arrived (and consumes them). */
+ncclResult_t ncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclWaitSignal(int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream);
+
 /* ---- Groups: work between the outermost start and its end is issued at the end (groups nest) ---- */
 
 ncclResult_t ncclGroupStart(void);
@@ -359,7 +549,78 @@ ncclResult_t pncclGroupEnd(void);
 ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 ncclResult_t pncclGroupSimulateEnd(ncclSimInfo_t* simInfo);
 
-/* ---- NCCL's device API: not offered by this library (both return ncclInvalidUsage) ---- */
+/* ---- Encryption of the traffic between hosts (2.32) ---- */
+
+typedef enum {
+  NCCL_ENCRYPTION_MODE_NONE = 0,
+  NCCL_ENCRYPTION_MODE_PSK = 1
+} ncclEncryptionMode_t;
+
+typedef struct ncclEncryptionConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int mode;
+  const char* psk;
+} ncclEncryptionConfig_t;
+
+#define NCCL_ENCRYPTION_CONFIG_INITIALIZER {                               \
+  sizeof(ncclEncryptionConfig_t),            /* size */                    \
+  0xcafebeef,                                /* magic */                   \
+  NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */          \
+  NCCL_ENCRYPTION_MODE_NONE,                 /* mode */                    \
+  NCCL_CONFIG_UNDEF_PTR                      /* psk */                     \
+}
+
+/* NCCL_ENCRYPTION_MODE_NONE is accepted; a pre-shared key is refused (this library encrypts nothing). */
+ncclResult_t ncclSetEncryption(const ncclEncryptionConfig_t* config);
+ncclResult_t pncclSetEncryption(const ncclEncryptionConfig_t* config);
+
+/* ---- Settings (2.30): NCCL's parameters, read from this library's one table of settings ---- */
+
+typedef struct ncclParamHandle* ncclParamHandle_t;
+/* A handle of the setting key (an NCCL_* or MSCCLPP_* name). */
+ncclResult_t ncclParamBind(ncclParamHandle_t* out, const char* key);
+ncclResult_t pncclParamBind(ncclParamHandle_t* out, const char* key);
+/* Its value as an integer of each width (ncclInvalidArgument where it does not fit or is not a number). */
+ncclResult_t ncclParamGetI8(ncclParamHandle_t h, int8_t* out);
+ncclResult_t pncclParamGetI8(ncclParamHandle_t h, int8_t* out);
+ncclResult_t ncclParamGetI16(ncclParamHandle_t h, int16_t* out);
+ncclResult_t pncclParamGetI16(ncclParamHandle_t h, int16_t* out);
+ncclResult_t ncclParamGetI32(ncclParamHandle_t h, int32_t* out);
+ncclResult_t pncclParamGetI32(ncclParamHandle_t h, int32_t* out);
+ncclResult_t ncclParamGetI64(ncclParamHandle_t h, int64_t* out);
+ncclResult_t pncclParamGetI64(ncclParamHandle_t h, int64_t* out);
+ncclResult_t ncclParamGetU8(ncclParamHandle_t h, uint8_t* out);
+ncclResult_t pncclParamGetU8(ncclParamHandle_t h, uint8_t* out);
+ncclResult_t ncclParamGetU16(ncclParamHandle_t h, uint16_t* out);
+ncclResult_t pncclParamGetU16(ncclParamHandle_t h, uint16_t* out);
+ncclResult_t ncclParamGetU32(ncclParamHandle_t h, uint32_t* out);
+ncclResult_t pncclParamGetU32(ncclParamHandle_t h, uint32_t* out);
+ncclResult_t ncclParamGetU64(ncclParamHandle_t h, uint64_t* out);
+ncclResult_t pncclParamGetU64(ncclParamHandle_t h, uint64_t* out);
+/* Its value as text (valid for the life of the process). */
+ncclResult_t ncclParamGetStr(ncclParamHandle_t h, const char** out);
+ncclResult_t pncclParamGetStr(ncclParamHandle_t h, const char** out);
+/* Its text copied into out (at most maxLen bytes, NUL included); *len the bytes its whole text needs. */
+ncclResult_t ncclParamGet(ncclParamHandle_t h, void* out, int maxLen, int* len);
+ncclResult_t pncclParamGet(ncclParamHandle_t h, void* out, int maxLen, int* len);
+/* The text of the setting key, and its length. */
+ncclResult_t ncclParamGetParameter(const char* key, const char** value, int* valueLen);
+ncclResult_t pncclParamGetParameter(const char* key, const char** value, int* valueLen);
+/* Every setting's name (a table valid for the life of the process). */
+ncclResult_t ncclParamGetAllParameterKeys(const char*** table, int* tableLen);
+ncclResult_t pncclParamGetAllParameterKeys(const char*** table, int* tableLen);
+/* Logs every setting and its value at INFO. */
+void ncclParamDumpAll(void);
+void pncclParamDumpAll(void);
+
+/* Reads NCCL_DEBUG / MSCCLPP_DEBUG again (NCCL marks it deprecated). */
+void ncclResetDebugInit(void);
+void pncclResetDebugInit(void);
+
+/* ---- NCCL's device API: not offered by this library (both return ncclInvalidUsage); its host helpers
+ * are declared in nccl_device/host.h ---- */
 
 struct ncclDevCommRequirements;
 struct ncclDevComm;

@@ -13,6 +13,9 @@ pub enum ErrorKind {
     InvalidUsage,
     Remote,
     InProgress,
+    /// A wait with a deadline ran out (a peer that never came within the bootstrap's timeout): NCCL's
+    /// `ncclTimeout`; the legacy API has no such code and reports it as a remote error.
+    Timeout,
 }
 
 /// An error with a message that names what was wrong. Logged once, at the FFI boundary.
@@ -62,6 +65,7 @@ impl Error {
             ErrorKind::InvalidUsage => mscclppResult_t::mscclppInvalidUsage,
             ErrorKind::Remote => mscclppResult_t::mscclppRemoteError,
             ErrorKind::InProgress => mscclppResult_t::mscclppInProgress,
+            ErrorKind::Timeout => mscclppResult_t::mscclppRemoteError,
         }
     }
 }

@@ -14,7 +14,7 @@ use super::unique_id::UniqueId;
 use super::wire::{self, ADDR_LEN, Greeting, Key, Kind, MAX_RANKS, Refusal};
 use super::{PROTOCOL_MAGIC, handshake_timeout, list_ranks};
 use crate::ensure_arg;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use log::{debug, info, trace};
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -170,7 +170,7 @@ impl Bootstrap {
                         f.error()
                     ),
                 ),
-                None => Error::remote(format!(
+                None => Error::new(ErrorKind::Timeout, format!(
                     "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
                     list_ranks(&missing)
                 )),
@@ -359,7 +359,7 @@ impl Bootstrap {
 fn refusal_error(refusal: Refusal, what: &str, timeout: Duration) -> Error {
     match refusal {
         Refusal::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            Error::remote(format!("{what}: timed out after {timeout:?}"))
+            Error::new(ErrorKind::Timeout, format!("{what}: timed out after {timeout:?}"))
         }
         Refusal::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
             Error::remote(format!("{what}: the other side closed the connection"))

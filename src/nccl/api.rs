@@ -32,24 +32,8 @@ use std::sync::Arc;
 /// How long set-up waits for the root and the peers.
 const BOOTSTRAP_TIMEOUT: std::time::Duration = crate::bootstrap::DEFAULT_TIMEOUT;
 
-/// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
-macro_rules! nccl_export {
-    ($(#[$attr:meta])* fn $name:ident / $twin:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
-        $(#[$attr])*
-        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
-
-        #[doc = concat!("`", stringify!($name), "` under NCCL's profiling name.")]
-        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
-        pub unsafe extern "C" fn $twin($($arg: $ty),*) -> $ret {
-            // SAFETY: the same function, under the same contract.
-            unsafe { $name($($arg),*) }
-        }
-    };
-}
-
 /// Work a group queues, issued at its outermost `ncclGroupEnd`.
-enum Op {
+pub(super) enum Op {
     /// A communicator's initialisation (`ncclCommInitRank` inside a group): every one of a group runs at
     /// once, so that one thread can make several ranks.
     Init {
@@ -111,7 +95,7 @@ thread_local! {
 
 /// The entry of every function: installs the logger, runs `body` behind the panic boundary, and keeps a
 /// failure's message for `ncclGetLastError`. `body` returns `ncclSuccess` or `ncclInProgress`.
-fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
+pub(super) fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_t {
     crate::logging::init_for_nccl();
     match catch_panic(name, body) {
         Ok(r) => r,
@@ -123,7 +107,7 @@ fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> ncclResult_
 }
 
 /// `entry` with the communicator behind `comm`; what it logs names its rank.
-fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+pub(super) fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || body(&found?))
@@ -131,7 +115,7 @@ fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> 
 
 /// `with_comm` for work that a group queues: a failure inside a group (a NULL or destroyed communicator
 /// too) also fails the group's end.
-fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+pub(super) fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || {
@@ -141,10 +125,10 @@ fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Re
     })
 }
 
-const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);
+pub(super) const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);
 
 /// NCCL's name of a type, for messages.
-fn datatype_name(t: DataType) -> &'static str {
+pub(super) fn datatype_name(t: DataType) -> &'static str {
     match t {
         DataType::Int8 => "ncclInt8",
         DataType::Uint8 => "ncclUint8",
@@ -162,7 +146,7 @@ fn datatype_name(t: DataType) -> &'static str {
 }
 
 /// The core's type for `v`, an `ncclDataType_t` (the core numbers its types as NCCL does, fp8 included).
-fn datatype(v: c_int) -> Result<DataType> {
+pub(super) fn datatype(v: c_int) -> Result<DataType> {
     DataType::from_number(v).ok_or_else(|| {
         Error::invalid_argument(format!(
             "datatype is {v}; it must be an ncclDataType_t, 0 (ncclInt8) to {} (ncclFloat8e5m2)",
@@ -173,7 +157,7 @@ fn datatype(v: c_int) -> Result<DataType> {
 
 /// The core's operator for `v`: a built-in `ncclRedOp_t`, or a `PreMulSum` operator made on `comm`, which
 /// reduces only the type it was made for (as NCCL's).
-fn redop(v: c_int, comm: &NcclComm, datatype: DataType) -> Result<RedOp> {
+pub(super) fn redop(v: c_int, comm: &NcclComm, datatype: DataType) -> Result<RedOp> {
     if (0..redop::NUM_OPS).contains(&v) {
         return RedOp::from_c(v);
     }
@@ -194,7 +178,7 @@ fn redop(v: c_int, comm: &NcclComm, datatype: DataType) -> Result<RedOp> {
 }
 
 /// Checks a rank argument (`root`, `peer`) against the communicator's size.
-fn check_rank(name: &str, v: c_int, comm: &NcclComm) -> Result<()> {
+pub(super) fn check_rank(name: &str, v: c_int, comm: &NcclComm) -> Result<()> {
     let nranks = comm.nranks()?;
     ensure_arg!(
         v >= 0 && (v as usize) < nranks,
@@ -204,7 +188,7 @@ fn check_rank(name: &str, v: c_int, comm: &NcclComm) -> Result<()> {
 }
 
 /// Runs one collective now, or queues it inside a group.
-fn issue(op: Op) -> Result<ncclResult_t> {
+pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
     let op = match group::with(&GROUP, |g| {
         if g.open() {
             g.queue(op);
@@ -243,7 +227,7 @@ fn issue(op: Op) -> Result<ncclResult_t> {
 /// AllReduce, AllGather, ReduceScatter, Broadcast: checked here (nothing touches a GPU before the checks
 /// pass), then the core's collective, now or at the group's end.
 #[allow(clippy::too_many_arguments)]
-fn collective(
+pub(super) fn collective(
     name: &str,
     collective: Collective,
     sendbuff: *const c_void,
@@ -306,7 +290,7 @@ fn collective(
 }
 
 /// Issues `call` on NVIDIA's communicator `f`, now or at the group's end.
-fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -> Result<ncclResult_t> {
+pub(super) fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -> Result<ncclResult_t> {
     issue(Op::Fallback(Forwarded {
         comm: f.clone(),
         call,
@@ -322,7 +306,7 @@ fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -
 /// mapped before any. Without a GPU driver nothing is set up (a call that needs the GPU fails then); where
 /// the ranks span hosts our collectives cannot run, and NVIDIA's communicator carries everything if there
 /// is one, else the initialisation fails with the reason.
-fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
+pub(super) fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
     let result = result.and_then(|core| {
         comm.attach_fallback(fallback::attach(&core));
         if ensure_driver().is_ok()
@@ -343,7 +327,7 @@ fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
 
 /// How an initialisation reaches its peers: through `NCCL_COMM_ID`'s address where it is set (rank 0
 /// listens there; the unique id is not read), else through the unique id's root.
-fn init_job(nranks: usize, rank: usize, id: &ncclUniqueId) -> Result<InitJob> {
+pub(super) fn init_job(nranks: usize, rank: usize, id: &ncclUniqueId) -> Result<InitJob> {
     if let Some(address) = crate::settings::NCCL_COMM_ID.text() {
         return Ok(Box::new(move || {
             Communicator::init_by_address(nranks, &address, rank, BOOTSTRAP_TIMEOUT)
@@ -372,7 +356,7 @@ fn run_init(comm: &NcclComm, gpu: Option<GpuContext>, job: InitJob) {
 }
 
 /// The device a communicator made now on this thread works on (see `NcclComm::device`).
-fn current_device(gpu: Option<GpuContext>) -> Option<i32> {
+pub(super) fn current_device(gpu: Option<GpuContext>) -> Option<i32> {
     gpu.map(|g| g.device).or_else(|| ensure_driver().ok().map(|_| 0))
 }
 
@@ -411,7 +395,7 @@ unsafe fn init_rank(
 ///
 /// # Safety
 /// `out` is non-null and writable.
-unsafe fn start(
+pub(super) unsafe fn start(
     out: *mut ncclComm_t,
     comm: Arc<NcclComm>,
     gpu: Option<GpuContext>,
@@ -769,7 +753,7 @@ nccl_export! {
 ///
 /// # Safety
 /// `config` is NULL or the caller's `ncclConfig_t`.
-unsafe fn child_config(parent: &NcclComm, config: *const ncclConfig_t) -> Result<config::Config> {
+pub(super) unsafe fn child_config(parent: &NcclComm, config: *const ncclConfig_t) -> Result<config::Config> {
     if config.is_null() {
         return Ok(config::Config::default_for(parent.blocking()));
     }
@@ -782,7 +766,7 @@ unsafe fn child_config(parent: &NcclComm, config: *const ncclConfig_t) -> Result
 ///
 /// # Safety
 /// `newcomm` is non-null and writable.
-unsafe fn start_child(
+pub(super) unsafe fn start_child(
     parent: &NcclComm,
     newcomm: *mut ncclComm_t,
     place: Option<(usize, usize)>,

@@ -18,6 +18,7 @@ pub fn code(e: &Error) -> ncclResult_t {
         ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
         ErrorKind::Remote => ncclResult_t::ncclRemoteError,
         ErrorKind::InProgress => ncclResult_t::ncclInProgress,
+        ErrorKind::Timeout => ncclResult_t::ncclTimeout,
     }
 }
 
@@ -48,6 +49,7 @@ pub fn describe(result: i32) -> &'static CStr {
         5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
         6 => c"remote process exited or there was a network error",
         7 => c"NCCL operation in progress",
+        8 => c"operation timed out (a peer did not answer within the deadline)",
         _ => c"unknown result code",
     }
 }
@@ -140,6 +142,7 @@ mod tests {
             (Error::invalid_usage("x"), 5),
             (Error::remote("x"), 6),
             (Error::new(ErrorKind::InProgress, "x"), 7),
+            (Error::new(ErrorKind::Timeout, "x"), 8),
         ] {
             assert_eq!(code(&e) as i32, code_value);
             assert_eq!(from_core(e.code()) as i32, code_value);

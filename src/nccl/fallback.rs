@@ -191,6 +191,7 @@ impl Library {
             5 => ErrorKind::InvalidUsage,
             6 => ErrorKind::Remote,
             7 => ErrorKind::InProgress,
+            8 => ErrorKind::Timeout,
             _ => ErrorKind::Internal,
         };
         Err(Error::new(

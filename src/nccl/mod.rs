@@ -16,6 +16,22 @@
 //!   ours, which gets what the core does not carry out;
 //! - `api.rs`: the `extern "C"` functions, exported by the `nccl-abi` feature (`libnccl.so.2`).
 
+/// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
+macro_rules! nccl_export {
+    ($(#[$attr:meta])* fn $name:ident / $twin:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$attr])*
+        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+
+        #[doc = concat!("`", stringify!($name), "` under NCCL's profiling name.")]
+        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
+        pub unsafe extern "C" fn $twin($($arg: $ty),*) -> $ret {
+            // SAFETY: the same function, under the same contract.
+            unsafe { $name($($arg),*) }
+        }
+    };
+}
+
 pub mod api;
 pub mod comm;
 pub mod config;

@@ -1,11 +1,12 @@
-//! NCCL 2.28.9's C types and values, as its `nccl.h` lays them out (`include/nccl.h` is ours, written from
+//! NCCL 2.32.3's C types and values, as its `nccl.h` lays them out (`include/nccl.h` is ours, written from
 //! the same facts; the tests below and the C test check that the two agree).
 #![allow(non_camel_case_types, non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-/// `NCCL_VERSION(2, 28, 9)`: the version whose API this face implements.
-pub const NCCL_VERSION_CODE: c_int = 22809;
+/// `NCCL_VERSION(2, 32, 3)`: the version whose API this face implements (every function of its `nccl.h`
+/// and of the host side of its device API is defined).
+pub const NCCL_VERSION_CODE: c_int = 23203;
 
 /// `ncclResult_t`. Returned by value; never read from the caller, so an enum is safe here.
 #[repr(C)]
@@ -19,10 +20,12 @@ pub enum ncclResult_t {
     ncclInvalidUsage = 5,
     ncclRemoteError = 6,
     ncclInProgress = 7,
+    /// From NCCL 2.30.3.
+    ncclTimeout = 8,
 }
 
 /// `ncclNumResults`: one past the last result code.
-pub const NCCL_NUM_RESULTS: c_int = 8;
+pub const NCCL_NUM_RESULTS: c_int = 9;
 
 /// `ncclDataType_t` values. The caller's enum arrives as an int (any int: an out-of-range value is an
 /// error, not undefined behaviour). 0 to 9 are the core's `DataType` numbering.
@@ -84,8 +87,10 @@ pub const NCCL_CONFIG_MAGIC: c_uint = 0xcafe_beef;
 /// `NCCL_CONFIG_UNDEF_INT`: a field the caller left to us.
 pub const NCCL_CONFIG_UNDEF_INT: c_int = c_int::MIN;
 
-/// `ncclConfig_t` of NCCL 2.28 (`ncclConfig_v22800`), 80 bytes on x86-64. A caller compiled against an
-/// older header passes a prefix of it (its `size` says how long); `config.rs` reads it that way.
+/// `ncclConfig_t` of NCCL 2.32 (`ncclConfig_v23100`), 120 bytes on x86-64; it grew only at its end: 80
+/// bytes in 2.28 (up to `nvlinkCentricSched`), 88 in 2.29 (`numRmaCtx`), 96 in 2.30
+/// (`graphStreamOrdering`), 112 in 2.31 (`rmaEagerInit`), 120 in 2.32. A caller compiled against an older
+/// header passes a prefix of it (its `size` says how long); `config.rs` reads it that way.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ncclConfig_t {
@@ -106,6 +111,15 @@ pub struct ncclConfig_t {
     pub nvlsCTAs: c_int,
     pub nChannelsPerNetPeer: c_int,
     pub nvlinkCentricSched: c_int,
+    pub graphUsageMode: c_int,
+    pub numRmaCtx: c_int,
+    pub maxP2pPeers: c_int,
+    pub graphStreamOrdering: c_int,
+    pub launchOrderImplicit: c_int,
+    pub numRmaSig: c_int,
+    pub rmaEagerInit: c_int,
+    pub hostCftMode: c_int,
+    pub nvlsHostMode: c_int,
 }
 
 impl ncclConfig_t {
@@ -130,6 +144,15 @@ impl ncclConfig_t {
             nvlsCTAs: undef,
             nChannelsPerNetPeer: undef,
             nvlinkCentricSched: undef,
+            graphUsageMode: undef,
+            numRmaCtx: undef,
+            maxP2pPeers: undef,
+            graphStreamOrdering: undef,
+            launchOrderImplicit: undef,
+            numRmaSig: undef,
+            rmaEagerInit: undef,
+            hostCftMode: undef,
+            nvlsHostMode: undef,
         }
     }
 }
@@ -158,9 +181,9 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     #[test]
-    fn layouts_are_nccl_2_28s() {
+    fn layouts_are_nccl_2_32s() {
         assert_eq!(size_of::<ncclUniqueId>(), 128);
-        assert_eq!(size_of::<ncclConfig_t>(), 80);
+        assert_eq!(size_of::<ncclConfig_t>(), 120);
         let offsets = [
             offset_of!(ncclConfig_t, size),
             offset_of!(ncclConfig_t, magic),
@@ -179,10 +202,22 @@ mod tests {
             offset_of!(ncclConfig_t, nvlsCTAs),
             offset_of!(ncclConfig_t, nChannelsPerNetPeer),
             offset_of!(ncclConfig_t, nvlinkCentricSched),
+            offset_of!(ncclConfig_t, graphUsageMode),
+            offset_of!(ncclConfig_t, numRmaCtx),
+            offset_of!(ncclConfig_t, maxP2pPeers),
+            offset_of!(ncclConfig_t, graphStreamOrdering),
+            offset_of!(ncclConfig_t, launchOrderImplicit),
+            offset_of!(ncclConfig_t, numRmaSig),
+            offset_of!(ncclConfig_t, rmaEagerInit),
+            offset_of!(ncclConfig_t, hostCftMode),
+            offset_of!(ncclConfig_t, nvlsHostMode),
         ];
         assert_eq!(
             offsets,
-            [0, 8, 12, 16, 20, 24, 28, 32, 40, 44, 48, 56, 60, 64, 68, 72, 76]
+            [
+                0, 8, 12, 16, 20, 24, 28, 32, 40, 44, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92, 96, 100, 104, 108,
+                112
+            ]
         );
         assert_eq!(size_of::<ncclSimInfo_t>(), 24);
         assert_eq!(size_of::<ncclResult_t>(), 4);
