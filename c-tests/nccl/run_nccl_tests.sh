@@ -3,6 +3,8 @@
 # - nccl.h compiles alone, warnings as errors, as C11 and C17 (gcc) and as C++11, 14, 17 and 20 (g++);
 # - libnccl.so.2's soname, and its exported names: exactly nccl.h's functions and ncclDevCommCreate/Destroy,
 #   each with its pnccl twin (which covers the 38 names PyTorch links), nothing named mscclpp*;
+# - the functions that torch, vLLM, sglang, nccl4py, cupy and JAX use, and NVIDIA's nccl.h and libnccl.so.2
+#   declare and export, from the lists in c-tests/nccl/names/ (check_wheel_names.sh);
 # - every program built from c-tests/nccl/*.cpp (build/tests/nccl/), which counts its own checks.
 # Ends with "nccl tests: N passed, N failed".
 set -u
@@ -67,7 +69,18 @@ verdict "libnccl.so.2 exports nothing named mscclpp*" $([ -z "$ours" ] && echo 0
 theirs=$(nm -D --defined-only "$repo/build/lib/libmscclpp.so.0.1.0" | awk '{print $NF}' | grep -i nccl)
 verdict "libmscclpp.so exports nothing named nccl*" $([ -z "$theirs" ] && echo 0 || echo 1) "$theirs"
 
-# 3. The programs.
+# 3. The functions that pinned wheels use, and NVIDIA's own API (c-tests/nccl/names/): one verdict per list.
+log=$(bash "$here/check_wheel_names.sh" "$lib" "$include" 2>&1)
+rc=$?
+if [[ $(tail -n 1 <<<"$log") =~ ^wheel\ names:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+  passed=$((passed + BASH_REMATCH[1]))
+  failed=$((failed + BASH_REMATCH[2]))
+  sed '$d' <<<"$log"
+else
+  verdict "check_wheel_names.sh (exit status $rc)" 1 "$log"
+fi
+
+# 4. The programs.
 for program in "$repo"/build/tests/nccl/*; do
   [ -f "$program" ] && [ -x "$program" ] || continue
   name=$(basename "$program")
