@@ -173,16 +173,33 @@ fn init_once(nccl_face: bool) {
         // one receives our records and we only set nothing. Ours is installed before the level is read,
         // so that a bad `MSCCLPP_DEBUG` is reported.
         if log::set_logger(&Logger).is_ok() {
+            OURS.store(true, Ordering::Relaxed);
             log::set_max_level(LevelFilter::Warn);
-            let env = crate::settings::Source::process();
-            let level = if nccl_face && env.raw(&crate::settings::DEBUG).is_none() {
-                nccl_level(env.choice(&crate::settings::NCCL_DEBUG).unwrap_or("WARN"))
-            } else {
-                env.choice(&crate::settings::DEBUG).unwrap_or("WARN")
-            };
-            log::set_max_level(parse_level(Some(level)));
+            set_level_from(&crate::settings::Source::process(), nccl_face);
         }
     });
+}
+
+/// Whether our logger is the process's (else another Rust logger was installed first).
+static OURS: AtomicBool = AtomicBool::new(false);
+
+/// Sets the level from `MSCCLPP_DEBUG`, or `NCCL_DEBUG` for the NCCL face where ours is unset.
+fn set_level_from(env: &crate::settings::Source, nccl_face: bool) {
+    let level = if nccl_face && env.raw(&crate::settings::DEBUG).is_none() {
+        nccl_level(env.choice(&crate::settings::NCCL_DEBUG).unwrap_or("WARN"))
+    } else {
+        env.choice(&crate::settings::DEBUG).unwrap_or("WARN")
+    };
+    log::set_max_level(parse_level(Some(level)));
+}
+
+/// `ncclResetDebugInit`: reads the log level again from the environment as it is now (the debug file
+/// stays the one opened first).
+pub fn reset_level_for_nccl() {
+    init_for_nccl();
+    if OURS.load(Ordering::Relaxed) {
+        set_level_from(&crate::settings::Source::live(), true);
+    }
 }
 
 /// Our level for a value of `NCCL_DEBUG`: its `INFO` and `TRACE` are ours; `VERSION` (NCCL's banner) and

@@ -320,6 +320,16 @@ impl Source<'static> {
     }
 }
 
+impl Source<'static> {
+    /// The process environment as it is now, not as it was first read: only for the log level, which
+    /// `ncclResetDebugInit` asks to read again (programs set `NCCL_DEBUG` after loading the library).
+    pub fn live() -> Source<'static> {
+        Source {
+            lookup: Box::new(|name| std::env::var(name).ok()),
+        }
+    }
+}
+
 impl<'a> Source<'a> {
     pub fn from_fn(lookup: impl Fn(&str) -> Option<String> + 'a) -> Source<'a> {
         Source {

@@ -248,6 +248,18 @@ impl AppStream {
         wait_on(self.raw(), event)
     }
 
+    /// Records the application's event (a `cudaEvent_t`, e.g. `ncclCollConfig_t`'s
+    /// `launchCompletionEvent`) on the stream, after the work queued so far.
+    ///
+    /// # Safety
+    /// `event` is a live event of the stream's context (the application's contract).
+    pub unsafe fn record_app_event(&self, event: u64) -> Result<()> {
+        // SAFETY: the caller's contract for the event; the stream is `from_raw`'s.
+        check(unsafe { sys::cuEventRecord(event as sys::CUevent, self.raw()) }, || {
+            format!("recording the application's event {event:#x} on its stream")
+        })
+    }
+
     /// Waits until the work queued on the stream so far is done.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: a live stream of the current context, or the default stream (`from_raw`'s contract).

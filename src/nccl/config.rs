@@ -109,11 +109,67 @@ pub fn parse(raw: &ncclConfig_t, blocking_default: bool) -> Result<Config> {
             "config's {name} is {value}; it must be 0 or 1"
         );
     }
+    for (name, value) in [
+        ("graphUsageMode", raw.graphUsageMode),
+        ("numRmaCtx", raw.numRmaCtx),
+        ("maxP2pPeers", raw.maxP2pPeers),
+        ("numRmaSig", raw.numRmaSig),
+    ] {
+        ensure_arg!(
+            value == NCCL_CONFIG_UNDEF_INT || value >= 0,
+            "config's {name} is {value}; it must not be negative"
+        );
+    }
+    for (name, value) in [
+        ("graphStreamOrdering", raw.graphStreamOrdering),
+        ("launchOrderImplicit", raw.launchOrderImplicit),
+        ("rmaEagerInit", raw.rmaEagerInit),
+    ] {
+        ensure_arg!(
+            matches!(value, NCCL_CONFIG_UNDEF_INT | 0 | 1),
+            "config's {name} is {value}; it must be 0 or 1"
+        );
+    }
+    // What this library has no use for: its grids come from its algorithm table, it has no network
+    // channels, NVLS or CFT, its one-sided calls need no contexts set up in advance, and its calls are
+    // always stream-ordered.
+    for (name, value) in ignored(raw) {
+        log::debug!("config's {name} ({value}) is not used by this library");
+    }
     let name = (!raw.commName.is_null()).then(|| {
         // SAFETY: the caller's commName is NULL or a NUL-terminated string (NCCL's contract).
         unsafe { CStr::from_ptr(raw.commName) }.to_string_lossy().into_owned()
     });
     Ok(Config { blocking, name })
+}
+
+/// The fields a caller set that the library does not use, with their values.
+fn ignored(raw: &ncclConfig_t) -> Vec<(&'static str, i32)> {
+    [
+        ("cgaClusterSize", raw.cgaClusterSize),
+        ("minCTAs", raw.minCTAs),
+        ("maxCTAs", raw.maxCTAs),
+        ("splitShare", raw.splitShare),
+        ("trafficClass", raw.trafficClass),
+        ("collnetEnable", raw.collnetEnable),
+        ("CTAPolicy", raw.CTAPolicy),
+        ("shrinkShare", raw.shrinkShare),
+        ("nvlsCTAs", raw.nvlsCTAs),
+        ("nChannelsPerNetPeer", raw.nChannelsPerNetPeer),
+        ("nvlinkCentricSched", raw.nvlinkCentricSched),
+        ("graphUsageMode", raw.graphUsageMode),
+        ("numRmaCtx", raw.numRmaCtx),
+        ("maxP2pPeers", raw.maxP2pPeers),
+        ("graphStreamOrdering", raw.graphStreamOrdering),
+        ("launchOrderImplicit", raw.launchOrderImplicit),
+        ("numRmaSig", raw.numRmaSig),
+        ("rmaEagerInit", raw.rmaEagerInit),
+        ("hostCftMode", raw.hostCftMode),
+        ("nvlsHostMode", raw.nvlsHostMode),
+    ]
+    .into_iter()
+    .filter(|(_, v)| *v != NCCL_CONFIG_UNDEF_INT)
+    .collect()
 }
 
 /// The config of `config` (NULL: the defaults).
@@ -203,6 +259,27 @@ mod tests {
     }
 
     #[test]
+    fn torch_2_15s_config_of_96_bytes_is_read_by_its_size() {
+        // NCCL 2.30's ncclConfig_t ends after graphStreamOrdering; what lies beyond is not the caller's.
+        let mut c = ncclConfig_t::initializer();
+        c.size = 96;
+        c.version = 23007;
+        c.blocking = 0;
+        c.graphStreamOrdering = 1;
+        c.rmaEagerInit = 77; // beyond its size: never read
+        // SAFETY: the struct is longer than it claims.
+        let (raw, size) = unsafe { copy_in(&c) }.unwrap();
+        assert_eq!(size, 96);
+        assert_eq!(raw.rmaEagerInit, NCCL_CONFIG_UNDEF_INT);
+        assert_eq!(ignored(&raw), vec![("graphStreamOrdering", 1)]);
+        assert!(!parse(&raw, true).unwrap().blocking);
+        c.size = size_of::<ncclConfig_t>();
+        // SAFETY: a whole config.
+        let e = unsafe { read(&c, true) }.unwrap_err();
+        assert!(e.message.contains("rmaEagerInit is 77"), "{e}");
+    }
+
+    #[test]
     fn a_newer_longer_config_is_read_up_to_ours() {
         #[repr(C)]
         struct Newer {
@@ -214,7 +291,7 @@ mod tests {
             later: [u64::MAX; 4],
         };
         n.base.size = size_of::<Newer>();
-        n.base.version = 23000;
+        n.base.version = 23300;
         n.base.blocking = 1;
         // SAFETY: the struct is as long as it claims.
         let got = unsafe { read(&n.base, false) }.unwrap();
