@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The NCCL face's tests that need no GPU (after `make`):
 # - nccl.h compiles alone, warnings as errors, as C11 and C17 (gcc) and as C++11, 14, 17 and 20 (g++);
-# - libnccl.so.2's soname, and its exported names: exactly nccl.h's functions and ncclDevCommCreate/Destroy,
-#   each with its pnccl twin (which covers the 38 names PyTorch links), nothing named mscclpp*;
+# - nccl_device/host.h (the device API's host side) compiles alone and after nccl.h;
+# - libnccl.so.2's soname, and its exported names: exactly those of NVIDIA's libnccl.so.2 2.32.3 (nccl.h's
+#   functions and the device API's host side, each with its pnccl twin), nothing named mscclpp*;
 # - the functions that torch, vLLM, sglang, nccl4py, cupy and JAX use, and NVIDIA's nccl.h and libnccl.so.2
 #   declare and export, from the lists in c-tests/nccl/names/ (check_wheel_names.sh);
 # - every program built from c-tests/nccl/*.cpp (build/tests/nccl/), which counts its own checks.
@@ -35,8 +36,20 @@ for std in c11 c17; do
 done
 for std in c++11 c++14 c++17 c++20; do
   msg=$(g++ -std=$std -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$include" -x c++ - <<<'#include <nccl.h>
-ncclConfig_t config = NCCL_CONFIG_INITIALIZER; ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;' 2>&1)
+ncclConfig_t config = NCCL_CONFIG_INITIALIZER; ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
+ncclCollConfig_t coll = NCCL_COLLCONFIG_INITIALIZER; ncclEncryptionConfig_t enc = NCCL_ENCRYPTION_CONFIG_INITIALIZER;' 2>&1)
   verdict "nccl.h compiles as $std" $? "$msg"
+done
+# The device API's host side, alone and after nccl.h.
+for std in c11 c17; do
+  msg=$(gcc -std=$std -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$include" -x c - <<<'#include <nccl_device/host.h>' 2>&1)
+  verdict "nccl_device/host.h compiles as $std" $? "$msg"
+done
+for std in c++11 c++20; do
+  msg=$(g++ -std=$std -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$include" -x c++ - <<<'#include <nccl.h>
+#include <nccl_device/host.h>
+ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;' 2>&1)
+  verdict "nccl_device/host.h compiles as $std" $? "$msg"
 done
 
 # 2. The library's name and exports.
@@ -44,26 +57,14 @@ soname=$(readelf -d "$lib" 2>/dev/null | sed -n 's/.*Library soname: \[\(.*\)\]/
 [ "$soname" = libnccl.so.2 ]
 verdict "libnccl.so.2's soname is libnccl.so.2 (got '$soname')" $?
 
-functions="ncclMemAlloc ncclMemFree ncclGetVersion ncclGetUniqueId ncclCommInitRankConfig ncclCommInitRank
-ncclCommInitAll ncclCommInitRankScalable ncclCommFinalize ncclCommDestroy ncclCommAbort ncclCommRevoke
-ncclCommSplit ncclCommShrink ncclGetErrorString ncclGetLastError ncclCommGetAsyncError ncclCommCount
-ncclCommCuDevice ncclCommUserRank ncclCommRegister ncclCommDeregister ncclCommWindowRegister
-ncclCommWindowDeregister ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclBcast ncclBroadcast
-ncclAllReduce ncclReduceScatter ncclAllGather ncclAlltoAll ncclGather ncclScatter ncclSend ncclRecv
-ncclGroupStart ncclGroupEnd ncclGroupSimulateEnd ncclDevCommCreate ncclDevCommDestroy"
-pytorch="ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount
-ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll ncclCommInitRank
-ncclCommInitRankConfig ncclCommInitRankScalable ncclCommRegister ncclCommShrink ncclCommSplit ncclCommUserRank
-ncclCommWindowDeregister ncclCommWindowRegister ncclDevCommCreate ncclDevCommDestroy ncclGetErrorString
-ncclGetLastError ncclGetUniqueId ncclGetVersion ncclGroupEnd ncclGroupSimulateEnd ncclGroupStart ncclMemAlloc
-ncclMemFree ncclRecv ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce ncclReduceScatter ncclSend"
-expected=$(for f in $functions; do echo "$f"; echo "p$f"; done | sort)
+# Exactly the names NVIDIA's libnccl.so.2 of the version we claim exports (c-tests/nccl/names/): nccl.h's
+# functions, the host side of its device API (nccl_device/host.h), each with its pnccl twin, and
+# ncclResetDebugInitInternal.
+expected=$(grep -v '^#' "$here/names/nccl-2.32.3-exports.txt" | sort)
 exported=$(nm -D --defined-only "$lib" | awk '{print $NF}' | sort)
 diffs=$(diff <(echo "$expected") <(echo "$exported"))
-verdict "libnccl.so.2 exports exactly nccl.h's functions and their pnccl twins ($(echo "$exported" | wc -l) names)" \
+verdict "libnccl.so.2 exports exactly NVIDIA 2.32.3's names ($(echo "$exported" | wc -l) names)" \
   $([ -z "$diffs" ] && echo 0 || echo 1) "$diffs"
-missing=$(for f in $pytorch; do grep -qx "$f" <<<"$exported" || echo "$f"; done)
-verdict "libnccl.so.2 defines the $(echo $pytorch | wc -w) names PyTorch links" $([ -z "$missing" ] && echo 0 || echo 1) "$missing"
 ours=$(grep -i mscclpp <<<"$exported")
 verdict "libnccl.so.2 exports nothing named mscclpp*" $([ -z "$ours" ] && echo 0 || echo 1) "$ours"
 theirs=$(nm -D --defined-only "$repo/build/lib/libmscclpp.so.0.1.0" | awk '{print $NF}' | grep -i nccl)

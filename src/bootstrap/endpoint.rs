@@ -170,10 +170,13 @@ impl Bootstrap {
                         f.error()
                     ),
                 ),
-                None => Error::new(ErrorKind::Timeout, format!(
-                    "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
-                    list_ranks(&missing)
-                )),
+                None => Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "rank {rank}: timed out after {timeout:?} waiting for {} to connect",
+                        list_ranks(&missing)
+                    ),
+                ),
             })?;
         info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)

@@ -175,10 +175,13 @@ impl Mailbox {
                     if self.changed.wait_until(&mut state, d).timed_out()
                         && state.queues.get(&(peer, key)).is_none_or(|q| q.is_empty())
                     {
-                        return Err(Error::remote(format!(
-                            "waiting for a message from peer {peer} ({:?} tag {}): nothing came in time",
-                            key.space, key.tag
-                        )));
+                        return Err(Error::new(
+                            crate::error::ErrorKind::Timeout,
+                            format!(
+                                "waiting for a message from peer {peer} ({:?} tag {}): nothing came in time",
+                                key.space, key.tag
+                            ),
+                        ));
                     }
                 }
             }
