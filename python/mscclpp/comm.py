@@ -443,13 +443,19 @@ class Communicator:
     # ---- identity ----
     @property
     def rank(self) -> int:
-        """This rank (``mscclppCommRank``)."""
-        return self._st.rank
+        """This rank (``mscclppCommRank``); ``InvalidUsageError`` once the communicator is closed."""
+        st = self._st
+        if st._handle is None:
+            st.handle()  # raises: the communicator is closed
+        return st.rank
 
     @property
     def size(self) -> int:
-        """The number of ranks (``mscclppCommSize``)."""
-        return self._st.size
+        """The number of ranks (``mscclppCommSize``); ``InvalidUsageError`` once the communicator is closed."""
+        st = self._st
+        if st._handle is None:
+            st.handle()  # raises: the communicator is closed
+        return st.size
 
     nranks = size
 
@@ -637,7 +643,7 @@ class Communicator:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self._st.connections)} connections"
-        return f"Communicator(rank={self.rank}, size={self.size}, device={self.device}, {state})"
+        return f"Communicator(rank={self._st.rank}, size={self._st.size}, device={self.device}, {state})"
 
 
 def _require(name: str) -> None:

@@ -93,9 +93,10 @@ _BY_CODE: Dict[int, Type[MscclppError]] = {
 
 
 def error_for(rc: int, function: str, log_lines: Sequence[str], description: str,
-              captured: bool = True) -> MscclppError:
+              captured: bool = True, shown_above: bool = False) -> MscclppError:
     """The exception for result code ``rc`` of ``function`` (``description`` is the library's string;
-    ``captured``: whether the package was collecting the library's lines)."""
+    ``captured``: whether the package was collecting the library's lines; ``shown_above``: whether they were
+    printed on standard error already, so that the message only points at them)."""
     try:
         code = ResultCode(rc)
         name = code.c_name
@@ -103,7 +104,9 @@ def error_for(rc: int, function: str, log_lines: Sequence[str], description: str
         code, name = ResultCode.InternalError, f"unknown result code {rc}"
     cls = _BY_CODE.get(rc, MscclppError)
     message = f"{function} failed with {name} ({description})"
-    if log_lines:
+    if log_lines and shown_above:
+        message += f" (the library's {'line' if len(log_lines) == 1 else f'{len(log_lines)} lines'} above; also in .log_lines)"
+    elif log_lines:
         message += ": " + " | ".join(log_lines)
     elif captured:
         message += " (the library logged nothing; MSCCLPP_DEBUG may be OFF)"

@@ -4,7 +4,8 @@
 
     LD_PRELOAD=$(python -m mscclpp.nccl_path) torchrun --nproc-per-node 2 train.py
 
-``--dir`` prints its folder instead (for ``LD_LIBRARY_PATH`` with programs linked with ``-lnccl``).
+``--dir`` prints its folder instead (for ``LD_LIBRARY_PATH`` with programs linked with ``-lnccl``); ``--help``
+(``-h``) prints the usage. Any other argument is an error (status 2).
 
 Looked for, first match wins: ``mscclpp/_lib/nccl/libnccl.so.2`` inside the package (what ``pip install``
 bundles), then ``build/lib/nccl/libnccl.so.2`` of the repository the package sits in (what ``make`` lays
@@ -36,10 +37,23 @@ def nccl_library_path() -> Optional[str]:
     return None
 
 
+USAGE = """usage: python -m mscclpp.nccl_path [--dir]
+
+Prints the path of this package's libnccl.so.2 (NCCL's API on libmscclpp), e.g. for
+  LD_PRELOAD=$(python -m mscclpp.nccl_path) torchrun --nproc-per-node 2 train.py
+  --dir       print its folder instead (for LD_LIBRARY_PATH)
+  -h, --help  print this and exit
+Exit status 1 when this installation has no libnccl.so.2."""
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
     if any(a not in ("--dir",) for a in args):
-        print("usage: python -m mscclpp.nccl_path [--dir]", file=sys.stderr)
+        print(USAGE.splitlines()[0], file=sys.stderr)
+        print(f"mscclpp.nccl_path: unknown argument {next(a for a in args if a != '--dir')!r}", file=sys.stderr)
         return 2
     path = nccl_library_path()
     if path is None:

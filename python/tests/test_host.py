@@ -245,9 +245,11 @@ def test_a_closed_communicator_says_so() -> None:
     comm.close()
     comm.close()  # twice is fine
     assert comm.closed
-    for call in (comm.barrier, lambda: comm.all_gather(b"x"), comm.setup, comm.launch_proxy):
+    for call in (comm.barrier, lambda: comm.all_gather(b"x"), comm.setup, comm.launch_proxy, lambda: comm.rank,
+                 lambda: comm.size, lambda: comm.nranks):
         with pytest.raises(mscclpp.InvalidUsageError, match="closed"):
             call()
+    assert "closed" in repr(comm) and "rank=0" in repr(comm)
     with mscclpp.Communicator(1, 0, unique_id=mscclpp.UniqueId.create()) as c2:
         pass
     assert c2.closed
@@ -321,9 +323,38 @@ def test_log_to_python_false_gives_lines_back_to_the_library_default_handler() -
     )
     assert r.returncode == 0, r.stderr
     assert "raised" in r.stdout and "raised again" in r.stdout
-    # The first line went to standard error through the library's own handler, the second through Python's
-    # logging (whose last-resort handler prints warnings without the logger's prefix), so it appears twice.
-    assert r.stderr.count("MSCCLPP WARN rank - FFI: mscclppCommInitRank: nranks is 0") == 2, r.stderr
+    # The first line went to standard error through the library's own handler; the second, with no handler
+    # configured in Python, only into the exception (caught here), not through the last-resort handler too.
+    assert r.stderr.count("MSCCLPP WARN rank - FFI: mscclppCommInitRank: nranks is 0") == 1, r.stderr
+
+
+def test_a_failed_calls_line_is_shown_once_without_logging_configured() -> None:
+    # No handler configured: the exception alone carries the line of a failed call (the traceback shows it);
+    # Python's last-resort handler does not print it first. A collective (logged at once, for its per-call
+    # cost) prints it once too: its exception points at the line instead of repeating it.
+    r = run_python(
+        """
+        import mscclpp
+        class Cai:
+            def __init__(self, n, ptr):
+                self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False),
+                                                 "version": 3, "strides": None}
+        comm = mscclpp.Communicator(1, 0, unique_id=mscclpp.UniqueId.create())
+        try:
+            mscclpp.all_reduce(Cai(16, 1 << 20), comm=comm)
+        except mscclpp.MscclppError as e:
+            print("collective:", e, "|", len(e.log_lines))
+        comm.connect(5, 0, (0x1000, 64))
+        """
+    )
+    assert r.returncode != 0
+    line = "MSCCLPP WARN rank 0 FFI: mscclppConnect: remoteRank is 5"
+    assert r.stderr.count(line) == 1, r.stderr
+    assert "InvalidArgumentError: mscclppConnect failed" in r.stderr, r.stderr
+    if "collective:" in r.stdout:  # the library refused it (no driver, or not device memory): logged once
+        logged = [l for l in r.stderr.splitlines() if "mscclppAllReduce" in l and l.startswith("MSCCLPP")]
+        assert len(logged) <= 1, r.stderr
+        assert r.stdout.rstrip().endswith("| 1") and ("above" in r.stdout) == bool(logged), r.stdout
 
 
 # ---- exit and leaks ----

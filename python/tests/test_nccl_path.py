@@ -41,4 +41,13 @@ def test_missing_library_and_bad_arguments(monkeypatch, capsys) -> None:
     assert nccl_path.main([]) == 1
     assert "/nonexistent/libnccl.so.2" in capsys.readouterr().err
     assert nccl_path.main(["--bogus"]) == 2
-    assert "usage" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage" in err and "'--bogus'" in err
+
+
+def test_help_prints_the_usage_and_exits_0() -> None:
+    for flag in ("--help", "-h"):
+        r = _run(flag)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith("usage: python -m mscclpp.nccl_path [--dir]") and "--dir" in r.stdout
+        assert r.stderr == ""
