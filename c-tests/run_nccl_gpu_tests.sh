@@ -3,6 +3,8 @@
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
 #   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
 #   refusals, a killed rank shrunk out) at 2 and 4 ranks;
+# - build/tests/nccl-gpu/nccl_grow_test (c-tests/nccl-gpu/nccl_grow_test.cu: ncclCommGetUniqueId and ncclCommGrow,
+#   2 ranks grown to 4, collectives checked on the grown communicator, the parent, and a shrink back to 2);
 # - python/examples/torch_zero_copy.py: PyTorch's registered memory (allocator hook, MemPool) going zero-copy;
 # - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, checked
 #   against gloo, at 2 and 4 ranks, then its --kill mode (a rank SIGKILLs itself; every other process must end
@@ -46,6 +48,13 @@ for n in 2 4; do
   run_program "nccl_gpu_test_$n" 1800 "$bin" all "$n"
   recover "$before"
 done
+
+# ncclCommGrow: 2 ranks grown to 4 (4 processes).
+if part nccl-grow; then
+  before=$failed
+  run_program nccl_grow_test 600 build/tests/nccl-gpu/nccl_grow_test
+  recover "$before"
+fi
 
 py=${PYTHON:-python3}
 script=python/examples/torch_on_our_nccl.py

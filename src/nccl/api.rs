@@ -525,7 +525,7 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
 // ---- version, unique id, initialisation ----
 
 nccl_export! {
-    /// The version of NCCL's API this library implements: 2.28.9.
+    /// The version of NCCL's API this library implements: 2.32.3 (`NCCL_VERSION_CODE`, 23203).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         entry("ncclGetVersion", || {
             non_null(version, "version")?;

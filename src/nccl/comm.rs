@@ -65,6 +65,10 @@ pub struct NcclComm {
     /// so that the count tells one's messages from another's.
     splits: AtomicU64,
     shrinks: AtomicU64,
+    /// How many grows of it this rank has started (`grow.rs`), counted as the splits are.
+    grows: AtomicU64,
+    /// The id `ncclCommGetUniqueId` made on this rank, until a grow takes it (`grow.rs`).
+    grow_id: Mutex<Option<super::grow::MadeId>>,
     premul: Mutex<HashMap<c_int, PreMulSum>>,
     next_op: AtomicI32,
     /// The failure's message, kept for `ncclGetLastError` once the communicator has failed.
@@ -91,6 +95,8 @@ impl NcclComm {
             blocking: AtomicBool::new(true),
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
+            grows: AtomicU64::new(0),
+            grow_id: Mutex::new(None),
             premul: Mutex::new(HashMap::new()),
             next_op: AtomicI32::new(super::types::redop::NUM_OPS),
             failure_message: OnceCell::new(),
@@ -139,6 +145,16 @@ impl NcclComm {
     /// The number of this rank's next shrink of this communicator.
     pub fn next_shrink(&self) -> u64 {
         self.shrinks.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The number of this rank's next grow of this communicator.
+    pub fn next_grow(&self) -> u64 {
+        self.grows.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The id `ncclCommGetUniqueId` made on this rank and no grow has taken yet.
+    pub fn grow_id(&self) -> parking_lot::MutexGuard<'_, Option<super::grow::MadeId>> {
+        self.grow_id.lock()
     }
 
     /// A communicator made by NVIDIA's library alone (a split of one with a fallback).

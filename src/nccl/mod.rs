@@ -11,6 +11,7 @@
 //! - `group.rs`: `ncclGroupStart` / `ncclGroupEnd` bookkeeping (per thread);
 //! - `split.rs`: `ncclCommSplit` and `ncclCommShrink`: how the ranks agree on a new communicator (after
 //!   a failure too);
+//! - `grow.rs`: `ncclCommGetUniqueId` and `ncclCommGrow`: new ranks joining the ranks of a communicator;
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out;
@@ -38,5 +39,6 @@ pub mod config;
 pub mod error;
 pub mod fallback;
 pub mod group;
+pub mod grow;
 pub mod split;
 pub mod types;

@@ -35,8 +35,10 @@ pub type Job = Box<dyn FnOnce() -> Result<Communicator> + Send>;
 const COLORS: u64 = 0;
 const SPLIT_ID: u64 = 1;
 const SHRINK_ID: u64 = 2;
+/// `ncclCommGrow`'s one round (`grow.rs`), above it the count of grows.
+pub(super) const GROW_WORDS: u64 = 3;
 
-fn tag(count: u64, round: u64) -> u64 {
+pub(super) fn tag(count: u64, round: u64) -> u64 {
     (count << 2) | round
 }
 
@@ -334,6 +336,7 @@ mod tests {
             tag(0, COLORS),
             tag(0, SPLIT_ID),
             tag(0, SHRINK_ID),
+            tag(0, GROW_WORDS),
             tag(1, COLORS),
             tag(1, SPLIT_ID),
         ];

@@ -1,0 +1,430 @@
+// ncclCommGetUniqueId and ncclCommGrow on GPUs, through our nccl.h and libnccl.so.2 alone: a communicator
+// of 2 ranks grown to 4, every result checked element by element against a host reference.
+//
+// Four processes, forked by the parent before anything touches CUDA; process r uses GPU r % GPUs, so all
+// may share one GPU. Processes 0 and 1 make the first communicator (rank 0's ncclGetUniqueId); processes 2
+// and 3 join at the grow, with the id process 0 made by ncclCommGetUniqueId. Both ids travel through
+// memory the processes share. The stages, each ended by a meeting of the four processes at which each
+// learns whether any failed (then all stop, so that none waits in a collective for a process that left):
+//   0. ranks 0, 1: ncclCommInitRank (2 ranks), an all-reduce (1000 and 2^20 + 3 floats) checked;
+//   1. rank 0: ncclCommGetUniqueId, a second one before the grow ncclInvalidUsage; ranks 0, 1: ncclCommGrow
+//      with nRanks 2 (not larger than the parent) ncclInvalidArgument;
+//   2. the new ranks' bad grows, each ncclInvalidArgument at once: a rank inside the parent's range (1),
+//      rank 4 of 4, nRanks 2;
+//   3. ncclCommGrow to 4: rank 0 with the id, rank 1 with NULL (rank -1 both), ranks 2, 3 with comm NULL and
+//      the id; every rank's Count is 4 and UserRank its process number (the parent's ranks keep theirs);
+//   4. on the grown communicator, old and new ranks alike: all-reduce (1000 and 2^20 + 3 floats), all-gather
+//      (65537 floats a rank), and a ring of ncclSend / ncclRecv in one group (2^18 + 7 floats);
+//   5. ranks 0, 1: the parent still works (an all-reduce checked);
+//   6. ranks 0, 1: ncclCommShrink of the grown communicator leaving ranks 2 and 3 out, an all-reduce checked
+//      on the 2 left (Count 2, UserRank kept); ranks 2, 3 destroy their grown communicator;
+//   7. everything destroyed.
+//
+//   nccl_grow_test
+//
+// Output: PASS / FAIL lines (per process and stage), SKIP where no GPU is usable, a SUMMARY line. Exit code 0
+// only if every stage passed on every process. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
+//
+// The case runner (examples-c/common/case_runner.h) gives the forking, the alarm and the formatting; nothing
+// of it that calls libmscclpp is used (the link, -lnccl only, would fail if anything were).
+#include "case_runner.h"
+
+#include <nccl.h>
+
+using namespace tc;
+
+namespace {
+
+constexpr int kOld = 2;     // ranks of the first communicator
+constexpr int kAll = 4;     // ranks after the grow
+constexpr int kStages = 8;
+
+struct Board
+{
+  ncclUniqueId parentId, growId;
+  int parentReady, growReady;
+  int arrivals[kStages]; // processes arrived at each stage's end
+  int failed[kStages];   // processes whose stage failed
+};
+
+Board* gBoard = nullptr;
+double gWaitS = 60; // how long a process waits for the others at a meeting (scaled)
+
+std::string rc(ncclResult_t r) { return fmt("%s (%d)", ncclGetErrorString(r), (int)r); }
+
+#define TG_CUDA(expr)                                                                                          \
+  do {                                                                                                         \
+    cudaError_t e_ = (expr);                                                                                   \
+    if (e_ != cudaSuccess) return fmt("%s: %s (%s:%d)", #expr, cudaGetErrorString(e_), __FILE__, __LINE__);   \
+  } while (0)
+
+// An NCCL call that must return `want`.
+#define TG_EXPECT(expr, want)                                                                                  \
+  do {                                                                                                         \
+    ncclResult_t r_ = (expr);                                                                                  \
+    if (r_ != (want)) {                                                                                        \
+      return fmt("%s returned %s, expected %s (%s:%d); last error: %s", #expr, rc(r_).c_str(),                 \
+                 rc(want).c_str(), __FILE__, __LINE__, ncclGetLastError(NULL));                                \
+    }                                                                                                          \
+  } while (0)
+#define TG_OK(expr) TG_EXPECT(expr, ncclSuccess)
+
+// Waits until *flag is set by another process (bounded).
+std::string waitFlag(int* flag, const char* what)
+{
+  const double deadline = nowSec() + gWaitS;
+  while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST)) {
+    if (nowSec() > deadline) return fmt("%s did not come within %.0f s", what, gWaitS);
+    usleep(1000);
+  }
+  return "";
+}
+
+// Process `me`'s end of `stage`: waits for the other processes; "" if none failed.
+std::string meet(int stage, bool ok)
+{
+  if (!ok) __atomic_add_fetch(&gBoard->failed[stage], 1, __ATOMIC_SEQ_CST);
+  __atomic_add_fetch(&gBoard->arrivals[stage], 1, __ATOMIC_SEQ_CST);
+  const double deadline = nowSec() + gWaitS;
+  while (__atomic_load_n(&gBoard->arrivals[stage], __ATOMIC_SEQ_CST) < kAll) {
+    if (nowSec() > deadline) return fmt("the other processes did not end stage %d within %.0f s", stage, gWaitS);
+    usleep(200);
+  }
+  if (__atomic_load_n(&gBoard->failed[stage], __ATOMIC_SEQ_CST)) return fmt("a process failed stage %d", stage);
+  return "";
+}
+
+// The communicator's own error after a stream was drained: a failure seen meanwhile fails the stage.
+std::string healthy(ncclComm_t comm)
+{
+  ncclResult_t async = ncclInternalError;
+  TG_OK(ncclCommGetAsyncError(comm, &async));
+  if (async != ncclSuccess) return fmt("ncclCommGetAsyncError says %s: %s", rc(async).c_str(), ncclGetLastError(comm));
+  return "";
+}
+
+// Count and UserRank as expected.
+std::string place(ncclComm_t comm, int rank, int nranks)
+{
+  int n = -1, r = -1;
+  TG_OK(ncclCommCount(comm, &n));
+  TG_OK(ncclCommUserRank(comm, &r));
+  if (n != nranks || r != rank) return fmt("rank %d of %d, expected rank %d of %d", r, n, rank, nranks);
+  return "";
+}
+
+// Device buffers freed on every path.
+struct Buffers
+{
+  std::vector<void*> all;
+  float* get(size_t count)
+  {
+    void* p = nullptr;
+    if (cudaMalloc(&p, count * sizeof(float) + 16) != cudaSuccess) return nullptr;
+    all.push_back(p);
+    return (float*)p;
+  }
+  ~Buffers()
+  {
+    for (void* p : all) cudaFree(p);
+  }
+};
+
+// Compares `count` floats of the device buffer `d` with want(i).
+template <typename F>
+std::string compare(const char* what, const float* d, size_t count, cudaStream_t stream, F want)
+{
+  std::vector<float> h(count);
+  TG_CUDA(cudaMemcpyAsync(h.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  TG_CUDA(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < count; ++i)
+    if (h[i] != want(i))
+      return fmt("%s: element %zu is %g, expected %g", what, i, (double)h[i], (double)want(i));
+  return "";
+}
+
+std::string upload(float* d, size_t count, cudaStream_t stream, const std::function<float(size_t)>& value)
+{
+  std::vector<float> h(count);
+  for (size_t i = 0; i < count; ++i) h[i] = value(i);
+  TG_CUDA(cudaMemcpyAsync(d, h.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
+  TG_CUDA(cudaStreamSynchronize(stream));
+  return "";
+}
+
+// An all-reduce (sum) of `count` floats: rank r gives r + 1 + i % 7 (exact in float for any order of sums).
+std::string allReduce(ncclComm_t comm, int rank, int nranks, size_t count, cudaStream_t stream)
+{
+  Buffers b;
+  float* in = b.get(count);
+  float* out = b.get(count);
+  if (!in || !out) return "cudaMalloc failed";
+  std::string why = upload(in, count, stream, [&](size_t i) { return float(rank + 1 + i % 7); });
+  if (!why.empty()) return why;
+  TG_OK(ncclAllReduce(in, out, count, ncclFloat, ncclSum, comm, stream));
+  why = compare(fmt("all-reduce of %zu floats on %d ranks", count, nranks).c_str(), out, count, stream,
+                [&](size_t i) { return float(nranks * (nranks + 1) / 2 + nranks * (i % 7)); });
+  return why.empty() ? healthy(comm) : why;
+}
+
+// An all-gather of `count` floats a rank: rank r gives r * 1000 + i % 1000.
+std::string allGather(ncclComm_t comm, int rank, int nranks, size_t count, cudaStream_t stream)
+{
+  Buffers b;
+  float* in = b.get(count);
+  float* out = b.get(count * nranks);
+  if (!in || !out) return "cudaMalloc failed";
+  std::string why = upload(in, count, stream, [&](size_t i) { return float(rank * 1000 + i % 1000); });
+  if (!why.empty()) return why;
+  TG_OK(ncclAllGather(in, out, count, ncclFloat, comm, stream));
+  why = compare(fmt("all-gather of %zu floats a rank on %d ranks", count, nranks).c_str(), out, count * nranks,
+                stream, [&](size_t i) { return float((i / count) * 1000 + (i % count) % 1000); });
+  return why.empty() ? healthy(comm) : why;
+}
+
+// A ring in one group: every rank sends `count` floats to the next and receives from the previous.
+std::string ring(ncclComm_t comm, int rank, int nranks, size_t count, cudaStream_t stream)
+{
+  Buffers b;
+  float* in = b.get(count);
+  float* out = b.get(count);
+  if (!in || !out) return "cudaMalloc failed";
+  std::string why = upload(in, count, stream, [&](size_t i) { return float(rank * 1000 + i % 1000) + 0.5f; });
+  if (!why.empty()) return why;
+  const int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+  TG_OK(ncclGroupStart());
+  TG_OK(ncclSend(in, count, ncclFloat, next, comm, stream));
+  TG_OK(ncclRecv(out, count, ncclFloat, prev, comm, stream));
+  TG_OK(ncclGroupEnd());
+  why = compare(fmt("ring of %zu floats on %d ranks (from rank %d)", count, nranks, prev).c_str(), out, count, stream,
+                [&](size_t i) { return float(prev * 1000 + i % 1000) + 0.5f; });
+  return why.empty() ? healthy(comm) : why;
+}
+
+struct Proc
+{
+  int rank = 0; // the process number: its rank in the parent (0, 1) and in the grown communicator
+  cudaStream_t stream = nullptr;
+  ncclComm_t parent = nullptr, grown = nullptr, shrunk = nullptr;
+  ncclUniqueId growId;
+};
+
+std::string stageParent(Proc& P)
+{
+  ncclUniqueId id;
+  if (P.rank == 0) {
+    TG_OK(ncclGetUniqueId(&id));
+    memcpy(&gBoard->parentId, &id, sizeof(id));
+    __atomic_store_n(&gBoard->parentReady, 1, __ATOMIC_SEQ_CST);
+  } else {
+    std::string why = waitFlag(&gBoard->parentReady, "rank 0's ncclGetUniqueId");
+    if (!why.empty()) return why;
+    memcpy(&id, &gBoard->parentId, sizeof(id));
+  }
+  TG_OK(ncclCommInitRank(&P.parent, kOld, id, P.rank));
+  std::string why = place(P.parent, P.rank, kOld);
+  for (size_t count : {size_t(1000), size_t((1 << 20) + 3)})
+    if (why.empty()) why = allReduce(P.parent, P.rank, kOld, count, P.stream);
+  return why;
+}
+
+std::string stageId(Proc& P)
+{
+  if (P.rank == 0) {
+    TG_OK(ncclCommGetUniqueId(P.parent, &P.growId));
+    ncclUniqueId again;
+    TG_EXPECT(ncclCommGetUniqueId(P.parent, &again), ncclInvalidUsage);
+    memcpy(&gBoard->growId, &P.growId, sizeof(P.growId));
+    __atomic_store_n(&gBoard->growReady, 1, __ATOMIC_SEQ_CST);
+  }
+  ncclComm_t out = (ncclComm_t)0x1;
+  TG_EXPECT(ncclCommGrow(P.parent, kOld, P.rank == 0 ? &P.growId : NULL, -1, &out, NULL), ncclInvalidArgument);
+  if (out != NULL) return "*newcomm is not NULL after a refused ncclCommGrow";
+  return "";
+}
+
+std::string stageBadNewRanks(Proc& P)
+{
+  std::string why = waitFlag(&gBoard->growReady, "rank 0's ncclCommGetUniqueId");
+  if (!why.empty()) return why;
+  memcpy(&P.growId, &gBoard->growId, sizeof(P.growId));
+  ncclComm_t out = (ncclComm_t)0x1;
+  const double t0 = nowSec();
+  if (P.rank == 2) {
+    TG_EXPECT(ncclCommGrow(NULL, kAll, &P.growId, 1, &out, NULL), ncclInvalidArgument); // the parent's range
+    TG_EXPECT(ncclCommGrow(NULL, kAll, &P.growId, kAll, &out, NULL), ncclInvalidArgument);
+  } else {
+    TG_EXPECT(ncclCommGrow(NULL, kOld, &P.growId, 3, &out, NULL), ncclInvalidArgument); // not larger
+  }
+  if (out != NULL) return "*newcomm is not NULL after a refused ncclCommGrow";
+  if (nowSec() - t0 > 5) return fmt("the refusals took %.1f s", nowSec() - t0);
+  return "";
+}
+
+std::string stageGrow(Proc& P)
+{
+  if (P.rank < kOld)
+    TG_OK(ncclCommGrow(P.parent, kAll, P.rank == 0 ? &P.growId : NULL, -1, &P.grown, NULL));
+  else
+    TG_OK(ncclCommGrow(NULL, kAll, &P.growId, P.rank, &P.grown, NULL));
+  return place(P.grown, P.rank, kAll);
+}
+
+std::string stageGrown(Proc& P)
+{
+  std::string why;
+  for (size_t count : {size_t(1000), size_t((1 << 20) + 3)})
+    if (why.empty()) why = allReduce(P.grown, P.rank, kAll, count, P.stream);
+  if (why.empty()) why = allGather(P.grown, P.rank, kAll, 65537, P.stream);
+  if (why.empty()) why = ring(P.grown, P.rank, kAll, (1 << 18) + 7, P.stream);
+  return why;
+}
+
+std::string stageShrink(Proc& P)
+{
+  if (P.rank >= kOld) {
+    TG_OK(ncclCommDestroy(P.grown));
+    P.grown = nullptr;
+    return "";
+  }
+  int exclude[] = {2, 3};
+  TG_OK(ncclCommShrink(P.grown, exclude, 2, &P.shrunk, NULL, NCCL_SHRINK_DEFAULT));
+  std::string why = place(P.shrunk, P.rank, kOld);
+  return why.empty() ? allReduce(P.shrunk, P.rank, kOld, 4099, P.stream) : why;
+}
+
+std::string stageDestroy(Proc& P)
+{
+  for (ncclComm_t* c : {&P.shrunk, &P.grown, &P.parent}) {
+    if (*c) TG_OK(ncclCommDestroy(*c));
+    *c = nullptr;
+  }
+  return "";
+}
+
+struct Stage
+{
+  const char* name;
+  bool (*takesPart)(int rank);
+  std::string (*run)(Proc&);
+};
+
+bool old(int r) { return r < kOld; }
+bool fresh(int r) { return r >= kOld; }
+bool every(int) { return true; }
+
+const Stage kPlan[kStages] = {
+  {"parent of 2 ranks: ncclCommInitRank, all-reduce", old, stageParent},
+  {"ncclCommGetUniqueId (a second one before the grow refused); a grow to nRanks 2 refused", old, stageId},
+  {"new ranks: a rank inside the parent's range, rank 4 of 4, nRanks 2: refused at once", fresh, stageBadNewRanks},
+  {"ncclCommGrow from 2 to 4 ranks: Count 4, the parent's ranks keep theirs", every, stageGrow},
+  {"grown comm: all-reduce, all-gather, send/recv ring", every, stageGrown},
+  {"the parent still works: all-reduce", old, [](Proc& P) { return allReduce(P.parent, P.rank, kOld, 65537, P.stream); }},
+  {"ncclCommShrink of the grown comm back to ranks 0, 1 (2, 3 destroy theirs): all-reduce", every, stageShrink},
+  {"everything destroyed", every, stageDestroy},
+};
+
+int runProcess(int rank)
+{
+  Proc P;
+  P.rank = rank;
+  int devices = 0;
+  cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices < 1) {
+    printf("FAIL rank %d: cudaGetDeviceCount: %s\n", rank, cudaGetErrorString(e));
+    return 1;
+  }
+  if ((e = cudaSetDevice(rank % devices)) != cudaSuccess || (e = cudaStreamCreate(&P.stream)) != cudaSuccess) {
+    printf("FAIL rank %d: setting up device %d: %s\n", rank, rank % devices, cudaGetErrorString(e));
+    return 1;
+  }
+  int failures = 0;
+  for (int s = 0; s < kStages; ++s) {
+    const Stage& stage = kPlan[s];
+    std::string why;
+    if (stage.takesPart(rank)) {
+      const double t0 = nowSec();
+      why = stage.run(P);
+      if (why.empty())
+        printf("PASS rank %d: %s (%.2f s)\n", rank, stage.name, nowSec() - t0);
+      else
+        printf("FAIL rank %d: %s: %s\n", rank, stage.name, why.c_str());
+      fflush(stdout);
+    }
+    failures += why.empty() ? 0 : 1;
+    const std::string together = meet(s, why.empty());
+    if (!together.empty()) {
+      if (why.empty()) printf("FAIL rank %d: stopping after stage %d: %s\n", rank, s, together.c_str());
+      fflush(stdout);
+      return 1; // the others stop too; exiting tells the library's peers
+    }
+  }
+  cudaStreamDestroy(P.stream);
+  return failures ? 1 : 0;
+}
+
+// The number of CUDA devices a new process sees (asked in a child: this process must not start CUDA).
+int probeGpus(std::string* why)
+{
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  fflush(stdout);
+  pid_t pid = example::forkRankProcess();
+  if (pid == 0) {
+    close(fds[0]);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    std::string msg = fmt("%d %s", e == cudaSuccess ? n : 0, e == cudaSuccess ? "" : cudaGetErrorString(e));
+    (void)!write(fds[1], msg.c_str(), msg.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[256] = {0};
+  ssize_t got = 0, k;
+  while (got < (ssize_t)sizeof(buf) - 1 && (k = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0) got += k;
+  close(fds[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  int n = 0;
+  char rest[256] = {0};
+  if (sscanf(buf, "%d %255[^\n]", &n, rest) < 1) {
+    *why = "the probe process reported nothing";
+    return -1;
+  }
+  *why = rest;
+  return n;
+}
+
+} // namespace
+
+int main()
+{
+  const double scale = timeoutScale();
+  gWaitS = 60 * scale;
+  gBoard = mapShared<Board>();
+  if (!gBoard) {
+    printf("FAIL nccl_grow_test: mmap failed: %s\n", strerror(errno));
+    return 1;
+  }
+  std::string why;
+  if (probeGpus(&why) <= 0) {
+    printf("SKIP nccl_grow_test: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
+    return 0;
+  }
+  const double t0 = nowSec();
+  ForkedRanks procs(kAll, 300 * scale, runProcess);
+  procs.waitEnded(320 * scale);
+  const std::vector<bool> killed = procs.killRest();
+  int failed = 0;
+  for (int r = 0; r < kAll; ++r) {
+    if (killed[r]) {
+      printf("FAIL nccl_grow_test: process %d did not end within %.0f s (killed)\n", r, 320 * scale);
+      ++failed;
+    } else if (!WIFEXITED(procs.status(r)) || WEXITSTATUS(procs.status(r)) != 0) {
+      printf("FAIL nccl_grow_test: process %d %s\n", r, describeStatus(procs.status(r)).c_str());
+      ++failed;
+    }
+  }
+  printf("SUMMARY nccl_grow (2 ranks grown to 4, %.1f s): %s\n", nowSec() - t0, failed ? "FAILED" : "passed");
+  return failed ? 1 : 0;
+}
