@@ -291,6 +291,26 @@ fn find_nvcc(root: &Path) -> Option<PathBuf> {
     .find(|p| p.is_file())
 }
 
+/// A line of progress for whoever runs the build. Cargo shows a build script's output only when it fails, so
+/// the line goes to cargo's own standard error, where that is a terminal (clearing cargo's progress bar
+/// first) or a pipe; never to a file, which opening again would write at the wrong offset.
+fn progress(line: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::FileTypeExt;
+    let path = format!("/proc/{}/fd/2", std::os::unix::process::parent_id());
+    let Ok(meta) = fs::metadata(&path) else {
+        return;
+    };
+    let kind = meta.file_type();
+    if !(kind.is_char_device() || kind.is_fifo()) {
+        return;
+    }
+    if let Ok(mut f) = fs::OpenOptions::new().append(true).open(&path) {
+        let clear = if kind.is_char_device() { "\r\x1b[2K" } else { "" };
+        let _ = writeln!(f, "{clear}{line}");
+    }
+}
+
 /// Compiles `kernels/collectives/` into fatbins and writes `collective_kernels.rs` into OUT_DIR: a list of
 /// (unit name, fatbin bytes). Without nvcc the list is empty and the library says so when a collective is
 /// called.
@@ -362,6 +382,17 @@ fn compile_collective_kernels(root: &Path) {
         .and_then(|j| j.parse().ok())
         .unwrap_or(2)
         .max(1);
+    let to_compile = units
+        .iter()
+        .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file())
+        .count();
+    let started = std::time::Instant::now();
+    if to_compile > 0 {
+        progress(&format!(
+            "mscclpp build: compiling the collectives' CUDA kernels with nvcc ({to_compile} units, {jobs} at a time; \
+             about 70 s on 2 cores, then cached in target/kernel-cache/)"
+        ));
+    }
     let mut missing = units
         .iter()
         .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file());
@@ -404,6 +435,13 @@ fn compile_collective_kernels(root: &Path) {
         let partial = cache.join(format!("{name}.fatbin.partial"));
         fs::rename(&partial, cache.join(format!("{name}.fatbin")))
             .unwrap_or_else(|e| panic!("cannot rename {}: {e}", partial.display()));
+    }
+
+    if to_compile > 0 {
+        progress(&format!(
+            "mscclpp build: the collectives' CUDA kernels compiled in {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
     }
 
     let mut text = String::from("pub static FATBINS: &[(&str, &[u8])] = &[\n");

@@ -20,7 +20,7 @@ if [[ -f $stamp && $(cat "$stamp") == "${packages[*]}" ]]; then
   exit 0
 fi
 
-echo "setup: installing CUDA's compiler from PyPI into .toolchain/cuda (${packages[*]})"
+echo "setup: downloading CUDA's compiler from PyPI into .toolchain/cuda: about 270 MB, once (${packages[*]})"
 rm -rf "$dest" "$dest.partial"
 mkdir -p "$root/.toolchain"
 # Into a side folder first, so that an interrupted install is never taken for a complete one.
