@@ -280,7 +280,7 @@ ncclResult_t pncclMemFree(void* ptr);
 
 /* ---- Version, unique id, communicators ---- */
 
-/* *version = NCCL_VERSION_CODE of the API the library implements (22809). */
+/* *version = NCCL_VERSION_CODE of the API the library implements (23203: every function of 2.32.3). */
 ncclResult_t ncclGetVersion(int* version);
 ncclResult_t pncclGetVersion(int* version);
 

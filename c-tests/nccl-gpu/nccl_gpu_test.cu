@@ -846,7 +846,7 @@ std::string caseInit(Rank& R)
 {
   int v = 0;
   TN_OK(ncclGetVersion(&v));
-  TC_EXPECT(v == NCCL_VERSION_CODE && v == 22809, "ncclGetVersion gave %d, expected 22809", v);
+  TC_EXPECT(v == NCCL_VERSION_CODE && v == 23203, "ncclGetVersion gave %d, expected 23203", v);
   ncclUniqueId id;
   TC_TRY(shareId(R, 0, &id));
   ncclComm_t comm = nullptr;

@@ -2,9 +2,9 @@
  * Built by make as build/tests/nccl/fake/libnccl.so.2 (soname libnccl.so.2, like NVIDIA's), and with
  * -DFAKE_NCCL_INCOMPLETE, lacking ncclCommAbort, as build/tests/nccl/fake-incomplete/libnccl.so.2.
  *
- * It exports the functions the fallback resolves, reports version 22901 (ours says 22809), and appends one
+ * It exports the functions the fallback resolves, reports version 22901 (ours says 23203), and appends one
  * line per call to the file named by FAKE_NCCL_LOG. Its ncclSend calls its own exported ncclGetVersion and
- * records what that returned: 22901 only if the call stayed inside this library (RTLD_DEEPBIND), 22809 if
+ * records what that returned: 22901 only if the call stayed inside this library (RTLD_DEEPBIND), 23203 if
  * it reached our libnccl.so.2's export instead. FAKE_NCCL_INIT_FAIL=1 makes ncclCommInitRank refuse, as
  * NVIDIA's does for two ranks on one GPU. fake_nccl_set_async_error sets what ncclCommGetAsyncError says.
  * Plain C, its own types: it must not see our nccl.h. */

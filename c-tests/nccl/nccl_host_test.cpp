@@ -34,21 +34,37 @@ static void layouts_and_values() {
                             offsetof(ncclConfig_t, commName),      offsetof(ncclConfig_t, collnetEnable),
                             offsetof(ncclConfig_t, CTAPolicy),     offsetof(ncclConfig_t, shrinkShare),
                             offsetof(ncclConfig_t, nvlsCTAs),      offsetof(ncclConfig_t, nChannelsPerNetPeer),
-                            offsetof(ncclConfig_t, nvlinkCentricSched)};
-  const size_t want[] = {0, 8, 12, 16, 20, 24, 28, 32, 40, 44, 48, 56, 60, 64, 68, 72, 76};
+                            offsetof(ncclConfig_t, nvlinkCentricSched), offsetof(ncclConfig_t, graphUsageMode),
+                            offsetof(ncclConfig_t, numRmaCtx),          offsetof(ncclConfig_t, maxP2pPeers),
+                            offsetof(ncclConfig_t, graphStreamOrdering), offsetof(ncclConfig_t, launchOrderImplicit),
+                            offsetof(ncclConfig_t, numRmaSig),          offsetof(ncclConfig_t, rmaEagerInit),
+                            offsetof(ncclConfig_t, hostCftMode),        offsetof(ncclConfig_t, nvlsHostMode)};
+  const size_t want[] = {0,  8,  12, 16, 20, 24, 28, 32, 40, 44, 48,  56,  60,
+                         64, 68, 72, 76, 80, 84, 88, 92, 96, 100, 104, 108, 112};
   check(std::memcmp(offsets, want, sizeof(want)) == 0, "ncclConfig_t's field offsets");
   ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
-  check(c.size == 80 && c.magic == 0xcafebeef && c.version == 22809 && c.blocking == INT_MIN &&
-            c.netName == NULL && c.commName == NULL && c.nvlinkCentricSched == NCCL_CONFIG_UNDEF_INT,
+  check(sizeof(ncclConfig_t) == 120 && c.size == 120 && c.magic == 0xcafebeef && c.version == 23203 &&
+            c.blocking == INT_MIN && c.netName == NULL && c.commName == NULL &&
+            c.nvlinkCentricSched == NCCL_CONFIG_UNDEF_INT && c.nvlsHostMode == NCCL_CONFIG_UNDEF_INT,
         "NCCL_CONFIG_INITIALIZER");
+  ncclCollConfig_t cc = NCCL_COLLCONFIG_INITIALIZER;
+  check(sizeof(ncclCollConfig_t) == 72 && offsetof(ncclCollConfig_t, algSelection) == 40 &&
+            offsetof(ncclCollConfig_t, userProfilerTag) == 56 && offsetof(ncclCollConfig_t, launchCompletionEvent) == 64 &&
+            cc.size == 72 && cc.magic == 0xcafebeef && cc.version == 23203 && cc.forceAlgSelection == 1 &&
+            cc.maxCTAs == NCCL_CONFIG_UNDEF_INT && cc.launchCompletionEvent == NULL,
+        "ncclCollConfig_t and NCCL_COLLCONFIG_INITIALIZER");
+  check(sizeof(ncclWaitSignalDesc_t) == 16 && sizeof(ncclEncryptionConfig_t) == 32 && NCCL_SUSPEND_MEM == 1 &&
+            ncclStatGpuMemSuspend == 0 && ncclStatGpuMemSuspended == 1 && ncclStatGpuMemPersist == 2 &&
+            ncclStatGpuMemTotal == 3,
+        "2.29-2.32's other types and values");
   ncclSimInfo_t s = NCCL_SIM_INFO_INITIALIZER;
   check(sizeof(ncclSimInfo_t) == 24 && s.magic == 0x74685283 && s.size == 24, "ncclSimInfo_t and its initializer");
-  check(NCCL_MAJOR == 2 && NCCL_MINOR == 28 && NCCL_PATCH == 9 && NCCL_VERSION_CODE == 22809 &&
-            NCCL_VERSION(2, 28, 9) == 22809 && NCCL_VERSION(2, 8, 4) == 2804,
+  check(NCCL_MAJOR == 2 && NCCL_MINOR == 32 && NCCL_PATCH == 3 && NCCL_VERSION_CODE == 23203 &&
+            NCCL_VERSION(2, 32, 3) == 23203 && NCCL_VERSION(2, 28, 9) == 22809 && NCCL_VERSION(2, 8, 4) == 2804,
         "version macros");
   check(ncclSuccess == 0 && ncclUnhandledCudaError == 1 && ncclSystemError == 2 && ncclInternalError == 3 &&
             ncclInvalidArgument == 4 && ncclInvalidUsage == 5 && ncclRemoteError == 6 && ncclInProgress == 7 &&
-            ncclNumResults == 8,
+            ncclTimeout == 8 && ncclNumResults == 9,
         "ncclResult_t values");
   check(ncclInt8 == 0 && ncclChar == 0 && ncclUint8 == 1 && ncclInt32 == 2 && ncclInt == 2 && ncclUint32 == 3 &&
             ncclInt64 == 4 && ncclUint64 == 5 && ncclFloat16 == 6 && ncclHalf == 6 && ncclFloat32 == 7 &&
@@ -67,7 +83,7 @@ static void layouts_and_values() {
 static void version_and_errors() {
   int v = 0;
   expect(ncclGetVersion(&v), ncclSuccess, "ncclGetVersion");
-  check(v == 22809, "ncclGetVersion gives 22809");
+  check(v == 23203, "ncclGetVersion gives 23203");
   expect(ncclGetVersion(NULL), ncclInvalidArgument, "ncclGetVersion(NULL)");
   logged("ncclGetVersion: version is NULL");
   check(std::strstr(ncclGetLastError(NULL), "version is NULL") != NULL, "ncclGetLastError names the argument");

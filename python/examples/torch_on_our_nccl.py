@@ -15,7 +15,7 @@ values (in float64 on the CPU; gloo has no AVG, so its reference of an average i
 number of ranks):
   - the NCCL in use is ours: /proc/self/maps maps build/lib/nccl/libnccl.so.2, the process's NCCL symbols
     resolve to it (dladdr of what the global scope finds, as for libtorch_cuda's calls), and its
-    ncclGetVersion says 22809 (2.28.9). torch 2.11's start-up also dlopens NVIDIA's libnccl.so.2 by its
+    ncclGetVersion says 23203 (2.32.3). torch 2.11's start-up also dlopens NVIDIA's libnccl.so.2 by its
     path, so that one is mapped too; no call reaches it (the note of the PASS line names it);
   - all_reduce (sum, avg, max, min; and sum on bfloat16, float16, int32, int64), all_gather_into_tensor,
     all_gather, reduce_scatter_tensor (sum, max), broadcast from rank 0 and the last rank, barrier;
@@ -163,11 +163,11 @@ def worker(rank: int, nranks: int, port: int, port2: int, queue) -> None:
                 raise AssertionError(f"{sym} resolves to {where}, not to {OUR_LIB}")
         v = ctypes.c_int(0)
         rc = scope.ncclGetVersion(ctypes.byref(v))
-        if rc != 0 or v.value != 22809:
-            raise AssertionError(f"ncclGetVersion returned {rc}, version {v.value}; expected 0 and 22809")
+        if rc != 0 or v.value != 23203:
+            raise AssertionError(f"ncclGetVersion returned {rc}, version {v.value}; expected 0 and 23203")
         others = [p for p in libs if os.path.realpath(p) != OUR_LIB]
         # torch.cuda.nccl.version() is the version torch was compiled against (a constant): a note only.
-        return (f"NCCL symbols resolve to {OUR_LIB}, ncclGetVersion 22809; torch.cuda.nccl.version() = "
+        return (f"NCCL symbols resolve to {OUR_LIB}, ncclGetVersion 23203; torch.cuda.nccl.version() = "
                 f"{torch.cuda.nccl.version()}" + (f"; also mapped, unused: {others}" if others else ""))
 
     def all_reduce(op, dtype, salt):

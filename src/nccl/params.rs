@@ -60,7 +60,7 @@ static TEXTS: Lazy<Mutex<HashMap<&'static str, &'static CStr>>> = Lazy::new(Defa
 
 /// `s`'s value as a C string that lives for ever (one per setting: the value never changes).
 fn text(s: &'static Setting) -> &'static CStr {
-    *TEXTS.lock().entry(s.name).or_insert_with(|| {
+    TEXTS.lock().entry(s.name).or_insert_with(|| {
         let c = CString::new(value(s).replace('\0', "")).unwrap_or_default();
         Box::leak(c.into_boxed_c_str())
     })
