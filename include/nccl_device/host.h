@@ -172,8 +172,11 @@ typedef struct ncclCommProperties {
   bool cftCountedSupport;
 } ncclCommProperties_t;
 
-#define NCCL_COMM_PROPERTIES_INITIALIZER \
-  { sizeof(ncclCommProperties_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH) }
+#define NCCL_COMM_PROPERTIES_INITIALIZER {                                  \
+  sizeof(ncclCommProperties_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
+  0, 0, 0, 0, false, false, NCCL_GIN_TYPE_NONE, 0, false, NCCL_GIN_TYPE_NONE, 0, 0,           \
+  NCCL_GIN_CONNECTION_NONE, {false}, 0, false, false, false                                   \
+}
 
 /* ---- Functions ---- */
 
