@@ -3,6 +3,8 @@
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
 #   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
 #   refusals, a killed rank shrunk out) at 2 and 4 ranks;
+# - build/tests/nccl-gpu/nccl_rma_test (c-tests/nccl-gpu/nccl_rma_test.cu: the one-sided calls: puts,
+#   signals, waits, graphs, peer pointers, refusals, times, a waiter's signaller killed) at 2 and 4 ranks;
 # - build/tests/nccl-gpu/nccl_grow_test (c-tests/nccl-gpu/nccl_grow_test.cu: ncclCommGetUniqueId and ncclCommGrow,
 #   2 ranks grown to 4, collectives checked on the grown communicator, the parent, and a shrink back to 2);
 # - python/examples/torch_zero_copy.py: PyTorch's registered memory (allocator hook, MemPool) going zero-copy;
@@ -46,6 +48,13 @@ for n in 2 4; do
   before=$failed
   # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall.
   run_program "nccl_gpu_test_$n" 1800 "$bin" all "$n"
+  recover "$before"
+done
+
+for n in 2 4; do
+  part "nccl-rma-$n" || continue
+  before=$failed
+  run_program "nccl_rma_test_$n" 1200 build/tests/nccl-gpu/nccl_rma_test all "$n"
   recover "$before"
 done
 

@@ -522,7 +522,11 @@ impl Communicator {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = Self::gpu(&mut self.state.lock());
         match gpu {
-            Ok(_) => self.collectives.registered(&self.bootstrap, token, &registration),
+            Ok(_) => {
+                let window = self.registrations.window_ordinal(token).unwrap_or(0);
+                self.collectives
+                    .registered(&self.bootstrap, token, &registration, window)
+            }
             Err(e) => log::info!("registration {token:#x} is not zero-copy: {}", e.message),
         }
         Ok(token)
@@ -541,6 +545,40 @@ impl Communicator {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = Self::gpu(&mut self.state.lock())?;
         self.collectives.prepare(&self.bootstrap, &gpu)
+    }
+
+    /// NCCL's one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`) on `stream` (see
+    /// `collective::signal`).
+    pub fn one_sided(&self, op: &crate::collective::signal::OneSided, stream: AppStream) -> Result<()> {
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = || Self::gpu(&mut self.state.lock());
+        self.collectives.one_sided(
+            &self.bootstrap,
+            gpu,
+            || self.check_usable(),
+            || {
+                let _ = self.abort();
+            },
+            &self.registrations,
+            op,
+            stream,
+        )
+    }
+
+    /// Where byte `offset` of rank `peer`'s registration of this rank's window `token` is in this process
+    /// (NCCL's `ncclGetPeerDevicePointer`; `peer` may be this rank): see `Collectives::window_pointer`.
+    pub fn window_pointer(&self, token: u64, offset: u64, peer: usize) -> Result<DevicePtr> {
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = Self::gpu(&mut self.state.lock())?;
+        self.collectives.window_pointer(
+            &self.bootstrap,
+            &gpu,
+            || self.check_usable(),
+            &self.registrations,
+            token,
+            offset,
+            peer,
+        )
     }
 
     /// `ncclSend` and `ncclRecv`: one group's sends and receives on this communicator and `stream`, in call

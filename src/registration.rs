@@ -84,6 +84,10 @@ impl Registration {
 #[derive(Default)]
 pub struct Registrations {
     entries: Mutex<HashMap<u64, Registration>>,
+    /// Each window's ordinal among the communicator's windows (1 for the first registered, never reused):
+    /// NCCL registers windows collectively, so a peer's window of the same ordinal is the same window
+    /// (`collective::signal`). The count sits under the same lock.
+    window_ordinals: Mutex<(u32, HashMap<u64, u32>)>,
     /// Stale registrations already reported: each gets one WARN line, not one per call that meets it.
     reported_stale: Mutex<HashSet<u64>>,
 }
@@ -132,6 +136,12 @@ impl Registrations {
     /// Records a registration whose allocation is known (`register`, and tests without a GPU).
     pub fn insert(&self, registration: Registration) -> u64 {
         let token = crate::ffi::handles::new_token();
+        if let Kind::Window { .. } = registration.kind {
+            let mut ordinals = self.window_ordinals.lock();
+            ordinals.0 += 1;
+            let ordinal = ordinals.0;
+            ordinals.1.insert(token, ordinal);
+        }
         self.entries.lock().insert(token, registration);
         log::debug!(
             "{} {token:#x}: {} bytes at {:#x} (allocation {:#x}, {} bytes, buffer id {})",
@@ -168,7 +178,19 @@ impl Registrations {
             }
         }
         self.reported_stale.lock().remove(&token);
+        self.window_ordinals.lock().1.remove(&token);
         Ok(entries.remove(&token).expect("checked above under the same lock"))
+    }
+
+    /// The live registration of `token`, whatever its kind (not checked against the driver).
+    pub fn get(&self, token: u64) -> Option<Registration> {
+        self.entries.lock().get(&token).copied()
+    }
+
+    /// The ordinal of the live window `token` among the communicator's windows (1, 2, ... in the order
+    /// they were registered, deregistered ones counted); `None` for anything else.
+    pub fn window_ordinal(&self, token: u64) -> Option<u32> {
+        self.window_ordinals.lock().1.get(&token).copied()
     }
 
     /// The registration (its token and itself) that holds all of `[ptr, ptr + len)`, if its allocation is
@@ -225,6 +247,7 @@ impl Registrations {
     /// Forgets every registration (the communicator's destroy); returns how many there were.
     pub fn clear(&self) -> usize {
         self.reported_stale.lock().clear();
+        self.window_ordinals.lock().1.clear();
         let mut entries = self.entries.lock();
         let n = entries.len();
         entries.clear();
@@ -318,6 +341,31 @@ mod tests {
         assert!(e.message.starts_with("win "), "{}", e.message);
         assert!(r.deregister(window, Kind::Window { flags: 0 }, "win").is_ok());
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn windows_are_numbered_in_registration_order_and_the_numbers_never_reused() {
+        let r = Registrations::default();
+        let first = r.insert(entry(0x10_0000, 4096, Kind::Window { flags: 0 }));
+        let buffer = r.insert(entry(0x10_1000, 4096, Kind::Buffer));
+        let second = r.insert(entry(0x10_2000, 4096, Kind::Window { flags: 1 }));
+        assert_eq!(r.window_ordinal(first), Some(1));
+        assert_eq!(r.window_ordinal(buffer), None, "buffers are not windows");
+        assert_eq!(r.window_ordinal(second), Some(2));
+        assert_eq!(r.get(second).unwrap().ptr, 0x10_2000);
+        r.deregister(first, Kind::Window { flags: 0 }, "win").unwrap();
+        assert_eq!(r.window_ordinal(first), None);
+        assert!(r.get(first).is_none());
+        let third = r.insert(entry(0x10_0000, 4096, Kind::Window { flags: 0 }));
+        assert_eq!(
+            r.window_ordinal(third),
+            Some(3),
+            "the first's number is not given again"
+        );
+        r.clear();
+        assert_eq!(r.window_ordinal(third), None);
+        let fourth = r.insert(entry(0x10_0000, 4096, Kind::Window { flags: 0 }));
+        assert_eq!(r.window_ordinal(fourth), Some(4));
     }
 
     #[test]

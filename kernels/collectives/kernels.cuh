@@ -2,7 +2,8 @@
 // named mscclpp_<algorithm>[_<op>_<type>] (src/collective/kernels.rs builds the same names). build.rs
 // compiles one translation unit per element type, each `MSCCLPP_REDUCING_KERNELS(<type name>, <C type>)`,
 // and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes (send and receive among
-// them: mscclpp_p2p, whose argument is its own). Each type's unit also holds mscclpp_scale_premulsum_<type>,
+// them: mscclpp_p2p, whose argument is its own; and the one-sided calls' mscclpp_rma_put and mscclpp_rma_wait,
+// whose argument is theirs). Each type's unit also holds mscclpp_scale_premulsum_<type>,
 // one rank's PreMulSum (the other operators of one rank are a copy).
 #pragma once
 
@@ -21,6 +22,7 @@
 #include "scale.cuh"
 #include "scatter_copy.cuh"
 #include "scatter_packet.cuh"
+#include "signal.cuh"
 #include "zero_copy.cuh"
 
 #define MSCCLPP_COLL_THREADS 1024
@@ -78,7 +80,8 @@
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
   MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \
   MSCCLPP_KERNEL(scatter_copy, scatterCopy)         \
-  MSCCLPP_P2P_KERNEL()
+  MSCCLPP_P2P_KERNEL()                              \
+  MSCCLPP_SIGNAL_KERNELS()
 
 // __grid_constant__: the kernel reads its large argument where it lies, never copying it per thread.
 #define MSCCLPP_P2P_KERNEL()                                                     \

@@ -17,7 +17,9 @@
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
 //! - `zero_copy.rs` and `peer_buffers.rs`: registered buffers exported to the peers, mapped there, and
 //!   the calls that read and write them directly (docs/ZERO_COPY.md); `copy_engine.rs`: eager all-gathers
-//!   and broadcasts on registered buffers whose data the copy engines move.
+//!   and broadcasts on registered buffers whose data the copy engines move;
+//! - `signal.rs`: NCCL's one-sided calls (puts into the peers' windows, signals, waits) and the peers'
+//!   window pointers.
 //!
 //! Every launch is one epoch of a counter the kernels keep on the GPU, so that a replayed graph goes on
 //! counting; calls on one communicator must be ordered (one stream, or streams the application orders),
@@ -35,6 +37,7 @@ pub mod p2p;
 mod peer_buffers;
 pub mod process_exit;
 pub mod scratch;
+pub mod signal;
 pub mod zero_copy;
 
 pub use call::{Call, Collective};
@@ -69,6 +72,8 @@ pub struct Collectives {
     solo: Mutex<Option<LoadedKernels>>,
     /// Calls whose data the copy engine moved (eager only, so counted here, once each).
     copy_engine_calls: AtomicU64,
+    /// One rank's signal area and kernels for the one-sided calls (`signal.rs`; it has no scratch).
+    one_sided_solo: Mutex<Option<signal::Solo>>,
 }
 
 struct Ready {
@@ -105,24 +110,33 @@ impl Collectives {
             }
         }
         self.solo.lock().take();
+        self.one_sided_solo.lock().take();
     }
 
-    /// A buffer was registered (`token`): it is exported, and its record pushed to every peer, which maps
-    /// it at one of its next calls. A buffer that cannot be exported stays registered, locally only (its
-    /// calls take the scratch path), and the log says why.
-    pub fn registered(&self, bootstrap: &Bootstrap, token: u64, registration: &Registration) {
+    /// A buffer was registered (`token`; `window`: its ordinal among the windows, 0 for a buffer): it is
+    /// exported, and its record pushed to every peer, which maps it at one of its next calls. A buffer that
+    /// cannot be exported stays registered, locally only (its calls take the scratch path), and the log
+    /// says why.
+    pub fn registered(&self, bootstrap: &Bootstrap, token: u64, registration: &Registration, window: u32) {
         if bootstrap.nranks() == 1 {
             return;
         }
         let mut own = self.own.lock();
         let exported = own.add(token).and_then(|(slot, generation)| {
-            let record = peer_buffers::export(slot, generation, registration).inspect_err(|_| {
+            let record = peer_buffers::export(slot, generation, registration, window).inspect_err(|_| {
                 own.remove(token);
             })?;
             peer_buffers::publish(bootstrap, &record)
         });
         match exported {
             Ok(()) => log::debug!("registration {token:#x} exported to the peers"),
+            // The peers' one-sided calls into it will wait for its record in vain, and fail saying so.
+            Err(e) if window != 0 => log::warn!(
+                "window {window} ({token:#x}, {} bytes at {:#x}) cannot be reached by the peers: {}",
+                registration.len,
+                registration.ptr,
+                e.message
+            ),
             Err(e) => log::info!(
                 "registration {token:#x} ({} bytes at {:#x}) is not zero-copy: {}",
                 registration.len,

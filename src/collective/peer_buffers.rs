@@ -9,7 +9,8 @@
 //!   a peer whose mapping is of an older registration never takes it for the new one.
 //! - `Record`: what a rank pushes to every peer, once per registration, through the bootstrap's one-way
 //!   messages: "slot s, generation g is this allocation, exported as this handle" (`Added`), and later
-//!   "slot s, generation g is gone" (`Gone`). No call waits for an answer.
+//!   "slot s, generation g is gone" (`Gone`). No call waits for an answer. A window's `Added` also carries
+//!   its ordinal among the owner's windows, by which the one-sided calls match windows (`signal.rs`).
 //! - `PeerTable`: per peer and slot, the newest generation heard of and its opened mapping. `resolve`
 //!   answers "do I hold peer p's slot s at generation g, and where is it?", the question of the kernels'
 //!   vote; `device_entries` lists what the device-visible table (`peerBase[peer][slot]` with its
@@ -53,8 +54,9 @@ pub const MAX_SLOTS: usize = 64;
 /// The largest exported handle a record carries: a `cuIpcGetMemHandle` handle is 64 bytes.
 pub const MAX_HANDLE_BYTES: usize = 64;
 
-/// The records' format. A peer speaking another one is refused, never half understood.
-const FORMAT_VERSION: u8 = 1;
+/// The records' format. A peer speaking another one is refused, never half understood. Version 2 added
+/// the window ordinal and the owner's address.
+const FORMAT_VERSION: u8 = 2;
 const KIND_ADDED: u8 = 1;
 const KIND_GONE: u8 = 2;
 
@@ -70,6 +72,12 @@ pub struct Exported {
     pub alloc_size: u64,
     /// The owner's `CU_POINTER_ATTRIBUTE_BUFFER_ID`: tells two registrations of one allocation.
     pub buffer_id: u64,
+    /// The registration's ordinal among the owner's windows (`Registrations::window_ordinal`), 0 for a
+    /// buffer: how the one-sided calls find a peer's registration of a window (`signal.rs`).
+    pub window: u32,
+    /// The registration's first byte in the owner's address space: what a peer in the same process uses
+    /// (a process cannot open its own IPC handles).
+    pub address: u64,
     pub handle: Vec<u8>,
 }
 
@@ -101,6 +109,8 @@ impl Record {
             len: registration.len as u64,
             alloc_size: allocation.size as u64,
             buffer_id: allocation.buffer_id,
+            window: 0,
+            address: registration.ptr,
             handle,
         });
         match record.inconsistency() {
@@ -135,6 +145,8 @@ impl Record {
                     .u64(e.len)
                     .u64(e.alloc_size)
                     .u64(e.buffer_id)
+                    .u32(e.window)
+                    .u64(e.address)
                     .string(&e.handle);
             }
             Record::Gone { slot, generation } => {
@@ -166,6 +178,8 @@ impl Record {
                 let len = r.u64()?;
                 let alloc_size = r.u64()?;
                 let buffer_id = r.u64()?;
+                let window = r.u32()?;
+                let address = r.u64()?;
                 // Read by hand rather than with `Reader::string`, so that the error names the handle.
                 let handle_len = r.u32()? as usize;
                 if handle_len > MAX_HANDLE_BYTES {
@@ -181,6 +195,8 @@ impl Record {
                     len,
                     alloc_size,
                     buffer_id,
+                    window,
+                    address,
                     handle,
                 })
             }
@@ -404,15 +420,20 @@ fn ipc_handle(peer: usize, handle: &[u8]) -> Result<&[u8; 64]> {
 }
 
 /// The `Added` record of this rank's `registration` in `slot` at `generation`: its whole allocation
-/// exported for CUDA IPC (a handle names an allocation; the record carries the offset into it).
-pub fn export(slot: u32, generation: u32, registration: &Registration) -> Result<Record> {
+/// exported for CUDA IPC (a handle names an allocation; the record carries the offset into it). `window`:
+/// its ordinal among this rank's windows, 0 for a buffer.
+pub fn export(slot: u32, generation: u32, registration: &Registration, window: u32) -> Result<Record> {
     let allocation = &registration.allocation;
     let exported = IpcExport::new(
         allocation.base,
         allocation.size as u64,
         "a registered buffer's allocation",
     )?;
-    Record::added(slot, generation, registration, exported.handle.to_vec())
+    let mut record = Record::added(slot, generation, registration, exported.handle.to_vec())?;
+    if let Record::Added(e) = &mut record {
+        e.window = window;
+    }
+    Ok(record)
 }
 
 /// A peer's registration opened here.
@@ -849,6 +870,8 @@ mod tests {
             alloc_size: 1 << 20,
             // An allocation of its own per slot and generation (`shared_allocation` shares one).
             buffer_id: 1000 * (slot as u64 + 1) + generation as u64,
+            window: 0,
+            address: 0x10_0200,
             handle: vec![slot as u8; 64],
         }
     }
@@ -891,10 +914,12 @@ mod tests {
             len: (1 << 30) - 0x1000,
             alloc_size: 1 << 30,
             buffer_id: u64::MAX,
+            window: 7,
+            address: 0x7f00_dead_1000,
             handle,
         });
         let bytes = a.encode();
-        assert_eq!(bytes.len(), 2 + 4 + 4 + 4 * 8 + 4 + 64);
+        assert_eq!(bytes.len(), 2 + 4 + 4 + 4 * 8 + 4 + 8 + 4 + 64);
         assert_eq!(bytes[..2], [KIND_ADDED, FORMAT_VERSION]);
         assert_eq!(Record::decode(&bytes).unwrap(), a);
         let g = gone(5, 7);
@@ -958,7 +983,7 @@ mod tests {
         bytes[1] = FORMAT_VERSION + 1;
         let e = Record::decode(&bytes).unwrap_err();
         assert!(
-            e.message.contains("format version 2") && e.message.contains("version 1 only"),
+            e.message.contains("format version 3") && e.message.contains("version 2 only"),
             "{}",
             e.message
         );
@@ -968,7 +993,7 @@ mod tests {
     fn oversized_handles_and_inconsistent_records_are_refused() {
         assert_eq!(
             added(1, 2).encode().len(),
-            2 + 4 + 4 + 4 * 8 + 4 + MAX_HANDLE_BYTES,
+            2 + 4 + 4 + 4 * 8 + 4 + 8 + 4 + MAX_HANDLE_BYTES,
             "64 bytes pass"
         );
         let oversized = Record::Added(Exported {
@@ -1559,7 +1584,7 @@ mod tests {
             },
             library_memory: false,
         };
-        let e = export(0, 1, &registration).unwrap_err();
+        let e = export(0, 1, &registration, 1).unwrap_err();
         assert_eq!(e.kind, crate::error::ErrorKind::Cuda, "{}", e.message);
     }
 }

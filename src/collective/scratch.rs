@@ -6,7 +6,8 @@
 //! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
 //! and the rest for copies (packets never share memory with copied data; see `common.cuh`). The p2p area of
 //! send and receive (`p2p.rs`) follows the two slots in the same allocation, so that it is mapped by every
-//! peer in the same set-up, before any send or receive (the first of which need not involve every rank).
+//! peer in the same set-up, before any send or receive (the first of which need not involve every rank),
+//! and the signal counters of the one-sided calls (`signal.rs`) follow it, for the same reason.
 
 use super::Collective;
 use super::algorithm::{Protocol, window_bytes};
@@ -49,6 +50,11 @@ pub struct Scratch {
     pub copy_bytes: u64,
     /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
     pub p2p: [DevicePtr; MAX_RANKS],
+    /// Every rank's signal counters as this context reaches them, by rank (after its p2p area).
+    pub signals: [DevicePtr; MAX_RANKS],
+    /// The ranks whose process is this one (this rank's own included): their memory is reached at the
+    /// owner's addresses.
+    pub in_this_process: [bool; MAX_RANKS],
     /// The kernels' words (`kernel_args::STATE_WORDS`): `[0]` the epoch of the last call, `[1]` the blocks
     /// done with the current one, then the zero-copy decision, count and addresses.
     pub state: DeviceAllocation,
@@ -83,7 +89,8 @@ impl Scratch {
         // Zeroed off the legacy default stream: this may run inside the application's graph capture.
         let stream = Stream::new(gpu)?;
         let p2p_offset = 2 * slot_bytes;
-        let own = DeviceAllocation::zeroed_on(gpu, (p2p_offset + super::p2p::area_bytes(nranks)) as usize, &stream)?;
+        let signal_offset = p2p_offset + super::p2p::area_bytes(nranks);
+        let own = DeviceAllocation::zeroed_on(gpu, (signal_offset + super::signal::AREA_BYTES) as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
         let me = ProcessId::this();
         let device = device_key(gpu)?;
@@ -102,6 +109,7 @@ impl Scratch {
         bootstrap.all_gather(&mut all, block)?;
 
         let mut ptrs = [0; MAX_RANKS];
+        let mut in_this_process = [false; MAX_RANKS];
         let mut mappings = Vec::new();
         let mut gpus: Vec<(u64, u64)> = Vec::with_capacity(nranks);
         let mut fewest_multiprocessors = u32::MAX;
@@ -113,6 +121,7 @@ impl Scratch {
             let export = IpcExport::read(&mut r)?;
             r.finish()?;
             gpus.push((process.host, peer_device));
+            in_this_process[peer] = process == me;
             if peer == rank {
                 ptrs[peer] = own.ptr();
                 continue;
@@ -154,8 +163,10 @@ impl Scratch {
         );
         let packet_bytes = data_bytes / 4 / 16 * 16;
         let mut p2p = [0; MAX_RANKS];
-        for (area, base) in p2p.iter_mut().zip(&ptrs).take(nranks) {
+        let mut signals = [0; MAX_RANKS];
+        for ((area, counters), base) in p2p.iter_mut().zip(signals.iter_mut()).zip(&ptrs).take(nranks) {
             *area = base + p2p_offset;
+            *counters = base + signal_offset;
         }
         Ok(Scratch {
             _mappings: mappings,
@@ -165,6 +176,8 @@ impl Scratch {
             packet_bytes,
             copy_bytes: data_bytes - packet_bytes,
             p2p,
+            signals,
+            in_this_process,
             state,
             gpu_sharers,
             multiprocessors: fewest_multiprocessors,

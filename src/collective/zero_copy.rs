@@ -12,6 +12,7 @@
 use super::algorithm::{Choice, Placement, zero_copy_from};
 use super::kernel_args::MAX_RANKS;
 use super::peer_buffers::{IpcOpener, MAX_SLOTS, PeerTable};
+use super::signal::{PeerWindow, PeerWindows};
 use super::{Collective, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -96,6 +97,8 @@ pub struct ZeroCopy {
     table: PinnedHostBuffer,
     /// What `table` holds, by `[peer][slot]`: (generation, address).
     shadow: Vec<(u32, u64)>,
+    /// The peers' windows by ordinal, for the one-sided calls (`signal.rs`), from the same records.
+    windows: PeerWindows,
 }
 
 impl ZeroCopy {
@@ -106,7 +109,16 @@ impl ZeroCopy {
             peers,
             table: PinnedHostBuffer::zeroed(gpu, TABLE_BYTES)?,
             shadow: vec![(0, 0); MAX_RANKS * MAX_SLOTS],
+            windows: PeerWindows::default(),
         })
+    }
+
+    /// `peer`'s window of ordinal `ordinal` as its record described it, and where it is mapped in this
+    /// context if it is (`None` where opening it failed, or for a peer of this process, which maps
+    /// nothing).
+    pub fn window(&self, peer: usize, ordinal: u32) -> Option<(PeerWindow, Option<DevicePtr>)> {
+        let w = self.windows.get(peer, ordinal)?;
+        Some((w, self.peers.resolve(peer, w.slot, w.generation)))
     }
 
     /// Where byte `offset` of the peer's registration named by `tag` is in this context, if this rank
@@ -129,6 +141,7 @@ impl ZeroCopy {
         let records = self.peers.take(bootstrap);
         let changed = !records.is_empty();
         for (peer, record) in records {
+            self.windows.note(peer, &record);
             self.peers.apply_logged(peer, record);
         }
         if changed {

@@ -49,6 +49,13 @@ impl<T> Registry<T> {
     pub fn remove(&self, token: u64) -> Option<Arc<T>> {
         self.objects.lock().remove(&token)
     }
+
+    /// A live object that `pred` accepts (the first found, in no particular order). `pred` runs without the
+    /// registry's lock, so it may take the object's own.
+    pub fn find(&self, pred: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        let all: Vec<Arc<T>> = self.objects.lock().values().cloned().collect();
+        all.into_iter().find(|o| pred(o))
+    }
 }
 
 impl<T> Default for Registry<T> {

@@ -57,6 +57,13 @@ pub(super) enum Op {
     /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
     /// group.
     Fallback(Forwarded),
+    /// A one-sided call (`rma.rs`): a group's are issued after its sends and receives, its puts and
+    /// signals first, then its waits, each in call order.
+    OneSided {
+        comm: Arc<Communicator>,
+        op: crate::collective::signal::OneSided,
+        stream: u64,
+    },
 }
 
 type InitJob = super::split::Job;
@@ -69,6 +76,7 @@ struct CommWork {
     comm: Arc<Communicator>,
     calls: Vec<QueuedCall>,
     p2p: Vec<(P2pOp, u64)>,
+    one_sided: Vec<(crate::collective::signal::OneSided, u64)>,
 }
 
 impl CommWork {
@@ -81,6 +89,7 @@ impl CommWork {
                     comm,
                     calls: Vec::new(),
                     p2p: Vec::new(),
+                    one_sided: Vec::new(),
                 });
                 all.len() - 1
             }
@@ -218,6 +227,11 @@ pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
         }
         Op::Fallback(f) => {
             f.issue()?;
+            OK
+        }
+        Op::OneSided { comm, op, stream } => {
+            // SAFETY: as above.
+            comm.one_sided(&op, unsafe { AppStream::from_raw(stream) })?;
             OK
         }
         Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),
@@ -442,6 +456,7 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
                 stream,
             } => CommWork::of(&mut by_comm, comm).calls.push((call, root, stream)),
             Op::P2p { comm, op, stream } => CommWork::of(&mut by_comm, comm).p2p.push((op, stream)),
+            Op::OneSided { comm, op, stream } => CommWork::of(&mut by_comm, comm).one_sided.push((op, stream)),
         }
     }
     let mut first: Option<Error> = None;
@@ -474,6 +489,13 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
             let ops: Vec<P2pOp> = work.p2p.iter().map(|(op, _)| *op).collect();
             // SAFETY: as above.
             work.comm.send_recv(&ops, unsafe { AppStream::from_raw(*stream) })?;
+        }
+        // Then the one-sided calls, their waits last: a wait queued before a put of the same group would
+        // hold the stream back from the put its peer may be waiting for.
+        for i in super::rma::group_order(&work.one_sided) {
+            let (op, stream) = &work.one_sided[i];
+            // SAFETY: as above.
+            work.comm.one_sided(op, unsafe { AppStream::from_raw(*stream) })?;
         }
         Ok(())
     };
@@ -1467,7 +1489,7 @@ fn simulated_us(op: &Op) -> f64 {
             let bytes = (op.count as u64).saturating_mul(op.datatype.size() as u64);
             algorithm::estimate_us(Collective::AllToAll, 2, bytes.saturating_mul(2))
         }
-        Op::Init { .. } | Op::Fallback(_) => 0.0,
+        Op::Init { .. } | Op::Fallback(_) | Op::OneSided { .. } => 0.0,
     }
 }
 

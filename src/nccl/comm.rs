@@ -414,6 +414,12 @@ pub fn lookup(handle: ncclComm_t) -> Result<Arc<NcclComm>> {
     })
 }
 
+/// A live communicator that `pred` accepts: what NCCL's calls that name a window but not its communicator
+/// (the pointer queries of `rma.rs`) look theirs up with.
+pub fn find(pred: impl Fn(&NcclComm) -> bool) -> Option<Arc<NcclComm>> {
+    COMMS.find(pred)
+}
+
 /// Removes a handle (destroy, abort).
 pub fn unregister(handle: ncclComm_t) -> Result<Arc<NcclComm>> {
     lookup(handle)?;

@@ -15,6 +15,8 @@
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out;
+//! - `rma.rs`: the one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, `ncclWinGetUserPtr`)
+//!   and the peer pointers of a window;
 //! - `api.rs`: the `extern "C"` functions, exported by the `nccl-abi` feature (`libnccl.so.2`).
 
 /// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
@@ -40,5 +42,6 @@ pub mod error;
 pub mod fallback;
 pub mod group;
 pub mod grow;
+pub mod rma;
 pub mod split;
 pub mod types;
