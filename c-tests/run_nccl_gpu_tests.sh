@@ -11,6 +11,8 @@
 # - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, checked
 #   against gloo, at 2 and 4 ranks, then its --kill mode (a rank SIGKILLs itself; every other process must end
 #   within a bounded time) at 4 ranks (skipped, and said so, where torch cannot be imported);
+# - build/tests/nccl-gpu/nccl_suspend_test (ncclCommSuspend / Resume / MemStats) at 2 and 4 ranks, and
+#   build/tests/nccl-gpu/pg_nccl_sequence (PyTorch's ProcessGroupNCCL calls around them, in its order);
 # - the C test's main group at 2 ranks under compute-sanitizer's memcheck with the leak check (`sanitized`,
 #   scripts/gpu-env.sh), after MPS is stopped: memcheck does not run under MPS (the ranks take turns on a
 #   shared GPU there). Not run, and said so, where compute-sanitizer is missing or the caller's MPS is on.
@@ -57,6 +59,21 @@ for n in 2 4; do
   run_program "nccl_rma_test_$n" 1200 build/tests/nccl-gpu/nccl_rma_test all "$n"
   recover "$before"
 done
+
+# ncclCommSuspend / ncclCommResume / ncclCommMemStats (c-tests/nccl-gpu/nccl_suspend_test.cu; its timing
+# case's PASS line gives the microseconds of each call), and the calls PyTorch's ProcessGroupNCCL makes around
+# them, in its order (pg_nccl_sequence.cu, with ncclCommGrow from 2 to 3 ranks where it is exported).
+for n in 2 4; do
+  part "nccl-suspend-$n" || continue
+  before=$failed
+  run_program "nccl_suspend_test_$n" 700 build/tests/nccl-gpu/nccl_suspend_test "$n"
+  recover "$before"
+done
+if part nccl-pg-sequence; then
+  before=$failed
+  run_program pg_nccl_sequence 300 build/tests/nccl-gpu/pg_nccl_sequence
+  recover "$before"
+fi
 
 # ncclCommGrow: 2 ranks grown to 4 (4 processes).
 if part nccl-grow; then

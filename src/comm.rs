@@ -547,6 +547,45 @@ impl Communicator {
         self.collectives.prepare(&self.bootstrap, &gpu)
     }
 
+    /// `ncclCommSuspend`: suspends the collectives (`Collectives::suspend`), releasing their device memory
+    /// where `release_memory` says so. Local: each rank frees its own.
+    pub fn suspend_collectives(&self, release_memory: bool) -> Result<()> {
+        self.check_usable()?;
+        let _restore = crate::gpu::RestoreContext::save();
+        let gpu = self.state.lock().gpu;
+        self.collectives.suspend(gpu.as_ref(), release_memory)
+    }
+
+    /// `ncclCommResume`: collective, every rank calls it (`Collectives::resume`). A failure after the peers
+    /// may have started theirs aborts the communicator.
+    pub fn resume_collectives(&self) -> Result<()> {
+        self.check_usable()?;
+        let _restore = crate::gpu::RestoreContext::save();
+        // Asked before the collectives' locks are taken (`destroy` takes this lock, then theirs); an error
+        // matters only where there is memory to make again.
+        let gpu = Self::gpu(&mut self.state.lock());
+        self.collectives.resume(
+            &self.bootstrap,
+            move || gpu,
+            || {
+                let _ = self.abort();
+            },
+        )
+    }
+
+    /// Whether the collectives are suspended.
+    pub fn collectives_suspended(&self) -> bool {
+        self.collectives.suspended()
+    }
+
+    /// The device memory the communicator holds (`ncclCommMemStats`): the collectives' (released by a
+    /// suspend), and the connections' epoch blocks (kept).
+    pub fn device_memory(&self) -> crate::collective::suspend::DeviceMemory {
+        let mut memory = self.collectives.device_memory();
+        memory.persistent += (self.state.lock().connections.len() * crate::connection::EpochBlock::BYTES) as u64;
+        memory
+    }
+
     /// NCCL's one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`) on `stream` (see
     /// `collective::signal`).
     pub fn one_sided(&self, op: &crate::collective::signal::OneSided, stream: AppStream) -> Result<()> {

@@ -15,6 +15,8 @@
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
+//! - `suspend.rs`: their device memory released while the communicator is suspended, and made again at the
+//!   resume (NCCL's `ncclCommSuspend` / `ncclCommResume`);
 //! - `zero_copy.rs` and `peer_buffers.rs`: registered buffers exported to the peers, mapped there, and
 //!   the calls that read and write them directly (docs/ZERO_COPY.md); `copy_engine.rs`: eager all-gathers
 //!   and broadcasts on registered buffers whose data the copy engines move;
@@ -38,6 +40,7 @@ mod peer_buffers;
 pub mod process_exit;
 pub mod scratch;
 pub mod signal;
+pub mod suspend;
 pub mod zero_copy;
 
 pub use call::{Call, Collective};
@@ -74,6 +77,8 @@ pub struct Collectives {
     copy_engine_calls: AtomicU64,
     /// One rank's signal area and kernels for the one-sided calls (`signal.rs`; it has no scratch).
     one_sided_solo: Mutex<Option<signal::Solo>>,
+    /// Set from a suspend to its resume (`suspend.rs`); locked after `ready`.
+    suspended: Mutex<Option<suspend::Suspension>>,
 }
 
 struct Ready {
@@ -111,6 +116,8 @@ impl Collectives {
         }
         self.solo.lock().take();
         self.one_sided_solo.lock().take();
+        // What a suspend kept (the peers' registered buffers mapped here) goes with the rest.
+        self.suspended.lock().take();
     }
 
     /// A buffer was registered (`token`; `window`: its ordinal among the windows, 0 for a buffer): it is
@@ -169,8 +176,9 @@ impl Collectives {
             return Ok(());
         }
         let mut ready = self.ready.lock();
+        self.check_not_suspended()?;
         if ready.is_none() {
-            *ready = Some(self.set_up(bootstrap, gpu)?);
+            *ready = Some(self.set_up(bootstrap, gpu, None)?);
         }
         Ok(())
     }
@@ -197,6 +205,8 @@ impl Collectives {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         let sizes = call.sizes(rank, nranks, root)?;
         aborted()?;
+        // Before anything else: a first call's set-up now would wait for peers that are suspended too.
+        self.check_not_suspended()?;
         if sizes.piece == 0 {
             return Ok(());
         }
@@ -259,7 +269,7 @@ impl Collectives {
         let mut ready = self.ready.lock();
         if ready.is_none() {
             let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
-            *ready = Some(self.set_up(bootstrap, gpu)?);
+            *ready = Some(self.set_up(bootstrap, gpu, None)?);
             // An abort that came during the set-up found no word to raise.
             if aborted().is_err() {
                 self.abort();
@@ -500,20 +510,32 @@ impl Collectives {
         unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
-    fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext) -> Result<Ready> {
+    /// Sets the collectives up (collectively): at the first call or `prepare`, and at a resume, which passes
+    /// what the suspend kept (`suspend.rs`).
+    fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext, kept: Option<suspend::Kept>) -> Result<Ready> {
         let data_mb: u64 = crate::settings::COLL_SCRATCH_MB.int().unwrap_or(64);
         let choice = Choice::parse(crate::settings::COLL_ALGO.choice().unwrap_or("auto"));
         let abort = self
             .abort
-            .get_or_try_init(|| AbortWord::new(gpu).map(Arc::new))?
+            .get_or_try_init(|| {
+                let word = Arc::new(AbortWord::new(gpu)?);
+                process_exit::raise_at_exit(&word);
+                Ok::<_, crate::error::Error>(word)
+            })?
             .clone();
-        process_exit::raise_at_exit(&abort);
         let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
+        let (zero_copy, side_streams) = match kept {
+            Some(k) => (k.zero_copy, k.side_streams),
+            None => (
+                ZeroCopy::new(gpu, bootstrap.rank(), bootstrap.nranks())?,
+                SideStreams::new(gpu),
+            ),
+        };
         Ok(Ready {
             kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
-            zero_copy: ZeroCopy::new(gpu, bootstrap.rank(), bootstrap.nranks())?,
-            side_streams: SideStreams::new(gpu),
+            zero_copy,
+            side_streams,
             scratch,
             abort,
             choice,

@@ -364,6 +364,7 @@ impl Collectives {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         let work = Work::sort(ops, rank, nranks)?;
         aborted()?;
+        self.check_not_suspended()?;
         if work.buffers.is_empty() {
             return Ok(());
         }

@@ -188,6 +188,12 @@ impl Scratch {
     pub fn own(&self) -> DevicePtr {
         self.own.ptr()
     }
+
+    /// Bytes of device memory this rank allocated for it: its buffer (the two slots and what follows them)
+    /// and the kernels' state words (the peers' buffers mapped here are theirs).
+    pub fn device_bytes(&self) -> u64 {
+        (self.own.size() + self.state.size()) as u64
+    }
 }
 
 /// This rank's GPU as every process of the machine names it: its PCI bus id, hashed to a fixed size

@@ -225,10 +225,15 @@ impl NcclComm {
         }
     }
 
-    /// The core communicator for work on it: also refused once finalized or revoked.
+    /// The core communicator for work on it: also refused once finalized or revoked, and while suspended
+    /// (`ncclCommSuspend`; a failure, if any, is the better reason then).
     pub fn usable(&self) -> Result<Arc<Communicator>> {
         let c = self.core()?;
         self.check_not_ended()?;
+        if c.collectives_suspended() {
+            c.check_usable()?;
+            return Err(crate::collective::suspend::suspended_error());
+        }
         Ok(c)
     }
 
@@ -241,7 +246,7 @@ impl NcclComm {
         self.check_not_ended()
     }
 
-    fn check_not_ended(&self) -> Result<()> {
+    pub(super) fn check_not_ended(&self) -> Result<()> {
         if self.revoked.load(Ordering::Acquire) {
             return Err(Error::invalid_usage(
                 "comm was revoked (ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT); only ncclCommShrink, \

@@ -12,6 +12,8 @@
 //! - `split.rs`: `ncclCommSplit` and `ncclCommShrink`: how the ranks agree on a new communicator (after
 //!   a failure too);
 //! - `grow.rs`: `ncclCommGetUniqueId` and `ncclCommGrow`: new ranks joining the ranks of a communicator;
+//! - `suspend.rs`: `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats`: the collectives' device memory
+//!   released while the communicator is idle, and made again by every rank together;
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out;
@@ -44,4 +46,5 @@ pub mod group;
 pub mod grow;
 pub mod rma;
 pub mod split;
+pub mod suspend;
 pub mod types;
