@@ -5,7 +5,7 @@
 // One process per rank, forked by the parent; rank r uses GPU r % GPUs, so every rank may share one GPU.
 // Rank 0 makes the ncclUniqueId and hands it to the others through memory shared by the processes.
 //
-//   nccl_rma_test <all|main|kill> [nranks] [--port P]
+//   nccl_rma_test <all|main|kill|initall> [nranks] [--port P]
 //
 //   main: every rank registers two windows (ncclMemAlloc + ncclCommWindowRegister, in the same order) and
 //       ncclWinGetUserPtr gives each one's buffer back; rank r puts a pattern into rank (r + 1) % n's first
@@ -27,7 +27,10 @@
 //       and GB/s; ncclCommWindowDeregister, ncclMemFree, ncclCommDestroy;
 //   kill: every rank but the last waits for a signal of the last (ncclWaitSignal), which never comes: the
 //       last rank is SIGKILLed; each survivor's ncclCommGetAsyncError says ncclRemoteError within seconds,
-//       its stream drains (the wait kernel ends), ncclCommAbort returns.
+//       its stream drains (the wait kernel ends), ncclCommAbort returns;
+//   initall: two ranks of one process (ncclCommInitAll, devices 0 and 1, or 0 twice with one GPU) put 1 KiB
+//       and 256 KiB into each other's window and wait; each checks what it got, and its
+//       ncclGetPeerDevicePointer of the other's window is the other's own address.
 //
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
@@ -635,6 +638,97 @@ int mainRank(Rank& R)
 }
 
 // ------------------------------------------------------------------------------------------------
+// initall: two ranks of one process (ncclCommInitAll), which reach each other's windows at their own
+// addresses
+// ------------------------------------------------------------------------------------------------
+
+// A view of rank `r` of one process on `device`: its stream, status block and verify counters.
+std::string viewOn(Rank& R, int device, Rank* V)
+{
+  V->rank = R.rank;
+  V->nranks = R.nranks;
+  V->nGpus = R.nGpus;
+  V->device = device;
+  V->hostTimeoutS = R.hostTimeoutS;
+  TC_CUDA(cudaSetDevice(device));
+  TC_CUDA(cudaStreamCreateWithFlags(&V->stream, cudaStreamNonBlocking));
+  TC_CUDA(cudaHostAlloc((void**)&V->status, sizeof(DevStatus), cudaHostAllocMapped));
+  memset((void*)V->status, 0, sizeof(DevStatus));
+  TC_CUDA(cudaMalloc((void**)&V->dVerify, 2 * sizeof(unsigned long long)));
+  return "";
+}
+
+// Each rank puts 1 KiB (the put kernel) and 256 KiB (the copy engine) into the other's window and waits for
+// the other's; each checks what it got, and the other's window pointer is the other's own buffer.
+std::string caseInitAllRma(Rank& R)
+{
+  const int devs[2] = {0, R.nGpus > 1 ? 1 : 0};
+  const uint64_t winBytes = 1ull << 20, small = 1024, large = 256ull << 10, offSmall = 4096, offLarge = 65536;
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  TN_OK(ncclCommInitAll(comms, 2, devs));
+  Rank V[2];
+  char* win[2] = {nullptr, nullptr};
+  char* src[2] = {nullptr, nullptr};
+  ncclWindow_t h[2] = {nullptr, nullptr};
+  std::string why;
+  for (int r = 0; r < 2 && why.empty(); ++r) {
+    why = viewOn(R, devs[r], &V[r]);
+    if (why.empty() && ncclMemAlloc((void**)&win[r], winBytes) != ncclSuccess) why = "ncclMemAlloc failed";
+    if (why.empty() && cudaMalloc((void**)&src[r], winBytes) != cudaSuccess) why = "cudaMalloc failed";
+    if (why.empty() && ncclCommWindowRegister(comms[r], win[r], winBytes, &h[r], NCCL_WIN_DEFAULT) != ncclSuccess)
+      why = fmt("rank %d: ncclCommWindowRegister failed: %s", r, lastError(comms[r]).c_str());
+    if (why.empty()) why = fillWords(V[r], src[r], 0, small + large, dataSeed(r, 1 - r, 101), 0);
+    if (why.empty()) why = fillWords(V[r], win[r], 0, winBytes, sentinelSeed(r, 101), 0);
+    if (why.empty()) why = syncBounded(V[r], "source and sentinel");
+  }
+  for (int r = 0; r < 2 && why.empty(); ++r) {
+    ncclResult_t a = ncclPutSignal(src[r], small, ncclUint8, 1 - r, h[r], offSmall, 0, 0, 0, comms[r], V[r].stream);
+    ncclResult_t b =
+        ncclPutSignal(src[r] + small, large / 4, ncclFloat32, 1 - r, h[r], offLarge, 1, 0, 0, comms[r], V[r].stream);
+    if (a != ncclSuccess || b != ncclSuccess)
+      why = fmt("rank %d: ncclPutSignal %s, %s: %s", r, resultName(a), resultName(b), lastError(comms[r]).c_str());
+  }
+  for (int r = 0; r < 2 && why.empty(); ++r) {
+    ncclWaitSignalDesc_t descs[2] = {{1, 1 - r, 0, 0}, {1, 1 - r, 1, 0}};
+    if (ncclWaitSignal(2, descs, comms[r], V[r].stream) != ncclSuccess) why = fmt("rank %d: ncclWaitSignal failed", r);
+  }
+  for (int r = 0; r < 2 && why.empty(); ++r) {
+    TC_CUDA(cudaSetDevice(devs[r]));
+    const uint32_t seed = dataSeed(1 - r, r, 101);
+    why = verifyWords(V[r], win[r], offSmall, small, seed, 0, fmt("rank %d, 1 KiB", r));
+    if (why.empty()) why = verifyWords(V[r], win[r], offLarge, large, seed, small / 4, fmt("rank %d, 256 KiB", r));
+    void* p = nullptr;
+    if (why.empty() && ncclGetPeerDevicePointer(h[r], offLarge, 1 - r, &p) != ncclSuccess)
+      why = fmt("rank %d: ncclGetPeerDevicePointer failed: %s", r, lastError(nullptr).c_str());
+    if (why.empty() && p != win[1 - r] + offLarge)
+      why = fmt("rank %d: the other rank's pointer is %p, not its own address %p", r, p, (void*)(win[1 - r] + offLarge));
+  }
+  for (int r = 0; r < 2; ++r)
+    if (h[r]) ncclCommWindowDeregister(comms[r], h[r]);
+  for (int r = 0; r < 2; ++r)
+    if (comms[r] && ncclCommDestroy(comms[r]) != ncclSuccess && why.empty()) why = "ncclCommDestroy failed";
+  for (int r = 0; r < 2; ++r) {
+    if (win[r]) ncclMemFree(win[r]);
+    if (src[r]) cudaFree(src[r]);
+    freeRank(V[r]);
+  }
+  R.info = fmt("ranks on devices %d and %d", devs[0], devs[1]);
+  return why;
+}
+
+int initAllRank(Rank& R)
+{
+  std::string why = setUpRank(R);
+  if (!why.empty()) {
+    runCase(R, "initall_setup", [&] { return why; });
+    return 1;
+  }
+  runCase(R, "initall_two_ranks_of_one_process_put_wait_peer_pointer", [&] { return caseInitAllRma(R); });
+  freeRank(R);
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------------
 // kill: the signal never comes; the waiters' streams must drain
 // ------------------------------------------------------------------------------------------------
 
@@ -844,8 +938,8 @@ int main(int argc, char** argv)
   if (argc > 1 && argv[1][0] != '-' && !isdigit((unsigned char)argv[1][0])) which = argv[argi++];
   Options opt = parseArgs(argc - argi + 1, argv + argi - 1, 2);
   const bool all = !strcmp(which, "all");
-  if (!all && strcmp(which, "main") && strcmp(which, "kill")) {
-    fprintf(stderr, "usage: %s <all|main|kill> [nranks] [--port P]\n", argv[0]);
+  if (!all && strcmp(which, "main") && strcmp(which, "kill") && strcmp(which, "initall")) {
+    fprintf(stderr, "usage: %s <all|main|kill|initall> [nranks] [--port P]\n", argv[0]);
     return 2;
   }
   void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -866,5 +960,11 @@ int main(int argc, char** argv)
     rc |= runRanks("nccl_rma", opt, 900, mainRank);
   }
   if (all || !strcmp(which, "kill")) rc |= runKill(opt);
+  if (all || !strcmp(which, "initall")) {
+    memset((void*)gBoard, 0, sizeof(Board));
+    Options one = opt;
+    one.nranks = 1; // one process holds both ranks
+    rc |= runRanks("nccl_rma_initall", one, 120, initAllRank);
+  }
   return rc;
 }

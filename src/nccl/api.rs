@@ -676,6 +676,15 @@ nccl_export! {
                             GpuContext::set_device(device)?;
                             let core = Communicator::init_by_id(n, id, rank, BOOTSTRAP_TIMEOUT)?;
                             let f = fallback::attach(&core);
+                            // As `finish_init`: the collectives' memory, set up by every rank at once, before
+                            // any send, receive or one-sided call (which need not involve every rank).
+                            if let Err(e) = core.prepare_collectives() {
+                                let _ = core.destroy();
+                                if let Some(f) = f {
+                                    let _ = f.abort();
+                                }
+                                return Err(e);
+                            }
                             Ok((core, f))
                         })
                     })
