@@ -119,7 +119,11 @@ deps: ## install the Debian packages the build lacks
 # ---- the library ----
 # cargo decides what is stale; files are copied only when they changed, so that make rebuilds programs
 # only when the library or the headers really changed. build.rs writes the headers the same way.
+# build.rs says when it compiles the collectives' kernels where cargo's standard error is a terminal or a pipe;
+# into a file (make > log) it cannot, so the first build says it here.
 $(LIB_SO): FORCE | deps $(NVCC_READY)
+	@[[ -d target/kernel-cache || -t 2 || -p /dev/stderr ]] || \
+	  echo "cargo build: the first build also compiles the collectives' CUDA kernels (about 70 s on 2 cores)" >&2
 	+$(CARGO) build --release
 	@mkdir -p $(@D)
 	@cmp -s target/release/libmscclpp.so $@ || cp -f target/release/libmscclpp.so $@

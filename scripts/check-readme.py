@@ -121,9 +121,15 @@ def prose(text: str) -> str:
 
 
 def spans(text: str) -> List[Tuple[int, str]]:
-    """(line number, content) of every inline code span of the prose."""
-    return [(n, m.group(1)) for n, line in enumerate(prose(text).splitlines(), 1)
-            for m in re.finditer(r"`([^`]+)`", line)]
+    """(line number, content) of every inline code span of the prose; a span may go on over a line break
+    within its paragraph (read as a space, as Markdown does)."""
+    out = []
+    line = 1
+    for para in re.split(r"(\n\s*\n)", prose(text)):
+        for m in re.finditer(r"`([^`]+)`", para):
+            out.append((line + para.count("\n", 0, m.start()), m.group(1).replace("\n", " ")))
+        line += para.count("\n")
+    return out
 
 
 def shell_code(line: str) -> str:
