@@ -223,7 +223,10 @@ std::string allGather(Rank& R, const char* what)
   return "";
 }
 
-uint32_t ringWord(int from, uint64_t i, uint32_t salt) { return (uint32_t)mix64(((uint64_t)from << 40) ^ i ^ ((uint64_t)salt << 48)) | 1u; }
+uint32_t ringWord(int from, uint64_t i, uint32_t salt)
+{
+  return (uint32_t)mix64(((uint64_t)from << 40) ^ i ^ ((uint64_t)salt << 48)) | 1u;
+}
 
 // Each rank sends to the next and receives from the previous, in one group.
 std::string ring(Rank& R, uint32_t salt, const char* what)
@@ -364,7 +367,8 @@ std::string caseSuspendFrees(Rank& R, double* us)
   TC_EXPECT(after - before + kSlack >= want,
             "free memory of GPU %d grew by %lld bytes once every rank suspended; its ranks' Suspend bytes are %lld",
             R.device, (long long)(after - before), (long long)want);
-  R.info = fmt("GPU %d: %lld MiB more free (its ranks' Suspend: %lld MiB)", R.device, (long long)((after - before) >> 20),
+  R.info = fmt("GPU %d: %lld MiB more free (its ranks' Suspend: %lld MiB)", R.device,
+               (long long)((after - before) >> 20),
                (long long)(want >> 20));
   return "";
 }
@@ -383,7 +387,8 @@ std::string caseStatsWhileSuspended(Rank& R)
 std::string expectRefused(Rank& R, ncclResult_t r, const char* what)
 {
   (void)R;
-  if (r != ncclInvalidUsage) return fmt("%s while suspended returned %s, expected ncclInvalidUsage", what, resultName(r));
+  if (r != ncclInvalidUsage)
+    return fmt("%s while suspended returned %s, expected ncclInvalidUsage", what, resultName(r));
   const std::string e = lastError();
   if (e.find("ncclCommResume") == std::string::npos)
     return fmt("%s while suspended: the last error does not name ncclCommResume: %s", what, e.c_str());
@@ -541,8 +546,8 @@ std::string caseTiming(Rank& R)
         worstResume = std::max(worstResume, gBoard->resumeUs[r][c]);
       }
     R.info = fmt("median over %d ranks x %d cycles: ncclCommSuspend %.0f us, ncclCommResume %.0f us (slowest %.0f), "
-                 "first all-reduce of 1000 float32 after a resume %.0f us, the next %.0f us (each to the end of its stream, "
-                 "copies and check included)",
+                 "first all-reduce of 1000 float32 after a resume %.0f us, the next %.0f us (each to the end of its "
+                 "stream, copies and check included)",
                  R.nranks, kCycles, median(s), median(re), worstResume, median(first), median(later));
   }
   return "";
@@ -570,10 +575,12 @@ int rankMain(Rank& R)
   runCase(R, "collectives_before_suspend",
           [&] { return together(R, collectives(R, 1, "before the suspend"), "after the collectives"); });
   runCase(R, "memstats_before", [&] { return together(R, caseMemStatsBefore(R), "after the statistics"); });
-  runCase(R, "bad_flags_and_resume_without_suspend", [&] { return together(R, caseBadCalls(R), "after the refusals"); });
+  runCase(R, "bad_flags_and_resume_without_suspend",
+          [&] { return together(R, caseBadCalls(R), "after the refusals"); });
   double suspendUs = 0, resumeUs = 0;
   runCase(R, "suspend_frees_memory", [&] { return caseSuspendFrees(R, &suspendUs); });
-  runCase(R, "memstats_while_suspended", [&] { return together(R, caseStatsWhileSuspended(R), "after the statistics"); });
+  runCase(R, "memstats_while_suspended",
+          [&] { return together(R, caseStatsWhileSuspended(R), "after the statistics"); });
   runCase(R, "refused_while_suspended", [&] { return together(R, caseRefused(R), "after the refused calls"); });
   runCase(R, "resume_takes_memory_back", [&] { return caseResume(R, &resumeUs); });
   runCase(R, "collectives_after_resume", [&] {

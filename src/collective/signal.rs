@@ -229,6 +229,14 @@ pub struct Solo {
     area: DeviceAllocation,
 }
 
+impl Solo {
+    /// Bytes of device memory it holds (`ncclCommMemStats`; a suspend releases it, and the next one-sided
+    /// call makes it again).
+    pub fn device_bytes(&self) -> u64 {
+        self.area.size() as u64
+    }
+}
+
 /// What a launch needs: the kernels, every rank's signal area as this context reaches it, the abort word.
 struct Plane<'a> {
     kernels: &'a mut LoadedKernels,

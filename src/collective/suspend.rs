@@ -3,13 +3,14 @@
 //! resumes.
 //!
 //! What a suspend releases: this rank's scratch (one allocation: its two slots and the areas that follow
-//! them, send and receive's among them) and the mappings of the peers' scratch (which is what lets a peer's memory go once every
-//! rank that mapped it has suspended), the kernels' state words, and the loaded kernel modules (the one
-//! rank's too). What it keeps, because it holds no device memory of ours or must outlive the suspension:
-//! the abort word (pinned host memory, so that an abort still ends every wait), this rank's registrations
-//! and their export to the peers, the peers' registered buffers mapped here for zero-copy with their table
-//! (pinned host memory; the buffers are the peers' own, which their registrations keep alive anyway), and
-//! the copy engine's streams.
+//! them, send and receive's among them) and the mappings of the peers' scratch (which is what lets a peer's
+//! memory go once every rank that mapped it has suspended), the kernels' state words, and the loaded
+//! kernel modules (one rank's too, with its signal area of the one-sided calls, made again at its next
+//! one). What it keeps, because it holds no device memory of ours or must outlive the suspension: the abort
+//! word (pinned host memory, so that an abort still ends every wait), this rank's registrations and their
+//! export to the peers, the peers' registered buffers mapped here for zero-copy with their table (pinned
+//! host memory; the buffers are the peers' own, which their registrations keep alive anyway), and the copy
+//! engine's streams.
 //!
 //! A suspend is local: each rank frees its own. A resume is collective: the scratch is made again as at the
 //! set-up (`Scratch::set_up`: the new handles exchanged over the bootstrap), because send and receive need
@@ -51,8 +52,8 @@ pub(super) struct Suspension {
 /// not say how much device memory a loaded module takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMemory {
-    /// Bytes held now that a suspend releases: the scratch and the state words (0 while suspended with
-    /// `NCCL_SUSPEND_MEM`: nothing is left to release).
+    /// Bytes held now that a suspend releases: the scratch and the state words, or one rank's signal area
+    /// (0 while suspended with `NCCL_SUSPEND_MEM`: nothing is left to release).
     pub releasable: u64,
     /// Bytes held now that a suspend keeps.
     pub persistent: u64,
@@ -105,7 +106,8 @@ impl Collectives {
         let mut kept = None;
         if release_memory {
             let mut solo = self.solo.lock();
-            if let Some(gpu) = gpu.filter(|_| ready.is_some() || solo.is_some()) {
+            let mut one_sided = self.one_sided_solo.lock();
+            if let Some(gpu) = gpu.filter(|_| ready.is_some() || solo.is_some() || one_sided.is_some()) {
                 gpu.synchronize()?;
             }
             if let Some(r) = ready.take() {
@@ -119,6 +121,8 @@ impl Collectives {
                 log::info!("collectives suspended: {released} bytes of device memory released");
             }
             solo.take();
+            // One rank's signal area: made again at its next one-sided call.
+            one_sided.take();
         } else {
             log::info!("collectives suspended (nothing released: flags 0)");
         }
@@ -196,8 +200,9 @@ impl Collectives {
     pub fn device_memory(&self) -> DeviceMemory {
         let ready = self.ready.lock();
         let suspended = self.suspended.lock();
+        let one_sided = self.one_sided_solo.lock().as_ref().map_or(0, |s| s.device_bytes());
         DeviceMemory {
-            releasable: ready.as_ref().map_or(0, |r| r.scratch.device_bytes()),
+            releasable: ready.as_ref().map_or(0, |r| r.scratch.device_bytes()) + one_sided,
             persistent: 0,
             released: suspended.as_ref().is_some_and(|s| s.released),
         }

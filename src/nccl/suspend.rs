@@ -76,8 +76,9 @@ pub fn resume(c: &NcclComm) -> Result<()> {
 ///   abort word and the zero-copy table are pinned host memory, registered buffers are the application's);
 /// - `ncclStatGpuMemTotal`: all the device memory held now, `Suspend + Persist`.
 ///
-/// Nothing is held before the collectives are set up (at the initialisation, where there is a GPU) or on
-/// one rank (which needs no scratch). The kernel modules are released by a suspend but not counted.
+/// Nothing is held before the collectives are set up (at the initialisation, where there is a GPU); one
+/// rank, which needs no scratch, holds only its one-sided calls' signal area once one of them made it. The
+/// kernel modules are released by a suspend but not counted.
 pub fn mem_stat(c: &NcclComm, stat: c_int) -> Result<u64> {
     ensure_arg!(
         (NCCL_STAT_GPU_MEM_SUSPEND..=NCCL_STAT_GPU_MEM_TOTAL).contains(&stat),
