@@ -69,9 +69,11 @@ LIB_A := build/lib/libmscclpp.a
 PC := build/lib/pkgconfig/mscclpp.pc
 LIBS_PRIVATE := -lstdc++ -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
 NCCL_HEADER := build/include/nccl.h
+# The host side of NCCL's device API, beside nccl.h (include/nccl_device/host.h).
+NCCL_DEVICE_HEADER := build/include/nccl_device/host.h
 NCCL_SO := build/lib/nccl/libnccl.so.2
 NCCL_LINK := build/lib/nccl/libnccl.so
-LIBRARY := $(HEADERS) $(LIB_SO) $(LIB_LINKS) $(LIB_A) $(PC) $(NCCL_HEADER) $(NCCL_SO) $(NCCL_LINK)
+LIBRARY := $(HEADERS) $(LIB_SO) $(LIB_LINKS) $(LIB_A) $(PC) $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NCCL_SO) $(NCCL_LINK)
 
 # ---- programs (an empty or missing directory just yields no programs) ----
 HOST_TESTS := $(patsubst c-tests/host/%.cpp,build/tests/host/%,$(wildcard c-tests/host/*.cpp))
@@ -154,6 +156,10 @@ $(NCCL_HEADER): include/nccl.h
 	@mkdir -p $(@D)
 	cp -f $< $@
 
+$(NCCL_DEVICE_HEADER): include/nccl_device/host.h
+	@mkdir -p $(@D)
+	cp -f $< $@
+
 # In build/ the .pc file locates itself; `make install` writes the real prefix.
 $(PC): mscclpp.pc.in Makefile
 	@mkdir -p $(@D)
@@ -193,7 +199,7 @@ build/examples/%: examples-c/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	  -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 # Programs of NCCL's API: our nccl.h and -lnccl only (libmscclpp is neither included nor linked).
-build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NCCL_FAKES)
+build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NCCL_FAKES)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -Wall -Wextra -Werror $(CXXFLAGS) -pthread -Ibuild/include -MMD -MP $< -o $@ \
 	  -Lbuild/lib/nccl -lnccl -ldl -Wl,-rpath,'$$ORIGIN/../../lib/nccl'
@@ -210,7 +216,7 @@ build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
 
 # GPU programs of NCCL's API: our nccl.h and -lnccl only, the CUDA runtime linked statically (so that no
 # other library of ours is needed at run time); the case runner's helpers from examples-c/common/.
-build/tests/nccl-gpu/%: c-tests/nccl-gpu/%.cu $(NCCL_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NVCC_READY)
+build/tests/nccl-gpu/%: c-tests/nccl-gpu/%.cu $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NVCC_READY)
 	@mkdir -p $(@D)
 	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
 	  $< -o $@ -Lbuild/lib/nccl -lnccl -Xlinker -rpath,'$$ORIGIN/../../lib/nccl'

@@ -276,7 +276,7 @@ mod tests {
             .take_until(1, Key::user(1), true, Some(start + Duration::from_millis(100)))
             .unwrap_err();
         assert!(start.elapsed() >= Duration::from_millis(100));
-        assert_eq!(e.kind, ErrorKind::Remote);
+        assert_eq!(e.kind, ErrorKind::Timeout);
         assert!(e.message.contains("nothing came in time"), "{}", e.message);
     }
 

@@ -308,7 +308,8 @@ fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
     let took = start.elapsed();
     for res in results {
         let e = res.unwrap_err();
-        assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+        // Timed out waiting (NCCL's ncclTimeout), or told by the root that rank 3 never came.
+        assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Remote), "{e}");
         assert!(
             e.message.contains("timed out") || e.message.contains("did not arrive"),
             "{e}"

@@ -1,5 +1,5 @@
-//! The `extern "C"` functions of NCCL 2.28.9's `nccl.h`, and `ncclDevCommCreate` / `ncclDevCommDestroy`
-//! of its device API. Exported (each with NCCL's `pnccl` twin) only with the `nccl-abi` feature, which
+//! The `extern "C"` functions of NCCL's `nccl.h` that predate 2.29 (2.28.9's), and `ncclDevCommCreate` /
+//! `ncclDevCommDestroy` of its device API (the calls of 2.29 to 2.32 are in files of their own, see `mod.rs`). Exported (each with NCCL's `pnccl` twin) only with the `nccl-abi` feature, which
 //! builds `libnccl.so.2`. Each finds the communicator, checks its arguments as NCCL does (the error
 //! names the argument), and calls the core behind the panic boundary: the same `Communicator` calls that
 //! `mscclpp.h`'s functions make (`crate::ffi`). What the core does not carry out goes to the NVIDIA
@@ -99,7 +99,7 @@ impl CommWork {
 }
 
 thread_local! {
-    static GROUP: RefCell<Group<Op>> = RefCell::new(Group::default());
+    pub(super) static GROUP: RefCell<Group<Op>> = RefCell::new(Group::default());
 }
 
 /// The entry of every function: installs the logger, runs `body` behind the panic boundary, and keeps a

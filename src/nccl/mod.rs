@@ -1,4 +1,4 @@
-//! NCCL's API (`nccl.h` of NCCL 2.28.9): another face of the same core, as thin as `crate::ffi`. One
+//! NCCL's API (`nccl.h` of NCCL 2.32.3 and its device API's host side): another face of the same core. One
 //! communicator (`crate::comm`), one collectives path (`crate::collective`, through the calls
 //! `ffi/collectives.rs` makes), one failure path; what the core does not carry out yet goes to NVIDIA's
 //! library where `MSCCLPP_NCCL_FALLBACK` names it, else fails with `ncclInvalidUsage`, naming the function
@@ -17,6 +17,12 @@
 //! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out;
+//! - `coll_config.rs`: the collectives with a per-call `ncclCollConfig_t` (`ncclAllReduceConfig`, ...);
+//! - `device_host.rs`: the host side of NCCL's device API (`nccl_device/host.h`): teams, properties; what
+//!   needs NCCL's device kernels or NVLink multicast refused;
+//! - `encryption.rs`: `ncclSetEncryption` (a key is refused: nothing here would encrypt with it);
+//! - `params.rs`: NCCL 2.30's settings API (`ncclParam*`) over the library's one table of settings, and
+//!   `ncclResetDebugInit`;
 //! - `rma.rs`: the one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, `ncclWinGetUserPtr`)
 //!   and the peer pointers of a window;
 //! - `api.rs`: the `extern "C"` functions, exported by the `nccl-abi` feature (`libnccl.so.2`).
@@ -38,12 +44,16 @@ macro_rules! nccl_export {
 }
 
 pub mod api;
+pub mod coll_config;
 pub mod comm;
 pub mod config;
+pub mod device_host;
+pub mod encryption;
 pub mod error;
 pub mod fallback;
 pub mod group;
 pub mod grow;
+pub mod params;
 pub mod rma;
 pub mod split;
 pub mod suspend;
