@@ -7,7 +7,7 @@
 //!      `typedef enum { ... } X;`, as the legacy header writes them),
 //!    - `@SPLICE path@` becomes the file at `path` (the device code in `kernels/`).
 //!
-//!    cbindgen reads `src/types.rs` and `src/ffi/*.rs` with the settings in `cbindgen.toml`.
+//!    cbindgen reads `src/types.rs` and `src/mscclpp_abi/*.rs` with the settings in `cbindgen.toml`.
 //! 2. Compiles the library's small C++ part (`src/cxx/*.cpp`, if any) against those headers.
 //! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
 //!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
@@ -37,7 +37,7 @@ fn main() {
         "include",
         "kernels",
         "src/types.rs",
-        "src/ffi",
+        "src/mscclpp_abi",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
@@ -112,7 +112,7 @@ const EXTENSION_FUNCTIONS: [&str; 4] = [
 ];
 
 /// Warns when the generated declarations are not exactly the legacy set and our extensions: every exported
-/// `extern "C"` function in `src/ffi/` lands in the public header, so a helper exported by mistake (or a
+/// `extern "C"` function in `src/mscclpp_abi/` lands in the public header, so a helper exported by mistake (or a
 /// missing one) shows here.
 fn check_functions(api: &str) {
     let declared: Vec<&str> = api
@@ -132,7 +132,7 @@ fn check_functions(api: &str) {
     }
     for name in LEGACY_FUNCTIONS.iter().chain(&EXTENSION_FUNCTIONS) {
         if !declared.contains(name) {
-            println!("cargo:warning=mscclpp.h lacks {name}: no exported function of that name in src/ffi/");
+            println!("cargo:warning=mscclpp.h lacks {name}: no exported function of that name in src/mscclpp_abi/");
         }
     }
 }
@@ -147,8 +147,8 @@ fn cbindgen_section(root: &Path, style: Style, items: Vec<ItemType>) -> String {
     let mut builder = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src/types.rs"));
-    // cbindgen follows `mod` items, so the FFI module's root brings in all of its files once.
-    builder = builder.with_src(root.join("src/ffi/mod.rs"));
+    // cbindgen follows `mod` items, so the face's root brings in all of its files once.
+    builder = builder.with_src(root.join("src/mscclpp_abi/mod.rs"));
     let bindings = builder.generate().unwrap_or_else(|e| panic!("cbindgen failed: {e}"));
     let mut out = Vec::new();
     bindings.write(&mut out);

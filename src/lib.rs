@@ -1,7 +1,9 @@
 //! libmscclpp: a GPU-driven communication library with the C ABI of MSCCL++ 0.1.0.
 //!
 //! Where things are:
-//! - `ffi/`: the `extern "C"` functions of `mscclpp.h`, each behind a panic boundary.
+//! - `abi/`: what both C faces need at their boundary: the panic boundary, token handles and their
+//!   registry, pointer checks, unique-id bytes. Neither face imports the other.
+//! - `mscclpp_abi/`: the `extern "C"` functions of `mscclpp.h`, each behind the panic boundary.
 //! - `types.rs`: the ABI structs and enums the header is generated from.
 //! - `bootstrap/`: TCP rendezvous, all-gather, barrier and point-to-point messages between ranks.
 //! - `comm.rs`: the communicator: its bootstrap, connection list, state machine and transports, which
@@ -21,7 +23,7 @@
 //!   send and receive: the host side (checks, the algorithm table, scratch memory, launches); their kernels
 //!   are in `kernels/collectives/`, one file per algorithm, compiled by build.rs and embedded.
 //! - `nccl/`: NCCL's API (`nccl.h`), another face of the same core, exported by the `nccl-abi` feature into
-//!   `libnccl.so.2`; the `mscclpp-abi` feature (the default) exports `ffi/`'s functions.
+//!   `libnccl.so.2`; the `mscclpp-abi` feature (the default) exports `mscclpp_abi/`'s functions.
 //! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.
 //! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
@@ -29,6 +31,7 @@
 //! - `dynlib.rs`: shared libraries loaded at run time (libibverbs, NVIDIA's NCCL as a fallback).
 //! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
 
+pub mod abi;
 pub mod bootstrap;
 pub mod codec;
 pub mod collective;
@@ -37,9 +40,10 @@ pub mod connection;
 pub mod dynlib;
 pub mod error;
 pub mod failure;
-pub mod ffi;
 pub mod gpu;
 pub mod logging;
+#[cfg(feature = "mscclpp-abi")]
+pub mod mscclpp_abi;
 pub mod nccl;
 pub mod proxy;
 pub mod registered_memory;

@@ -7,7 +7,7 @@
 //! allocation's base and size. An application may free a registered buffer and get the same address back
 //! from a later allocation; `lookup` asks the driver again and compares the ids, so that such a stale
 //! entry is never taken for the new memory. Handles are tokens from the same sequence as the
-//! communicators' (`ffi::handles`), never addresses.
+//! communicators' (`abi::handles`), never addresses.
 //!
 //! The zero-copy collectives (`collective::zero_copy`) look a call's buffers up here; each registration is
 //! also exported to the peers when it is made (`Collectives::registered`).
@@ -135,7 +135,7 @@ impl Registrations {
 
     /// Records a registration whose allocation is known (`register`, and tests without a GPU).
     pub fn insert(&self, registration: Registration) -> u64 {
-        let token = crate::ffi::handles::new_token();
+        let token = crate::abi::handles::new_token();
         if let Kind::Window { .. } = registration.kind {
             let mut ordinals = self.window_ordinals.lock();
             ordinals.0 += 1;

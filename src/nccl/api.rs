@@ -2,7 +2,7 @@
 //! `ncclDevCommDestroy` of its device API (the calls of 2.29 to 2.32 are in files of their own, see `mod.rs`). Exported (each with NCCL's `pnccl` twin) only with the `nccl-abi` feature, which
 //! builds `libnccl.so.2`. Each finds the communicator, checks its arguments as NCCL does (the error
 //! names the argument), and calls the core behind the panic boundary: the same `Communicator` calls that
-//! `mscclpp.h`'s functions make (`crate::ffi`). What the core does not carry out goes to the NVIDIA
+//! `mscclpp.h`'s functions make (`mscclpp_abi/`). What the core does not carry out goes to the NVIDIA
 //! communicator beside ours where `MSCCLPP_NCCL_FALLBACK` made one (`fallback.rs`), else is refused.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
@@ -13,12 +13,12 @@ use super::error::{self as nerror, code};
 use super::fallback::{self, Forwarded};
 use super::group::{self, Group};
 use super::types::*;
+use crate::abi::{catch_panic, non_null};
 use crate::bootstrap::UniqueId;
 use crate::collective::{Call, Collective, DataType, P2pKind, P2pOp, RedOp, Scalar, algorithm};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::{catch_panic, non_null};
 use crate::gpu::{AppStream, DeviceAllocation, GpuContext, ensure_driver};
 use crate::logging::RankScope;
 use crate::registration::Kind;
@@ -116,7 +116,11 @@ pub(super) fn entry(name: &str, body: impl FnOnce() -> Result<ncclResult_t>) -> 
 }
 
 /// `entry` with the communicator behind `comm`; what it logs names its rank.
-pub(super) fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+pub(super) fn with_comm(
+    name: &str,
+    comm: ncclComm_t,
+    body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
+) -> ncclResult_t {
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || body(&found?))
@@ -124,7 +128,11 @@ pub(super) fn with_comm(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<Ncc
 
 /// `with_comm` for work that a group queues: a failure inside a group (a NULL or destroyed communicator
 /// too) also fails the group's end.
-pub(super) fn enqueue(name: &str, comm: ncclComm_t, body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>) -> ncclResult_t {
+pub(super) fn enqueue(
+    name: &str,
+    comm: ncclComm_t,
+    body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
+) -> ncclResult_t {
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || {
@@ -347,7 +355,7 @@ pub(super) fn init_job(nranks: usize, rank: usize, id: &ncclUniqueId) -> Result<
             Communicator::init_by_address(nranks, &address, rank, BOOTSTRAP_TIMEOUT)
         }));
     }
-    let bytes: [u8; NCCL_UNIQUE_ID_BYTES] = std::array::from_fn(|i| id.internal[i] as u8);
+    let bytes = crate::abi::id_bytes(&id.internal);
     let id = UniqueId::from_bytes(&bytes)
         .map_err(|e| Error::invalid_argument(e.message.replace("mscclppGetUniqueId", "ncclGetUniqueId")))?;
     Ok(Box::new(move || {
@@ -571,9 +579,7 @@ nccl_export! {
             };
             // SAFETY: checked non-null; the caller provides a writable ncclUniqueId.
             let out = unsafe { &mut *uniqueId };
-            for (o, b) in out.internal.iter_mut().zip(bytes) {
-                *o = b as c_char;
-            }
+            crate::abi::write_id_bytes(&mut out.internal, &bytes);
             OK
         })
     }

@@ -133,7 +133,9 @@ pub fn parse(raw: &ncclCollConfig_t) -> Result<CollConfig> {
         // SAFETY: NULL or a NUL-terminated string (NCCL's contract).
         let selection = unsafe { CStr::from_ptr(raw.algSelection) }.to_string_lossy();
         if !selection.is_empty() {
-            log::debug!("ncclCollConfig_t's algSelection \"{selection}\" is not used: this library's algorithms are its own");
+            log::debug!(
+                "ncclCollConfig_t's algSelection \"{selection}\" is not used: this library's algorithms are its own"
+            );
         }
     }
     if raw.CTAPolicy != undef || !raw.ext.is_null() || raw.userProfilerTag != 0 {

@@ -7,10 +7,10 @@
 use super::error::{code, from_core};
 use super::fallback;
 use super::types::{ncclComm_t, ncclResult_t};
+use crate::abi::handles::Registry;
 use crate::collective::{DataType, Scalar};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::ffi::handles::Registry;
 use once_cell::sync::OnceCell;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;

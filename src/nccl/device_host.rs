@@ -9,9 +9,9 @@
 use super::api::{OK, entry, with_comm};
 use super::comm::NcclComm;
 use super::types::{NCCL_CONFIG_MAGIC, NCCL_VERSION_CODE, ncclComm_t, ncclResult_t, ncclWindow_t};
+use crate::abi::non_null;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::non_null;
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::{offset_of, size_of};
 
@@ -169,7 +169,9 @@ nccl_export! {
 
 /// CFT teams need NVLink multicast, which this library never uses: the empty team, with a WARN.
 fn no_cft_team(name: &str, comm: ncclComm_t) -> ncclTeam_t {
-    let _ = with_comm(name, comm, |_| Err(not_offered("CFT teams (they need NVLink multicast)")));
+    let _ = with_comm(name, comm, |_| {
+        Err(not_offered("CFT teams (they need NVLink multicast)"))
+    });
     EMPTY
 }
 

@@ -6,9 +6,9 @@
 
 use super::api::{OK, entry};
 use super::types::{NCCL_CONFIG_MAGIC, ncclResult_t};
+use crate::abi::non_null;
 use crate::ensure_arg;
 use crate::error::Error;
-use crate::ffi::non_null;
 use std::ffi::{c_char, c_int, c_uint};
 use std::mem::offset_of;
 

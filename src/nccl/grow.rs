@@ -22,13 +22,13 @@ use super::comm::NcclComm;
 use super::config;
 use super::split::{GROW_WORDS, Job, tag};
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
+use crate::abi::non_null;
 use crate::bootstrap::{MAX_RANKS, UniqueId};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::non_null;
 use crate::gpu::GpuContext;
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -242,7 +242,7 @@ pub fn grow_job(parent: Arc<Communicator>, count: u64, mine: Word, timeout: Dura
 }
 
 fn id_bytes(id: &ncclUniqueId) -> [u8; NCCL_UNIQUE_ID_BYTES] {
-    std::array::from_fn(|i| id.internal[i] as u8)
+    crate::abi::id_bytes(&id.internal)
 }
 
 nccl_export! {
@@ -285,9 +285,7 @@ nccl_export! {
             });
             // SAFETY: checked non-null; the caller provides a writable ncclUniqueId.
             let out = unsafe { &mut *uniqueId };
-            for (o, b) in out.internal.iter_mut().zip(bytes) {
-                *o = b as c_char;
-            }
+            crate::abi::write_id_bytes(&mut out.internal, &bytes);
             OK
         })
     }

@@ -1,6 +1,6 @@
 //! NCCL's API (`nccl.h` of NCCL 2.32.3 and its device API's host side): another face of the same core. One
 //! communicator (`crate::comm`), one collectives path (`crate::collective`, through the calls
-//! `ffi/collectives.rs` makes), one failure path; what the core does not carry out yet goes to NVIDIA's
+//! `mscclpp_abi/collectives.rs` makes), one failure path; what the core does not carry out yet goes to NVIDIA's
 //! library where `MSCCLPP_NCCL_FALLBACK` names it, else fails with `ncclInvalidUsage`, naming the function
 //! and the setting.
 //!

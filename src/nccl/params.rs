@@ -11,9 +11,9 @@
 
 use super::api::{OK, entry};
 use super::types::ncclResult_t;
+use crate::abi::non_null;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::non_null;
 use crate::settings::{ALL, Setting, Source};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;

@@ -16,10 +16,10 @@
 use super::api::{OK, Op, check_rank, datatype, datatype_name, enqueue, entry, issue, with_comm};
 use super::comm::{self as ncomm, NcclComm};
 use super::types::{ncclComm_t, ncclResult_t, ncclWindow_t};
+use crate::abi::non_null;
 use crate::collective::signal::{self, OneSided, SignalId, Wait};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::non_null;
 use crate::logging::RankScope;
 use std::ffi::{c_int, c_uint, c_void};
 

@@ -21,9 +21,9 @@
 use super::api::{OK, with_comm};
 use super::comm::NcclComm;
 use super::types::{ncclComm_t, ncclResult_t};
+use crate::abi::non_null;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::ffi::non_null;
 use std::ffi::c_int;
 
 /// `ncclCommSuspend`'s flag that releases the communicator's device memory.

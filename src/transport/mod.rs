@@ -14,7 +14,7 @@
 //!   flag raised while no data is in flight is also stored by the CPU into host memory shared with the peer.
 //! - `ib/`: InfiniBand (and RoCE): RDMA writes from GPU memory through libibverbs loaded at run time.
 //!
-//! To add a transport: a variant of `connection::TransportKind` (and its `transportType` in `ffi/api.rs`),
+//! To add a transport: a variant of `connection::TransportKind` (and its `transportType` in `mscclpp_abi/api.rs`),
 //! a folder here whose type implements `Transport`, and one arm in `comm::new_transport`.
 
 pub mod ib;

@@ -3,7 +3,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // the contract of each function is the header's
 
-use super::{guard, handles, non_null};
+use super::comms as handles;
+use super::guard;
+use crate::abi::non_null;
 use crate::bootstrap::UniqueId;
 use crate::comm::Communicator;
 use crate::connection::TransportKind;
@@ -57,9 +59,7 @@ pub unsafe extern "C" fn mscclppGetUniqueId(uniqueId: *mut mscclppUniqueId) -> m
         let bytes = id.to_bytes();
         // SAFETY: checked non-null; the caller provides a writable mscclppUniqueId.
         let out = unsafe { &mut *uniqueId };
-        for (o, b) in out.internal.iter_mut().zip(bytes.iter()) {
-            *o = *b as c_char;
-        }
+        crate::abi::write_id_bytes(&mut out.internal, &bytes);
         Ok(())
     })
 }
@@ -99,7 +99,7 @@ pub unsafe extern "C" fn mscclppCommInitRankFromId(
     guard("mscclppCommInitRankFromId", || {
         non_null(comm, "comm")?;
         check_rank_args(nranks, rank)?;
-        let bytes: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
+        let bytes = crate::abi::id_bytes(&id.internal);
         let id = UniqueId::from_bytes(&bytes)?;
         let _rank = RankScope::enter(rank as usize);
         let c = Communicator::init_by_id(nranks as usize, &id, rank as usize, bootstrap_timeout())?;

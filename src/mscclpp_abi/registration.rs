@@ -4,7 +4,7 @@
 #![allow(clippy::missing_safety_doc)] // the contract of each function is the header's
 
 use super::api::with_comm;
-use super::non_null;
+use crate::abi::non_null;
 use crate::registration::Kind;
 use crate::types::{mscclppComm_t, mscclppResult_t};
 use std::ffi::c_void;
@@ -47,8 +47,8 @@ pub unsafe extern "C" fn mscclppCommDeregister(comm: mscclppComm_t, handle: *mut
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::api::tests::one_rank;
-    use crate::ffi::api::{mscclppCommAbort, mscclppCommDestroy};
+    use crate::mscclpp_abi::api::tests::one_rank;
+    use crate::mscclpp_abi::api::{mscclppCommAbort, mscclppCommDestroy};
     use crate::registration::{Allocation, Registration};
     use mscclppResult_t::*;
 
@@ -93,7 +93,7 @@ mod tests {
     #[test]
     fn a_registration_deregisters_once_also_after_an_abort_and_goes_with_destroy() {
         let comm = one_rank();
-        let core = crate::ffi::handles::lookup(comm).unwrap();
+        let core = crate::mscclpp_abi::comms::lookup(comm).unwrap();
         // Made without the driver: the bookkeeping is what is tested here.
         let entry = Registration {
             ptr: 0x20_0000,

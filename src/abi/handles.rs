@@ -2,9 +2,6 @@
 //! is detected instead of read, and tokens are not reused within a process. `Registry` maps the tokens of
 //! one kind of object (the communicators of `mscclpp.h`, and those of the NCCL face) to the objects.
 
-use crate::comm::Communicator;
-use crate::error::{Error, Result};
-use crate::types::mscclppComm_t;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -64,47 +61,9 @@ impl<T> Default for Registry<T> {
     }
 }
 
-static COMMS: Registry<Communicator> = Registry::new();
-
-/// Makes `comm` reachable through a new handle; from now on a failure the bootstrap detects aborts it.
-pub fn register(comm: Communicator) -> mscclppComm_t {
-    let comm = Arc::new(comm);
-    comm.watch_failures();
-    COMMS.insert(comm) as mscclppComm_t
-}
-
-pub fn lookup(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
-    if handle.is_null() {
-        return Err(Error::invalid_argument("comm is NULL"));
-    }
-    COMMS.get(handle as u64).ok_or_else(|| {
-        Error::invalid_usage(format!(
-            "comm {handle:p} is not a live communicator (destroyed, or never created)"
-        ))
-    })
-}
-
-/// Removes the handle; the communicator is released when the last call using it returns.
-pub fn unregister(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
-    lookup(handle)?;
-    COMMS
-        .remove(handle as u64)
-        .ok_or_else(|| Error::invalid_usage("comm was destroyed concurrently"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn null_and_made_up_handles_are_rejected() {
-        let e = lookup(std::ptr::null_mut()).err().unwrap();
-        assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument);
-        assert!(e.message.contains("comm is NULL"));
-        let e = lookup(0x1234 as mscclppComm_t).err().unwrap();
-        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
-        assert!(unregister(0x1234 as mscclppComm_t).is_err());
-    }
 
     #[test]
     fn tokens_are_tagged_and_never_reused() {

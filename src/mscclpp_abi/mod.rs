@@ -1,0 +1,25 @@
+//! The face of `mscclpp.h`: thin `extern "C"` functions (in `api.rs`) that check their arguments, find the
+//! communicator, and call into the safe core, each behind the panic boundary of `crate::abi`.
+//!
+//! Compiled only with the `mscclpp-abi` feature (the default): the build of `libnccl.so.2` leaves this face
+//! out, so that it exports NCCL's names alone (`nccl/`), and preloading it never interposes
+//! `libmscclpp`'s.
+
+pub mod api;
+pub mod collectives;
+pub mod comms;
+pub mod registration;
+
+use crate::abi::catch_panic;
+use crate::error::Result;
+use crate::types::mscclppResult_t;
+
+/// Runs `body` for the exported function `name`: installs the logger, turns a panic into
+/// `mscclppInternalError`, and logs every error once, naming the function.
+pub(crate) fn guard(name: &str, body: impl FnOnce() -> Result<()>) -> mscclppResult_t {
+    crate::logging::init();
+    match catch_panic(name, body) {
+        Ok(()) => mscclppResult_t::mscclppSuccess,
+        Err(e) => e.code(),
+    }
+}
