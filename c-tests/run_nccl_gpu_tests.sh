@@ -82,6 +82,15 @@ if part nccl-grow; then
   recover "$before"
 fi
 
+# The collectives with a per-call ncclCollConfig_t (2.31), a config of torch 2.15's size, the completion
+# event, a graph (c-tests/nccl-gpu/nccl_collconfig_test.cu).
+for n in 2 4; do
+  part "nccl-collconfig-$n" || continue
+  before=$failed
+  run_program "nccl_collconfig_test_$n" 300 build/tests/nccl-gpu/nccl_collconfig_test "$n"
+  recover "$before"
+done
+
 py=${PYTHON:-python3}
 script=python/examples/torch_on_our_nccl.py
 if [ ! -f "$lib" ]; then

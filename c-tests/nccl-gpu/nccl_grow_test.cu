@@ -27,9 +27,7 @@
 //
 // The case runner (examples-c/common/case_runner.h) gives the forking, the alarm and the formatting; nothing
 // of it that calls libmscclpp is used (the link, -lnccl only, would fail if anything were).
-#include "case_runner.h"
-
-#include <nccl.h>
+#include "staged_test.h"
 
 using namespace tc;
 
@@ -48,37 +46,6 @@ struct Board
 };
 
 Board* gBoard = nullptr;
-double gWaitS = 60; // how long a process waits for the others at a meeting (scaled)
-
-std::string rc(ncclResult_t r) { return fmt("%s (%d)", ncclGetErrorString(r), (int)r); }
-
-#define TG_CUDA(expr)                                                                                          \
-  do {                                                                                                         \
-    cudaError_t e_ = (expr);                                                                                   \
-    if (e_ != cudaSuccess) return fmt("%s: %s (%s:%d)", #expr, cudaGetErrorString(e_), __FILE__, __LINE__);   \
-  } while (0)
-
-// An NCCL call that must return `want`.
-#define TG_EXPECT(expr, want)                                                                                  \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != (want)) {                                                                                        \
-      return fmt("%s returned %s, expected %s (%s:%d); last error: %s", #expr, rc(r_).c_str(),                 \
-                 rc(want).c_str(), __FILE__, __LINE__, ncclGetLastError(NULL));                                \
-    }                                                                                                          \
-  } while (0)
-#define TG_OK(expr) TG_EXPECT(expr, ncclSuccess)
-
-// Waits until *flag is set by another process (bounded).
-std::string waitFlag(int* flag, const char* what)
-{
-  const double deadline = nowSec() + gWaitS;
-  while (!__atomic_load_n(flag, __ATOMIC_SEQ_CST)) {
-    if (nowSec() > deadline) return fmt("%s did not come within %.0f s", what, gWaitS);
-    usleep(1000);
-  }
-  return "";
-}
 
 // Process `me`'s end of `stage`: waits for the other processes; "" if none failed.
 std::string meet(int stage, bool ok)
@@ -94,15 +61,6 @@ std::string meet(int stage, bool ok)
   return "";
 }
 
-// The communicator's own error after a stream was drained: a failure seen meanwhile fails the stage.
-std::string healthy(ncclComm_t comm)
-{
-  ncclResult_t async = ncclInternalError;
-  TG_OK(ncclCommGetAsyncError(comm, &async));
-  if (async != ncclSuccess) return fmt("ncclCommGetAsyncError says %s: %s", rc(async).c_str(), ncclGetLastError(comm));
-  return "";
-}
-
 // Count and UserRank as expected.
 std::string place(ncclComm_t comm, int rank, int nranks)
 {
@@ -110,45 +68,6 @@ std::string place(ncclComm_t comm, int rank, int nranks)
   TG_OK(ncclCommCount(comm, &n));
   TG_OK(ncclCommUserRank(comm, &r));
   if (n != nranks || r != rank) return fmt("rank %d of %d, expected rank %d of %d", r, n, rank, nranks);
-  return "";
-}
-
-// Device buffers freed on every path.
-struct Buffers
-{
-  std::vector<void*> all;
-  float* get(size_t count)
-  {
-    void* p = nullptr;
-    if (cudaMalloc(&p, count * sizeof(float) + 16) != cudaSuccess) return nullptr;
-    all.push_back(p);
-    return (float*)p;
-  }
-  ~Buffers()
-  {
-    for (void* p : all) cudaFree(p);
-  }
-};
-
-// Compares `count` floats of the device buffer `d` with want(i).
-template <typename F>
-std::string compare(const char* what, const float* d, size_t count, cudaStream_t stream, F want)
-{
-  std::vector<float> h(count);
-  TG_CUDA(cudaMemcpyAsync(h.data(), d, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  TG_CUDA(cudaStreamSynchronize(stream));
-  for (size_t i = 0; i < count; ++i)
-    if (h[i] != want(i))
-      return fmt("%s: element %zu is %g, expected %g", what, i, (double)h[i], (double)want(i));
-  return "";
-}
-
-std::string upload(float* d, size_t count, cudaStream_t stream, const std::function<float(size_t)>& value)
-{
-  std::vector<float> h(count);
-  for (size_t i = 0; i < count; ++i) h[i] = value(i);
-  TG_CUDA(cudaMemcpyAsync(d, h.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
-  TG_CUDA(cudaStreamSynchronize(stream));
   return "";
 }
 
@@ -361,38 +280,6 @@ int runProcess(int rank)
   }
   cudaStreamDestroy(P.stream);
   return failures ? 1 : 0;
-}
-
-// The number of CUDA devices a new process sees (asked in a child: this process must not start CUDA).
-int probeGpus(std::string* why)
-{
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  fflush(stdout);
-  pid_t pid = example::forkRankProcess();
-  if (pid == 0) {
-    close(fds[0]);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    std::string msg = fmt("%d %s", e == cudaSuccess ? n : 0, e == cudaSuccess ? "" : cudaGetErrorString(e));
-    (void)!write(fds[1], msg.c_str(), msg.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  char buf[256] = {0};
-  ssize_t got = 0, k;
-  while (got < (ssize_t)sizeof(buf) - 1 && (k = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0) got += k;
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  int n = 0;
-  char rest[256] = {0};
-  if (sscanf(buf, "%d %255[^\n]", &n, rest) < 1) {
-    *why = "the probe process reported nothing";
-    return -1;
-  }
-  *why = rest;
-  return n;
 }
 
 } // namespace
