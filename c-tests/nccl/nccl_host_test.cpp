@@ -25,7 +25,7 @@
 
 static void layouts_and_values() {
   check(sizeof(ncclUniqueId) == 128 && NCCL_UNIQUE_ID_BYTES == 128, "ncclUniqueId is 128 bytes");
-  check(sizeof(ncclConfig_t) == 80, "ncclConfig_t is 80 bytes");
+  check(sizeof(ncclConfig_t) == 120, "ncclConfig_t is 120 bytes (2.32)");
   const size_t offsets[] = {offsetof(ncclConfig_t, size),          offsetof(ncclConfig_t, magic),
                             offsetof(ncclConfig_t, version),       offsetof(ncclConfig_t, blocking),
                             offsetof(ncclConfig_t, cgaClusterSize), offsetof(ncclConfig_t, minCTAs),
