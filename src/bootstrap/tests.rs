@@ -87,7 +87,7 @@ fn job_by_unique_id(n: usize) {
     let id = UniqueId::create(T).unwrap();
     let bytes = id.to_bytes();
     let results = on_ranks(n, |r| {
-        let id = UniqueId::from_bytes(&bytes)?;
+        let id = UniqueId::from_bytes(&bytes, "unique id", "UniqueId::create")?;
         let b = Bootstrap::connect_to_id(&id, r, n, T)?;
         exercise(&b, r, n)
     });

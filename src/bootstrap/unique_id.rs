@@ -55,11 +55,12 @@ impl UniqueId {
     }
 
     /// Reads an id made by `to_bytes`; anything else (an uninitialised or foreign id) is an
-    /// `InvalidArgument` error.
-    pub fn from_bytes(b: &[u8; 128]) -> Result<UniqueId> {
-        let bad = |why: &str| Error::invalid_argument(format!("unique id: {why} (was it made by mscclppGetUniqueId?)"));
+    /// `InvalidArgument` error. Its message calls the id `what` and names `made_by`, the exported function
+    /// that makes ids: each face passes its own names (`"unique id"`, `"mscclppGetUniqueId"`).
+    pub fn from_bytes(b: &[u8; 128], what: &'static str, made_by: &str) -> Result<UniqueId> {
+        let bad = |why: &str| Error::invalid_argument(format!("{what}: {why} (was it made by {made_by}?)"));
         // The id is 128 bytes, so none of these reads runs past its end.
-        let mut r = Reader::new(b, "unique id");
+        let mut r = Reader::new(b, what);
         if r.take::<8>()? != ID_TAG {
             return Err(bad("unknown format tag"));
         }
@@ -131,7 +132,10 @@ mod tests {
                 root,
                 magic: 0xfeed_beef_0000_0001,
             };
-            assert_eq!(UniqueId::from_bytes(&id.to_bytes()).unwrap(), id);
+            assert_eq!(
+                UniqueId::from_bytes(&id.to_bytes(), "unique id", "UniqueId::create").unwrap(),
+                id
+            );
         }
     }
 
@@ -157,7 +161,7 @@ mod tests {
             cases.push(b);
         }
         for (i, b) in cases.iter().enumerate() {
-            let e = UniqueId::from_bytes(b).expect_err(&format!("case {i}"));
+            let e = UniqueId::from_bytes(b, "unique id", "UniqueId::create").expect_err(&format!("case {i}"));
             assert_eq!(e.kind, ErrorKind::InvalidArgument);
             assert!(e.message.starts_with("unique id: "), "{}", e.message);
         }
@@ -178,7 +182,10 @@ mod tests {
         assert_ne!(id.root.port(), 0);
         assert!(!id.root.ip().is_unspecified());
         assert_ne!(id.magic, PROTOCOL_MAGIC);
-        assert_eq!(UniqueId::from_bytes(&id.to_bytes()).unwrap(), id);
+        assert_eq!(
+            UniqueId::from_bytes(&id.to_bytes(), "unique id", "UniqueId::create").unwrap(),
+            id
+        );
         // The root answers a connection while it waits.
         assert!(std::net::TcpStream::connect(id.root).is_ok());
     }

@@ -24,20 +24,6 @@ pub enum Collective {
 }
 
 impl Collective {
-    /// The C function, for messages.
-    pub fn function(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "mscclppAllReduce",
-            Collective::AllGather => "mscclppAllGather",
-            Collective::ReduceScatter => "mscclppReduceScatter",
-            Collective::Broadcast => "mscclppBroadcast",
-            Collective::Reduce => "ncclReduce",
-            Collective::Gather => "ncclGather",
-            Collective::Scatter => "ncclScatter",
-            Collective::AllToAll => "ncclAlltoAll",
-        }
-    }
-
     /// Whether the collective has a root (which ranks read or keep data depends on it).
     pub fn rooted(self) -> bool {
         matches!(
@@ -82,6 +68,9 @@ impl Collective {
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
     pub collective: Collective,
+    /// The exported function the application called (`ncclAllReduce`, `mscclppAllReduce`), for messages:
+    /// each face names its own.
+    pub function: &'static str,
     pub send: DevicePtr,
     pub recv: DevicePtr,
     /// Elements: of the whole buffer (all-reduce, broadcast), or of one rank's piece (all-gather's
@@ -202,6 +191,7 @@ mod tests {
     fn call(collective: Collective, count: usize, datatype: DataType) -> Call {
         Call {
             collective,
+            function: "test",
             send: 0x1000,
             recv: 0x2000,
             count,

@@ -245,7 +245,7 @@ impl Collectives {
                 if aborted().is_ok() {
                     log::warn!(
                         "{} failed after its peers may have started it ({}); aborting the communicator",
-                        call.collective.function(),
+                        call.function,
                         e.message
                     );
                     abort_communicator();

@@ -100,7 +100,7 @@ pub unsafe extern "C" fn mscclppCommInitRankFromId(
         non_null(comm, "comm")?;
         check_rank_args(nranks, rank)?;
         let bytes = crate::abi::id_bytes(&id.internal);
-        let id = UniqueId::from_bytes(&bytes)?;
+        let id = UniqueId::from_bytes(&bytes, "unique id", "mscclppGetUniqueId")?;
         let _rank = RankScope::enter(rank as usize);
         let c = Communicator::init_by_id(nranks as usize, &id, rank as usize, bootstrap_timeout())?;
         // SAFETY: checked non-null.

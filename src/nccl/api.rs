@@ -175,8 +175,8 @@ pub(super) fn datatype(v: c_int) -> Result<DataType> {
 /// The core's operator for `v`: a built-in `ncclRedOp_t`, or a `PreMulSum` operator made on `comm`, which
 /// reduces only the type it was made for (as NCCL's).
 pub(super) fn redop(v: c_int, comm: &NcclComm, datatype: DataType) -> Result<RedOp> {
-    if (0..redop::NUM_OPS).contains(&v) {
-        return RedOp::from_c(v);
+    if let Some(op) = RedOp::from_number(v) {
+        return Ok(op);
     }
     let made = comm.premul(v).ok_or_else(|| {
         Error::invalid_argument(format!(
@@ -250,7 +250,7 @@ pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
 /// pass), then the core's collective, now or at the group's end.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn collective(
-    name: &str,
+    name: &'static str,
     collective: Collective,
     sendbuff: *const c_void,
     recvbuff: *mut c_void,
@@ -292,6 +292,7 @@ pub(super) fn collective(
         let core = c.usable()?;
         let call = Call {
             collective,
+            function: name,
             send: sendbuff as u64,
             recv: recvbuff as u64,
             count,
@@ -356,8 +357,7 @@ pub(super) fn init_job(nranks: usize, rank: usize, id: &ncclUniqueId) -> Result<
         }));
     }
     let bytes = crate::abi::id_bytes(&id.internal);
-    let id = UniqueId::from_bytes(&bytes)
-        .map_err(|e| Error::invalid_argument(e.message.replace("mscclppGetUniqueId", "ncclGetUniqueId")))?;
+    let id = UniqueId::from_bytes(&bytes, "unique id", "ncclGetUniqueId")?;
     Ok(Box::new(move || {
         Communicator::init_by_id(nranks, &id, rank, BOOTSTRAP_TIMEOUT)
     }))

@@ -148,7 +148,7 @@ pub fn parse(raw: &ncclCollConfig_t) -> Result<CollConfig> {
 
 /// A collective with a config: checked, issued as without one, then its event recorded.
 fn configured(
-    name: &str,
+    name: &'static str,
     what: Collective,
     send: *const c_void,
     recv: *mut c_void,

@@ -66,13 +66,7 @@ impl GrowId {
         let parent_nranks = u32::from_le_bytes(bytes[SIZE_AT..SIZE_AT + 4].try_into().expect("4 bytes")) as usize;
         let mut plain = *bytes;
         plain[MARK_AT..SIZE_AT + 4].fill(0);
-        let id = UniqueId::from_bytes(&plain).map_err(|e| {
-            Error::invalid_argument(
-                e.message
-                    .replace("unique id", "uniqueId")
-                    .replace("mscclppGetUniqueId", "ncclCommGetUniqueId"),
-            )
-        })?;
+        let id = UniqueId::from_bytes(&plain, "uniqueId", "ncclCommGetUniqueId")?;
         ensure_arg!(
             parent_nranks >= 1,
             "uniqueId names a communicator of {parent_nranks} ranks: it was not made by ncclCommGetUniqueId"
@@ -512,7 +506,7 @@ mod tests {
         let e = GrowId::from_bytes(&plain).unwrap_err();
         assert!(e.message.contains("not made by ncclCommGetUniqueId"), "{}", e.message);
         // A grow's id is not a plain one.
-        assert!(UniqueId::from_bytes(&g.to_bytes()).is_err());
+        assert!(UniqueId::from_bytes(&g.to_bytes(), "uniqueId", "ncclGetUniqueId").is_err());
     }
 
     #[test]

@@ -187,7 +187,7 @@ fn read_id(bytes: &[u8]) -> Result<UniqueId> {
     let bytes: &[u8; 128] = bytes
         .try_into()
         .map_err(|_| Error::internal(format!("a unique id of {} bytes", bytes.len())))?;
-    UniqueId::from_bytes(bytes)
+    UniqueId::from_bytes(bytes, "unique id", "ncclCommSplit's root")
 }
 
 #[cfg(test)]

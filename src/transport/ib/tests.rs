@@ -832,7 +832,7 @@ fn mscclpp_connect_over_ib_without_the_device_fails_clearly_before_touching_the_
     use crate::connection::TransportKind;
     let t = Duration::from_secs(20);
     let id = UniqueId::create(t).unwrap();
-    let id1 = UniqueId::from_bytes(&id.to_bytes()).unwrap();
+    let id1 = UniqueId::from_bytes(&id.to_bytes(), "unique id", "UniqueId::create").unwrap();
     let peer = std::thread::spawn(move || Communicator::init_by_id(2, &id1, 1, t));
     let comm = Communicator::init_by_id(2, &id, 0, t).unwrap();
     // Both stay alive until the end: a rank leaving early can fail the other's set-up.
