@@ -246,8 +246,8 @@ impl GpuContext {
     /// as sysfs names it.
     pub fn pci_bus_id(&self) -> Result<String> {
         let mut bus = [0 as std::ffi::c_char; 32];
-        // SAFETY: the buffer is valid for the length passed.
         check(
+            // SAFETY: the buffer is valid for the length passed.
             unsafe { sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, self.device) },
             || "cuDeviceGetPCIBusId".into(),
         )?;

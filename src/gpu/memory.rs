@@ -42,8 +42,8 @@ impl DeviceAllocation {
     /// memory is zero.
     pub fn zeroed_on(ctx: &GpuContext, size: usize, stream: &super::Stream) -> Result<DeviceAllocation> {
         let alloc = Self::allocate(ctx, size)?;
-        // SAFETY: the range was just allocated in this context, and stays so until the stream is idle.
         check(
+            // SAFETY: the range was just allocated in this context, and stays so until the stream is idle.
             unsafe { sys::cuMemsetD8Async(alloc.ptr, 0, size, stream.raw()) },
             || "cuMemsetD8Async".into(),
         )?;
@@ -71,8 +71,8 @@ impl DeviceAllocation {
         }
         self.ctx.make_current()?;
         let mut value = 0u64;
-        // SAFETY: the word lies inside our allocation (checked above); the destination is a local.
         check(
+            // SAFETY: the word lies inside our allocation (checked above); the destination is a local.
             unsafe { sys::cuMemcpyDtoH_v2((&mut value as *mut u64).cast(), self.ptr + offset, 8) },
             || "cuMemcpyDtoH".into(),
         )?;
@@ -167,8 +167,8 @@ impl PinnedHostBuffer {
 /// The device address of page-locked host memory that was allocated or registered with DEVICEMAP.
 pub(super) fn mapped_device_pointer(host: *mut u8) -> Result<DevicePtr> {
     let mut device: DevicePtr = 0;
-    // SAFETY: out-pointer to a local; the caller passes memory mapped for the current context's device.
     check(
+        // SAFETY: out-pointer to a local; the caller passes memory mapped for the current context's device.
         unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) },
         || "cuMemHostGetDevicePointer".into(),
     )?;

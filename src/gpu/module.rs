@@ -26,8 +26,8 @@ impl Module {
         unsafe { std::ptr::copy_nonoverlapping(image.as_ptr(), aligned.as_mut_ptr().cast::<u8>(), image.len()) };
         ctx.make_current()?;
         let mut raw: CUmodule = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; the image is a complete fatbin that lives through the call.
         check(
+            // SAFETY: out-pointer to a local; the image is a complete fatbin that lives through the call.
             unsafe { sys::cuModuleLoadData(&mut raw, aligned.as_ptr().cast()) },
             || format!("loading the {what} kernels (cuModuleLoadData)"),
         )?;
@@ -42,8 +42,8 @@ impl Module {
         let c_name = CString::new(name).map_err(|_| Error::internal(format!("kernel name {name:?} has a NUL")))?;
         let mut raw: CUfunction = std::ptr::null_mut();
         self.ctx.make_current()?;
-        // SAFETY: out-pointer to a local; the module is loaded; the name is NUL-terminated.
         check(
+            // SAFETY: out-pointer to a local; the module is loaded; the name is NUL-terminated.
             unsafe { sys::cuModuleGetFunction(&mut raw, self.raw as CUmodule, c_name.as_ptr()) },
             || format!("finding kernel {name}"),
         )?;
@@ -71,8 +71,8 @@ impl Kernel {
     /// shared memory permitting): the driver's occupancy calculator, for the current context's device.
     pub fn blocks_per_multiprocessor(&self, threads: u32) -> Result<u32> {
         let mut blocks: std::ffi::c_int = 0;
-        // SAFETY: out-pointer to a local; the function handle comes from a loaded module (`Module::kernel`).
         check(
+            // SAFETY: out-pointer to a local; the function handle comes from a loaded module (`Module::kernel`).
             unsafe {
                 sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
                     &mut blocks,

@@ -159,8 +159,8 @@ impl SharedHostMemory {
     fn register(ctx: &GpuContext, shm: ShmMapping) -> Result<SharedHostMemory> {
         ctx.make_current()?;
         let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
-        // SAFETY: a page-aligned mapping of `size` bytes that stays mapped until `drop` unregisters it.
         check(
+            // SAFETY: a page-aligned mapping of `size` bytes that stays mapped until `drop` unregisters it.
             unsafe { sys::cuMemHostRegister_v2(shm.host.cast(), shm.size, flags) },
             || format!("cuMemHostRegister(shared memory {}, {} bytes)", shm.name, shm.size),
         )?;

@@ -483,8 +483,8 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
     let run = |work: &CommWork| -> Result<()> {
         for (call, root, stream) in &work.calls {
             // SAFETY: nccl.h's contract for the stream of each call, kept until the group's end.
-            work.comm
-                .collective(call, *root, unsafe { AppStream::from_raw(*stream) })?;
+            let stream = unsafe { AppStream::from_raw(*stream) };
+            work.comm.collective(call, *root, stream)?;
         }
         if let Some((_, stream)) = work.p2p.first() {
             // Two launches of one group on two streams could each wait for the other's share of the GPU.

@@ -166,21 +166,24 @@ mod tests {
     #[test]
     fn a_message_is_kept_cut_and_replaced() {
         let m = Message::new();
-        // SAFETY (each read below): `m` lives, its last byte is always NUL.
+        // SAFETY: `m` lives, and its last byte is always NUL (for this read and each below).
         assert!(unsafe { CStr::from_ptr(m.as_ptr()) }.to_bytes().is_empty());
         std::thread::scope(|s| {
             s.spawn(|| m.set("ncclSend: rank 3 failed"));
         });
         assert_eq!(
+            // SAFETY: as above.
             unsafe { CStr::from_ptr(m.as_ptr()) }.to_str().unwrap(),
             "ncclSend: rank 3 failed"
         );
         m.set(&"x".repeat(5000));
         assert_eq!(
+            // SAFETY: as above.
             unsafe { CStr::from_ptr(m.as_ptr()) }.to_bytes().len(),
             MESSAGE_BYTES - 1
         );
         m.set("short");
+        // SAFETY: as above.
         assert_eq!(unsafe { CStr::from_ptr(m.as_ptr()) }.to_str().unwrap(), "short");
     }
 

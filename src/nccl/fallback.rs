@@ -222,9 +222,9 @@ impl Library {
     /// our group together (issued apart, a rank's sends and its peer's could wait for each other). Every
     /// call is issued and the group always ended; the first error is returned.
     pub fn issue_group(&self, calls: &[Forwarded]) -> Result<()> {
-        // SAFETY: no arguments.
         self.check(
             "ncclGroupStart",
+            // SAFETY: no arguments.
             unsafe { (self.fns.group_start)() },
             std::ptr::null_mut(),
         )?;
@@ -493,58 +493,51 @@ impl Forwarded {
         let (c, s) = (self.comm.raw(), self.stream as Stream);
         let p = |a: u64| a as *const c_void;
         let m = |a: u64| a as *mut c_void;
-        // SAFETY (every arm): NVIDIA's function with nccl.h's arguments, as the application passed them to
+        // SAFETY: every arm calls NVIDIA's function with nccl.h's arguments, as the application passed them to
         // ours (buffers and stream under nccl.h's contract), on a live NVIDIA communicator.
-        let (name, r) = match self.call {
-            Call::Collective {
-                collective,
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-                root,
-            } => {
-                let (send, recv) = (p(send), m(recv));
-                match collective {
-                    Collective::AllReduce => ("ncclAllReduce", unsafe {
-                        (f.all_reduce)(send, recv, count, datatype, op, c, s)
-                    }),
-                    Collective::AllGather => ("ncclAllGather", unsafe {
-                        (f.all_gather)(send, recv, count, datatype, c, s)
-                    }),
-                    Collective::ReduceScatter => ("ncclReduceScatter", unsafe {
-                        (f.reduce_scatter)(send, recv, count, datatype, op, c, s)
-                    }),
-                    Collective::Broadcast => ("ncclBroadcast", unsafe {
-                        (f.broadcast)(send, recv, count, datatype, root, c, s)
-                    }),
-                    Collective::Reduce => ("ncclReduce", unsafe {
-                        (f.reduce)(send, recv, count, datatype, op, root, c, s)
-                    }),
-                    Collective::AllToAll => ("ncclAlltoAll", unsafe {
-                        (f.all_to_all)(send, recv, count, datatype, c, s)
-                    }),
-                    Collective::Gather => ("ncclGather", unsafe {
-                        (f.gather)(send, recv, count, datatype, root, c, s)
-                    }),
-                    Collective::Scatter => ("ncclScatter", unsafe {
-                        (f.scatter)(send, recv, count, datatype, root, c, s)
-                    }),
+        let (name, r) = unsafe {
+            match self.call {
+                Call::Collective {
+                    collective,
+                    send,
+                    recv,
+                    count,
+                    datatype,
+                    op,
+                    root,
+                } => {
+                    let (send, recv) = (p(send), m(recv));
+                    match collective {
+                        Collective::AllReduce => {
+                            ("ncclAllReduce", (f.all_reduce)(send, recv, count, datatype, op, c, s))
+                        }
+                        Collective::AllGather => ("ncclAllGather", (f.all_gather)(send, recv, count, datatype, c, s)),
+                        Collective::ReduceScatter => (
+                            "ncclReduceScatter",
+                            (f.reduce_scatter)(send, recv, count, datatype, op, c, s),
+                        ),
+                        Collective::Broadcast => {
+                            ("ncclBroadcast", (f.broadcast)(send, recv, count, datatype, root, c, s))
+                        }
+                        Collective::Reduce => ("ncclReduce", (f.reduce)(send, recv, count, datatype, op, root, c, s)),
+                        Collective::AllToAll => ("ncclAlltoAll", (f.all_to_all)(send, recv, count, datatype, c, s)),
+                        Collective::Gather => ("ncclGather", (f.gather)(send, recv, count, datatype, root, c, s)),
+                        Collective::Scatter => ("ncclScatter", (f.scatter)(send, recv, count, datatype, root, c, s)),
+                    }
                 }
+                Call::Send {
+                    buf,
+                    count,
+                    datatype,
+                    peer,
+                } => ("ncclSend", (f.send)(p(buf), count, datatype, peer, c, s)),
+                Call::Recv {
+                    buf,
+                    count,
+                    datatype,
+                    peer,
+                } => ("ncclRecv", (f.recv)(m(buf), count, datatype, peer, c, s)),
             }
-            Call::Send {
-                buf,
-                count,
-                datatype,
-                peer,
-            } => ("ncclSend", unsafe { (f.send)(p(buf), count, datatype, peer, c, s) }),
-            Call::Recv {
-                buf,
-                count,
-                datatype,
-                peer,
-            } => ("ncclRecv", unsafe { (f.recv)(m(buf), count, datatype, peer, c, s) }),
         };
         self.comm.lib.check(name, r, c)
     }

@@ -318,15 +318,21 @@ mod tests {
 
     #[test]
     fn calls_without_a_communicator_or_a_live_window_are_refused() {
+        // SAFETY: NULL and made-up handles are what is tested: each is refused before any is read; the
+        // out-pointers are NULL or a local.
         let r = unsafe { ncclSignal(0, 9, 0, 0, std::ptr::null_mut(), std::ptr::null_mut()) };
         assert_eq!(r, ncclResult_t::ncclInvalidArgument, "a NULL comm");
+        // SAFETY: as above.
         let r = unsafe { ncclWaitSignal(-1, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()) };
         assert_eq!(r, ncclResult_t::ncclInvalidArgument);
         let mut out = std::ptr::null_mut();
+        // SAFETY: as above.
         let r = unsafe { ncclGetPeerDevicePointer(std::ptr::null_mut(), 0, 0, &mut out) };
         assert_eq!(r, ncclResult_t::ncclInvalidArgument);
+        // SAFETY: as above.
         let r = unsafe { ncclGetLsaDevicePointer(0x4d53_0000_dead_0000 as ncclWindow_t, 0, 0, &mut out) };
         assert_eq!(r, ncclResult_t::ncclInvalidArgument, "a made-up window");
+        // SAFETY: as above.
         let r = unsafe { ncclGetPeerDevicePointer(0x4d53_0000_dead_0000 as ncclWindow_t, 0, 0, std::ptr::null_mut()) };
         assert_eq!(r, ncclResult_t::ncclInvalidArgument, "a NULL outPtr");
         assert!(out.is_null());
