@@ -91,7 +91,9 @@ pub fn parse_level(value: Option<&str>) -> LevelFilter {
     }
 }
 
-/// The subsystem of a log target: `mscclpp::bootstrap::socket` -> `BOOTSTRAP`.
+/// The subsystem of a log target: `mscclpp::bootstrap::socket` -> `BOOTSTRAP`. The C boundary's lines
+/// (`abi`, `mscclpp_abi`) keep the name they had before those modules were split out, `FFI`: applications
+/// and the README match on it.
 fn subsystem(target: &str) -> String {
     let mut parts = target.split("::");
     let first = parts.next().unwrap_or("");
@@ -100,7 +102,10 @@ fn subsystem(target: &str) -> String {
     } else {
         first
     };
-    name.to_ascii_uppercase()
+    match name {
+        "abi" | "mscclpp_abi" => "FFI".into(),
+        _ => name.to_ascii_uppercase(),
+    }
 }
 
 /// Formats one line as every handler receives it.
@@ -259,6 +264,10 @@ mod tests {
         assert_eq!(l, "MSCCLPP WARN rank 3 BOOTSTRAP: hello\n");
         let l = format_line(Level::Info, None, "mscclpp", "x");
         assert_eq!(l, "MSCCLPP INFO rank - CORE: x\n");
+        for boundary in ["mscclpp::abi", "mscclpp::mscclpp_abi::api"] {
+            let l = format_line(Level::Warn, None, boundary, "mscclppCommRank: comm is NULL");
+            assert_eq!(l, "MSCCLPP WARN rank - FFI: mscclppCommRank: comm is NULL\n");
+        }
     }
 
     #[test]
