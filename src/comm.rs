@@ -541,6 +541,12 @@ impl Communicator {
 
     /// Sets the collectives up now (collective: every rank calls it), so that send and receive can follow;
     /// see `Collectives::prepare`.
+    /// Limits every collective launch to `blocks` blocks (NCCL's `maxCTAs`), from the collectives' set-up
+    /// on (`Collectives::limit_ctas`).
+    pub fn limit_ctas(&self, blocks: u32) {
+        self.collectives.limit_ctas(blocks);
+    }
+
     pub fn prepare_collectives(&self) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = Self::gpu(&mut self.state.lock())?;

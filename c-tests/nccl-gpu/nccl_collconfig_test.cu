@@ -5,7 +5,8 @@
 //
 // N processes (default 2), forked before anything touches CUDA; process r uses GPU r % GPUs. Stages, each
 // ended by a meeting of the processes at which each learns whether any failed:
-//   0. ncclCommInitRankConfig with a config of NCCL 2.30's size (96 bytes, as torch 2.15 passes);
+//   0. ncclCommInitRankConfig with a config of NCCL 2.30's size (96 bytes, as torch 2.15 passes), maxCTAs
+//      4 on rank 0 and more on the others (every collective below then runs with at most 4 blocks a launch);
 //   1. each *Config collective with a config whose tuning fields are set (maxCTAs, algSelection "ring",
 //      CTAPolicy, a profiler tag: ignored here): all-reduce, all-gather, reduce-scatter, broadcast, reduce,
 //      all-to-all, gather, scatter, out of place, checked;
@@ -86,6 +87,8 @@ std::string stageInit(Proc& P)
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.size = 96; // NCCL 2.30's ncclConfig_t
   config.version = 23007;
+  // A different limit on each rank: the smallest (4) applies to every rank's collectives.
+  config.maxCTAs = 4 + 4 * P.rank;
   TG_OK(ncclCommInitRankConfig(&P.comm, gRanks, id, P.rank, &config));
   int n = -1;
   TG_OK(ncclCommCount(P.comm, &n));
@@ -231,7 +234,7 @@ struct Stage
 };
 
 const Stage kPlan[kStages] = {
-  {"ncclCommInitRankConfig with a 96-byte config (NCCL 2.30's, as torch 2.15 passes)", stageInit},
+  {"ncclCommInitRankConfig with a 96-byte config (NCCL 2.30's, as torch 2.15 passes), maxCTAs 4 + 4 * rank", stageInit},
   {"the eight *Config collectives with tuning fields set, checked", stageCollectives},
   {"launchCompletionEvent: the output complete once the event is", stageEvent},
   {"a graph of two configured all-reduces (one with an event) replayed 3 times", stageGraph},

@@ -60,7 +60,7 @@ use parking_lot::Mutex;
 use peer_buffers::LocalSlots;
 use scratch::{AbortWord, Scratch, SharedAbortWord};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use zero_copy::ZeroCopy;
 
 /// A communicator's collectives: nothing until the first call, then its scratch and loaded kernels.
@@ -79,6 +79,9 @@ pub struct Collectives {
     one_sided_solo: Mutex<Option<signal::Solo>>,
     /// Set from a suspend to its resume (`suspend.rs`); locked after `ready`.
     suspended: Mutex<Option<suspend::Suspension>>,
+    /// The most blocks this rank lets a collective's launch have (NCCL's `maxCTAs`; 0: no limit), set
+    /// before the set-up, which takes the smallest of every rank's (`Scratch::cta_limit`).
+    cta_limit: AtomicU32,
 }
 
 struct Ready {
@@ -92,6 +95,13 @@ struct Ready {
 }
 
 impl Collectives {
+    /// Limits every collective launch to `blocks` blocks (NCCL's `maxCTAs`): before the set-up, which agrees
+    /// on the smallest limit of every rank, since a block waits for its namesakes on the peers. Send,
+    /// receive and the one-sided calls keep their own grids (they need a block per channel).
+    pub fn limit_ctas(&self, blocks: u32) {
+        self.cta_limit.store(blocks, Ordering::Relaxed);
+    }
+
     /// After the communicator is aborted: every collective kernel stops waiting and ends.
     pub fn abort(&self) {
         if let Some(word) = self.abort.get() {
@@ -337,7 +347,7 @@ impl Collectives {
             ready
                 .kernels
                 .get_capturing(capturing, base, call.op, call.datatype, algorithm::threads(protocol))?;
-        let max_blocks = loaded.max_blocks;
+        let max_blocks = loaded.max_blocks.min(ready.scratch.cta_limit);
         let window = ready.scratch.window(call.collective, protocol, nranks);
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
             args.send = if send == 0 { 0 } else { send + offset };
@@ -392,8 +402,13 @@ impl Collectives {
             zc_window: ready.scratch.window(call.collective, Protocol::Copy, nranks),
             ..*base
         };
-        let (blocks, threads) =
-            algorithm::grid(call.collective, Protocol::Copy, nranks, sizes.piece, loaded.max_blocks);
+        let (blocks, threads) = algorithm::grid(
+            call.collective,
+            Protocol::Copy,
+            nranks,
+            sizes.piece,
+            loaded.max_blocks.min(ready.scratch.cta_limit),
+        );
         // The vote is made by block 0 with one thread per rank.
         let threads = threads.max(kernel_args::MAX_RANKS as u32);
         // SAFETY: as the scratch launches (`set_up_and_launch`): `CollArgs`'s layout; the application's
@@ -523,7 +538,11 @@ impl Collectives {
                 Ok::<_, crate::error::Error>(word)
             })?
             .clone();
-        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20)?;
+        let cta_limit = match self.cta_limit.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            n => n,
+        };
+        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
         let (zero_copy, side_streams) = match kept {
             Some(k) => (k.zero_copy, k.side_streams),

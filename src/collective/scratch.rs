@@ -63,6 +63,9 @@ pub struct Scratch {
     /// sizes its grids alike (a block waits for its namesakes on the peers).
     pub gpu_sharers: usize,
     pub multiprocessors: u32,
+    /// The most blocks a collective's launch may have: the smallest limit any rank asked for
+    /// (`Collectives::limit_ctas`), `u32::MAX` where none did. The same on every rank.
+    pub cta_limit: u32,
 }
 
 impl Scratch {
@@ -78,7 +81,9 @@ impl Scratch {
 
     /// Allocates this rank's buffer and maps every peer's: collective, every rank calls it (from its first
     /// collective call).
-    pub fn set_up(gpu: &GpuContext, bootstrap: &Bootstrap, data_bytes: u64) -> Result<Scratch> {
+    /// `cta_limit` is this rank's limit of a collective's blocks (`u32::MAX`: none); every rank's are
+    /// exchanged here and the smallest kept.
+    pub fn set_up(gpu: &GpuContext, bootstrap: &Bootstrap, data_bytes: u64, cta_limit: u32) -> Result<Scratch> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         if nranks > MAX_RANKS {
             return Err(Error::invalid_usage(format!(
@@ -100,7 +105,7 @@ impl Scratch {
         // Every rank's process, GPU and buffer, through the bootstrap.
         let mut w = Writer::new();
         me.write(&mut w);
-        w.u64(device).u32(multiprocessors.max(0) as u32);
+        w.u64(device).u32(multiprocessors.max(0) as u32).u32(cta_limit);
         IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
         let mine = w.into_bytes();
         let block = mine.len();
@@ -113,11 +118,13 @@ impl Scratch {
         let mut mappings = Vec::new();
         let mut gpus: Vec<(u64, u64)> = Vec::with_capacity(nranks);
         let mut fewest_multiprocessors = u32::MAX;
+        let mut smallest_cta_limit = u32::MAX;
         for (peer, bytes) in all.chunks(block).enumerate() {
             let mut r = Reader::new(bytes, "collective scratch");
             let process = ProcessId::read(&mut r)?;
             let peer_device = r.u64()?;
             fewest_multiprocessors = fewest_multiprocessors.min(r.u32()?);
+            smallest_cta_limit = smallest_cta_limit.min(r.u32()?);
             let export = IpcExport::read(&mut r)?;
             r.finish()?;
             gpus.push((process.host, peer_device));
@@ -161,6 +168,9 @@ impl Scratch {
             own.size() >> 20,
             data_bytes >> 20
         );
+        if smallest_cta_limit != u32::MAX {
+            log::info!("collectives: at most {smallest_cta_limit} blocks a launch (the smallest maxCTAs of the ranks)");
+        }
         let packet_bytes = data_bytes / 4 / 16 * 16;
         let mut p2p = [0; MAX_RANKS];
         let mut signals = [0; MAX_RANKS];
@@ -181,6 +191,7 @@ impl Scratch {
             state,
             gpu_sharers,
             multiprocessors: fewest_multiprocessors,
+            cta_limit: smallest_cta_limit,
         })
     }
 

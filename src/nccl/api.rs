@@ -332,6 +332,9 @@ pub(super) fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mu
 pub(super) fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
     let result = result.and_then(|core| {
         comm.attach_fallback(fallback::attach(&core));
+        if let Some(blocks) = comm.cta_limit() {
+            core.limit_ctas(blocks);
+        }
         if ensure_driver().is_ok()
             && let Err(e) = core.prepare_collectives()
         {
@@ -406,6 +409,7 @@ unsafe fn init_rank(
         let gpu = GpuContext::current_if_any();
         let comm = NcclComm::pending(rank, nranks, current_device(gpu), cfg.name);
         comm.set_blocking(cfg.blocking);
+        comm.set_cta_limit(cfg.max_ctas);
         // SAFETY: checked non-null.
         unsafe { start(out, comm, gpu, cfg.blocking, job) }
     })
@@ -816,6 +820,7 @@ pub(super) unsafe fn start_child(
         None => NcclComm::unplaced(parent.device, cfg.name),
     };
     comm.set_blocking(cfg.blocking);
+    comm.set_cta_limit(cfg.max_ctas);
     // SAFETY: the caller's contract.
     unsafe { start(newcomm, comm, gpu, cfg.blocking, job) }
 }

@@ -16,7 +16,7 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// `rank` and `nranks` of a communicator whose place is not known yet (a split still exchanging).
 const UNPLACED: usize = usize::MAX;
@@ -61,6 +61,8 @@ pub struct NcclComm {
     revoked: AtomicBool,
     /// Whether its calls block (its config's `blocking`): a split or shrink without a config inherits it.
     blocking: AtomicBool,
+    /// Its config's `maxCTAs` (0: none).
+    cta_limit: AtomicU32,
     /// How many splits and shrinks of it this rank has started: every rank starts them in the same order,
     /// so that the count tells one's messages from another's.
     splits: AtomicU64,
@@ -93,6 +95,7 @@ impl NcclComm {
             finalized: AtomicBool::new(false),
             revoked: AtomicBool::new(false),
             blocking: AtomicBool::new(true),
+            cta_limit: AtomicU32::new(0),
             splits: AtomicU64::new(0),
             shrinks: AtomicU64::new(0),
             grows: AtomicU64::new(0),
@@ -135,6 +138,16 @@ impl NcclComm {
 
     pub fn set_blocking(&self, blocking: bool) {
         self.blocking.store(blocking, Ordering::Relaxed);
+    }
+
+    /// Its config's `maxCTAs`, given to the core communicator before its collectives are set up.
+    pub fn set_cta_limit(&self, blocks: Option<u32>) {
+        self.cta_limit.store(blocks.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The limit of `set_cta_limit`, if any.
+    pub fn cta_limit(&self) -> Option<u32> {
+        Some(self.cta_limit.load(Ordering::Relaxed)).filter(|&n| n != 0)
     }
 
     /// The number of this rank's next split of this communicator.

@@ -20,6 +20,8 @@ pub struct Config {
     pub blocking: bool,
     /// `commName`, for log lines.
     pub name: Option<String>,
+    /// `maxCTAs`: the most blocks of a collective's launch (the smallest of every rank's applies).
+    pub max_ctas: Option<u32>,
 }
 
 impl Config {
@@ -28,6 +30,7 @@ impl Config {
         Config {
             blocking: blocking_default,
             name: None,
+            max_ctas: None,
         }
     }
 }
@@ -140,7 +143,16 @@ pub fn parse(raw: &ncclConfig_t, blocking_default: bool) -> Result<Config> {
         // SAFETY: the caller's commName is NULL or a NUL-terminated string (NCCL's contract).
         unsafe { CStr::from_ptr(raw.commName) }.to_string_lossy().into_owned()
     });
-    Ok(Config { blocking, name })
+    ensure_arg!(
+        raw.maxCTAs != 0,
+        "config's maxCTAs is 0; it must be at least 1 (or NCCL_CONFIG_UNDEF_INT)"
+    );
+    let max_ctas = (raw.maxCTAs != NCCL_CONFIG_UNDEF_INT).then_some(raw.maxCTAs as u32);
+    Ok(Config {
+        blocking,
+        name,
+        max_ctas,
+    })
 }
 
 /// The fields a caller set that the library does not use, with their values.
@@ -148,7 +160,6 @@ fn ignored(raw: &ncclConfig_t) -> Vec<(&'static str, i32)> {
     [
         ("cgaClusterSize", raw.cgaClusterSize),
         ("minCTAs", raw.minCTAs),
-        ("maxCTAs", raw.maxCTAs),
         ("splitShare", raw.splitShare),
         ("trafficClass", raw.trafficClass),
         ("collnetEnable", raw.collnetEnable),
@@ -207,10 +218,16 @@ mod tests {
         let mut c = ncclConfig_t::initializer();
         c.blocking = 0;
         c.commName = c"trainer".as_ptr();
+        c.maxCTAs = 16;
         // SAFETY: a whole config.
         let got = unsafe { read(&c, true) }.unwrap();
         assert!(!got.blocking);
         assert_eq!(got.name.as_deref(), Some("trainer"));
+        assert_eq!(got.max_ctas, Some(16));
+        c.maxCTAs = 0;
+        // SAFETY: as above.
+        assert!(unsafe { read(&c, true) }.unwrap_err().message.contains("maxCTAs is 0"));
+        c.maxCTAs = NCCL_CONFIG_UNDEF_INT;
         c.blocking = 2;
         // SAFETY: as above.
         let e = unsafe { read(&c, true) }.unwrap_err();

@@ -357,6 +357,7 @@ unsafe fn join(
     let gpu = GpuContext::current_if_any();
     let comm = NcclComm::pending(rank, nranks, current_device(gpu), cfg.name);
     comm.set_blocking(cfg.blocking);
+    comm.set_cta_limit(cfg.max_ctas);
     log::info!("ncclCommGrow: a new rank {rank} of {nranks} (the parent has {parent})");
     let id = grow.id;
     let job: Job = Box::new(move || Communicator::init_by_id(nranks, &id, rank, TIMEOUT));
