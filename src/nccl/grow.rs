@@ -594,22 +594,7 @@ mod tests {
         }
     }
 
-    const T: Duration = Duration::from_secs(30);
-
-    /// `n` communicators of one job, made on threads of this process (no GPU needed).
-    fn job(n: usize) -> Vec<Arc<Communicator>> {
-        crate::logging::init();
-        let id = UniqueId::create(T).unwrap();
-        std::thread::scope(|s| {
-            let made: Vec<_> = (0..n)
-                .map(|r| {
-                    let id = &id;
-                    s.spawn(move || Arc::new(Communicator::init_by_id(n, id, r, T).unwrap()))
-                })
-                .collect();
-            made.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
+    use crate::nccl::split::tests::{T, job};
 
     #[test]
     fn two_ranks_grow_to_four_and_the_parent_still_works() {

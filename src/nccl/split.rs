@@ -191,7 +191,7 @@ fn read_id(bytes: &[u8]) -> Result<UniqueId> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::error::ErrorKind;
 
@@ -216,10 +216,11 @@ mod tests {
         }
     }
 
-    const T: Duration = Duration::from_secs(30);
+    pub(in crate::nccl) const T: Duration = Duration::from_secs(30);
 
-    /// `n` communicators of one job, made on threads of this process (no GPU needed).
-    fn job(n: usize) -> Vec<Arc<Communicator>> {
+    /// `n` communicators of one job, made on threads of this process (no GPU needed); `grow.rs`'s tests use
+    /// it too.
+    pub(in crate::nccl) fn job(n: usize) -> Vec<Arc<Communicator>> {
         crate::logging::init();
         let id = UniqueId::create(T).unwrap();
         std::thread::scope(|s| {
