@@ -1,7 +1,8 @@
 """Finding and loading libmscclpp, and the C prototypes of what the package calls.
 
-The package is plain Python over the library's C ABI (ctypes): the shared library it loads is the very
-``libmscclpp.so.0`` that C and CUDA programs link, so there is no second native build to keep in step.
+The package is Python over the library's C ABI (ctypes): the shared library it loads is the very
+``libmscclpp.so.0`` that C and CUDA programs link. Its one native part of its own, ``_fastcall`` (the
+collectives' call path in C, optional), is built from ``_fastcall.c`` against the same library.
 
 Where the library and its headers are looked for, first match wins:
 

@@ -26,18 +26,10 @@
 //! allocation), and `IpcOpener` maps a peer's (`cuIpcOpenMemHandle`). Neither serves peers in the same
 //! process (a process cannot open its own handles): those will take the registration's address as it is.
 //!
-//! Not done yet (issue 27's GPU work): nothing calls this module, and its CUDA side has not run on a GPU.
-//! Still to come are calling `export` and `publish` at `register` (and the shareable handle of
-//! `ncclMemAlloc`'s `cuMemCreate` memory, which `cuIpcGetMemHandle` does not export), peers of the same
-//! process, the device-visible table and
-//! its copy, calling `absorb` from the collectives, and closing a mapping only once the collectives that
-//! may use it have ended: here a `Gone` drops the mapping at once, so the caller must absorb only when
-//! that holds. Two registrations in one allocation are opened once each: whether the driver accepts a
-//! handle opened twice in one context is to be checked on a GPU; if not, the real opener shares the
-//! mapping by the record's buffer id.
-
-// Built ahead of the GPU work of issue 27 (the zero-copy kernels); wired into the collectives when the
-// kernels land, until then only its tests use it.
+//! Used by the collectives: `Collectives::registered` / `deregistered` export and publish this rank's
+//! records, `ZeroCopy::refresh` (`zero_copy.rs`) absorbs the peers' before a zero-copy or copy-engine call,
+//! and closes a peer's mapping only once the kernels that may read it have ended. Peers of this process are
+//! reached at the registration's own address (the record carries it).
 
 use super::kernel_args::MAX_RANKS;
 use crate::bootstrap::Bootstrap;

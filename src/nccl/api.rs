@@ -1078,9 +1078,9 @@ nccl_export! {
 }
 
 nccl_export! {
-    /// Registers a buffer with the communicator (`crate::registration`, as `mscclppCommRegister`): local,
-    /// its allocation recorded so that memory freed and allocated again is told apart. The collectives do
-    /// not use registrations yet.
+    /// Registers a buffer with the communicator (`crate::registration`, as `mscclppCommRegister`): its
+    /// allocation recorded so that memory freed and allocated again is told apart, and exported to the peers,
+    /// whose collectives then read and write it directly (zero-copy, docs/ZERO_COPY.md).
     fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
         with_comm("ncclCommRegister", comm, |c| {
             non_null(handle, "handle")?;
