@@ -35,6 +35,7 @@ SHELL := /bin/bash
 ## PREFIX, DESTDIR: make install and uninstall work in DESTDIR + PREFIX (default /usr/local)
 ## LEGACY_HEADER: MSCCL++ 0.1.0's mscclpp.h, for the legacy-ABI test
 ## PYTHON3: the Python whose headers build python/mscclpp/_fastcall.abi3.so
+## GPU_TEST_PARTS: the parts of make gpu-test to run (space-separated; names in c-tests/run_gpu_tests.sh)
 VERSION := 0.1.0
 SOVERSION := 0
 PREFIX ?= /usr/local
@@ -87,8 +88,8 @@ BENCHES := $(patsubst examples-c/bench/%.cu,build/bench/%,$(wildcard examples-c/
 EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/bench/%,$(wildcard examples-c/*/*.cu)))
 CUDA_PROGRAMS := $(GPU_TESTS) $(BENCHES) $(EXAMPLES)
 
-.PHONY: all lib tests bench examples python test gpu-test python-gpu-test run-bench run-examples install uninstall \
-  lint clean distclean deps help compare-collectives FORCE
+.PHONY: all lib tests bench examples python test gpu-test gpu-test-quick python-gpu-test run-bench run-examples \
+  install uninstall lint clean distclean deps help compare-collectives FORCE
 
 all: lib tests bench examples python ## (the default) set up what is missing, build everything into build/
 
@@ -295,9 +296,12 @@ endif
 test: all ## build, then run every test this machine can run (GPU tests: see gpu-test)
 	@LEGACY_HEADER='$(LEGACY_HEADER)' scripts/run-tests.sh
 
-gpu-test: $(RUN_DEPS) ## run the GPU tests of c-tests/ (2 GPUs; see README)
+gpu-test: $(RUN_DEPS) ## run the GPU tests of c-tests/ (2 GPUs; GPU_TEST_PARTS picks parts; see README)
 	@if [[ -f c-tests/run_gpu_tests.sh ]]; then bash c-tests/run_gpu_tests.sh; \
 	else echo "gpu-test: c-tests/run_gpu_tests.sh is not there yet; nothing to run"; fi
+
+gpu-test-quick: $(RUN_DEPS) ## every GPU test program once, smallest configuration (2 GPUs, under 6 minutes)
+	@bash c-tests/run_gpu_quick.sh
 
 python-gpu-test: $(if $(RUN_DEPS),lib) ## run the Python package's GPU tests and examples (2 GPUs)
 	@bash python/run_gpu_tests.sh

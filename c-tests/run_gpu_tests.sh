@@ -7,6 +7,24 @@
 # and says which it skipped and why; then c-tests/run_nccl_gpu_tests.sh (NCCL's API). The collectives run
 # under MPS, which this script starts and stops itself
 # where nvidia-cuda-mps-control is installed (and says so where it is not).
+#
+# GPU_TEST_PARTS (space-separated; unset or empty: every part) runs some parts only, so that the full run can
+# be split over separate calls, e.g. `make gpu-test GPU_TEST_PARTS="two-gpu exit-endless"`, then
+# "collectives", "sanitizer", "nccl-2 nccl-4 nccl-rma nccl-suspend nccl-pg-sequence nccl-grow
+# nccl-collconfig", "nccl-torch nccl-sanitizer" (the parts' times have not been measured apart). The parts:
+#   two-gpu          p2p_methods 2 and 4 (and 8), allgather_test 2 (and 8), bad_triggers 2, legacy_allgather 2,
+#                    same_process_test, rank_failure all 2 and 4 on both headers, memcheck of p2p_methods 2
+#                    --quick and of rank_failure all 2
+#   collectives-2, collectives-4, collectives-8, collectives-16
+#                    collectives_test's groups at that many ranks, under MPS
+#   exit-endless     rank_failure exit_endless at 2 and 4 ranks, on both headers
+#   sanitizer        collectives_test's small groups under memcheck (matrix_small, zerocopy_small,
+#                    copyengine_small at 2 to 8 ranks)
+#   nccl-...         the parts of c-tests/run_nccl_gpu_tests.sh (listed in its header): it runs when a word
+#                    begins with "nccl"
+# A word also takes every part that begins with it and a "-": "collectives" the four, "nccl" every NCCL part.
+# Each part left out is named in a note; a word that names no part runs nothing (and fails nothing).
+# c-tests/run_gpu_quick.sh (make gpu-test-quick) is the short tier: every program once, under 6 minutes.
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

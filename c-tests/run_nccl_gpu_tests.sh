@@ -20,6 +20,11 @@
 # MPS where nvidia-cuda-mps-control is installed (started and stopped here). c-tests/run_gpu_tests.sh runs
 # this script too; alone it prints the lines of each program and ends with `nccl gpu tests: N passed, N failed`.
 # Logs go to $GPU_TEST_LOG_DIR (default build/test-logs). PYTHON names the interpreter (default python3).
+# GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
+# nccl-2, nccl-4 (nccl_gpu_test all), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
+# nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
+# run, torch_zero_copy), nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
+# and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -164,10 +164,10 @@ sanitized() {
 }
 
 # part NAME: whether the runners should run part NAME of the GPU tests. GPU_TEST_PARTS (space-separated)
-# picks parts, so that a run too long for one sitting can be split: collectives-2, collectives-4,
-# collectives-8, collectives-16, two-gpu, exit-endless, sanitizer, nccl-2, nccl-4, nccl-torch,
-# nccl-sanitizer; a word without its suffix takes every part it begins ("collectives", "nccl"). Unset or
-# empty: every part. The runners say which parts they left out.
+# picks parts, so that a run too long for one sitting can be split (the names: the headers of
+# c-tests/run_gpu_tests.sh and c-tests/run_nccl_gpu_tests.sh); a word without its suffix takes every part it
+# begins ("collectives", "nccl", "nccl-rma"). Unset or empty: every part. The runners say which parts they
+# left out.
 part() {
   [ -z "${GPU_TEST_PARTS:-}" ] && return 0
   local w
