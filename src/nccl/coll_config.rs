@@ -10,6 +10,7 @@
 #![allow(clippy::too_many_arguments)] // nccl.h's signatures
 
 use super::api::{self, OK, entry};
+use super::config::{Header, copy_prefix, header};
 use super::group;
 use super::types::{NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT, ncclComm_t, ncclResult_t};
 use crate::collective::Collective;
@@ -80,11 +81,8 @@ pub unsafe fn read(config: *const ncclCollConfig_t) -> Result<CollConfig> {
     if config.is_null() {
         return Ok(CollConfig::default());
     }
-    let mut head = [0u8; 16];
     // SAFETY: every version of the struct starts with size, magic and version.
-    unsafe { std::ptr::copy_nonoverlapping(config.cast::<u8>(), head.as_mut_ptr(), head.len()) };
-    let size = usize::from_ne_bytes(head[..8].try_into().expect("8 bytes"));
-    let magic = u32::from_ne_bytes(head[8..12].try_into().expect("4 bytes"));
+    let Header { size, magic, .. } = unsafe { header(config) };
     ensure_arg!(
         magic == NCCL_CONFIG_MAGIC,
         "config's magic is {magic:#x}, not {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_COLLCONFIG_INITIALIZER"
@@ -93,11 +91,8 @@ pub unsafe fn read(config: *const ncclCollConfig_t) -> Result<CollConfig> {
         size >= OLDEST_SIZE,
         "config's size is {size} bytes; the smallest ncclCollConfig_t has {OLDEST_SIZE}"
     );
-    let mut raw = ncclCollConfig_t::initializer();
-    let n = size.min(size_of::<ncclCollConfig_t>());
-    // SAFETY: the caller's struct is `size` bytes long; `raw` is plain ints and pointers, so any bytes are
-    // a value of it.
-    unsafe { std::ptr::copy_nonoverlapping(config.cast::<u8>(), (&mut raw as *mut ncclCollConfig_t).cast::<u8>(), n) };
+    // SAFETY: the caller's struct is `size` bytes long; `ncclCollConfig_t` is ints and pointers.
+    let raw = unsafe { copy_prefix(config, size, ncclCollConfig_t::initializer()) };
     parse(&raw)
 }
 

@@ -35,6 +35,39 @@ impl Config {
     }
 }
 
+/// The header every versioned struct of NCCL's API starts with (`ncclConfig_t`, `ncclCollConfig_t`,
+/// `ncclCommProperties_t`): its size, magic and version, which tell a reader how much of it the caller knows.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+}
+
+/// The header of the caller's struct at `ptr`.
+///
+/// # Safety
+/// `ptr` points to at least `size_of::<Header>()` (16) readable bytes: a versioned struct of NCCL's API.
+pub unsafe fn header<T>(ptr: *const T) -> Header {
+    // SAFETY: the caller's contract; read unaligned, as the caller's struct need not be.
+    unsafe { std::ptr::read_unaligned(ptr.cast::<Header>()) }
+}
+
+/// `defaults` with its first `size` bytes (at most `T`'s own) taken from the caller's struct at `ptr`: a
+/// shorter struct, of an older header, leaves the later fields as `defaults` has them; a longer one is read
+/// up to ours.
+///
+/// # Safety
+/// `ptr` points to at least `size` readable bytes, and `T` is plain integers and pointers, so that any
+/// bytes are a value of it.
+pub unsafe fn copy_prefix<T>(ptr: *const T, size: usize, mut defaults: T) -> T {
+    let n = size.min(size_of::<T>());
+    // SAFETY: the caller's contract for `ptr` and for `T`; `n` bytes fit in `defaults`.
+    unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), (&mut defaults as *mut T).cast::<u8>(), n) };
+    defaults
+}
+
 /// Copies the caller's config into a full `ncclConfig_t`: the bytes its `size` covers, undefined fields
 /// beyond. Checks the size and magic first, so that nothing past a bad struct is read.
 ///
@@ -42,22 +75,12 @@ impl Config {
 /// `config` points to at least `size_of::<usize>() + 8` readable bytes, and to `size` of them when its
 /// magic is right (the caller's `ncclConfig_t`, made by `NCCL_CONFIG_INITIALIZER`).
 pub unsafe fn copy_in(config: *const ncclConfig_t) -> Result<(ncclConfig_t, usize)> {
-    let header = offset_of!(ncclConfig_t, blocking);
-    let mut head = [0u8; offset_of!(ncclConfig_t, blocking)];
     // SAFETY: the caller's struct has at least its size, magic and version fields.
-    unsafe { std::ptr::copy_nonoverlapping(config.cast::<u8>(), head.as_mut_ptr(), header) };
-    let size = usize::from_ne_bytes(head[..size_of::<usize>()].try_into().expect("8 bytes"));
-    let magic = u32::from_ne_bytes(head[8..12].try_into().expect("4 bytes"));
-    check_header(
-        size,
-        magic,
-        u32::from_ne_bytes(head[12..16].try_into().expect("4 bytes")),
-    )?;
-    let mut full = ncclConfig_t::initializer();
-    let n = size.min(size_of::<ncclConfig_t>());
-    // SAFETY: the caller's struct is `size` bytes long (its header was checked to be sane); `full` is a
-    // plain struct of ints and pointers, so any bytes are a value of it.
-    unsafe { std::ptr::copy_nonoverlapping(config.cast::<u8>(), (&mut full as *mut ncclConfig_t).cast::<u8>(), n) };
+    let Header { size, magic, version } = unsafe { header(config) };
+    check_header(size, magic, version)?;
+    // SAFETY: the caller's struct is `size` bytes long (its header was checked to be sane); `ncclConfig_t`
+    // is ints and pointers.
+    let full = unsafe { copy_prefix(config, size, ncclConfig_t::initializer()) };
     Ok((full, size))
 }
 

@@ -8,6 +8,7 @@
 
 use super::api::{OK, entry, with_comm};
 use super::comm::NcclComm;
+use super::config::{Header, header};
 use super::types::{NCCL_CONFIG_MAGIC, NCCL_VERSION_CODE, ncclComm_t, ncclResult_t, ncclWindow_t};
 use crate::abi::non_null;
 use crate::ensure_arg;
@@ -104,11 +105,8 @@ nccl_export! {
     fn ncclCommQueryProperties / pncclCommQueryProperties(comm: ncclComm_t, props: *mut ncclCommProperties_t) -> ncclResult_t {
         with_comm("ncclCommQueryProperties", comm, |c| {
             non_null(props, "props")?;
-            let mut head = [0u8; 16];
             // SAFETY: checked non-null; every version of the struct starts with size, magic, version.
-            unsafe { std::ptr::copy_nonoverlapping(props.cast::<u8>(), head.as_mut_ptr(), head.len()) };
-            let size = usize::from_ne_bytes(head[..8].try_into().expect("8 bytes"));
-            let magic = u32::from_ne_bytes(head[8..12].try_into().expect("4 bytes"));
+            let Header { size, magic, .. } = unsafe { header(props) };
             ensure_arg!(
                 magic == NCCL_CONFIG_MAGIC,
                 "props' magic is {magic:#x}, not {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_COMM_PROPERTIES_INITIALIZER"

@@ -5,6 +5,7 @@
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
 use super::api::{OK, entry};
+use super::config::{Header, header};
 use super::types::{NCCL_CONFIG_MAGIC, ncclResult_t};
 use crate::abi::non_null;
 use crate::ensure_arg;
@@ -32,17 +33,18 @@ nccl_export! {
     fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
         entry("ncclSetEncryption", || {
             non_null(config, "config")?;
-            // SAFETY: checked non-null; the caller's struct, made by NCCL_ENCRYPTION_CONFIG_INITIALIZER, holds
-            // at least its header and mode (checked by its size before mode is read).
-            let c = unsafe { &*config };
+            // SAFETY: checked non-null; the caller's struct, made by NCCL_ENCRYPTION_CONFIG_INITIALIZER, starts
+            // with its size, magic and version.
+            let Header { size, magic, .. } = unsafe { header(config) };
             ensure_arg!(
-                c.magic == NCCL_CONFIG_MAGIC,
-                "config's magic is {:#x}, not {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_ENCRYPTION_CONFIG_INITIALIZER",
-                c.magic
+                magic == NCCL_CONFIG_MAGIC,
+                "config's magic is {magic:#x}, not {NCCL_CONFIG_MAGIC:#x}: initialise it with NCCL_ENCRYPTION_CONFIG_INITIALIZER"
             );
             let least = offset_of!(ncclEncryptionConfig_t, mode) + 4;
-            ensure_arg!(c.size >= least, "config's size is {}; it must be at least {least}", c.size);
-            match c.mode {
+            ensure_arg!(size >= least, "config's size is {size}; it must be at least {least}");
+            // SAFETY: the struct holds its mode (checked by its size just above).
+            let mode = unsafe { std::ptr::addr_of!((*config).mode).read_unaligned() };
+            match mode {
                 MODE_NONE => OK,
                 MODE_PSK => Err(Error::invalid_usage(
                     "NCCL_ENCRYPTION_MODE_PSK is refused: this library encrypts nothing (its data moves between \
