@@ -13,21 +13,10 @@ repo="$(cd "$here/../.." && pwd)"
 lib="${1:-$repo/build/lib/nccl/libnccl.so.2}"
 include="${2:-$repo/build/include}"
 names="$here/names"
-passed=0
-failed=0
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-
-verdict() { # verdict NAME STATUS [DETAILS]
-  if [ "$2" -eq 0 ]; then
-    passed=$((passed + 1))
-    echo "PASS $1"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $1"
-    [ -n "${3:-}" ] && printf '%s\n' "$3" | sed 's/^/    /'
-  fi
-}
+# shellcheck source=verdict.sh
+source "$here/verdict.sh"
 
 # read_list FILE: its names (lines not starting with '#'); a line that is not a name fails the list.
 read_list() {

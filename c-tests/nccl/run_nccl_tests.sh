@@ -13,21 +13,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 include="$repo/build/include"
 lib="$repo/build/lib/nccl/libnccl.so.2"
-passed=0
-failed=0
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
-
-verdict() { # verdict NAME STATUS [DETAILS]
-  if [ "$2" -eq 0 ]; then
-    passed=$((passed + 1))
-    echo "PASS $1"
-  else
-    failed=$((failed + 1))
-    echo "FAIL $1"
-    [ -n "${3:-}" ] && printf '%s\n' "$3" | sed 's/^/    /'
-  fi
-}
+# shellcheck source=verdict.sh
+source "$here/verdict.sh"
 
 # 1. The header alone, in every language standard.
 for std in c11 c17; do
