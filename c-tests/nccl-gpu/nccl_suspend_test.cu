@@ -28,6 +28,7 @@
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline; each rank also has an alarm.
 #include "case_runner.h"
+#include "gpu_probe.h"
 
 #include <nccl.h>
 
@@ -607,21 +608,6 @@ int rankMain(Rank& R)
   return 0;
 }
 
-// The number of CUDA devices, asked in a child (the parent must not start CUDA before it forks the ranks).
-int probeGpus()
-{
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = example::forkRankProcess();
-  if (pid == 0) {
-    int n = 0;
-    _exit(cudaGetDeviceCount(&n) == cudaSuccess ? std::min(n, 100) : 0);
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-}
-
 } // namespace
 
 int main(int argc, char** argv)
@@ -634,8 +620,9 @@ int main(int argc, char** argv)
   }
   gBoard = (Board*)mem;
   memset(mem, 0, sizeof(Board));
-  if (probeGpus() <= 0) {
-    printf("SKIP nccl_suspend_test: no CUDA device usable\n");
+  std::string why;
+  if (probeGpus(&why) <= 0) {
+    printf("SKIP nccl_suspend_test: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
     return 0;
   }
   return runRanks("nccl_suspend", opt, 600, rankMain);

@@ -19,6 +19,7 @@
 // Usage: pg_nccl_sequence [--port P]. Output: PASS / FAIL per step, a SUMMARY line; exit code 0 only if every
 // step passed on every rank. Each rank has an alarm; MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
 #include "case_runner.h"
+#include "gpu_probe.h"
 
 #include <nccl.h>
 
@@ -301,21 +302,6 @@ int rankMain(Rank& R)
   return 0;
 }
 
-// The number of CUDA devices, asked in a child (the parent must not start CUDA before it forks the ranks).
-int probeGpus()
-{
-  fflush(stdout);
-  fflush(stderr);
-  pid_t pid = example::forkRankProcess();
-  if (pid == 0) {
-    int n = 0;
-    _exit(cudaGetDeviceCount(&n) == cudaSuccess ? std::min(n, 100) : 0);
-  }
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-}
-
 } // namespace
 
 int main(int argc, char** argv)
@@ -328,8 +314,9 @@ int main(int argc, char** argv)
   }
   gBoard = (Board*)mem;
   memset(mem, 0, sizeof(Board));
-  if (probeGpus() <= 0) {
-    printf("SKIP pg_nccl_sequence: no CUDA device usable\n");
+  std::string why;
+  if (probeGpus(&why) <= 0) {
+    printf("SKIP pg_nccl_sequence: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
     return 0;
   }
   // Looked up, not linked: the program runs where grow is not there yet (no CUDA is touched by the look-up).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "case_runner.h"
+#include "gpu_probe.h"
 
 #include <nccl.h>
 
@@ -91,38 +92,6 @@ inline std::string upload(float* d, size_t count, cudaStream_t stream, const std
   TG_CUDA(cudaMemcpyAsync(d, h.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
   TG_CUDA(cudaStreamSynchronize(stream));
   return "";
-}
-
-// The number of CUDA devices a new process sees (asked in a child: this process must not start CUDA).
-inline int probeGpus(std::string* why)
-{
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  fflush(stdout);
-  pid_t pid = example::forkRankProcess();
-  if (pid == 0) {
-    close(fds[0]);
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    std::string msg = fmt("%d %s", e == cudaSuccess ? n : 0, e == cudaSuccess ? "" : cudaGetErrorString(e));
-    (void)!write(fds[1], msg.c_str(), msg.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  char buf[256] = {0};
-  ssize_t got = 0, k;
-  while (got < (ssize_t)sizeof(buf) - 1 && (k = read(fds[0], buf + got, sizeof(buf) - 1 - got)) > 0) got += k;
-  close(fds[0]);
-  int st = 0;
-  waitpid(pid, &st, 0);
-  int n = 0;
-  char rest[256] = {0};
-  if (sscanf(buf, "%d %255[^\n]", &n, rest) < 1) {
-    *why = "the probe process reported nothing";
-    return -1;
-  }
-  *why = rest;
-  return n;
 }
 
 } // namespace tc
