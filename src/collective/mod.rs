@@ -499,9 +499,8 @@ impl Collectives {
         let kernels = match &mut *solo {
             Some(k) => k,
             None => {
-                let multiprocessors =
-                    gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-                solo.insert(LoadedKernels::new(*gpu, multiprocessors.max(1) as u32, 1))
+                let multiprocessors = gpu.multiprocessors()?;
+                solo.insert(LoadedKernels::new(*gpu, multiprocessors.max(1), 1))
             }
         };
         let threads = algorithm::threads(Protocol::Copy);

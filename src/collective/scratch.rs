@@ -15,8 +15,7 @@ use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, Stream};
-use crate::transport::p2p::messages::ProcessId;
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, ProcessId, Stream};
 use std::sync::Arc;
 
 /// Host memory the kernels read to learn that the communicator was aborted.
@@ -99,13 +98,12 @@ impl Scratch {
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
         let me = ProcessId::this();
         let device = device_key(gpu)?;
-        let multiprocessors =
-            gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let multiprocessors = gpu.multiprocessors()?;
 
         // Every rank's process, GPU and buffer, through the bootstrap.
         let mut w = Writer::new();
         me.write(&mut w);
-        w.u64(device).u32(multiprocessors.max(0) as u32).u32(cta_limit);
+        w.u64(device).u32(multiprocessors).u32(cta_limit);
         IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
         let mine = w.into_bytes();
         let block = mine.len();

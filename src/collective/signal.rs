@@ -580,11 +580,10 @@ impl Collectives {
             })?
             .clone();
         if solo.is_none() {
-            let multiprocessors =
-                gpu.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+            let multiprocessors = gpu.multiprocessors()?;
             let area = DeviceAllocation::zeroed_on(gpu, AREA_BYTES as usize, &Stream::new(gpu)?)?;
             *solo = Some(Solo {
-                kernels: LoadedKernels::new(*gpu, multiprocessors.max(1) as u32, 1),
+                kernels: LoadedKernels::new(*gpu, multiprocessors.max(1), 1),
                 area,
             });
         }

@@ -265,8 +265,16 @@ impl GpuContext {
         Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS)? != 0)
     }
 
-    /// Device attribute query.
-    pub fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
+    /// The device's multiprocessors (SMs), by which the collectives size their grids; 0 where the driver
+    /// answers a negative count.
+    pub fn multiprocessors(&self) -> Result<u32> {
+        let count = self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        Ok(count.max(0) as u32)
+    }
+
+    /// Device attribute query: private, so that the driver's enums stay in `gpu/` (a caller outside it asks
+    /// through a method named for what it wants, as `multiprocessors`).
+    fn attribute(&self, attr: sys::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;
         // SAFETY: out-pointer to a local.
         check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, self.device) }, || {

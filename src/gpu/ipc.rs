@@ -1,4 +1,5 @@
-//! CUDA IPC: exporting a buffer to another process, and mapping a peer's buffer.
+//! CUDA IPC: exporting a buffer to another process, and mapping a peer's buffer; and `ProcessId`, which
+//! tells whether a peer can open our handles at all.
 //!
 //! A handle names a whole allocation, so an export carries the buffer's offset inside its allocation;
 //! the importer adds it back (the legacy library did not, and its peers saw the allocation's base).
@@ -89,6 +90,54 @@ impl Drop for IpcMapping {
         self.ctx
             .free_in_drop("cuIpcCloseMemHandle", || unsafe { sys::cuIpcCloseMemHandle(self.base) });
     }
+}
+
+/// Identifies a process among those of the job: a hash of the machine's boot id and host name, and the
+/// process id. It decides how a peer's exported memory is reached: at the owner's own address by a peer of
+/// the same process (a process cannot open its own IPC handles), through CUDA IPC by one of the same machine
+/// (`host`), not at all from another machine. Used by the P2P transport, the collectives' scratch set-up and
+/// NCCL's fallback (whether a job spans machines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    pub host: u64,
+    pub pid: u32,
+}
+
+impl ProcessId {
+    pub fn this() -> ProcessId {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let mut host: u64 = 0xcbf29ce484222325;
+        for b in boot.trim().bytes().chain(hostname_bytes()) {
+            host = (host ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+        ProcessId {
+            host,
+            pid: std::process::id(),
+        }
+    }
+
+    pub(crate) fn write(&self, w: &mut Writer) {
+        w.u64(self.host).u32(self.pid);
+    }
+
+    pub(crate) fn read(r: &mut Reader) -> Result<ProcessId> {
+        Ok(ProcessId {
+            host: r.u64()?,
+            pid: r.u32()?,
+        })
+    }
+}
+
+fn hostname_bytes() -> impl Iterator<Item = u8> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
+    let end = if ok {
+        buf.iter().position(|&b| b == 0).unwrap_or(buf.len())
+    } else {
+        0
+    };
+    buf.into_iter().take(end)
 }
 
 #[cfg(test)]

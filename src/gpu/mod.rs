@@ -15,7 +15,7 @@ mod shared_host;
 mod stream;
 
 pub use driver::{GpuContext, RestoreContext, check, ensure_driver, lazy_loading};
-pub use ipc::{IpcExport, IpcMapping};
+pub use ipc::{IpcExport, IpcMapping, ProcessId};
 pub use memory::{DeviceAllocation, PinnedHostBuffer, PointerInfo, pointer_info};
 pub use module::{Kernel, Module, RelaxedCapture};
 pub use shared_host::SharedHostMemory;

@@ -5,51 +5,8 @@
 use crate::codec::{Reader, Writer};
 use crate::error::Result;
 use crate::gpu::IpcExport;
-
-/// Identifies a process among those of the job: a hash of the machine's boot id and host name, and the
-/// process id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ProcessId {
-    pub host: u64,
-    pub pid: u32,
-}
-
-impl ProcessId {
-    pub fn this() -> ProcessId {
-        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let mut host: u64 = 0xcbf29ce484222325;
-        for b in boot.trim().bytes().chain(hostname_bytes()) {
-            host = (host ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-        ProcessId {
-            host,
-            pid: std::process::id(),
-        }
-    }
-
-    pub(crate) fn write(&self, w: &mut Writer) {
-        w.u64(self.host).u32(self.pid);
-    }
-
-    pub(crate) fn read(r: &mut Reader) -> Result<ProcessId> {
-        Ok(ProcessId {
-            host: r.u64()?,
-            pid: r.u32()?,
-        })
-    }
-}
-
-fn hostname_bytes() -> impl Iterator<Item = u8> {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length.
-    let ok = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } == 0;
-    let end = if ok {
-        buf.iter().position(|&b| b == 0).unwrap_or(buf.len())
-    } else {
-        0
-    };
-    buf.into_iter().take(end)
-}
+// Where NCCL's fallback still names it (src/nccl/fallback.rs); its home is `gpu::ProcessId`.
+pub use crate::gpu::ProcessId;
 
 /// What one side of a P2P connection sends its peer during set-up.
 #[derive(Clone, Debug, PartialEq, Eq)]

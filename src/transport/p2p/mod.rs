@@ -21,12 +21,12 @@ pub mod messages;
 use super::{FlagsCarried, RegisteredWrite, Transport};
 use crate::connection::{Connection, EpochBlock, TransportKind};
 use crate::error::{Error, Result};
-use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, SharedHostMemory};
+use crate::gpu::{DevicePtr, GpuContext, IpcExport, IpcMapping, ProcessId, SharedHostMemory};
 use crate::proxy::fifo::DeviceFifo;
 use crate::proxy::{AbortHook, ProxySlot};
 use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use handler::{P2pHandler, P2pOptions, P2pRoute};
-use messages::{P2pSetupInfo, ProcessId, RegisterInfo};
+use messages::{P2pSetupInfo, RegisterInfo};
 use std::collections::HashMap;
 use std::sync::Arc;
 
