@@ -1,5 +1,5 @@
 //! The collectives with a per-call configuration (NCCL 2.31: `ncclAllReduceConfig` and its seven
-//! siblings, each taking an `ncclCollConfig_t`): the same calls as without one (`api::collective`), the
+//! siblings, each taking an `ncclCollConfig_t`): the same calls as without one (`collectives::collective`), the
 //! config read by its own size and version as `ncclConfig_t` is. What applies here is honoured:
 //! `launchCompletionEvent` is recorded on the stream once the call's work is queued there (outside a
 //! group). The tuning fields (CTA bounds, cluster size, CTA policy, an algorithm selection, the profiler
@@ -9,8 +9,9 @@
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 #![allow(clippy::too_many_arguments)] // nccl.h's signatures
 
-use super::api::{self, OK, entry};
+use super::collectives;
 use super::config::{Header, copy_prefix, header};
+use super::entry::{OK, entry};
 use super::group;
 use super::types::{NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT, ncclComm_t, ncclResult_t};
 use crate::collective::Collective;
@@ -160,7 +161,7 @@ fn configured(
         Ok(c) => c,
         Err(e) => return entry(name, || Err(e)),
     };
-    if cfg.event.is_some() && group::with(&api::GROUP, |g| g.open()) {
+    if cfg.event.is_some() && group::with(&group::GROUP, |g| g.open()) {
         return entry(name, || {
             Err(Error::invalid_usage(
                 "config's launchCompletionEvent inside a group is not carried out by this library: the group's \
@@ -168,7 +169,7 @@ fn configured(
             ))
         });
     }
-    let r = api::collective(name, what, send, recv, count, datatype, op, root, comm, stream);
+    let r = collectives::collective(name, what, send, recv, count, datatype, op, root, comm, stream);
     match (r, cfg.event) {
         (ncclResult_t::ncclSuccess, Some(event)) => entry(name, || {
             // SAFETY: nccl.h's contract: the stream is the call's, the event a live one of its context.

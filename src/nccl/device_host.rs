@@ -6,10 +6,12 @@
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::api::{OK, entry, with_comm};
 use super::comm::NcclComm;
 use super::config::{Header, header};
-use super::types::{NCCL_CONFIG_MAGIC, NCCL_VERSION_CODE, ncclComm_t, ncclResult_t, ncclWindow_t};
+use super::entry::{OK, entry, with_comm};
+use super::types::{
+    DevComm, DevCommRequirements, NCCL_CONFIG_MAGIC, NCCL_VERSION_CODE, ncclComm_t, ncclResult_t, ncclWindow_t,
+};
 use crate::abi::non_null;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -333,6 +335,32 @@ nccl_export! {
     fn ncclGinInboxA2ACreateRequirement / pncclGinInboxA2ACreateRequirement(peers: ncclTeam_t, nBlocks: c_int, size_log2: c_int, outHandle: *mut ResourceHandle, outReq: *mut DevResourceRequirements) -> ncclResult_t {
         let _ = (peers, nBlocks, size_log2, outHandle, outReq);
         refuse("ncclGinInboxA2ACreateRequirement", "GIN (device-initiated networking)")
+    }
+}
+
+// ---- NCCL's device API: not offered ----
+
+nccl_export! {
+    /// NCCL's device API is not offered: `ncclInvalidUsage`.
+    fn ncclDevCommCreate / pncclDevCommCreate(
+        comm: ncclComm_t,
+        reqs: *const DevCommRequirements,
+        outDevComm: *mut DevComm,
+    ) -> ncclResult_t {
+        let _ = (reqs, outDevComm);
+        with_comm("ncclDevCommCreate", comm, |_| {
+            Err(Error::invalid_usage("NCCL's device API (ncclDevComm) is not offered by this library"))
+        })
+    }
+}
+
+nccl_export! {
+    /// NCCL's device API is not offered: `ncclInvalidUsage`.
+    fn ncclDevCommDestroy / pncclDevCommDestroy(comm: ncclComm_t, devComm: *const DevComm) -> ncclResult_t {
+        let _ = devComm;
+        with_comm("ncclDevCommDestroy", comm, |_| {
+            Err(Error::invalid_usage("NCCL's device API (ncclDevComm) is not offered by this library"))
+        })
     }
 }
 

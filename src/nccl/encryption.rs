@@ -4,8 +4,8 @@
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::api::{OK, entry};
 use super::config::{Header, header};
+use super::entry::{OK, entry};
 use super::types::{NCCL_CONFIG_MAGIC, ncclResult_t};
 use crate::abi::non_null;
 use crate::ensure_arg;

@@ -17,10 +17,11 @@
 #![allow(non_snake_case)] // NCCL's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each export is nccl.h's
 
-use super::api::{OK, child_config, current_device, entry, start, start_child, with_comm};
 use super::comm::NcclComm;
 use super::config;
-use super::split::{GROW_WORDS, Job, tag};
+use super::entry::{OK, entry, with_comm};
+use super::init::{Job, child_config, current_device, start, start_child};
+use super::split::{GROW_WORDS, tag};
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
 use crate::abi::non_null;
 use crate::bootstrap::{MAX_RANKS, UniqueId};

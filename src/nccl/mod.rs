@@ -1,31 +1,65 @@
-//! NCCL's API (`nccl.h` of NCCL 2.32.3 and its device API's host side): another face of the same core. One
-//! communicator (`crate::comm`), one collectives path (`crate::collective`, through the calls
-//! `mscclpp_abi/collectives.rs` makes), one failure path; what the core does not carry out yet goes to NVIDIA's
-//! library where `MSCCLPP_NCCL_FALLBACK` names it, else fails with `ncclInvalidUsage`, naming the function
-//! and the setting.
+//! NCCL's API (`nccl.h` of NCCL 2.32.3 and its device API's host side): the second face of the same core,
+//! beside `mscclpp.h`'s (`mscclpp_abi/`), over the shared C-ABI base (`abi/`: the panic boundary, handles,
+//! argument helpers). Exported by the `nccl-abi` feature (`libnccl.so.2`), each function with NCCL's
+//! `pnccl` twin.
 //!
-//! - `types.rs`: NCCL's result codes, type and operator numbers, `ncclUniqueId`, `ncclConfig_t`,
-//!   `ncclSimInfo_t`;
-//! - `config.rs`: a caller's `ncclConfig_t`, read by its own size and version;
-//! - `comm.rs`: what an `ncclComm_t` names: the core's communicator and NCCL's bookkeeping beside it;
-//! - `group.rs`: `ncclGroupStart` / `ncclGroupEnd` bookkeeping (per thread);
-//! - `split.rs`: `ncclCommSplit` and `ncclCommShrink`: how the ranks agree on a new communicator (after
-//!   a failure too);
-//! - `grow.rs`: `ncclCommGetUniqueId` and `ncclCommGrow`: new ranks joining the ranks of a communicator;
-//! - `suspend.rs`: `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats`: the collectives' device memory
-//!   released while the communicator is idle, and made again by every rank together;
-//! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
-//! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
-//!   ours, which gets what the core does not carry out;
-//! - `coll_config.rs`: the collectives with a per-call `ncclCollConfig_t` (`ncclAllReduceConfig`, ...);
-//! - `device_host.rs`: the host side of NCCL's device API (`nccl_device/host.h`): teams, properties; what
-//!   needs NCCL's device kernels or NVLink multicast refused;
-//! - `encryption.rs`: `ncclSetEncryption` (a key is refused: nothing here would encrypt with it);
-//! - `params.rs`: NCCL 2.30's settings API (`ncclParam*`) over the library's one table of settings, and
-//!   `ncclResetDebugInit`;
+//! Its data path is thin: a collective, a send or receive, a one-sided call is checked here and handed to
+//! the core's communicator (`crate::comm::Communicator`, the one `mscclpp.h` uses), whose collectives
+//! (`crate::collective`) carry it out. What the core does not carry out goes to NVIDIA's library where
+//! `MSCCLPP_NCCL_FALLBACK` names it, else fails with `ncclInvalidUsage`, naming the function and the
+//! setting.
+//!
+//! Its control plane is not thin: NCCL's semantics that `mscclpp.h` has no counterpart for live here, over
+//! the core: groups (work queued per thread and issued at the outermost end), blocking, non-blocking and
+//! grouped initialisation, split, shrink and grow (the ranks' agreement over the parent's bootstrap),
+//! revoke, suspend and resume, versioned configs, per-call configs, `PreMulSum` operators, the settings
+//! API, the last error's message, and the NVIDIA communicator kept beside ours.
+//!
+//! An `ncclAllReduce` enters in `collectives.rs` (`collective`: arguments checked, NCCL's type and
+//! operator read, the core's `Call` made), is issued or queued by `group.rs` (`issue`), and reaches its
+//! launch in `Collectives::run` (`src/collective/mod.rs`), through `Communicator::collective`.
+//!
+//! The calls, by file:
+//! - `entry.rs`: what every export does first: the panic boundary (`entry`), the communicator behind an
+//!   `ncclComm_t` (`with_comm`, `enqueue`), NCCL's type numbers and rank arguments read;
+//! - `collectives.rs`: `ncclAllReduce`, `ncclAllGather`, `ncclReduceScatter`, `ncclBroadcast`, `ncclBcast`,
+//!   `ncclReduce`, `ncclAlltoAll`, `ncclGather`, `ncclScatter`;
+//! - `coll_config.rs`: the same collectives with a per-call `ncclCollConfig_t` (`ncclAllReduceConfig`, ...);
+//! - `send_recv.rs`: `ncclSend` and `ncclRecv` (their protocol is the core's, in `src/collective/`);
 //! - `rma.rs`: the one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, `ncclWinGetUserPtr`)
 //!   and the peer pointers of a window;
-//! - `api.rs`: the `extern "C"` functions, exported by the `nccl-abi` feature (`libnccl.so.2`).
+//! - `operators.rs`: `ncclRedOpCreatePreMulSum`, `ncclRedOpDestroy`, and every call's `ncclRedOp_t` read;
+//! - `group.rs`: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`: the per-thread bookkeeping
+//!   (`Group`), the work a group queues (`Op`, `issue`) and the engine that issues it at the end
+//!   (`run_group`);
+//! - `init.rs`: `ncclGetUniqueId`, `ncclCommInitRank`, `ncclCommInitRankConfig`, `ncclCommInitRankScalable`,
+//!   `ncclCommInitAll`, and how every new communicator is made: blocking, non-blocking (a thread of its
+//!   own, `ncclInProgress`) or at a group's end (`start`, `start_child`, `finish_init`);
+//! - `split.rs`: `ncclCommSplit` and `ncclCommShrink`: how the ranks agree on a new communicator (after a
+//!   failure too);
+//! - `grow.rs`: `ncclCommGetUniqueId` and `ncclCommGrow`: new ranks joining the ranks of a communicator;
+//! - `teardown.rs`: `ncclCommFinalize`, `ncclCommDestroy`, `ncclCommAbort`, `ncclCommRevoke`;
+//! - `suspend.rs`: `ncclCommSuspend`, `ncclCommResume` and `ncclCommMemStats`: the collectives' device memory
+//!   released while the communicator is idle, and made again by every rank together;
+//! - `memory.rs`: `ncclMemAlloc`, `ncclMemFree`, and the registrations of buffers and windows
+//!   (`ncclCommRegister`, `ncclCommWindowRegister`, their deregistrations) in the core's table;
+//! - `queries.rs`: `ncclGetVersion`, `ncclGetErrorString`, `ncclGetLastError`, `ncclCommGetAsyncError`,
+//!   `ncclCommCount`, `ncclCommUserRank`, `ncclCommCuDevice`;
+//! - `device_host.rs`: the host side of NCCL's device API (`nccl_device/host.h`): teams, properties; what
+//!   needs NCCL's device kernels or NVLink multicast refused (`ncclDevCommCreate` among them);
+//! - `encryption.rs`: `ncclSetEncryption` (a key is refused: nothing here would encrypt with it);
+//! - `params.rs`: NCCL 2.30's settings API (`ncclParam*`) over the library's one table of settings, and
+//!   `ncclResetDebugInit`.
+//!
+//! What they share:
+//! - `types.rs`: NCCL's result codes, type and operator numbers, `ncclUniqueId`, `ncclConfig_t`,
+//!   `ncclSimInfo_t`;
+//! - `config.rs`: a caller's `ncclConfig_t` (and the other versioned structs' header), read by its own
+//!   size and version;
+//! - `comm.rs`: what an `ncclComm_t` names: the core's communicator and NCCL's bookkeeping beside it;
+//! - `error.rs`: our errors as `ncclResult_t`, and the last error's message;
+//! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
+//!   ours, which gets what the core does not carry out.
 
 /// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
 macro_rules! nccl_export {
@@ -43,18 +77,25 @@ macro_rules! nccl_export {
     };
 }
 
-pub mod api;
 pub mod coll_config;
+pub mod collectives;
 pub mod comm;
 pub mod config;
 pub mod device_host;
 pub mod encryption;
+pub mod entry;
 pub mod error;
 pub mod fallback;
 pub mod group;
 pub mod grow;
+pub mod init;
+pub mod memory;
+pub mod operators;
 pub mod params;
+pub mod queries;
 pub mod rma;
+pub mod send_recv;
 pub mod split;
 pub mod suspend;
+pub mod teardown;
 pub mod types;

@@ -18,17 +18,27 @@
 //!   between live ranks stay up (the receive threads go on reading and sending heartbeats): split
 //!   messages still go through them, and the waits for them go on despite the failure, ending only when
 //!   the awaited peer's own connection closes or at the bootstrap's timeout.
+//!
+//! The exports (at the end) check their arguments, announce, and hand the job that finishes the agreement
+//! and makes the communicator to `init.rs` (`start_child`: blocking, non-blocking or at a group's end as
+//! the config and the group say). Where NVIDIA's communicator carries every call (ranks on several
+//! hosts), NVIDIA's library splits or shrinks it instead (`fallback_split`).
+#![allow(non_snake_case)] // nccl.h's argument names
+#![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::types::NCCL_SPLIT_NOCOLOR;
+use super::comm::{self as ncomm, NcclComm};
+use super::entry::{OK, with_comm};
+use super::fallback;
+use super::init::{BOOTSTRAP_TIMEOUT, Job, child_config, start_child};
+use super::types::*;
+use crate::abi::non_null;
 use crate::bootstrap::UniqueId;
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
+use std::ffi::c_int;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What a new communicator's initialisation runs (see `api.rs`).
-pub type Job = Box<dyn FnOnce() -> Result<Communicator> + Send>;
 
 /// The rounds of a split or shrink, in the low bits of a message's tag (the count of splits or shrinks
 /// above them).
@@ -188,6 +198,131 @@ fn read_id(bytes: &[u8]) -> Result<UniqueId> {
         .try_into()
         .map_err(|_| Error::internal(format!("a unique id of {} bytes", bytes.len())))?;
     UniqueId::from_bytes(bytes, "unique id", "ncclCommSplit's root")
+}
+
+// ---- exports ----
+
+nccl_export! {
+    /// The ranks that pass one color make a new communicator, ordered by key, then by parent rank
+    /// (collective over the parent; `NCCL_SPLIT_NOCOLOR`: none, `*newcomm` NULL). Blocking or not as its
+    /// config says (the parent's mode without one); inside a group, made at its end. See `split.rs`.
+    /// Where the ranks span hosts, NVIDIA's library makes it (NVIDIA's alone).
+    fn ncclCommSplit / pncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+    ) -> ncclResult_t {
+        with_comm("ncclCommSplit", comm, |c| {
+            non_null(newcomm, "newcomm")?;
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = std::ptr::null_mut() };
+            ensure_arg!(
+                color >= 0 || color == NCCL_SPLIT_NOCOLOR,
+                "color is {color}; it must not be negative, or NCCL_SPLIT_NOCOLOR"
+            );
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            let cfg = unsafe { child_config(c, config) }?;
+            if let Some(f) = c.fallback_for_all() {
+                c.open()?;
+                // SAFETY: checked non-null above.
+                return unsafe { fallback_split(c, f, fallback::Split::Color { color, key }, newcomm, config) };
+            }
+            let parent = c.usable()?;
+            let count = c.next_split();
+            announce(&parent, count, color, key)?;
+            if color == NCCL_SPLIT_NOCOLOR {
+                return OK;
+            }
+            let job = split_job(parent, count, color, key, BOOTSTRAP_TIMEOUT);
+            // SAFETY: checked non-null.
+            unsafe { start_child(c, newcomm, None, cfg, job) }
+        })
+    }
+}
+
+/// `ncclCommSplit` / `ncclCommShrink` on the fallback: NVIDIA's new communicator, behind a handle of ours
+/// (NULL where this rank is in none).
+unsafe fn fallback_split(
+    c: &NcclComm,
+    f: &Arc<fallback::Comm>,
+    how: fallback::Split,
+    newcomm: *mut ncclComm_t,
+    config: *mut ncclConfig_t,
+) -> Result<ncclResult_t> {
+    // SAFETY: the caller's config, under nccl.h's contract.
+    let handle = match unsafe { f.split(how, config) }? {
+        Some((new, rank, nranks)) => ncomm::register(NcclComm::elsewhere(rank, nranks, c.device, new)),
+        None => std::ptr::null_mut(),
+    };
+    // SAFETY: the caller checked it non-null.
+    unsafe { *newcomm = handle };
+    OK
+}
+
+nccl_export! {
+    /// The parent's ranks but the excluded ones make a new communicator, in parent order; the excluded
+    /// ranks do not call it. Works after a failure, the dead ranks excluded: the survivors meet over the
+    /// parent's connections between them (see `split.rs`). `NCCL_SHRINK_ABORT` first revokes the parent
+    /// (`ncclCommRevoke`). Blocking or not as `ncclCommSplit`. Where the ranks span hosts, NVIDIA's library
+    /// makes it (NVIDIA's alone).
+    fn ncclCommShrink / pncclCommShrink(
+        comm: ncclComm_t,
+        excludeRanksList: *mut c_int,
+        excludeRanksCount: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut ncclConfig_t,
+        shrinkFlags: c_int,
+    ) -> ncclResult_t {
+        with_comm("ncclCommShrink", comm, |c| {
+            non_null(newcomm, "newcomm")?;
+            // SAFETY: checked non-null.
+            unsafe { *newcomm = std::ptr::null_mut() };
+            ensure_arg!(
+                matches!(shrinkFlags, NCCL_SHRINK_DEFAULT | NCCL_SHRINK_ABORT),
+                "shrinkFlags is {shrinkFlags}; it must be NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+            );
+            let (rank, nranks) = c.place()?;
+            ensure_arg!(
+                excludeRanksCount >= 0 && (excludeRanksCount as usize) < nranks,
+                "excludeRanksCount is {excludeRanksCount}; it must be in [0, nranks = {nranks})"
+            );
+            let exclude = if excludeRanksCount > 0 {
+                non_null(excludeRanksList, "excludeRanksList")?;
+                // SAFETY: checked non-null; the caller passes excludeRanksCount ranks.
+                unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
+            } else {
+                Vec::new()
+            };
+            let (kept, excluded) = survivors(nranks, &exclude)?;
+            // SAFETY: nccl.h's contract: NULL or the caller's config.
+            let cfg = unsafe { child_config(c, config) }?;
+            if let Some(f) = c.fallback_for_all() {
+                c.open()?;
+                let how = fallback::Split::Shrink {
+                    exclude,
+                    flags: shrinkFlags,
+                };
+                // SAFETY: checked non-null above.
+                return unsafe { fallback_split(c, f, how, newcomm, config) };
+            }
+            ensure_arg!(
+                excluded.binary_search(&rank).is_err(),
+                "excludeRanksList holds this rank ({rank}): the ranks left out do not call ncclCommShrink"
+            );
+            // Any state of the parent will do (failed, revoked, finalized): a shrink is how one goes on.
+            let parent = c.core()?;
+            if shrinkFlags == NCCL_SHRINK_ABORT {
+                c.revoke()?;
+            }
+            let index = kept.iter().position(|&r| r == rank).expect("not excluded, so kept");
+            let place = Some((index, kept.len()));
+            let job = shrink_job(parent, c.next_shrink(), kept, excluded, BOOTSTRAP_TIMEOUT);
+            // SAFETY: checked non-null.
+            unsafe { start_child(c, newcomm, place, cfg, job) }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::api::{OK, with_comm};
 use super::comm::NcclComm;
+use super::entry::{OK, with_comm};
 use super::types::{ncclComm_t, ncclResult_t};
 use crate::abi::non_null;
 use crate::ensure_arg;
@@ -135,8 +135,12 @@ mod tests {
     use crate::bootstrap::UniqueId;
     use crate::comm::Communicator;
     use crate::error::ErrorKind;
-    use crate::nccl::api::{ncclAllReduce, ncclCommDestroy, ncclCommRegister, ncclGetLastError, ncclSend};
+    use crate::nccl::collectives::ncclAllReduce;
     use crate::nccl::comm as ncomm;
+    use crate::nccl::memory::ncclCommRegister;
+    use crate::nccl::queries::ncclGetLastError;
+    use crate::nccl::send_recv::ncclSend;
+    use crate::nccl::teardown::ncclCommDestroy;
     use std::ffi::CStr;
     use std::sync::Arc;
     use std::time::Duration;

@@ -1,0 +1,91 @@
+//! `ncclSend` and `ncclRecv`: checked here, then queued for the core's send/recv
+//! (`Communicator::send_recv`, whose protocol lives in `src/collective/`), a group's together in one launch
+//! per communicator (`group.rs`), or forwarded to NVIDIA's communicator where that carries every call.
+#![allow(non_snake_case)] // nccl.h's argument names
+#![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
+
+use super::entry::{check_rank, datatype, enqueue};
+use super::fallback;
+use super::group::{Op, forward, issue};
+use super::types::*;
+use crate::collective::{P2pKind, P2pOp};
+use std::ffi::{c_int, c_void};
+
+/// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), any type
+/// (fp8 too: bytes), or on NVIDIA's communicator where ours sends everything there (ranks on several hosts).
+#[allow(clippy::too_many_arguments)]
+fn point_to_point(
+    name: &str,
+    kind: P2pKind,
+    buffer: u64,
+    count: usize,
+    datatype_value: c_int,
+    peer: c_int,
+    comm: ncclComm_t,
+    stream: *mut c_void,
+) -> ncclResult_t {
+    enqueue(name, comm, |c| {
+        let datatype = datatype(datatype_value)?;
+        check_rank("peer", peer, c)?;
+        if let Some(f) = c.fallback_for_all() {
+            c.open()?;
+            let call = match kind {
+                P2pKind::Send => fallback::Call::Send {
+                    buf: buffer,
+                    count,
+                    datatype: datatype_value,
+                    peer,
+                },
+                P2pKind::Recv => fallback::Call::Recv {
+                    buf: buffer,
+                    count,
+                    datatype: datatype_value,
+                    peer,
+                },
+            };
+            return forward(f, call, stream);
+        }
+        let core = c.usable()?;
+        let op = P2pOp {
+            kind,
+            peer: peer as usize,
+            buffer,
+            count,
+            datatype,
+        };
+        issue(Op::P2p {
+            comm: core,
+            op,
+            stream: stream as u64,
+        })
+    })
+}
+
+nccl_export! {
+    /// Sends `count` elements of `sendbuff` to `peer`, which receives them with `ncclRecv` (in the same
+    /// group where both must progress together).
+    fn ncclSend / pncclSend(
+        sendbuff: *const c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        point_to_point("ncclSend", P2pKind::Send, sendbuff as u64, count, datatype, peer, comm, stream)
+    }
+}
+
+nccl_export! {
+    /// Receives `count` elements from `peer`'s `ncclSend` into `recvbuff`.
+    fn ncclRecv / pncclRecv(
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: c_int,
+        peer: c_int,
+        comm: ncclComm_t,
+        stream: *mut c_void,
+    ) -> ncclResult_t {
+        point_to_point("ncclRecv", P2pKind::Recv, recvbuff as u64, count, datatype, peer, comm, stream)
+    }
+}
