@@ -156,6 +156,30 @@ setting!(
     Warn,
     "MiB of data in each of the two slots of a communicator's scratch buffer, which peers write collectives' data into; larger calls are cut into windows of it"
 );
+setting!(
+    SENDRECV_LANES,
+    "MSCCLPP_SENDRECV_LANES",
+    "16",
+    Values::Int { min: 1, max: 32 },
+    Warn,
+    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; the same on every rank"
+);
+setting!(
+    SENDRECV_DEPTH,
+    "MSCCLPP_SENDRECV_DEPTH",
+    "2",
+    Values::Int { min: 2, max: 8 },
+    Warn,
+    "slots of each send/receive lane in the receiver's memory: how many chunks a sender may be ahead of the receiver's copying out; the same on every rank"
+);
+setting!(
+    SENDRECV_CHUNK_KB,
+    "MSCCLPP_SENDRECV_CHUNK_KB",
+    "256",
+    Values::Int { min: 16, max: 4096 },
+    Warn,
+    "KiB of each slot of a send/receive lane, the largest chunk that crosses at once (smaller where many ranks would make the area exceed 64 MiB); the same on every rank"
+);
 // ---- InfiniBand ----
 setting!(
     IB_PORT,
@@ -278,6 +302,9 @@ pub static ALL: &[&Setting] = &[
     &P2P_FLAG,
     &COLL_ALGO,
     &COLL_SCRATCH_MB,
+    &SENDRECV_LANES,
+    &SENDRECV_DEPTH,
+    &SENDRECV_CHUNK_KB,
     &IB_PORT,
     &IB_GID_INDEX,
     &IB_CQ_SIZE,

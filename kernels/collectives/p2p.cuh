@@ -2,14 +2,15 @@
 // one rank's group, all at once, so that no order of calls inside a group can deadlock (a send and a
 // receive between the same two ranks in both directions, an all-to-all).
 //
-// Channel: each ordered pair source -> destination has, in the destination's p2p area, LANES lanes of two
-// chunk-sized halves. A send is cut into up to LANES contiguous parts (the same cut on both sides: it
-// depends on the byte count alone, which must match), each streamed through its own lane chunk by chunk.
-// Chunks are numbered per pair and lane from the first send of the communicator on (1, 2, ...; the counts
-// are kept in the rank's own memory, so a replayed CUDA graph goes on counting); chunk c goes through half
-// c % 2. The sender of chunk c waits until the receiver has copied chunk c - 2 out (credit >= c - 2, in the
-// sender's area), writes the half, and posts c (posted, in the receiver's area); the receiver waits until
-// posted >= c, copies the half out and gives the credit c back.
+// Channel: each ordered pair source -> destination has, in the destination's p2p area, `lanes` lanes of
+// `depth` slots of `slotBytes` each (the communicator's shape, src/collective/p2p.rs `Shape`). A send is cut
+// into up to `lanes` contiguous parts (the same cut on both sides: it depends on the byte count and the
+// shape alone), each streamed through its own lane in chunks of at most a slot. Chunks are numbered per
+// pair and lane from the first send of the communicator on (1, 2, ...; the counts are kept in the rank's
+// own memory, so a replayed CUDA graph goes on counting); chunk c goes through slot c % depth. The sender
+// of chunk c waits until the receiver has copied chunk c - depth out (credit >= c - depth, in the sender's
+// area), writes the slot, and posts c (posted, in the receiver's area); the receiver waits until posted >=
+// c, copies the slot out and gives the credit c back.
 //
 // Blocks: the sends to one peer, and the receives from one peer, form a channel served by its own blocks;
 // a block serves lanes b, b + blocks, ... of every op of its channel, lane by lane and in call order within
@@ -22,8 +23,7 @@
 
 #include "common.cuh"
 
-#define MSCCLPP_P2P_LANES 8
-#define MSCCLPP_P2P_CHUNK_BYTES 65536
+#define MSCCLPP_P2P_MAX_LANES 32
 #define MSCCLPP_P2P_MAX_OPS 64
 #define MSCCLPP_P2P_MAX_CHANNELS 32
 #define MSCCLPP_P2P_THREADS 512
@@ -31,8 +31,8 @@
 #define MSCCLPP_P2P_RECV 1
 // Counters at the start of a rank's p2p area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
-// received from each rank. The halves follow: [source rank][lane][half][MSCCLPP_P2P_CHUNK_BYTES].
-#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_LANES * 8)
+// received from each rank. The slots follow: [source rank][lane][slot][slotBytes].
+#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)
 #define MSCCLPP_P2P_POSTED 0
 #define MSCCLPP_P2P_CREDIT 1
 #define MSCCLPP_P2P_SENT 2
@@ -42,7 +42,8 @@
 struct P2pOp {
   char* ptr;           // the application's buffer: read by a send, written by a receive
   uint64_t bytes;
-  uint64_t laneUnits;  // 16-byte units of each lane but the last
+  uint64_t laneUnits;   // 16-byte units of each lane but the last
+  uint64_t chunkBytes;  // bytes of each chunk of a lane but its last: a multiple of 16, at most slotBytes
   uint32_t lanes;
   uint32_t aligned;    // non-zero when ptr is a multiple of 16
 };
@@ -64,20 +65,57 @@ struct P2pArgs {
   uint32_t rank;
   uint32_t nranks;
   uint32_t channelCount;
+  uint32_t lanes;  // the shape: lanes per ordered pair, slots per lane, bytes per slot
+  uint32_t depth;
   uint32_t reserved;
+  uint64_t slotBytes;
 };
 
 __device__ __forceinline__ uint64_t* p2pCounter(char* area, uint32_t which, uint32_t rank, uint32_t lane)
 {
   return reinterpret_cast<uint64_t*>(area) +
-         (static_cast<uint64_t>(which) * MSCCLPP_COLL_MAX_RANKS + rank) * MSCCLPP_P2P_LANES + lane;
+         (static_cast<uint64_t>(which) * MSCCLPP_COLL_MAX_RANKS + rank) * MSCCLPP_P2P_MAX_LANES + lane;
 }
 
-// The half of `area` (the receiver's) that chunk `chunk` of lane `lane` from `source` goes through.
-__device__ __forceinline__ char* p2pHalf(char* area, uint32_t source, uint32_t lane, uint64_t chunk)
+// The slot of `area` (the receiver's) that chunk `chunk` of lane `lane` from `source` goes through.
+__device__ __forceinline__ char* p2pSlot(const P2pArgs& a, char* area, uint32_t source, uint32_t lane, uint64_t chunk)
 {
   return area + MSCCLPP_P2P_COUNTER_BYTES +
-         ((static_cast<uint64_t>(source) * MSCCLPP_P2P_LANES + lane) * 2 + (chunk & 1)) * MSCCLPP_P2P_CHUNK_BYTES;
+         ((static_cast<uint64_t>(source) * a.lanes + lane) * a.depth + chunk % a.depth) * a.slotBytes;
+}
+
+// Moves `n` bytes from `src` to `dst` with the block's threads, four 16-byte units in flight per thread
+// (the loads of a group are issued before its stores, so that a thread waits on one round trip per group).
+// `slot` is the side in the p2p area, always aligned; the other may be unaligned (`aligned` false), then
+// unit by unit. Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks,
+// and L1 is not coherent with those writes.
+template <bool ToSlot>
+__device__ __forceinline__ void p2pMove(char* dst, const char* src, uint64_t n, bool aligned)
+{
+  const uint64_t units = unitsOf(n, 16);
+  if (!aligned || n % 16 != 0) {
+    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+      if (ToSlot) {
+        storeScratch16(dst, u, loadUnit<uint4>(src, u, n, aligned));
+      } else {
+        storeUnit<uint4>(dst, u, n, aligned, __ldcg(reinterpret_cast<const uint4*>(src) + u));
+      }
+    }
+    return;
+  }
+  const uint4* in = reinterpret_cast<const uint4*>(src);
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  constexpr uint32_t kGroup = 4;
+  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
+  uint64_t u = threadIdx.x;
+  for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
+    uint4 v[kGroup];
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) v[g] = ToSlot ? in[u + g * blockDim.x] : __ldcg(in + u + g * blockDim.x);
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) out[u + g * blockDim.x] = v[g];
+  }
+  for (; u < units; u += blockDim.x) out[u] = ToSlot ? in[u] : __ldcg(in + u);
 }
 
 // Thread 0 waits until `*counter` (this rank's memory, written by a peer) reaches `target`; the block goes
@@ -117,7 +155,7 @@ __device__ void p2pKernel(const P2pArgs& a)
   char* own = a.areas[a.rank];
   char* peer = a.areas[ch.peer];
 
-  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < MSCCLPP_P2P_LANES; lane += ch.blocks) {
+  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < a.lanes; lane += ch.blocks) {
     // This block alone moves this lane of this channel in this launch; the previous launch's count is
     // visible since that launch ended before this one began.
     uint64_t* count = p2pCounter(own, sending ? MSCCLPP_P2P_SENT : MSCCLPP_P2P_RECEIVED, ch.peer, lane);
@@ -131,25 +169,19 @@ __device__ void p2pKernel(const P2pArgs& a)
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
       const bool aligned = op.aligned != 0;
       // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
-      for (uint64_t off = begin; off < end; off += MSCCLPP_P2P_CHUNK_BYTES) {
+      for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         chunk++;
         const uint64_t rest = end - off;
-        const uint64_t n = rest < MSCCLPP_P2P_CHUNK_BYTES ? rest : MSCCLPP_P2P_CHUNK_BYTES;
-        const uint64_t units = unitsOf(n, 16);
+        const uint64_t n = rest < op.chunkBytes ? rest : op.chunkBytes;
         if (sending) {
-          // Chunk c reuses the half of chunk c - 2, which the receiver must have copied out.
-          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_CREDIT, ch.peer, lane), chunk > 2 ? chunk - 2 : 0)) return;
-          char* half = p2pHalf(peer, a.rank, lane, chunk);
-          for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
-            storeScratch16(half, u, loadUnit<uint4>(op.ptr + off, u, n, aligned));
-          }
+          // Chunk c reuses the slot of chunk c - depth, which the receiver must have copied out.
+          const uint64_t freed = chunk > a.depth ? chunk - a.depth : 0;
+          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_CREDIT, ch.peer, lane), freed)) return;
+          p2pMove<true>(p2pSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
           p2pPublish(p2pCounter(peer, MSCCLPP_P2P_POSTED, a.rank, lane), chunk);
         } else {
           if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_POSTED, ch.peer, lane), chunk)) return;
-          const char* half = p2pHalf(own, ch.peer, lane, chunk);
-          for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
-            storeUnit<uint4>(op.ptr + off, u, n, aligned, loadScratch16(half, u));
-          }
+          p2pMove<false>(op.ptr + off, p2pSlot(a, own, ch.peer, lane, chunk), n, aligned);
           p2pPublish(p2pCounter(peer, MSCCLPP_P2P_CREDIT, a.rank, lane), chunk);
         }
       }

@@ -47,11 +47,10 @@ pub const STATE_WORDS: usize = 4 + 2 * MAX_RANKS;
 /// The state word that counts the calls that went zero-copy.
 pub const STATE_ZC_CALLS: usize = 3;
 
-/// Lanes of the channel from one rank to another: a send is cut into up to this many contiguous parts,
-/// each streamed through its own lane (by its own block where the launch has blocks enough).
-pub const P2P_LANES: usize = 8;
-/// Bytes of one chunk: each lane is double-buffered, two chunks in the receiver's p2p area.
-pub const P2P_CHUNK_BYTES: u64 = 64 << 10;
+/// The most lanes of the channel from one rank to another: a send is cut into up to this many contiguous
+/// parts, each streamed through its own lane (by its own block where the launch has blocks enough). How many
+/// a communicator has, and the bytes of their slots, is its `p2p::Shape`.
+pub const P2P_MAX_LANES: usize = 32;
 /// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
 /// once, so a group that holds more cannot be split into launches without risking a deadlock.
 pub const MAX_P2P_OPS: usize = 64;
@@ -59,7 +58,7 @@ pub const MAX_P2P_OPS: usize = 64;
 pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS;
 /// Bytes of counters at the start of a rank's p2p area: posted (written by the source), credit (written
 /// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
-pub const P2P_COUNTER_BYTES: u64 = 4 * (MAX_RANKS * P2P_LANES * 8) as u64;
+pub const P2P_COUNTER_BYTES: u64 = 4 * (MAX_RANKS * P2P_MAX_LANES * 8) as u64;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
 /// all-to-all of 16 ranks sharing one GPU still has a block per channel.
 pub const P2P_THREADS: u32 = 512;
@@ -75,8 +74,10 @@ pub struct P2pOpArgs {
     /// The application's buffer: read by a send, written by a receive.
     pub ptr: DevicePtr,
     pub bytes: u64,
-    /// 16-byte units of each lane but the last (see `p2p::lane_split`).
+    /// 16-byte units of each lane but the last (see `p2p::Shape::split`).
     pub lane_units: u64,
+    /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
+    pub chunk_bytes: u64,
     pub lanes: u32,
     /// Non-zero when `ptr` is a multiple of 16.
     pub aligned: u32,
@@ -106,7 +107,11 @@ pub struct P2pArgs {
     pub rank: u32,
     pub nranks: u32,
     pub channel_count: u32,
+    /// The communicator's `p2p::Shape`: lanes per ordered pair, slots per lane, bytes per slot.
+    pub lanes: u32,
+    pub depth: u32,
     pub reserved: u32,
+    pub slot_bytes: u64,
 }
 
 impl Default for P2pArgs {
@@ -119,7 +124,10 @@ impl Default for P2pArgs {
             rank: 0,
             nranks: 0,
             channel_count: 0,
+            lanes: 0,
+            depth: 0,
             reserved: 0,
+            slot_bytes: 0,
         }
     }
 }
@@ -148,19 +156,22 @@ mod tests {
 
     #[test]
     fn p2p_layout_matches_the_device_struct() {
-        assert_eq!(size_of::<P2pOpArgs>(), 32);
+        assert_eq!(size_of::<P2pOpArgs>(), 40);
         assert_eq!(offset_of!(P2pOpArgs, lane_units), 16);
-        assert_eq!(offset_of!(P2pOpArgs, aligned), 28);
+        assert_eq!(offset_of!(P2pOpArgs, chunk_bytes), 24);
+        assert_eq!(offset_of!(P2pOpArgs, aligned), 36);
         assert_eq!(size_of::<P2pChannelArgs>(), 24);
         assert_eq!(offset_of!(P2pChannelArgs, kind), 20);
-        let channels = 32 * MAX_P2P_OPS;
+        let channels = 40 * MAX_P2P_OPS;
         let areas = channels + 24 * MAX_P2P_CHANNELS;
         assert_eq!(offset_of!(P2pArgs, channels), channels);
         assert_eq!(offset_of!(P2pArgs, areas), areas);
         assert_eq!(offset_of!(P2pArgs, abort_flag), areas + 8 * MAX_RANKS);
         assert_eq!(offset_of!(P2pArgs, rank), areas + 8 * MAX_RANKS + 8);
         assert_eq!(offset_of!(P2pArgs, channel_count), areas + 8 * MAX_RANKS + 16);
-        assert_eq!(size_of::<P2pArgs>(), areas + 8 * MAX_RANKS + 24);
+        assert_eq!(offset_of!(P2pArgs, lanes), areas + 8 * MAX_RANKS + 20);
+        assert_eq!(offset_of!(P2pArgs, slot_bytes), areas + 8 * MAX_RANKS + 32);
+        assert_eq!(size_of::<P2pArgs>(), areas + 8 * MAX_RANKS + 40);
         // Kernel parameters are limited to 4 KiB on every driver the library supports.
         assert!(size_of::<P2pArgs>() <= 4096);
     }
@@ -169,8 +180,7 @@ mod tests {
     fn p2p_constants_match_the_device_code() {
         let p2p = include_str!("../../kernels/collectives/p2p.cuh");
         for (name, value) in [
-            ("MSCCLPP_P2P_LANES", P2P_LANES as u64),
-            ("MSCCLPP_P2P_CHUNK_BYTES", P2P_CHUNK_BYTES),
+            ("MSCCLPP_P2P_MAX_LANES", P2P_MAX_LANES as u64),
             ("MSCCLPP_P2P_MAX_OPS", MAX_P2P_OPS as u64),
             ("MSCCLPP_P2P_MAX_CHANNELS", MAX_P2P_CHANNELS as u64),
             ("MSCCLPP_P2P_THREADS", P2P_THREADS as u64),
@@ -182,9 +192,11 @@ mod tests {
                 "p2p.cuh must define {name} as {value}"
             );
         }
-        assert_eq!(P2P_COUNTER_BYTES, 4096);
+        assert_eq!(P2P_COUNTER_BYTES, 16384);
         assert!(
-            p2p.contains("#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_LANES * 8)\n")
+            p2p.contains(
+                "#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)\n"
+            )
         );
     }
 

@@ -16,8 +16,8 @@
 //! any send or receive: `Collectives::prepare`.
 
 use super::kernel_args::{
-    MAX_P2P_OPS, MAX_RANKS, P2P_CHUNK_BYTES, P2P_COUNTER_BYTES, P2P_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs,
-    P2pChannelArgs, P2pOpArgs,
+    MAX_P2P_OPS, MAX_RANKS, P2P_COUNTER_BYTES, P2P_MAX_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs, P2pChannelArgs,
+    P2pOpArgs,
 };
 use super::{Collectives, DataType};
 use crate::bootstrap::Bootstrap;
@@ -230,17 +230,89 @@ impl Work {
     }
 }
 
-/// Bytes of one rank's p2p area with `nranks` ranks: the counters, then two chunks per source rank and lane.
-pub fn area_bytes(nranks: usize) -> u64 {
-    P2P_COUNTER_BYTES + nranks as u64 * P2P_LANES as u64 * 2 * P2P_CHUNK_BYTES
+/// The shape of every rank's p2p area, the same on every rank (`Scratch::set_up` checks it): each ordered
+/// pair of ranks has `lanes` lanes of `depth` slots of `slot_bytes` in the receiver's area. A send is cut
+/// into lanes, each lane into chunks of at most a slot; chunk c of a lane goes through slot c % depth, so
+/// the sender can be `depth` chunks ahead of the receiver's copying out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub lanes: u32,
+    pub depth: u32,
+    pub slot_bytes: u64,
 }
 
-/// How a send (and the matching receive: the same on both sides, since it depends on the byte count
-/// alone) is cut into lanes: `(lanes, units)`, lane `l` covering bytes `[l * units * 16, (l + 1) * units *
-/// 16)` of `[0, bytes)`. A lane per chunk up to `P2P_LANES`; every lane starts on a 16-byte unit.
-pub fn lane_split(bytes: u64) -> (u32, u64) {
-    let lanes = bytes.div_ceil(P2P_CHUNK_BYTES).clamp(1, P2P_LANES as u64);
-    (lanes as u32, bytes.div_ceil(16).div_ceil(lanes))
+/// How one send (and its receive: the same on both sides, since it depends on the byte count and the
+/// shape alone) is cut: lane `l` covers bytes `[l * lane_units * 16, (l + 1) * lane_units * 16)` of `[0,
+/// bytes)`, in chunks of `chunk_bytes` (the last one of a lane may be shorter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub lanes: u32,
+    pub lane_units: u64,
+    pub chunk_bytes: u64,
+}
+
+/// The fewest bytes a lane is given: below it a send uses fewer lanes (each lane costs a handshake).
+const MIN_LANE_BYTES: u64 = 16 << 10;
+/// The fewest bytes of a chunk, below the whole lane: smaller chunks pay more handshakes than they overlap.
+const MIN_CHUNK_BYTES: u64 = 16 << 10;
+/// A lane is cut into about this many chunks (within the slot's size), so that the receiver copies one out
+/// while the sender writes the next.
+const CHUNKS_PER_LANE: u64 = 4;
+/// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
+const PAIR_AREA_CAP: u64 = 64 << 20;
+
+impl Shape {
+    /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
+    /// (`lanes`, `depth`, `chunk_kib`), the slots made smaller where `nranks` sources' lanes would take more
+    /// than `PAIR_AREA_CAP` of each rank's memory.
+    pub fn new(nranks: usize, lanes: u32, depth: u32, chunk_kib: u64) -> Shape {
+        let lanes = lanes.clamp(1, P2P_MAX_LANES as u32);
+        let depth = depth.max(2);
+        let per_source = PAIR_AREA_CAP / nranks.max(1) as u64;
+        let fits = per_source / (lanes as u64 * depth as u64) / 16 * 16;
+        let slot_bytes = (chunk_kib.max(1) << 10).min(fits).max(MIN_CHUNK_BYTES);
+        Shape {
+            lanes,
+            depth,
+            slot_bytes,
+        }
+    }
+
+    /// The shape the settings ask for.
+    pub fn from_settings(nranks: usize) -> Shape {
+        use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES};
+        Shape::new(
+            nranks,
+            SENDRECV_LANES.int().unwrap_or(16) as u32,
+            SENDRECV_DEPTH.int().unwrap_or(2) as u32,
+            SENDRECV_CHUNK_KB.int().unwrap_or(256) as u64,
+        )
+    }
+
+    /// Bytes of one rank's p2p area with `nranks` ranks: the counters, then every source's lanes.
+    pub fn area_bytes(&self, nranks: usize) -> u64 {
+        P2P_COUNTER_BYTES + nranks as u64 * self.lanes as u64 * self.depth as u64 * self.slot_bytes
+    }
+
+    /// How a send of `bytes` is cut: a lane per `MIN_LANE_BYTES` up to `lanes`, every lane starting on a
+    /// 16-byte unit; chunks of about a `CHUNKS_PER_LANE`-th of a lane, at least `MIN_CHUNK_BYTES` (or the
+    /// lane) and at most a slot.
+    pub fn split(&self, bytes: u64) -> Split {
+        let lanes = bytes.div_ceil(MIN_LANE_BYTES).clamp(1, self.lanes as u64);
+        let lane_units = bytes.div_ceil(16).div_ceil(lanes);
+        let lane_bytes = lane_units * 16;
+        let chunk_bytes = (lane_bytes / CHUNKS_PER_LANE)
+            .max(MIN_CHUNK_BYTES)
+            .min(lane_bytes)
+            .min(self.slot_bytes)
+            .div_ceil(16)
+            * 16;
+        Split {
+            lanes: lanes as u32,
+            lane_units,
+            chunk_bytes,
+        }
+    }
 }
 
 /// The sends to one peer, or the receives from one, of a launch: `ops` (indices into the launch's calls, in
@@ -255,7 +327,7 @@ pub struct Channel {
 
 /// The channels of a launch of `remote`, in order of their first call, with blocks for each within
 /// `max_blocks` (`fit_blocks`).
-pub fn channels(remote: &[Moved], max_blocks: u32) -> Result<Vec<Channel>> {
+pub fn channels(remote: &[Moved], shape: &Shape, max_blocks: u32) -> Result<Vec<Channel>> {
     let mut channels: Vec<Channel> = Vec::new();
     for (i, m) in remote.iter().enumerate() {
         match channels.iter_mut().find(|c| c.kind == m.kind && c.peer == m.peer) {
@@ -271,7 +343,13 @@ pub fn channels(remote: &[Moved], max_blocks: u32) -> Result<Vec<Channel>> {
     // A block per lane of the channel's widest call: more would have nothing to do.
     let wanted: Vec<u32> = channels
         .iter()
-        .map(|c| c.ops.iter().map(|&i| lane_split(remote[i].bytes).0).max().unwrap_or(1))
+        .map(|c| {
+            c.ops
+                .iter()
+                .map(|&i| shape.split(remote[i].bytes).lanes)
+                .max()
+                .unwrap_or(1)
+        })
         .collect();
     for (c, blocks) in channels.iter_mut().zip(fit_blocks(&wanted, max_blocks)?) {
         c.blocks = blocks;
@@ -304,6 +382,7 @@ pub fn fit_blocks(wanted: &[u32], max_blocks: u32) -> Result<Vec<u32>> {
 pub fn kernel_args(
     remote: &[Moved],
     channels: &[Channel],
+    shape: &Shape,
     areas: &[DevicePtr; MAX_RANKS],
     abort_flag: DevicePtr,
     rank: usize,
@@ -315,6 +394,9 @@ pub fn kernel_args(
         rank: rank as u32,
         nranks: nranks as u32,
         channel_count: channels.len() as u32,
+        lanes: shape.lanes,
+        depth: shape.depth,
+        slot_bytes: shape.slot_bytes,
         ..P2pArgs::default()
     };
     let (mut op, mut block) = (0usize, 0u32);
@@ -329,12 +411,13 @@ pub fn kernel_args(
         };
         for &i in &c.ops {
             let m = &remote[i];
-            let (lanes, lane_units) = lane_split(m.bytes);
+            let split = shape.split(m.bytes);
             args.ops[op] = P2pOpArgs {
                 ptr: m.buffer,
                 bytes: m.bytes,
-                lane_units,
-                lanes,
+                lane_units: split.lane_units,
+                chunk_bytes: split.chunk_bytes,
+                lanes: split.lanes,
                 aligned: m.buffer.is_multiple_of(16) as u32,
             };
             op += 1;
@@ -402,10 +485,12 @@ impl Collectives {
             .kernels
             .get_capturing(capturing, KERNEL_BASE, None, BYTES, P2P_THREADS)?;
         let max_blocks = loaded.max_blocks;
-        let channels = channels(&work.remote, max_blocks)?;
+        let shape = ready.scratch.p2p_shape;
+        let channels = channels(&work.remote, &shape, max_blocks)?;
         let (args, blocks) = kernel_args(
             &work.remote,
             &channels,
+            &shape,
             &ready.scratch.p2p,
             ready.abort.device_ptr(),
             rank,
@@ -546,51 +631,100 @@ mod tests {
         );
     }
 
+    /// The shape of two ranks at the settings' defaults.
+    fn shape() -> Shape {
+        Shape::new(2, 16, 2, 256)
+    }
+
     #[test]
     fn lanes_cover_every_byte_once_from_aligned_starts() {
-        let sizes = [
-            1u64,
-            15,
-            16,
-            17,
-            4096,
-            P2P_CHUNK_BYTES - 1,
-            P2P_CHUNK_BYTES,
-            P2P_CHUNK_BYTES + 1,
-            3 * P2P_CHUNK_BYTES + 5,
-            8 * P2P_CHUNK_BYTES,
-            8 * P2P_CHUNK_BYTES + 16,
-            (1 << 30) + 3,
-            (1 << 40) + 7,
-        ];
-        for bytes in sizes {
-            let (lanes, units) = lane_split(bytes);
-            assert!((1..=P2P_LANES as u32).contains(&lanes), "{bytes}");
-            assert_eq!(lanes as u64, bytes.div_ceil(P2P_CHUNK_BYTES).min(P2P_LANES as u64));
-            let mut covered = 0;
-            for lane in 0..lanes as u64 {
-                // As the kernel computes a lane's range.
-                let begin = lane * units * 16;
-                let end = (begin + units * 16).min(bytes);
-                assert_eq!(begin, covered, "{bytes}: lane {lane} starts where the previous ended");
-                assert!(
-                    begin.is_multiple_of(16) && end > begin,
-                    "{bytes}: lane {lane} [{begin}, {end})"
+        for shape in [shape(), Shape::new(16, 32, 4, 1024), Shape::new(2, 1, 2, 16)] {
+            let slot = shape.slot_bytes;
+            let sizes = [
+                1u64,
+                15,
+                16,
+                17,
+                4096,
+                MIN_LANE_BYTES + 1,
+                slot - 1,
+                slot,
+                slot + 1,
+                3 * slot + 5,
+                8 * slot,
+                8 * slot + 16,
+                (1 << 30) + 3,
+                (1 << 40) + 7,
+            ];
+            for bytes in sizes {
+                let split = shape.split(bytes);
+                assert!((1..=shape.lanes).contains(&split.lanes), "{bytes}");
+                assert_eq!(
+                    split.lanes as u64,
+                    bytes.div_ceil(MIN_LANE_BYTES).min(shape.lanes as u64)
                 );
-                covered = end;
+                assert!(
+                    split.chunk_bytes.is_multiple_of(16) && split.chunk_bytes > 0 && split.chunk_bytes <= slot,
+                    "{bytes}: {split:?}"
+                );
+                let mut covered = 0;
+                for lane in 0..split.lanes as u64 {
+                    // As the kernel computes a lane's range.
+                    let begin = lane * split.lane_units * 16;
+                    let end = (begin + split.lane_units * 16).min(bytes);
+                    assert_eq!(begin, covered, "{bytes}: lane {lane} starts where the previous ended");
+                    assert!(
+                        begin.is_multiple_of(16) && end > begin,
+                        "{bytes}: lane {lane} [{begin}, {end})"
+                    );
+                    covered = end;
+                }
+                assert_eq!(covered, bytes, "{bytes}: the lanes cover the whole buffer");
             }
-            assert_eq!(covered, bytes, "{bytes}: the lanes cover the whole buffer");
         }
+        // Large sends fill every lane with chunks of a whole slot; small ones keep one chunk of their size.
+        let s = shape();
+        assert_eq!(s.split(1 << 30).chunk_bytes, s.slot_bytes);
+        assert_eq!(s.split(1 << 30).lanes, s.lanes);
+        assert_eq!(s.split(4096).chunk_bytes, 4096);
+        assert_eq!(s.split(4096).lanes, 1);
+    }
+
+    #[test]
+    fn shapes_fit_the_area_cap_and_keep_their_bounds() {
+        assert_eq!(
+            shape(),
+            Shape {
+                lanes: 16,
+                depth: 2,
+                slot_bytes: 256 << 10
+            }
+        );
+        for nranks in 1..=MAX_RANKS {
+            for (lanes, depth, kib) in [(16, 2, 256), (32, 8, 4096), (0, 0, 0), (99, 2, 1)] {
+                let s = Shape::new(nranks, lanes, depth, kib);
+                assert!((1..=P2P_MAX_LANES as u32).contains(&s.lanes) && s.depth >= 2);
+                assert!(s.slot_bytes >= MIN_CHUNK_BYTES && s.slot_bytes.is_multiple_of(16));
+                assert!(
+                    s.area_bytes(nranks)
+                        <= P2P_COUNTER_BYTES
+                            + PAIR_AREA_CAP.max(nranks as u64 * 2 * P2P_MAX_LANES as u64 * MIN_CHUNK_BYTES),
+                    "{nranks} {s:?}"
+                );
+            }
+        }
+        // Sixteen ranks at the defaults: the slots halve.
+        assert_eq!(Shape::new(16, 16, 2, 256).slot_bytes, 128 << 10);
     }
 
     /// Every chunk the kernel moves on each lane of a channel, in its order: (the call's place among the
     /// channel's, offset, bytes). Written as p2p.cuh's loop is, for each block of the channel.
     fn chunks(args: &P2pArgs, channel: usize) -> Vec<Vec<(usize, u64, u64)>> {
         let ch = args.channels[channel];
-        let mut lanes = vec![Vec::new(); P2P_LANES];
+        let mut lanes = vec![Vec::new(); args.lanes as usize];
         for block in 0..ch.blocks {
             let mut lane = block as usize;
-            while lane < P2P_LANES {
+            while lane < args.lanes as usize {
                 for k in 0..ch.ops as usize {
                     let op = args.ops[ch.first_op as usize + k];
                     if lane as u32 >= op.lanes {
@@ -600,8 +734,8 @@ mod tests {
                     let end = (begin + op.lane_units * 16).min(op.bytes);
                     let mut off = begin;
                     while off < end {
-                        lanes[lane].push((k, off, P2P_CHUNK_BYTES.min(end - off)));
-                        off += P2P_CHUNK_BYTES;
+                        lanes[lane].push((k, off, op.chunk_bytes.min(end - off)));
+                        off += op.chunk_bytes;
                     }
                 }
                 lane += ch.blocks as usize;
@@ -621,7 +755,8 @@ mod tests {
 
     #[test]
     fn sender_and_receiver_move_the_same_chunks_whatever_their_groups_and_budgets() {
-        let sizes = [100u64, 9 * P2P_CHUNK_BYTES + 48, 3 * P2P_CHUNK_BYTES, (20 << 20) + 1];
+        let slot = shape().slot_bytes;
+        let sizes = [100u64, 9 * slot + 48, 3 * slot, (20 << 20) + 1, 100 << 10];
         // Rank 0 sends these to rank 1, among receives from rank 1 and sends to rank 2, with a tight budget.
         let mut sender = Vec::new();
         for (i, &b) in sizes.iter().enumerate() {
@@ -633,13 +768,17 @@ mod tests {
         let receiver: Vec<Moved> = sizes.iter().map(|&b| moved(Recv, 0, 0x9000, b)).collect();
         let areas = [0; MAX_RANKS];
         for budget in [3u32, 4, 7, 128] {
-            let s = channels(&sender, budget).unwrap();
-            let r = channels(&receiver, 128).unwrap();
-            let (sa, sb) = kernel_args(&sender, &s, &areas, 0, 0, 3);
-            let (ra, rb) = kernel_args(&receiver, &r, &areas, 0, 1, 3);
+            let s = channels(&sender, &shape(), budget).unwrap();
+            let r = channels(&receiver, &shape(), 128).unwrap();
+            let (sa, sb) = kernel_args(&sender, &s, &shape(), &areas, 0, 0, 3);
+            let (ra, rb) = kernel_args(&receiver, &r, &shape(), &areas, 0, 1, 3);
             assert!(sb <= budget && rb <= 128);
             let to1 = s.iter().position(|c| c.kind == Send && c.peer == 1).unwrap();
-            assert_eq!(s[to1].ops, [1, 4, 7, 10], "the sends to one peer keep their call order");
+            assert_eq!(
+                s[to1].ops,
+                [1, 4, 7, 10, 13],
+                "the sends to one peer keep their call order"
+            );
             let sent = chunks(&sa, to1);
             let received = chunks(&ra, 0);
             assert_eq!(sent, received, "budget {budget}");
@@ -650,7 +789,7 @@ mod tests {
                 pieces.sort();
                 let mut at = 0;
                 for (off, n) in pieces {
-                    assert!(off == at && off.is_multiple_of(16) && n > 0 && n <= P2P_CHUNK_BYTES);
+                    assert!(off == at && off.is_multiple_of(16) && n > 0 && n <= slot);
                     at += n;
                 }
                 assert_eq!(at, b);
@@ -673,18 +812,19 @@ mod tests {
     #[test]
     fn the_argument_lays_channels_and_calls_out_contiguously() {
         let remote = [
-            moved(Send, 2, 0x1000, 5 * P2P_CHUNK_BYTES),
+            moved(Send, 2, 0x1000, 5 * MIN_LANE_BYTES),
             moved(Recv, 2, 0x2008, 100),
             moved(Send, 1, 0x3000, 16),
             moved(Send, 2, 0x4000, 16),
         ];
         let mut areas = [0; MAX_RANKS];
         areas[..3].copy_from_slice(&[0xa0, 0xb0, 0xc0]);
-        let c = channels(&remote, 128).unwrap();
+        let c = channels(&remote, &shape(), 128).unwrap();
         assert_eq!(c.iter().map(|c| c.blocks).collect::<Vec<_>>(), [5, 1, 1]);
-        let (a, blocks) = kernel_args(&remote, &c, &areas, 0xdead, 0, 3);
+        let (a, blocks) = kernel_args(&remote, &c, &shape(), &areas, 0xdead, 0, 3);
         assert_eq!(blocks, 7);
         assert_eq!((a.rank, a.nranks, a.channel_count, a.abort_flag), (0, 3, 3, 0xdead));
+        assert_eq!((a.lanes, a.depth, a.slot_bytes), (16, 2, 256 << 10));
         assert_eq!(a.areas, areas);
         assert_eq!(
             a.channels[..3],
@@ -725,14 +865,17 @@ mod tests {
     }
 
     #[test]
-    fn the_area_holds_every_half_the_kernel_addresses() {
+    fn the_area_holds_every_slot_the_kernel_addresses() {
         for nranks in [1usize, 2, 16] {
-            // p2p.cuh's p2pHalf for the last source, lane and half, plus a chunk.
-            let last = P2P_COUNTER_BYTES
-                + (((nranks as u64 - 1) * P2P_LANES as u64 + P2P_LANES as u64 - 1) * 2 + 1) * P2P_CHUNK_BYTES
-                + P2P_CHUNK_BYTES;
-            assert_eq!(area_bytes(nranks), last);
+            for s in [shape(), Shape::new(nranks, 32, 4, 64), Shape::new(nranks, 3, 2, 16)] {
+                // p2p.cuh's p2pSlot for the last source, lane and slot, plus a slot.
+                let (lanes, depth) = (s.lanes as u64, s.depth as u64);
+                let last = P2P_COUNTER_BYTES
+                    + (((nranks as u64 - 1) * lanes + lanes - 1) * depth + depth - 1) * s.slot_bytes
+                    + s.slot_bytes;
+                assert_eq!(s.area_bytes(nranks), last);
+            }
         }
-        assert_eq!(area_bytes(16), (16 << 20) + 4096);
+        assert_eq!(shape().area_bytes(2), (16 << 20) + P2P_COUNTER_BYTES);
     }
 }

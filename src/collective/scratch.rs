@@ -49,6 +49,8 @@ pub struct Scratch {
     pub copy_bytes: u64,
     /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
     pub p2p: [DevicePtr; MAX_RANKS],
+    /// The lanes and slots of every p2p area, the same on every rank.
+    pub p2p_shape: super::p2p::Shape,
     /// Every rank's signal counters as this context reaches them, by rank (after its p2p area).
     pub signals: [DevicePtr; MAX_RANKS],
     /// The ranks whose process is this one (this rank's own included): their memory is reached at the
@@ -93,7 +95,8 @@ impl Scratch {
         // Zeroed off the legacy default stream: this may run inside the application's graph capture.
         let stream = Stream::new(gpu)?;
         let p2p_offset = 2 * slot_bytes;
-        let signal_offset = p2p_offset + super::p2p::area_bytes(nranks);
+        let p2p_shape = super::p2p::Shape::from_settings(nranks);
+        let signal_offset = p2p_offset + p2p_shape.area_bytes(nranks);
         let own = DeviceAllocation::zeroed_on(gpu, (signal_offset + super::signal::AREA_BYTES) as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
         let me = ProcessId::this();
@@ -123,6 +126,18 @@ impl Scratch {
             let peer_device = r.u64()?;
             fewest_multiprocessors = fewest_multiprocessors.min(r.u32()?);
             smallest_cta_limit = smallest_cta_limit.min(r.u32()?);
+            let peer_shape = super::p2p::Shape {
+                lanes: r.u32()?,
+                depth: r.u32()?,
+                slot_bytes: r.u64()?,
+            };
+            if peer_shape != p2p_shape {
+                return Err(Error::invalid_usage(format!(
+                    "rank {peer}'s send/receive lanes are {peer_shape:?} and ours {p2p_shape:?}: \
+                     MSCCLPP_SENDRECV_LANES, MSCCLPP_SENDRECV_DEPTH and MSCCLPP_SENDRECV_CHUNK_KB must be the same on \
+                     every rank"
+                )));
+            }
             let export = IpcExport::read(&mut r)?;
             r.finish()?;
             gpus.push((process.host, peer_device));
@@ -166,6 +181,12 @@ impl Scratch {
             own.size() >> 20,
             data_bytes >> 20
         );
+        log::info!(
+            "send/receive: {} lanes per pair of ranks, {} slots of {} KiB each",
+            p2p_shape.lanes,
+            p2p_shape.depth,
+            p2p_shape.slot_bytes >> 10
+        );
         if smallest_cta_limit != u32::MAX {
             log::info!("collectives: at most {smallest_cta_limit} blocks a launch (the smallest maxCTAs of the ranks)");
         }
@@ -184,6 +205,7 @@ impl Scratch {
             packet_bytes,
             copy_bytes: data_bytes - packet_bytes,
             p2p,
+            p2p_shape,
             signals,
             in_this_process,
             state,
