@@ -21,7 +21,7 @@
 #include "reduce.cuh"
 #include "reducescatter_copy.cuh"
 
-// Registrations per rank the table holds (src/collective/peer_buffers.rs, MAX_SLOTS).
+// Registrations per rank the table holds (src/collective/zero_copy/mod.rs, MAX_SLOTS).
 #define MSCCLPP_ZC_SLOTS 64
 // Packets of the agreement, at the start of the slot's packet area: [source rank][4] descriptor words,
 // then [source rank] votes.
@@ -240,7 +240,7 @@ __device__ void zcThroughScratch(const CollArgs& a, uint64_t epoch, Body body)
 // lands. Every rank's output gets the same bits (one rank computes each shard). In place is safe: shard r
 // of any input is read, and of any output written, only by rank r, each unit by one thread that reads it
 // before writing it. PreMulSum is not taken here (a rank would scale a peer's input by its own scalar):
-// src/collective/zero_copy.rs.
+// src/collective/zero_copy/mod.rs.
 template <typename T, typename Op>
 __device__ void allreduceZc(const CollArgs& a)
 {

@@ -59,7 +59,7 @@ fn writes(collective: Collective, rank: usize, nranks: usize, root: usize) -> Ve
 }
 
 /// Agrees with every rank on whether the call goes by the copy engine. `own` is this rank's output's
-/// descriptor (`zero_copy::descriptor`: tag and offset, or (0, 0) when not registered), `recv` its output,
+/// descriptor (`ZeroCopy::descriptor`: tag and offset, or (0, 0) when not registered), `recv` its output,
 /// and `resolve(peer, tag, offset)` where a peer's output lies in this context (`ZeroCopy::resolve`).
 /// Collective: every rank of the call calls it. Gives every rank's output as this rank reaches it (0 for
 /// those it does not write), or `None` when some rank cannot reach all it writes.

@@ -17,9 +17,10 @@
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
 //! - `suspend.rs`: their device memory released while the communicator is suspended, and made again at the
 //!   resume (NCCL's `ncclCommSuspend` / `ncclCommResume`);
-//! - `zero_copy.rs` and `peer_buffers.rs`: registered buffers exported to the peers, mapped there, and
-//!   the calls that read and write them directly (docs/ZERO_COPY.md); `copy_engine.rs`: eager all-gathers
-//!   and broadcasts on registered buffers whose data the copy engines move;
+//! - `zero_copy/`: registered buffers exported to the peers, mapped there, and the calls that read and
+//!   write them directly (docs/ZERO_COPY.md): `zero_copy/mod.rs` decides which calls try it and owns this
+//!   rank's exported slots and the peers' mappings; `copy_engine.rs`: eager all-gathers and broadcasts on
+//!   registered buffers whose data the copy engines move;
 //! - `signal.rs`: NCCL's one-sided calls (puts into the peers' windows, signals, waits) and the peers'
 //!   window pointers.
 //!
@@ -36,7 +37,6 @@ pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
 pub mod p2p;
-mod peer_buffers;
 pub mod process_exit;
 pub mod scratch;
 pub mod signal;
@@ -49,7 +49,7 @@ pub use p2p::{P2pKind, P2pOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
-use crate::gpu::{AppStream, DevicePtr, GpuContext, RelaxedCapture};
+use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use crate::registration::{Registration, Registrations};
 use algorithm::{Choice, Protocol};
 use copy_engine::SideStreams;
@@ -57,7 +57,6 @@ use kernel_args::KernelArgs;
 use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
-use peer_buffers::LocalSlots;
 use scratch::{AbortWord, Scratch, SharedAbortWord};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -69,8 +68,8 @@ pub struct Collectives {
     ready: Mutex<Option<Ready>>,
     /// Kept apart from `ready`, so that an abort takes no lock.
     abort: OnceCell<SharedAbortWord>,
-    /// Slots and generations of this rank's registrations exported to the peers.
-    own: Mutex<LocalSlots>,
+    /// This rank's registrations exported to the peers and, once set up, the peers' mapped here.
+    zero_copy: ZeroCopy,
     /// One rank's kernels (a `PreMulSum` of one rank: `ONE_RANK_PREMULSUM`), which need no scratch.
     solo: Mutex<Option<LoadedKernels>>,
     /// Calls whose data the copy engine moved (eager only, so counted here, once each).
@@ -90,7 +89,6 @@ struct Ready {
     scratch: Scratch,
     abort: SharedAbortWord,
     choice: Choice,
-    zero_copy: ZeroCopy,
     side_streams: SideStreams,
 }
 
@@ -126,8 +124,9 @@ impl Collectives {
         }
         self.solo.lock().take();
         self.one_sided_solo.lock().take();
-        // What a suspend kept (the peers' registered buffers mapped here) goes with the rest.
+        // What a suspend kept goes with the rest, and the peers' registered buffers mapped here.
         self.suspended.lock().take();
+        self.zero_copy.drop_peers();
     }
 
     /// A buffer was registered (`token`; `window`: its ordinal among the windows, 0 for a buffer): it is
@@ -138,14 +137,7 @@ impl Collectives {
         if bootstrap.nranks() == 1 {
             return;
         }
-        let mut own = self.own.lock();
-        let exported = own.add(token).and_then(|(slot, generation)| {
-            let record = peer_buffers::export(slot, generation, registration, window).inspect_err(|_| {
-                own.remove(token);
-            })?;
-            peer_buffers::publish(bootstrap, &record)
-        });
-        match exported {
+        match self.zero_copy.export(bootstrap, token, registration, window) {
             Ok(()) => log::debug!("registration {token:#x} exported to the peers"),
             // The peers' one-sided calls into it will wait for its record in vain, and fail saying so.
             Err(e) if window != 0 => log::warn!(
@@ -166,10 +158,7 @@ impl Collectives {
     /// A registration is gone: its peers are told, and close their mappings once their kernels that may
     /// read them have ended.
     pub fn deregistered(&self, bootstrap: &Bootstrap, token: u64) {
-        let Some((slot, generation)) = self.own.lock().remove(token) else {
-            return;
-        };
-        if let Err(e) = peer_buffers::publish(bootstrap, &peer_buffers::Record::Gone { slot, generation }) {
+        if let Some(Err(e)) = self.zero_copy.withdraw(bootstrap, token) {
             log::warn!(
                 "registration {token:#x}: telling the peers it is gone failed: {}",
                 e.message
@@ -363,7 +352,7 @@ impl Collectives {
         Ok(())
     }
 
-    /// The zero-copy launch of a call (`zero_copy.rs`): the peers' newest records taken in, this rank's
+    /// The zero-copy launch of a call (`zero_copy/`): the peers' newest records taken in, this rank's
     /// descriptors, and one launch over the whole buffers that votes and, if every rank can, moves the data.
     /// `base` holds the call's arguments as the scratch launches get them (their first window aside).
     #[allow(clippy::too_many_arguments)]
@@ -382,15 +371,15 @@ impl Collectives {
         {
             // Opening a peer's mapping is not a stream operation, which a capture's global mode refuses.
             let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
-            ready.zero_copy.refresh(bootstrap, gpu, capturing)?;
+            self.zero_copy.refresh(bootstrap, gpu, capturing)?;
         }
         let base_name = zero_copy::kernel_base(call.collective);
         let threads = algorithm::threads(Protocol::Copy);
         let loaded = ready
             .kernels
             .get_capturing(capturing, base_name, call.op, call.datatype, threads)?;
-        let (zc_send_tag, zc_send_offset) = self.descriptor(registrations, base.send, sizes.send);
-        let (zc_recv_tag, zc_recv_offset) = self.descriptor(registrations, base.recv, sizes.recv);
+        let (zc_send_tag, zc_send_offset) = self.zero_copy.descriptor(registrations, base.send, sizes.send);
+        let (zc_recv_tag, zc_recv_offset) = self.zero_copy.descriptor(registrations, base.recv, sizes.recv);
         let nranks = bootstrap.nranks();
         let args = KernelArgs {
             bytes: sizes.piece,
@@ -398,7 +387,7 @@ impl Collectives {
             zc_send_offset,
             zc_recv_tag,
             zc_recv_offset,
-            zc_table: ready.zero_copy.table_ptr(),
+            zc_table: self.zero_copy.table_ptr()?,
             zc_window: ready.scratch.window(call.collective, Protocol::Copy, nranks),
             ..*base
         };
@@ -418,13 +407,6 @@ impl Collectives {
         unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
-    /// This rank's descriptor of `[ptr, ptr + len)` for the peers (`zero_copy::descriptor`): its exported
-    /// registration's tag and the offset into it, or (0, 0).
-    fn descriptor(&self, registrations: &Registrations, ptr: DevicePtr, len: u64) -> (u64, u64) {
-        let own = self.own.lock();
-        zero_copy::descriptor(ptr, len, |p, l| registrations.lookup(p, l), |token| own.get(token))
-    }
-
     /// The copy-engine path of an eager call (`copy_engine.rs`): agrees with every rank on it and, if all
     /// can, queues the fences and the copies. `false`: some rank cannot reach an output it writes, nothing
     /// was queued, and the call goes on by the other paths.
@@ -440,12 +422,11 @@ impl Collectives {
         registrations: &Registrations,
         base: &KernelArgs,
     ) -> Result<bool> {
-        ready.zero_copy.refresh(bootstrap, gpu, false)?;
-        let own = self.descriptor(registrations, base.recv, sizes.recv);
-        let zero_copy = &ready.zero_copy;
+        self.zero_copy.refresh(bootstrap, gpu, false)?;
+        let own = self.zero_copy.descriptor(registrations, base.recv, sizes.recv);
         let root = call.root;
         let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.recv, |peer, tag, offset| {
-            zero_copy.resolve(peer, tag, offset)
+            self.zero_copy.resolve(peer, tag, offset)
         })?;
         let Some(outputs) = agreed else {
             return Ok(false);
@@ -543,16 +524,13 @@ impl Collectives {
         };
         let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
-        let (zero_copy, side_streams) = match kept {
-            Some(k) => (k.zero_copy, k.side_streams),
-            None => (
-                ZeroCopy::new(gpu, bootstrap.rank(), bootstrap.nranks())?,
-                SideStreams::new(gpu),
-            ),
+        self.zero_copy.set_up(gpu, bootstrap.rank(), bootstrap.nranks())?;
+        let side_streams = match kept {
+            Some(k) => k.side_streams,
+            None => SideStreams::new(gpu),
         };
         Ok(Ready {
             kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
-            zero_copy,
             side_streams,
             scratch,
             abort,

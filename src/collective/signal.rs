@@ -5,7 +5,7 @@
 //!
 //! Windows. NCCL registers windows collectively: every rank registers its windows in the same order, so
 //! the n-th window registered on one rank is the n-th on every other (`Registrations::window_ordinal`).
-//! Each registration's record, pushed to the peers when it is made (`peer_buffers.rs`), carries that
+//! Each registration's record, pushed to the peers when it is made (`zero_copy/records.rs`), carries that
 //! ordinal; a peer's records are taken in with the zero-copy table's (`ZeroCopy::refresh`), which maps
 //! them, and noted here by (peer, ordinal) (`PeerWindows`). A put resolves its target on the host when it
 //! is called, so that a CUDA graph captures the address, as NCCL's does: this rank's window, its ordinal,
@@ -26,8 +26,8 @@
 use super::Collectives;
 use super::kernel_args::MAX_RANKS;
 use super::kernels::LoadedKernels;
-use super::peer_buffers::Record;
 use super::scratch::AbortWord;
+use super::zero_copy::Record;
 use super::{DataType, process_exit};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, ErrorKind, Result};
@@ -436,9 +436,9 @@ impl Collectives {
                     let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
                     // Mappings a peer's deregistration retired are left for the collectives to close (they
                     // synchronize the context for it): a one-sided call never waits for the GPU.
-                    ready.zero_copy.refresh(bootstrap, gpu, true)?;
+                    self.zero_copy.refresh(bootstrap, gpu, true)?;
                 }
-                if let Some((window, mapped)) = ready.zero_copy.window(peer, ordinal) {
+                if let Some((window, mapped)) = self.zero_copy.window(peer, ordinal) {
                     if ready.scratch.in_this_process[peer] {
                         gpu.enable_peer_access_to(window.address);
                         return Ok((window, window.address));
@@ -601,7 +601,7 @@ impl Collectives {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::peer_buffers::Exported;
+    use crate::collective::zero_copy::Exported;
     use std::mem::{offset_of, size_of};
 
     #[test]

@@ -26,15 +26,13 @@
 use super::Collectives;
 use super::copy_engine::SideStreams;
 use super::kernel_args::STATE_ZC_CALLS;
-use super::zero_copy::ZeroCopy;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
 
 /// What a suspend keeps of the collectives' set-up for the resume: the parts that hold no device memory of
-/// this rank's.
+/// this rank's. (The peers' registered buffers mapped here stay where they are, with `ZeroCopy`.)
 pub(super) struct Kept {
-    pub zero_copy: ZeroCopy,
     pub side_streams: SideStreams,
 }
 
@@ -184,6 +182,8 @@ impl Collectives {
                     "resuming the collectives failed ({}); aborting the communicator",
                     e.message
                 );
+                // What the suspend kept goes, as it would with a set-up that failed.
+                self.zero_copy.drop_peers();
                 *suspended = Some(Suspension {
                     kept: None,
                     released: ready.is_none(),
@@ -215,7 +215,6 @@ fn release(ready: super::Ready) -> Kept {
     drop(ready.kernels);
     drop(ready.scratch);
     Kept {
-        zero_copy: ready.zero_copy,
         side_streams: ready.side_streams,
     }
 }
