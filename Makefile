@@ -297,8 +297,7 @@ test: all ## build, then run every test this machine can run (GPU tests: see gpu
 	@LEGACY_HEADER='$(LEGACY_HEADER)' scripts/run-tests.sh
 
 gpu-test: $(RUN_DEPS) ## run the GPU tests of c-tests/ (2 GPUs; GPU_TEST_PARTS picks parts; see README)
-	@if [[ -f c-tests/run_gpu_tests.sh ]]; then bash c-tests/run_gpu_tests.sh; \
-	else echo "gpu-test: c-tests/run_gpu_tests.sh is not there yet; nothing to run"; fi
+	@bash c-tests/run_gpu_tests.sh
 
 gpu-test-quick: $(RUN_DEPS) ## every GPU test program once, smallest configuration (2 GPUs, under 6 minutes)
 	@bash c-tests/run_gpu_quick.sh
@@ -307,16 +306,14 @@ python-gpu-test: $(if $(RUN_DEPS),lib) ## run the Python package's GPU tests and
 	@bash python/run_gpu_tests.sh
 
 run-bench: $(if $(RUN_DEPS),bench) ## run the benchmarks of examples-c/bench/ (2 GPUs)
-	@if [[ -f examples-c/bench/run_bench.sh ]]; then bash examples-c/bench/run_bench.sh; \
-	else echo "run-bench: examples-c/bench/run_bench.sh is not there yet; nothing to run"; fi
+	@bash examples-c/bench/run_bench.sh
 
 # Our collectives against NCCL on this machine (2 GPUs; NCCL through torch), alone: run-bench runs it too.
 compare-collectives: $(if $(RUN_DEPS),bench) ## our collectives against NCCL through torch (2 GPUs)
 	@$${PYTHON:-python3} examples-c/bench/compare_collectives.py
 
 run-examples: $(if $(RUN_DEPS),examples) ## run the examples of examples-c/ (2 GPUs)
-	@if [[ -f examples-c/run_examples.sh ]]; then bash examples-c/run_examples.sh; \
-	else echo "run-examples: examples-c/run_examples.sh is not there yet; nothing to run"; fi
+	@bash examples-c/run_examples.sh
 
 # ---- install ----
 # scripts/install.sh: the layout, stripping (debug info into .debug files) and the manifest that uninstall

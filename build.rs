@@ -8,7 +8,7 @@
 //!    - `@SPLICE path@` becomes the file at `path` (the device code in `kernels/`).
 //!
 //!    cbindgen reads `src/types.rs` and `src/mscclpp_abi/*.rs` with the settings in `cbindgen.toml`.
-//! 2. Compiles the library's small C++ part (`src/cxx/*.cpp`, if any) against those headers.
+//! 2. Compiles the library's small C++ part (`src/cxx/*.cpp`) against those headers.
 //! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
 //!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
 //!    PTX, cached by content under `target/kernel-cache/`; `src/collective/kernels.rs` embeds them.
@@ -38,15 +38,11 @@ fn main() {
         "kernels",
         "src/types.rs",
         "src/mscclpp_abi",
+        "src/cxx",
     ] {
         println!("cargo:rerun-if-changed={input}");
     }
     let cxx_dir = root.join("src/cxx");
-    // Until src/cxx exists, watch all of src so that its creation is noticed.
-    println!(
-        "cargo:rerun-if-changed={}",
-        if cxx_dir.is_dir() { "src/cxx" } else { "src" }
-    );
 
     let out_dir = root.join(INCLUDE_OUT);
     fs::create_dir_all(&out_dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", out_dir.display()));
@@ -229,16 +225,11 @@ fn write_if_changed(path: &Path, text: &str) {
 
 /// Compiles `src/cxx/*.cpp` into the library (they see the generated headers) and links the C++ runtime.
 fn compile_cxx(cxx_dir: &Path, include_dir: &Path) {
-    let Ok(entries) = fs::read_dir(cxx_dir) else {
-        return;
-    };
-    let mut sources: Vec<PathBuf> = entries
+    let mut sources: Vec<PathBuf> = fs::read_dir(cxx_dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", cxx_dir.display()))
         .map(|entry| entry.expect("readable directory entry").path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "cpp"))
         .collect();
-    if sources.is_empty() {
-        return;
-    }
     sources.sort();
     cc::Build::new()
         .cpp(true)
