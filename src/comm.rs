@@ -1,7 +1,7 @@
 //! The communicator: one rank's bootstrap, its connections and the transports that carry them.
 //!
 //! What is common to every transport lives here: the bootstrap, the connection list (in connect order:
-//! a connection's index is the `connId` of its triggers and its place in `mscclppGetAllDeviceConnections`),
+//! a connection's index is the `connId` of its triggers and its place in the array of device views),
 //! the epoch blocks, the count of flags carried out per connection, the device views handed to kernels,
 //! and the communicator's state machine:
 //!
@@ -14,6 +14,9 @@
 //!
 //! Everything else is the transports' (`transport::Transport`): the communicator loops over them and
 //! names a transport kind only in `new_transport`, where the transport of a new connection is chosen.
+//!
+//! The core names no face: a call that needs an earlier step words its advice with the names the face
+//! gives those steps (`SetupNames`), and whoever aborts the communicator says who it is (`abort`'s `by`).
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
 use crate::collective::{Call, Collectives, P2pOp};
@@ -30,6 +33,18 @@ use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Who aborts the communicator when a call fails on this rank after its peers may have started theirs
+/// (`abort`'s `by`): the core itself, so that the peers are not left waiting.
+const ABORTED_BY_FAILED_CALL: &str = "a call that failed on this rank after its peers may have started it";
+
+/// What a face calls the two steps that make connections, recording them and setting them up: the calls
+/// that need them word their advice with these ("call ... first"), so that the core names no face.
+#[derive(Clone, Copy, Debug)]
+pub struct SetupNames {
+    pub connect: &'static str,
+    pub setup: &'static str,
+}
 
 /// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
 const TAG_CONNECTION: u64 = 1 << 32;
@@ -76,7 +91,7 @@ struct CommState {
     /// memory (IB memory regions) before that memory is freed.
     transports: Vec<Box<dyn Transport>>,
     connections: Vec<Connection>,
-    /// Connections `[0, set_up)` have completed `mscclppConnectionSetup`.
+    /// Connections `[0, set_up)` have completed their set-up (`setup`).
     set_up: usize,
     dev_conns: DevConnTable,
     /// The number of flags carried out on each set-up connection, by every transport's proxies; it
@@ -123,21 +138,21 @@ pub struct Communicator {
     state: Mutex<CommState>,
     /// Failures besides the bootstrap's (see `failure.rs`).
     failures: Arc<FailureState>,
-    /// The collectives (`mscclppAllReduce` and the others), set up at the first call.
+    /// The collectives (all-reduce and the others, of both faces), set up at the first call.
     collectives: Collectives,
-    /// Buffers registered with it (`mscclppCommRegister`, `ncclCommRegister`, windows).
+    /// Buffers registered with it (either face's registrations, and NCCL's windows).
     registrations: Registrations,
 }
 
 impl Communicator {
-    /// `mscclppCommInitRank`: rank 0 listens at `address`, everyone meets there.
+    /// Rank 0 listens at `address`, everyone meets there.
     pub fn init_by_address(nranks: usize, address: &str, rank: usize, timeout: Duration) -> Result<Communicator> {
         let root_addr = RootAddress::parse(address)?;
         let bootstrap = Bootstrap::connect_to_address(&root_addr, rank, nranks, timeout)?;
         Ok(Self::with_bootstrap(bootstrap))
     }
 
-    /// `mscclppCommInitRankFromId`: everyone meets at the root named in the id.
+    /// Everyone meets at the root named in the id.
     pub fn init_by_id(nranks: usize, id: &UniqueId, rank: usize, timeout: Duration) -> Result<Communicator> {
         let bootstrap = Bootstrap::connect_to_id(id, rank, nranks, timeout)?;
         Ok(Self::with_bootstrap(bootstrap))
@@ -186,7 +201,7 @@ impl Communicator {
         &self.registrations
     }
 
-    /// Tells the transports and their proxies to abort, after a peer failed, `mscclppCommAbort` or a proxy's
+    /// Tells the transports and their proxies to abort, after a peer failed, this rank's abort or a proxy's
     /// own report: the one place where a failure reaches them. Their proxies stop moving data, release the
     /// kernels' waits and drain their FIFOs until stopped (`Transport::abort_proxy`; nothing here waits on
     /// a peer or a thread).
@@ -220,7 +235,7 @@ impl Communicator {
         Ok(g)
     }
 
-    /// `mscclppConnect`: records a connection, allocates its epoch block and hands it to its transport.
+    /// Records a connection, allocates its epoch block and hands it to its transport.
     pub fn connect(
         &self,
         remote_rank: usize,
@@ -233,7 +248,7 @@ impl Communicator {
         let mut st = self.state.lock();
         if st.proxy_running() {
             return Err(Error::invalid_usage(
-                "mscclppConnect called while the proxy runs; call mscclppProxyStop first",
+                "a connection cannot be added while the proxy runs: stop the proxy first",
             ));
         }
         if st.connections.len() >= MAX_CONNECTIONS {
@@ -264,7 +279,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// `mscclppConnectionSetup`: each pending connection's transport makes a message for the peer, sent
+    /// Sets the pending connections up: each one's transport makes a message for the peer, sent
     /// through the bootstrap, and completes the connection with the peer's; then the device views are
     /// rebuilt, and a barrier ends it.
     pub fn setup(&self) -> Result<()> {
@@ -273,7 +288,7 @@ impl Communicator {
         Self::check_proxy(&st)?;
         if st.proxy_running() {
             return Err(Error::invalid_usage(
-                "mscclppConnectionSetup called while the proxy runs",
+                "connections cannot be set up while the proxy runs: stop the proxy first",
             ));
         }
         let pending = st.set_up..st.connections.len();
@@ -336,25 +351,27 @@ impl Communicator {
         Ok(())
     }
 
-    /// `mscclppGetAllDeviceConnections`: the device view of every connection, in connect order.
-    pub fn device_connections(&self) -> Result<(*mut mscclppDevConn, usize)> {
+    /// The device view of every connection, in connect order. `names` words the advice of its errors.
+    pub fn device_connections(&self, names: &SetupNames) -> Result<(*mut mscclppDevConn, usize)> {
         let mut st = self.state.lock();
         if st.connections.is_empty() {
-            return Err(Error::invalid_usage(
-                "no connections: call mscclppConnect and mscclppConnectionSetup first",
-            ));
+            return Err(Error::invalid_usage(format!(
+                "no connections: call {} and {} first",
+                names.connect, names.setup
+            )));
         }
         if st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(
-                "connections are not set up: call mscclppConnectionSetup first",
-            ));
+            return Err(Error::invalid_usage(format!(
+                "connections are not set up: call {} first",
+                names.setup
+            )));
         }
         Ok((st.dev_conns.as_mut_ptr(), st.dev_conns.len()))
     }
 
-    /// `mscclppGetDeviceConnection`: the first connection to `remote_rank` with `tag`.
-    pub fn device_connection(&self, remote_rank: i32, tag: i32) -> Result<*mut mscclppDevConn> {
-        let (ptr, n) = self.device_connections()?;
+    /// The first connection to `remote_rank` with `tag`.
+    pub fn device_connection(&self, remote_rank: i32, tag: i32, names: &SetupNames) -> Result<*mut mscclppDevConn> {
+        let (ptr, n) = self.device_connections(names)?;
         let st = self.state.lock();
         let i = st.dev_conns[..n]
             .iter()
@@ -366,8 +383,8 @@ impl Communicator {
         Ok(unsafe { ptr.add(i) })
     }
 
-    /// `mscclppProxyLaunch`: starts every transport's proxies.
-    pub fn proxy_launch(&self) -> Result<()> {
+    /// Starts every transport's proxies. `names` words the advice of its errors.
+    pub fn proxy_launch(&self, names: &SetupNames) -> Result<()> {
         self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
@@ -375,9 +392,10 @@ impl Communicator {
             return Err(Error::invalid_usage("the proxy is already running"));
         }
         if st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(
-                "call mscclppConnectionSetup before mscclppProxyLaunch",
-            ));
+            return Err(Error::invalid_usage(format!(
+                "connections are not set up: call {} before the proxy is launched",
+                names.setup
+            )));
         }
         if st.connections.is_empty() {
             log::info!("no connections; no proxy to launch");
@@ -416,7 +434,7 @@ impl Communicator {
         }
     }
 
-    /// `mscclppProxyStop`: a barrier (so no rank stops while peers still need it), then the stop. The
+    /// Stops the proxies: a barrier (so no rank stops while peers still need it), then the stop. The
     /// proxies stop even when the barrier fails (after a failure it fails at once), and its error is
     /// returned.
     pub fn proxy_stop(&self) -> Result<()> {
@@ -425,16 +443,22 @@ impl Communicator {
         barrier.and(stop)
     }
 
-    /// `mscclppRegisterBuffer`: exchanges one more buffer with the peer of every connection, through the
-    /// connection's transport; returns one entry per connection, in connect order.
-    pub fn register_buffer(&self, ptr: DevicePtr, size: u64) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
+    /// Exchanges one more buffer with the peer of every connection, through the connection's transport;
+    /// returns one entry per connection, in connect order. `names` words the advice of its errors.
+    pub fn register_buffer(
+        &self,
+        ptr: DevicePtr,
+        size: u64,
+        names: &SetupNames,
+    ) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
         self.check_usable()?;
         let mut st = self.state.lock();
         Self::check_proxy(&st)?;
         if st.connections.is_empty() || st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(
-                "mscclppRegisterBuffer needs set-up connections: call mscclppConnectionSetup first",
-            ));
+            return Err(Error::invalid_usage(format!(
+                "registering a buffer with the peers needs set-up connections: call {} first",
+                names.setup
+            )));
         }
         Self::gpu(&mut st)?;
         pointer_info(ptr, size, "local_memory")?;
@@ -458,7 +482,7 @@ impl Communicator {
         Ok(entries)
     }
 
-    /// `mscclppRegisteredBufferWrite`: copies `[src+src_offset, +size)` to every peer's registered
+    /// Copies `[src+src_offset, +size)` to every peer's registered
     /// buffer at `dst_offset`, ordered after the work queued on the application's stream, each entry by
     /// the transport that made it.
     pub fn registered_write(
@@ -478,7 +502,7 @@ impl Communicator {
         for (i, e) in entries.iter().enumerate() {
             let transport = st.transports.iter_mut().find(|t| t.owns_registered(e)).ok_or_else(|| {
                 Error::invalid_argument(format!(
-                    "regMem->p2p[{i}] was not made by mscclppRegisterBuffer on this communicator"
+                    "regMem->p2p[{i}] was not made by registering a buffer on this communicator"
                 ))
             })?;
             let write = RegisteredWrite {
@@ -494,8 +518,8 @@ impl Communicator {
         Ok(())
     }
 
-    /// `mscclppAllReduce`, `mscclppAllGather`, `mscclppReduceScatter`, `mscclppBroadcast`: one collective
-    /// call on the application's stream (see `collective`). `root` is the application's argument.
+    /// One collective call of either face on the application's stream (see `collective`); the call carries
+    /// the exported function's name for messages. `root` is the application's argument.
     pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
         // The calling thread may have another GPU current (a thread that serves several devices).
         let _restore = crate::gpu::RestoreContext::save();
@@ -505,7 +529,7 @@ impl Communicator {
             gpu,
             || self.check_usable(),
             || {
-                let _ = self.abort();
+                let _ = self.abort(ABORTED_BY_FAILED_CALL);
             },
             call,
             root,
@@ -514,7 +538,7 @@ impl Communicator {
         )
     }
 
-    /// Registers `[buff, buff + size)` (`mscclppCommRegister`, NCCL's registrations and windows): recorded
+    /// Registers `[buff, buff + size)` (either face's registrations, and NCCL's windows): recorded
     /// here, and exported to the peers for the zero-copy collectives (`Collectives::registered`).
     pub fn register(&self, buff: DevicePtr, size: usize, kind: Kind, library_memory: bool) -> Result<u64> {
         let (token, registration) = self.registrations.register(buff, size, kind, library_memory)?;
@@ -553,7 +577,7 @@ impl Communicator {
         self.collectives.prepare(&self.bootstrap, &gpu)
     }
 
-    /// `ncclCommSuspend`: suspends the collectives (`Collectives::suspend`), releasing their device memory
+    /// Suspends the collectives (`Collectives::suspend`), releasing their device memory
     /// where `release_memory` says so. Local: each rank frees its own.
     pub fn suspend_collectives(&self, release_memory: bool) -> Result<()> {
         self.check_usable()?;
@@ -562,7 +586,7 @@ impl Communicator {
         self.collectives.suspend(gpu.as_ref(), release_memory)
     }
 
-    /// `ncclCommResume`: collective, every rank calls it (`Collectives::resume`). A failure after the peers
+    /// Resumes the collectives: collective, every rank calls it (`Collectives::resume`). A failure after the peers
     /// may have started theirs aborts the communicator.
     pub fn resume_collectives(&self) -> Result<()> {
         self.check_usable()?;
@@ -574,7 +598,7 @@ impl Communicator {
             &self.bootstrap,
             move || gpu,
             || {
-                let _ = self.abort();
+                let _ = self.abort(ABORTED_BY_FAILED_CALL);
             },
         )
     }
@@ -584,7 +608,7 @@ impl Communicator {
         self.collectives.suspended()
     }
 
-    /// The device memory the communicator holds (`ncclCommMemStats`): the collectives' (released by a
+    /// The device memory the communicator holds: the collectives' (released by a
     /// suspend), and the connections' epoch blocks (kept).
     pub fn device_memory(&self) -> crate::collective::suspend::DeviceMemory {
         let mut memory = self.collectives.device_memory();
@@ -592,7 +616,7 @@ impl Communicator {
         memory
     }
 
-    /// NCCL's one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`) on `stream` (see
+    /// A one-sided call (a put with a signal, a signal, a wait for signals) on `stream` (see
     /// `collective::signal`).
     pub fn one_sided(&self, op: &crate::collective::signal::OneSided, stream: AppStream) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
@@ -602,7 +626,7 @@ impl Communicator {
             gpu,
             || self.check_usable(),
             || {
-                let _ = self.abort();
+                let _ = self.abort(ABORTED_BY_FAILED_CALL);
             },
             &self.registrations,
             op,
@@ -611,7 +635,7 @@ impl Communicator {
     }
 
     /// Where byte `offset` of rank `peer`'s registration of this rank's window `token` is in this process
-    /// (NCCL's `ncclGetPeerDevicePointer`; `peer` may be this rank): see `Collectives::window_pointer`.
+    /// (`peer` may be this rank): see `Collectives::window_pointer`.
     pub fn window_pointer(&self, token: u64, offset: u64, peer: usize) -> Result<DevicePtr> {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = Self::gpu(&mut self.state.lock())?;
@@ -626,7 +650,7 @@ impl Communicator {
         )
     }
 
-    /// `ncclSend` and `ncclRecv`: one group's sends and receives on this communicator and `stream`, in call
+    /// One group's sends and receives on this communicator and `stream`, in call
     /// order (see `Collectives::run_p2p`).
     pub fn send_recv(&self, ops: &[P2pOp], stream: AppStream) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
@@ -636,7 +660,7 @@ impl Communicator {
             gpu,
             || self.check_usable(),
             || {
-                let _ = self.abort();
+                let _ = self.abort(ABORTED_BY_FAILED_CALL);
             },
             ops,
             stream,

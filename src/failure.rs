@@ -1,5 +1,5 @@
-//! The communicator's failure state: what `mscclppCommGetAsyncError` reports, what `mscclppCommAbort`
-//! does, and how a failure the bootstrap detects reaches the transports.
+//! The communicator's failure state: what a face's asynchronous-error query reports, what an abort does,
+//! and how a failure the bootstrap detects reaches the transports.
 //!
 //! The bootstrap keeps the first failure (`bootstrap::PeerFailure`: a peer declared dead, or a local
 //! abort; see `bootstrap/health.rs`). When it happens, the hook installed by `watch_failures` runs on a
@@ -8,9 +8,12 @@
 //! the failure's error (`check_usable`).
 //!
 //! Async error values: `mscclppSuccess`; `mscclppRemoteError` once a peer failed (declared dead by this
-//! rank or another, or it aborted its communicator); `mscclppInvalidUsage` after this rank's own
-//! `mscclppCommAbort` (the communicator may no longer be used); otherwise the code of a proxy's failure
-//! (`mscclppInternalError`, `mscclppUnhandledCudaError`).
+//! rank or another, or it aborted its communicator); `mscclppInvalidUsage` after this rank's own abort
+//! (the communicator may no longer be used); otherwise the code of a proxy's failure
+//! (`mscclppInternalError`, `mscclppUnhandledCudaError`). Each face maps them onto its own codes.
+//!
+//! The core names no face: whoever aborts says who it is (`Communicator::abort`'s `by`, a face's exported
+//! function, or the core's own reason), and the errors and the exit line name that.
 //!
 //! With `MSCCLPP_ABORT_EXIT_TIMEOUT=S`, the failure hook also starts an `ExitWatch`: a library thread that
 //! ends the process with `ABORT_EXIT_STATUS` unless the communicator is destroyed within S seconds of the
@@ -24,7 +27,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// What `mscclppCommGetAsyncError` gives after this rank's own `mscclppCommAbort`.
+/// The asynchronous error after this rank's own abort.
 pub const LOCAL_ABORT_RESULT: mscclppResult_t = mscclppResult_t::mscclppInvalidUsage;
 
 /// The exit status of a process that `MSCCLPP_ABORT_EXIT_TIMEOUT` ends: 75 is `EX_TEMPFAIL` of
@@ -40,10 +43,13 @@ pub struct FailureState {
     proxy: Mutex<Option<Error>>,
     /// Ends the process if the communicator, once aborted, is not destroyed in time.
     exit_watch: ExitWatch,
+    /// Who aborted the communicator on this rank (`Communicator::abort`'s `by`), where that abort was its
+    /// first failure.
+    aborted_by: Mutex<Option<&'static str>>,
 }
 
 impl FailureState {
-    /// Records a proxy's failure (the first one counts), for `mscclppCommGetAsyncError`: the proxies' abort
+    /// Records a proxy's failure (the first one counts), for the asynchronous error: the proxies' abort
     /// hook (`proxy_abort_hook`) calls this as they fail. Each proxy thread has the hook from its start, so
     /// every failure, its set-up's included, is recorded here.
     pub fn report_proxy_failure(&self, e: Error) {
@@ -52,6 +58,11 @@ impl FailureState {
 
     pub fn proxy_failure(&self) -> Option<Error> {
         self.proxy.lock().clone()
+    }
+
+    /// Who aborted the communicator on this rank, if an abort was its first failure.
+    pub fn aborted_by(&self) -> Option<&'static str> {
+        *self.aborted_by.lock()
     }
 
     /// The communicator was destroyed: the process is not to be ended (see `ExitWatch`).
@@ -159,11 +170,12 @@ fn end_process() {
     unsafe { libc::_exit(ABORT_EXIT_STATUS) }
 }
 
-/// The failure, in words, for the line `ExitWatch` logs: a peer's, a proxy's, or this rank's own abort.
-fn cause_of(failure: &crate::bootstrap::PeerFailure, proxy: Option<&Error>) -> String {
+/// The failure, in words, for the line `ExitWatch` logs: a peer's, a proxy's, or this rank's own abort
+/// (named by who aborted, `by`, where known).
+fn cause_of(failure: &crate::bootstrap::PeerFailure, proxy: Option<&Error>, by: Option<&str>) -> String {
     match proxy {
         Some(e) if failure.is_local_abort() => e.message.clone(),
-        _ if failure.is_local_abort() => "mscclppCommAbort".into(),
+        _ if failure.is_local_abort() => by.unwrap_or("this rank's own abort").into(),
         _ if failure.rank == failure.observer => format!("declared dead by its peers: {}", failure.how()),
         _ => format!("peer rank {} failed: {}", failure.rank, failure.how()),
     }
@@ -237,7 +249,8 @@ impl Communicator {
         if seconds == 0 {
             return;
         }
-        let cause = cause_of(failure, self.failures().proxy_failure().as_ref());
+        let failures = self.failures();
+        let cause = cause_of(failure, failures.proxy_failure().as_ref(), failures.aborted_by());
         self.failures().exit_watch.start(
             self.rank(),
             failure.detected,
@@ -247,9 +260,14 @@ impl Communicator {
         );
     }
 
-    /// `mscclppCommAbort`: aborts the bootstrap (every wait fails, the peers are told and abort too) and
-    /// the transports. Returns at once; the communicator must still be destroyed.
-    pub fn abort(&self) -> Result<()> {
+    /// Aborts the bootstrap (every wait fails, the peers are told and abort too) and the transports.
+    /// Returns at once; the communicator must still be destroyed. `by` says who aborts, for the errors of
+    /// later calls and the exit line: a face's exported function (`ncclCommAbort`, ...) or the core's own
+    /// reason (a failed call its peers may have started).
+    pub fn abort(&self, by: &'static str) -> Result<()> {
+        if self.bootstrap().failure().is_none() {
+            self.failures().aborted_by.lock().get_or_insert(by);
+        }
         self.bootstrap().abort();
         let failure = self
             .bootstrap()
@@ -259,7 +277,7 @@ impl Communicator {
         Ok(())
     }
 
-    /// `mscclppCommGetAsyncError`: never waits.
+    /// The asynchronous error (each face's query): never waits.
     pub fn async_error(&self) -> mscclppResult_t {
         async_error(
             self.bootstrap().failure().as_ref(),
@@ -270,6 +288,16 @@ impl Communicator {
     /// The first failure's error, if there was one: every call that needs the peers starts with this.
     pub fn check_usable(&self) -> Result<()> {
         match self.bootstrap().failure() {
+            // This rank's own abort, named by who aborted where known.
+            Some(f) if f.is_local_abort() && self.failures().proxy_failure().is_none() => {
+                match self.failures().aborted_by() {
+                    Some(by) => Err(Error::invalid_usage(format!(
+                        "rank {}: the communicator was aborted on this rank (by {by})",
+                        f.observer
+                    ))),
+                    None => Err(f.error()),
+                }
+            }
             Some(f) => Err(f.error()),
             None => Ok(()),
         }
@@ -331,7 +359,7 @@ mod tests {
     fn an_exit_watch_ends_at_its_deadline_once() {
         let start = Instant::now();
         let (w, rx) = watch(100);
-        // A second start (the failure hook and mscclppCommAbort may both get here) changes nothing.
+        // A second start (the failure hook and an abort may both get here) changes nothing.
         w.start(0, start, Duration::from_millis(1), "again".into(), || {
             panic!("started twice")
         });
@@ -374,21 +402,22 @@ mod tests {
             rank: 3,
             ..failure(Cause::ConnectionClosed("reset".into()))
         };
-        assert_eq!(cause_of(&dead, None), "peer rank 3 failed: connection closed (reset)");
-        let local = failure(Cause::LocalAbort);
         assert_eq!(
-            cause_of(
-                &PeerFailure {
-                    rank: 0,
-                    ..local.clone()
-                },
-                None
-            ),
-            "mscclppCommAbort"
+            cause_of(&dead, None, Some("anAbort")),
+            "peer rank 3 failed: connection closed (reset)",
+            "who aborts names only this rank's own abort"
         );
+        let local = failure(Cause::LocalAbort);
+        let mine = PeerFailure {
+            rank: 0,
+            ..local.clone()
+        };
+        // Named by who aborted: the face's function, which the face passes.
+        assert_eq!(cause_of(&mine, None, Some("anAbort")), "anAbort");
+        assert_eq!(cause_of(&mine, None, None), "this rank's own abort");
         let stuck = Error::invalid_usage("rank 0: a kernel's wait() ...");
         assert_eq!(
-            cause_of(&local, Some(&stuck)),
+            cause_of(&local, Some(&stuck), Some("anAbort")),
             stuck.message,
             "a proxy's own abort says why"
         );
@@ -397,9 +426,25 @@ mod tests {
             ..failure(Cause::NoHeartbeat(Duration::from_secs(2)))
         };
         assert_eq!(
-            cause_of(&me, None),
+            cause_of(&me, None, None),
             "declared dead by its peers: no heartbeat for 2.0 s"
         );
+    }
+
+    #[test]
+    fn a_local_abort_is_named_by_who_aborted_first() {
+        let t = Duration::from_secs(30);
+        let id = crate::bootstrap::UniqueId::create(t).unwrap();
+        let c = Communicator::init_by_id(1, &id, 0, t).unwrap();
+        c.check_usable().unwrap();
+        c.abort("anAbort").unwrap();
+        let e = c.check_usable().unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
+        assert!(e.message.contains("aborted on this rank (by anAbort)"), "{e}");
+        c.abort("aSecondAbort").unwrap();
+        assert_eq!(c.check_usable().unwrap_err(), e, "the first abort is the one named");
+        assert_eq!(c.failures().aborted_by(), Some("anAbort"));
+        let _ = c.destroy();
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Logging: the `log` crate's macros everywhere, one logger that formats each line with the rank and the
-//! subsystem, and hands it to the handler set by `mscclppSetLogHandler`.
+//! subsystem, and hands it to the handler the application set (`set_handler`), else to the default one.
 //!
 //! `MSCCLPP_DEBUG=WARN|INFO|TRACE` (also `ERROR`, `DEBUG`, `OFF`; default `WARN`) sets the level.
 //! The default handler writes to `MSCCLPP_DEBUG_FILE` when it is set (`%h` becomes the host name and `%p`
@@ -198,8 +198,8 @@ fn set_level_from(env: &crate::settings::Source, nccl_face: bool) {
     log::set_max_level(parse_level(Some(level)));
 }
 
-/// `ncclResetDebugInit`: reads the log level again from the environment as it is now (the debug file
-/// stays the one opened first).
+/// Reads the log level again from the environment as it is now, for the NCCL face's reset of its debug
+/// settings (the debug file stays the one opened first).
 pub fn reset_level_for_nccl() {
     init_for_nccl();
     if OURS.load(Ordering::Relaxed) {
@@ -222,7 +222,7 @@ pub fn set_handler(handler: mscclppLogHandler_t) {
     *HANDLER.write() = handler;
 }
 
-/// The body of `mscclppDefaultLogHandler`.
+/// The body of the default handler, which the mscclpp face exports for applications to call.
 ///
 /// # Safety
 /// `msg` is null or a NUL-terminated string.

@@ -63,8 +63,9 @@ pub enum Cause {
     LocalAbort,
 }
 
-/// The ways a rank aborts its own communicator, as its errors name them.
-const ABORTED_BY: &str = "mscclppCommAbort, ncclCommAbort or ncclCommRevoke, or the process's exit";
+/// The ways a rank aborts its own communicator, as its errors name them (the bootstrap knows not which
+/// call it was: the communicator's own errors name it, see `Communicator::abort`).
+const ABORTED_BY: &str = "by this process: an abort or revoke of the communicator, or the process's exit";
 
 /// The first failure a rank learned of. `Display` gives the line that is logged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,12 +89,13 @@ impl PeerFailure {
             Cause::NoHeartbeat(d) => format!("no heartbeat for {:.1} s", d.as_secs_f64()),
             Cause::ReportedBy { reporter, how } => format!("rank {reporter} reported it ({how})"),
             Cause::Aborted => "it aborted its communicator".into(),
-            Cause::LocalAbort => "mscclppCommAbort".into(),
+            Cause::LocalAbort => "this rank's own abort".into(),
         }
     }
 
-    /// What aborts a communicator on its own rank: the calls of both faces (the NCCL face's revoke is an
-    /// abort that keeps the communicator), and the process's exit with the communicator alive.
+    /// What aborts a communicator on its own rank: an abort (NCCL's revoke is an abort that keeps the
+    /// communicator), a failed call that its peers may have started, a proxy's failure, and the process's
+    /// exit with the communicator alive.
     pub fn is_local_abort(&self) -> bool {
         self.cause == Cause::LocalAbort
     }
@@ -216,7 +218,7 @@ impl Bootstrap {
         }
     }
 
-    /// Aborts locally (for `mscclppCommAbort`): records a local-abort failure unless a failure is already
+    /// Aborts locally (`Communicator::abort`): records a local-abort failure unless a failure is already
     /// recorded, fails every wait, and tells every peer, which then aborts as well.
     pub fn abort(&self) {
         self.abort_handle().abort();
@@ -317,7 +319,7 @@ mod tests {
         let mut f = failure(1, Cause::LocalAbort);
         f.silent_for = None;
         assert_eq!(f.error().kind, ErrorKind::InvalidUsage);
-        assert!(f.to_string().contains("mscclppCommAbort"));
+        assert!(f.to_string().contains("aborted on this rank (by this process"), "{f}");
     }
 
     #[test]

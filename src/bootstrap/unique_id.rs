@@ -1,4 +1,5 @@
-//! The 128 bytes of `mscclppUniqueId`: a format tag, the job's random magic, and the root's address.
+//! The 128 bytes of a unique id (either face's, `abi::UNIQUE_ID_BYTES`): a format tag, the job's random
+//! magic, and the root's address.
 //!
 //! Layout: bytes 0..8 the tag `MSCLPPID`, 8..12 the format version, 12..16 zero, 16..24 the magic,
 //! 24..52 the root's socket address (see `wire::encode_addr`), the rest zero.
@@ -19,7 +20,7 @@ const ID_LEN: usize = 128;
 /// Where the root's address starts.
 const ADDR_AT: usize = 24;
 
-/// The 128 bytes of `mscclppUniqueId`: the root's address and the job's magic.
+/// The 128 bytes of a unique id: the root's address and the job's magic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UniqueId {
     pub root: std::net::SocketAddr,
@@ -56,7 +57,7 @@ impl UniqueId {
 
     /// Reads an id made by `to_bytes`; anything else (an uninitialised or foreign id) is an
     /// `InvalidArgument` error. Its message calls the id `what` and names `made_by`, the exported function
-    /// that makes ids: each face passes its own names (`"unique id"`, `"mscclppGetUniqueId"`).
+    /// that makes ids: each face passes its own names (what its argument is called, and its function).
     pub fn from_bytes(b: &[u8; 128], what: &'static str, made_by: &str) -> Result<UniqueId> {
         let bad = |why: &str| Error::invalid_argument(format!("{what}: {why} (was it made by {made_by}?)"));
         // The id is 128 bytes, so none of these reads runs past its end.

@@ -1,4 +1,4 @@
-//! Suspending a communicator's collectives (NCCL's `ncclCommSuspend` / `ncclCommResume`): their device
+//! Suspending a communicator's collectives (NCCL's suspend and resume, `nccl/suspend.rs`): their device
 //! memory released while the communicator is idle, and made again, by every rank together, when it
 //! resumes.
 //!
@@ -45,9 +45,9 @@ pub(super) struct Suspension {
     released: bool,
 }
 
-/// The device memory a communicator's collectives hold (`ncclCommMemStats`), counted from the allocations
-/// themselves. The kernel modules' code is released by a suspend too, but not counted: the driver does
-/// not say how much device memory a loaded module takes.
+/// The device memory a communicator's collectives hold (what NCCL's memory statistics report), counted
+/// from the allocations themselves. The kernel modules' code is released by a suspend too, but not
+/// counted: the driver does not say how much device memory a loaded module takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMemory {
     /// Bytes held now that a suspend releases: the scratch and the state words, or one rank's signal area
@@ -66,12 +66,10 @@ impl DeviceMemory {
     }
 }
 
-/// The refusal of work on suspended collectives.
-pub fn suspended_error() -> Error {
-    Error::invalid_usage(
-        "comm is suspended (ncclCommSuspend): no work may be issued on it until every rank has called \
-         ncclCommResume",
-    )
+/// The refusal of work on suspended collectives (the face that suspends refuses work first, in its own
+/// words; this is for work it queued before).
+fn suspended_error() -> Error {
+    Error::invalid_usage("comm is suspended: no work may be issued on it until every rank has resumed it")
 }
 
 impl Collectives {
@@ -98,7 +96,7 @@ impl Collectives {
         let mut suspended = self.suspended.lock();
         if suspended.is_some() {
             return Err(Error::invalid_usage(
-                "comm is already suspended (ncclCommSuspend); ncclCommResume ends a suspension",
+                "comm is already suspended; only a resume ends a suspension",
             ));
         }
         let mut kept = None;
@@ -147,7 +145,7 @@ impl Collectives {
         let mut suspended = self.suspended.lock();
         let Some(suspension) = suspended.take() else {
             return Err(Error::invalid_usage(
-                "comm is not suspended: ncclCommResume follows ncclCommSuspend",
+                "comm is not suspended: a resume follows a suspend",
             ));
         };
         if ready.is_none() && suspension.kept.is_none() {

@@ -7,7 +7,7 @@ use super::comms as handles;
 use super::guard;
 use crate::abi::non_null;
 use crate::bootstrap::UniqueId;
-use crate::comm::Communicator;
+use crate::comm::{Communicator, SetupNames};
 use crate::connection::TransportKind;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -18,6 +18,12 @@ use crate::types::*;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+/// This face's names of the two steps that make connections, for the core's advice ("call ... first").
+const SETUP: SetupNames = SetupNames {
+    connect: "mscclppConnect",
+    setup: "mscclppConnectionSetup",
+};
 
 /// Bootstrap connection timeout in milliseconds (`mscclppSetBootstrapConnTimeout`).
 static BOOTSTRAP_TIMEOUT_MS: AtomicU64 = AtomicU64::new(crate::bootstrap::DEFAULT_TIMEOUT.as_millis() as u64);
@@ -225,7 +231,7 @@ pub unsafe extern "C" fn mscclppGetAllDeviceConnections(
     with_comm("mscclppGetAllDeviceConnections", comm, |c| {
         non_null(devConns, "devConns")?;
         non_null(nConns, "nConns")?;
-        let (ptr, n) = c.device_connections()?;
+        let (ptr, n) = c.device_connections(&SETUP)?;
         // SAFETY: both checked non-null.
         unsafe {
             *devConns = ptr;
@@ -246,7 +252,7 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
     with_comm("mscclppGetDeviceConnection", comm, |c| {
         non_null(devConn, "devConn")?;
         check_in_ranks("remoteRank", remoteRank, c.nranks() as c_int)?;
-        let p = c.device_connection(remoteRank, tag)?;
+        let p = c.device_connection(remoteRank, tag, &SETUP)?;
         // SAFETY: checked non-null.
         unsafe { *devConn = p };
         Ok(())
@@ -256,7 +262,7 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
 /// Starts the proxy thread(s) serving the connections.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppProxyLaunch(comm: mscclppComm_t) -> mscclppResult_t {
-    with_comm("mscclppProxyLaunch", comm, |c| c.proxy_launch())
+    with_comm("mscclppProxyLaunch", comm, |c| c.proxy_launch(&SETUP))
 }
 
 /// A barrier, then stops the proxy thread(s). Safe to call twice. The proxies stop even when the barrier
@@ -273,7 +279,7 @@ pub unsafe extern "C" fn mscclppProxyStop(comm: mscclppComm_t) -> mscclppResult_
 /// communicator; mscclppCommDestroy must still be called.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppCommAbort(comm: mscclppComm_t) -> mscclppResult_t {
-    with_comm("mscclppCommAbort", comm, |c| c.abort())
+    with_comm("mscclppCommAbort", comm, |c| c.abort("mscclppCommAbort"))
 }
 
 /// Extension (MSCCLPP_HAS_ABORT). Writes the communicator's asynchronous error to *asyncError without
@@ -353,7 +359,7 @@ pub unsafe extern "C" fn mscclppRegisterBuffer(
         non_null(local_memory, "local_memory")?;
         non_null(regMem, "regMem")?;
         ensure_arg!(size > 0, "size is 0");
-        for e in c.register_buffer(local_memory as u64, size as u64)? {
+        for e in c.register_buffer(local_memory as u64, size as u64, &SETUP)? {
             // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
             unsafe { registered_memory::append(regMem, e)? };
         }

@@ -207,7 +207,7 @@ impl NcclComm {
                 self.nranks.store(c.nranks(), Ordering::Release);
                 c.watch_failures();
                 if self.abandoned.load(Ordering::Acquire) {
-                    let _ = c.abort();
+                    let _ = c.abort("ncclCommAbort");
                     let _ = c.destroy();
                     if let Some(f) = self.fallback() {
                         let _ = f.abort();
@@ -245,7 +245,7 @@ impl NcclComm {
         self.check_not_ended()?;
         if c.collectives_suspended() {
             c.check_usable()?;
-            return Err(crate::collective::suspend::suspended_error());
+            return Err(super::suspend::suspended_error());
         }
         Ok(c)
     }
@@ -278,16 +278,17 @@ impl NcclComm {
     /// abort (`Communicator::abort`: kernels waiting on peers are released, the peers are told and stop
     /// theirs too), with the communicator kept for `ncclCommShrink`, `ncclCommDestroy` or `ncclCommAbort`;
     /// every other call on it is refused from now on. NVIDIA's communicator beside ours, if any, is
-    /// revoked too (calls forwarded to it are the communicator's work as well).
-    pub fn revoke(&self) -> Result<()> {
+    /// revoked too (calls forwarded to it are the communicator's work as well). `by` is the exported
+    /// function that revokes (`ncclCommRevoke`, or `ncclCommShrink` with `NCCL_SHRINK_ABORT`), for messages.
+    pub fn revoke(&self, by: &'static str) -> Result<()> {
         let core = self.core()?;
         self.revoked.store(true, Ordering::Release);
         if let Some(f) = self.fallback()
             && let Err(e) = f.revoke(0)
         {
-            log::info!("ncclCommRevoke: revoking NVIDIA's communicator: {}", e.message);
+            log::info!("{by}: revoking NVIDIA's communicator: {}", e.message);
         }
-        core.abort()
+        core.abort(by)
     }
 
     pub fn revoked(&self) -> bool {
@@ -389,7 +390,7 @@ impl NcclComm {
             log::info!("ncclCommAbort: aborting NVIDIA's communicator: {}", e.message);
         }
         if let Some(c) = core {
-            c.abort()?;
+            c.abort("ncclCommAbort")?;
             // Peers may be gone: the release reports only this rank's own failure, which an abort ignores.
             if let Err(e) = c.destroy() {
                 log::info!("ncclCommAbort: releasing the communicator: {}", e.message);

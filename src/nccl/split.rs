@@ -314,7 +314,7 @@ nccl_export! {
             // Any state of the parent will do (failed, revoked, finalized): a shrink is how one goes on.
             let parent = c.core()?;
             if shrinkFlags == NCCL_SHRINK_ABORT {
-                c.revoke()?;
+                c.revoke("ncclCommShrink")?;
             }
             let index = kept.iter().position(|&r| r == rank).expect("not excluded, so kept");
             let place = Some((index, kept.len()));
@@ -419,7 +419,7 @@ pub(super) mod tests {
         let mut parent = job(4);
         // Rank 3 aborts and goes: every other rank's parent has failed.
         let gone = parent.pop().unwrap();
-        gone.abort().unwrap();
+        gone.abort("a test").unwrap();
         drop(gone);
         for p in &parent {
             let start = Instant::now();

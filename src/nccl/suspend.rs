@@ -35,6 +35,14 @@ pub const NCCL_STAT_GPU_MEM_SUSPENDED: c_int = 1;
 pub const NCCL_STAT_GPU_MEM_PERSIST: c_int = 2;
 pub const NCCL_STAT_GPU_MEM_TOTAL: c_int = 3;
 
+/// The refusal of work while suspended, naming the call that ends it (`NcclComm::usable`).
+pub fn suspended_error() -> Error {
+    Error::invalid_usage(
+        "comm is suspended (ncclCommSuspend): no work may be issued on it until every rank has called \
+         ncclCommResume",
+    )
+}
+
 /// Refuses `name` where NVIDIA's communicator carries every call: ours holds nothing to suspend there.
 fn refuse_where_nvidia_carries_all(c: &NcclComm, name: &str) -> Result<()> {
     if c.fallback_for_all().is_some() {
@@ -322,7 +330,7 @@ mod tests {
         let all = comms(2);
         on_ranks(&all, |c| suspend(c, NCCL_SUSPEND_MEM).unwrap());
         // Revoked while suspended (our abort, every rank told): only the ending calls are left.
-        all[0].revoke().unwrap();
+        all[0].revoke("ncclCommRevoke").unwrap();
         let e = resume(&all[0]).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidUsage);
         assert!(e.message.contains("revoked"), "{}", e.message);

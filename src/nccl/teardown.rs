@@ -65,7 +65,7 @@ nccl_export! {
                 f.revoke(revokeFlags)?;
                 return OK;
             }
-            c.revoke()?;
+            c.revoke("ncclCommRevoke")?;
             OK
         })
     }
