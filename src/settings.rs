@@ -159,7 +159,7 @@ setting!(
 setting!(
     SENDRECV_LANES,
     "MSCCLPP_SENDRECV_LANES",
-    "16",
+    "32",
     Values::Int { min: 1, max: 32 },
     Warn,
     "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; the same on every rank"
@@ -175,10 +175,10 @@ setting!(
 setting!(
     SENDRECV_CHUNK_KB,
     "MSCCLPP_SENDRECV_CHUNK_KB",
-    "256",
+    "512",
     Values::Int { min: 16, max: 4096 },
     Warn,
-    "KiB of each slot of a send/receive lane, the largest chunk that crosses at once (smaller where many ranks would make the area exceed 64 MiB); the same on every rank"
+    "KiB of each slot of a send/receive lane, the largest chunk that crosses at once (smaller where many ranks would make the area exceed 128 MiB); the same on every rank"
 );
 // ---- InfiniBand ----
 setting!(

@@ -155,7 +155,10 @@ __device__ void p2pKernel(const P2pArgs& a)
   char* own = a.areas[a.rank];
   char* peer = a.areas[ch.peer];
 
-  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < a.lanes; lane += ch.blocks) {
+  // Lanes past the widest call of the channel carry nothing: small sends use one lane of many.
+  uint32_t used = 0;
+  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) used = a.ops[k].lanes > used ? a.ops[k].lanes : used;
+  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < used; lane += ch.blocks) {
     // This block alone moves this lane of this channel in this launch; the previous launch's count is
     // visible since that launch ended before this one began.
     uint64_t* count = p2pCounter(own, sending ? MSCCLPP_P2P_SENT : MSCCLPP_P2P_RECEIVED, ch.peer, lane);

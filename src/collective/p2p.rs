@@ -255,11 +255,8 @@ pub struct Split {
 const MIN_LANE_BYTES: u64 = 16 << 10;
 /// The fewest bytes of a chunk, below the whole lane: smaller chunks pay more handshakes than they overlap.
 const MIN_CHUNK_BYTES: u64 = 16 << 10;
-/// A lane is cut into about this many chunks (within the slot's size), so that the receiver copies one out
-/// while the sender writes the next.
-const CHUNKS_PER_LANE: u64 = 4;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
-const PAIR_AREA_CAP: u64 = 64 << 20;
+const PAIR_AREA_CAP: u64 = 128 << 20;
 
 impl Shape {
     /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
@@ -283,10 +280,16 @@ impl Shape {
         use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES};
         Shape::new(
             nranks,
-            SENDRECV_LANES.int().unwrap_or(16) as u32,
+            SENDRECV_LANES.int().unwrap_or(32) as u32,
             SENDRECV_DEPTH.int().unwrap_or(2) as u32,
-            SENDRECV_CHUNK_KB.int().unwrap_or(256) as u64,
+            SENDRECV_CHUNK_KB.int().unwrap_or(512) as u64,
         )
+    }
+
+    /// The largest send that is written whole into the receiver's slots, whether or not its receiver runs
+    /// (see `split`).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.lanes as u64 * self.depth as u64 * self.slot_bytes
     }
 
     /// Bytes of one rank's p2p area with `nranks` ranks: the counters, then every source's lanes.
@@ -295,13 +298,16 @@ impl Shape {
     }
 
     /// How a send of `bytes` is cut: a lane per `MIN_LANE_BYTES` up to `lanes`, every lane starting on a
-    /// 16-byte unit; chunks of about a `CHUNKS_PER_LANE`-th of a lane, at least `MIN_CHUNK_BYTES` (or the
-    /// lane) and at most a slot.
+    /// 16-byte unit; chunks of a `depth`-th of a lane (at least `MIN_CHUNK_BYTES` or the lane, at most a
+    /// slot), so that the receiver copies one out while the sender writes the next, and a send that fits the
+    /// lanes' slots is written whole before its receiver need start (a send and a receive outside a group,
+    /// in either order on both ranks, do not deadlock up to that size: `buffered_bytes`).
     pub fn split(&self, bytes: u64) -> Split {
         let lanes = bytes.div_ceil(MIN_LANE_BYTES).clamp(1, self.lanes as u64);
         let lane_units = bytes.div_ceil(16).div_ceil(lanes);
         let lane_bytes = lane_units * 16;
-        let chunk_bytes = (lane_bytes / CHUNKS_PER_LANE)
+        let chunk_bytes = lane_bytes
+            .div_ceil(self.depth as u64)
             .max(MIN_CHUNK_BYTES)
             .min(lane_bytes)
             .min(self.slot_bytes)
@@ -633,7 +639,7 @@ mod tests {
 
     /// The shape of two ranks at the settings' defaults.
     fn shape() -> Shape {
-        Shape::new(2, 16, 2, 256)
+        Shape::new(2, 32, 2, 512)
     }
 
     #[test]
@@ -688,6 +694,29 @@ mod tests {
         assert_eq!(s.split(1 << 30).lanes, s.lanes);
         assert_eq!(s.split(4096).chunk_bytes, 4096);
         assert_eq!(s.split(4096).lanes, 1);
+        // Up to what the slots hold, every lane takes at most `depth` chunks: a send outside a group is
+        // written whole before its receiver starts (nccl_gpu_test's p2p_alone_outside_a_group_up_to_1MiB).
+        for shape in [
+            s,
+            Shape::new(2, 16, 4, 128),
+            Shape::new(16, 32, 2, 512),
+            Shape::new(2, 1, 3, 16),
+        ] {
+            for bytes in [
+                1u64 << 20,
+                shape.buffered_bytes(),
+                shape.buffered_bytes() / 3 + 5,
+                100_000,
+            ] {
+                let split = shape.split(bytes.min(shape.buffered_bytes()));
+                let lane_bytes = split.lane_units * 16;
+                assert!(
+                    lane_bytes.div_ceil(split.chunk_bytes) <= shape.depth as u64,
+                    "{shape:?} {bytes}: {split:?}"
+                );
+            }
+        }
+        assert!(s.buffered_bytes() >= 1 << 20);
     }
 
     #[test]
@@ -695,11 +724,16 @@ mod tests {
         assert_eq!(
             shape(),
             Shape {
-                lanes: 16,
+                lanes: 32,
                 depth: 2,
-                slot_bytes: 256 << 10
+                slot_bytes: 512 << 10
             }
         );
+        // Every shape the settings allow holds 1 MiB, what the GPU test sends outside a group.
+        for nranks in 1..=MAX_RANKS {
+            assert!(Shape::new(nranks, 1, 2, 16).buffered_bytes() >= 32 << 10);
+            assert!(Shape::new(nranks, 32, 2, 512).buffered_bytes() >= 1 << 20, "{nranks}");
+        }
         for nranks in 1..=MAX_RANKS {
             for (lanes, depth, kib) in [(16, 2, 256), (32, 8, 4096), (0, 0, 0), (99, 2, 1)] {
                 let s = Shape::new(nranks, lanes, depth, kib);
@@ -713,8 +747,9 @@ mod tests {
                 );
             }
         }
-        // Sixteen ranks at the defaults: the slots halve.
-        assert_eq!(Shape::new(16, 16, 2, 256).slot_bytes, 128 << 10);
+        // Sixteen ranks at the defaults: the slots shrink to an eighth.
+        assert_eq!(Shape::new(16, 32, 2, 512).slot_bytes, 128 << 10);
+        assert_eq!(Shape::new(4, 32, 2, 512).slot_bytes, 512 << 10);
     }
 
     /// Every chunk the kernel moves on each lane of a channel, in its order: (the call's place among the
@@ -824,7 +859,7 @@ mod tests {
         let (a, blocks) = kernel_args(&remote, &c, &shape(), &areas, 0xdead, 0, 3);
         assert_eq!(blocks, 7);
         assert_eq!((a.rank, a.nranks, a.channel_count, a.abort_flag), (0, 3, 3, 0xdead));
-        assert_eq!((a.lanes, a.depth, a.slot_bytes), (16, 2, 256 << 10));
+        assert_eq!((a.lanes, a.depth, a.slot_bytes), (32, 2, 512 << 10));
         assert_eq!(a.areas, areas);
         assert_eq!(
             a.channels[..3],
@@ -876,6 +911,6 @@ mod tests {
                 assert_eq!(s.area_bytes(nranks), last);
             }
         }
-        assert_eq!(shape().area_bytes(2), (16 << 20) + P2P_COUNTER_BYTES);
+        assert_eq!(shape().area_bytes(2), (64 << 20) + P2P_COUNTER_BYTES);
     }
 }

@@ -107,6 +107,7 @@ impl Scratch {
         let mut w = Writer::new();
         me.write(&mut w);
         w.u64(device).u32(multiprocessors).u32(cta_limit);
+        w.u32(p2p_shape.lanes).u32(p2p_shape.depth).u64(p2p_shape.slot_bytes);
         IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
         let mine = w.into_bytes();
         let block = mine.len();
