@@ -67,7 +67,8 @@ void *gHandleA = nullptr, *gHandleB = nullptr;
 constexpr uint64_t kLargeF = (1u << 20) + 3;
 constexpr uint64_t kGatherI = (1u << 18) + 1;
 constexpr uint64_t kRingU = (1u << 20) + 7;
-// 64 MiB: the size from which an all-reduce on registered buffers goes zero-copy across GPUs (16 MiB on one).
+// 64 MiB: the size from which an all-reduce on registered buffers goes zero-copy among more than two GPUs (16
+// MiB on one GPU; two GPUs' go as sends and receives from there).
 constexpr uint64_t kRegF = (64u << 20) / 4;
 
 const char* resultName(ncclResult_t r)

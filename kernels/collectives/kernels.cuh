@@ -54,6 +54,15 @@
   MSCCLPP_ZC_KERNEL(allreduce_zc_##oname##_##tname, (allreduceZc<T, Op>), 1)   \
   MSCCLPP_ZC_KERNEL(reducescatter_zc_##oname##_##tname, (reducescatterZc<T, Op>), 1)
 
+// Send and receive with reducing receives, for two ranks' reductions (p2p.cuh; not PreMulSum, whose scalar
+// is in CollArgs).
+#define MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, oname, Op)                           \
+  extern "C" __global__ void __launch_bounds__(MSCCLPP_P2P_THREADS)                   \
+      mscclpp_p2p_reduce_##oname##_##tname(const __grid_constant__ P2pArgs args)     \
+  {                                                                                   \
+    p2pKernel<P2pReduce<T, Op>>(args);                                                \
+  }
+
 #define MSCCLPP_REDUCING_KERNELS(tname, T)                        \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, sum, OpSum)               \
   MSCCLPP_REDUCING_KERNELS_OP(tname, T, prod, OpProd)             \
@@ -66,6 +75,11 @@
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, max, OpMax)            \
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, min, OpMin)            \
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)            \
+  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, sum, OpSum)            \
+  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, prod, OpProd)          \
+  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, max, OpMax)            \
+  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, min, OpMin)            \
+  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, avg, OpAvg)            \
   MSCCLPP_KERNEL(scale_premulsum_##tname, (scaleOneRank<T, OpPreMulSum>))
 
 #define MSCCLPP_MOVING_KERNELS()                    \
@@ -88,5 +102,5 @@
   extern "C" __global__ void __launch_bounds__(MSCCLPP_P2P_THREADS)             \
       mscclpp_p2p(const __grid_constant__ P2pArgs args)                          \
   {                                                                              \
-    p2pKernel(args);                                                             \
+    p2pKernel<P2pMoveOnly>(args);                                                \
   }

@@ -19,16 +19,23 @@
 // Every block of both launches is resident at once (the host keeps each launch within its share of the
 // GPU), and each side takes the (lane, op) pairs of a channel in the same order, so the first pair either
 // side waits on is always one the other side is working on or has passed.
+//
+// Reducing receives (mscclpp_p2p_reduce_<op>_<type>, for two ranks' reduce, reduce-scatter and all-reduce:
+// src/collective/send_recv_collectives.rs): a receive with a `src` writes, element by element, the operator
+// applied to its `src` and the chunk, finished for two contributions (an average halves the sum). Every
+// other op moves bytes as in mscclpp_p2p.
 #pragma once
 
 #include "common.cuh"
+#include "reduce.cuh"
 
 #define MSCCLPP_P2P_MAX_LANES 32
 #define MSCCLPP_P2P_MAX_OPS 64
-#define MSCCLPP_P2P_MAX_CHANNELS 32
+#define MSCCLPP_P2P_MAX_CHANNELS 33
 #define MSCCLPP_P2P_THREADS 512
 #define MSCCLPP_P2P_SEND 0
 #define MSCCLPP_P2P_RECV 1
+#define MSCCLPP_P2P_COPY 2
 // Counters at the start of a rank's p2p area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
 // received from each rank. The slots follow: [source rank][lane][slot][slotBytes].
@@ -45,7 +52,8 @@ struct P2pOp {
   uint64_t laneUnits;   // 16-byte units of each lane but the last
   uint64_t chunkBytes;  // bytes of each chunk of a lane but its last: a multiple of 16, at most slotBytes
   uint32_t lanes;
-  uint32_t aligned;    // non-zero when ptr is a multiple of 16
+  uint32_t aligned;    // non-zero when ptr (and src) are multiples of 16
+  const char* src;     // a copy's source; a receive's own operand where it reduces (null: it only moves)
 };
 
 struct P2pChannel {
@@ -54,12 +62,12 @@ struct P2pChannel {
   uint32_t firstBlock;
   uint32_t blocks;
   uint32_t peer;
-  uint32_t kind;  // MSCCLPP_P2P_SEND or MSCCLPP_P2P_RECV
+  uint32_t kind;  // MSCCLPP_P2P_SEND, MSCCLPP_P2P_RECV or MSCCLPP_P2P_COPY (peer unused)
 };
 
 struct P2pArgs {
   P2pOp ops[MSCCLPP_P2P_MAX_OPS];
-  P2pChannel channels[MSCCLPP_P2P_MAX_CHANNELS];  // by firstBlock
+  P2pChannel channels[MSCCLPP_P2P_MAX_CHANNELS];  // by firstBlock; the copies' channel, if any, last
   char* areas[MSCCLPP_COLL_MAX_RANKS];              // every rank's p2p area (this rank's own too), mapped here
   const volatile uint64_t* abortFlag;               // host memory: non-zero once the communicator is aborted
   uint32_t rank;
@@ -89,6 +97,53 @@ __device__ __forceinline__ char* p2pSlot(const P2pArgs& a, char* area, uint32_t 
 // `slot` is the side in the p2p area, always aligned; the other may be unaligned (`aligned` false), then
 // unit by unit. Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks,
 // and L1 is not coherent with those writes.
+// What a receive does with each 16-byte unit of a chunk: stores it (P2pMoveOnly), or stores the operator
+// applied to the receive's own operand and it (P2pReduce).
+struct P2pMoveOnly {
+  static constexpr bool kReduces = false;
+  __device__ __forceinline__ uint4 operator()(uint4, uint4 in) const { return in; }
+};
+template <typename T, typename Op>
+struct P2pReduce {
+  static constexpr bool kReduces = true;
+  __device__ __forceinline__ uint4 operator()(uint4 own, uint4 in) const
+  {
+    return finishUnit<T, Op>(reduceUnit<T, Op>(own, in), 2);
+  }
+};
+
+// A reducing receive of `n` bytes: dst = reduce(own, slot), four units in flight per thread where dst and
+// own are aligned and n a multiple of 16, else unit by unit.
+template <typename R>
+__device__ __forceinline__ void p2pReceiveReduce(char* dst, const char* own, const char* slot, uint64_t n,
+                                                 bool aligned, const R& reduce)
+{
+  const uint64_t units = unitsOf(n, 16);
+  const uint4* in = reinterpret_cast<const uint4*>(slot);
+  if (!aligned || n % 16 != 0) {
+    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
+      storeUnit<uint4>(dst, u, n, aligned, reduce(loadUnit<uint4>(own, u, n, aligned), __ldcg(in + u)));
+    }
+    return;
+  }
+  const uint4* mine = reinterpret_cast<const uint4*>(own);
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  constexpr uint32_t kGroup = 4;
+  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
+  uint64_t u = threadIdx.x;
+  for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
+    uint4 v[kGroup], w[kGroup];
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) {
+      v[g] = __ldcg(in + u + g * blockDim.x);
+      w[g] = mine[u + g * blockDim.x];
+    }
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) out[u + g * blockDim.x] = reduce(w[g], v[g]);
+  }
+  for (; u < units; u += blockDim.x) out[u] = reduce(mine[u], __ldcg(in + u));
+}
+
 template <bool ToSlot>
 __device__ __forceinline__ void p2pMove(char* dst, const char* src, uint64_t n, bool aligned)
 {
@@ -146,11 +201,39 @@ __device__ __forceinline__ void p2pPublish(uint64_t* counter, uint64_t value)
   }
 }
 
+// The copies to this rank itself: block b of the channel copies lanes b, b + blocks, ... of every copy, each
+// lane at once (nothing crosses a link, so there is no chunk to wait for).
+__device__ void p2pCopies(const P2pArgs& a, const P2pChannel& ch)
+{
+  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
+    const P2pOp& op = a.ops[k];
+    for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < op.lanes; lane += ch.blocks) {
+      const uint64_t begin = lane * op.laneUnits * 16;
+      const uint64_t laneEnd = begin + op.laneUnits * 16;
+      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      const uint64_t n = end - begin;
+      if (op.aligned != 0 && n % 16 == 0) {
+        p2pMove<true>(op.ptr + begin, op.src + begin, n, true);
+      } else {
+        // Unaligned on either side: unit by unit, each side as it is.
+        for (uint64_t u = threadIdx.x; u < unitsOf(n, 16); u += blockDim.x) {
+          storeUnit<uint4>(op.ptr + begin, u, n, false, loadUnit<uint4>(op.src + begin, u, n, false));
+        }
+      }
+    }
+  }
+}
+
+template <typename R>
 __device__ void p2pKernel(const P2pArgs& a)
 {
   uint32_t c = 0;
   while (c + 1 < a.channelCount && blockIdx.x >= a.channels[c + 1].firstBlock) c++;
   const P2pChannel& ch = a.channels[c];
+  if (ch.kind == MSCCLPP_P2P_COPY) {
+    p2pCopies(a, ch);
+    return;
+  }
   const bool sending = ch.kind == MSCCLPP_P2P_SEND;
   char* own = a.areas[a.rank];
   char* peer = a.areas[ch.peer];
@@ -184,7 +267,12 @@ __device__ void p2pKernel(const P2pArgs& a)
           p2pPublish(p2pCounter(peer, MSCCLPP_P2P_POSTED, a.rank, lane), chunk);
         } else {
           if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_POSTED, ch.peer, lane), chunk)) return;
-          p2pMove<false>(op.ptr + off, p2pSlot(a, own, ch.peer, lane, chunk), n, aligned);
+          const char* slot = p2pSlot(a, own, ch.peer, lane, chunk);
+          if (R::kReduces && op.src != nullptr) {
+            p2pReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R());
+          } else {
+            p2pMove<false>(op.ptr + off, slot, n, aligned);
+          }
           p2pPublish(p2pCounter(peer, MSCCLPP_P2P_CREDIT, a.rank, lane), chunk);
         }
       }

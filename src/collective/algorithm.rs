@@ -112,9 +112,23 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
     match (placement, collective) {
         (_, Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::AllToAll) => None,
         (Placement::OneGpu, _) => Some((16 << 20).max(above_packets)),
+        // Two GPUs' large calls go as sends and receives (`send_recv_collectives.rs`) on any buffer: the
+        // zero-copy launch's fallback, taken whenever a rank did not register, ran its windows one after
+        // another (2 x H200, 2026-11-27, at 1 GiB: all-reduce 1.16 times NVIDIA's time, all-gather 1.20 in
+        // graphs, reduce-scatter 1.08).
+        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather)
+            if nranks == 2 =>
+        {
+            None
+        }
         (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => {
             Some((64 << 20).max(above_packets))
         }
+        // Between two GPUs a broadcast goes as a send and a receive (`send_recv_collectives.rs`): at the
+        // link's speed on any buffer (2 x H200, 2026-11-27: 1 GiB as fast as NVIDIA's send/recv), where the
+        // zero-copy launch's fallback, taken whenever a rank did not register, ran windows one after another
+        // (1.27 times NVIDIA's time at 1 GiB).
+        (Placement::SeveralGpus, Collective::Broadcast) if nranks == 2 => None,
         (Placement::SeveralGpus, Collective::Broadcast) => Some((16 << 20).max(above_packets)),
     }
 }

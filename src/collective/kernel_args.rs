@@ -54,8 +54,8 @@ pub const P2P_MAX_LANES: usize = 32;
 /// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
 /// once, so a group that holds more cannot be split into launches without risking a deadlock.
 pub const MAX_P2P_OPS: usize = 64;
-/// Channels of one launch: one per peer and direction.
-pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS;
+/// Channels of one launch: one per peer and direction, and one of copies to this rank itself.
+pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS + 1;
 /// Bytes of counters at the start of a rank's p2p area: posted (written by the source), credit (written
 /// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
 pub const P2P_COUNTER_BYTES: u64 = 4 * (MAX_RANKS * P2P_MAX_LANES * 8) as u64;
@@ -66,6 +66,8 @@ pub const P2P_THREADS: u32 = 512;
 /// What a channel carries: `P2pChannelArgs::kind`.
 pub const P2P_SEND: u32 = 0;
 pub const P2P_RECV: u32 = 1;
+/// A channel of copies to this rank itself.
+pub const P2P_COPY: u32 = 2;
 
 /// One send or receive of a launch.
 #[repr(C)]
@@ -79,8 +81,10 @@ pub struct P2pOpArgs {
     /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
     pub chunk_bytes: u64,
     pub lanes: u32,
-    /// Non-zero when `ptr` is a multiple of 16.
+    /// Non-zero when `ptr` (and `src`) are multiples of 16.
     pub aligned: u32,
+    /// What a copy to this rank itself reads (0 for a send or a receive).
+    pub src: DevicePtr,
 }
 
 /// The sends to one peer, or the receives from one peer, of a launch: `ops` of `P2pArgs::ops` from
@@ -156,13 +160,14 @@ mod tests {
 
     #[test]
     fn p2p_layout_matches_the_device_struct() {
-        assert_eq!(size_of::<P2pOpArgs>(), 40);
+        assert_eq!(size_of::<P2pOpArgs>(), 48);
+        assert_eq!(offset_of!(P2pOpArgs, src), 40);
         assert_eq!(offset_of!(P2pOpArgs, lane_units), 16);
         assert_eq!(offset_of!(P2pOpArgs, chunk_bytes), 24);
         assert_eq!(offset_of!(P2pOpArgs, aligned), 36);
         assert_eq!(size_of::<P2pChannelArgs>(), 24);
         assert_eq!(offset_of!(P2pChannelArgs, kind), 20);
-        let channels = 40 * MAX_P2P_OPS;
+        let channels = 48 * MAX_P2P_OPS;
         let areas = channels + 24 * MAX_P2P_CHANNELS;
         assert_eq!(offset_of!(P2pArgs, channels), channels);
         assert_eq!(offset_of!(P2pArgs, areas), areas);
@@ -186,6 +191,7 @@ mod tests {
             ("MSCCLPP_P2P_THREADS", P2P_THREADS as u64),
             ("MSCCLPP_P2P_SEND", P2P_SEND as u64),
             ("MSCCLPP_P2P_RECV", P2P_RECV as u64),
+            ("MSCCLPP_P2P_COPY", P2P_COPY as u64),
         ] {
             assert!(
                 p2p.contains(&format!("#define {name} {value}\n")),

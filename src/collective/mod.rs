@@ -11,7 +11,8 @@
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
 //!   `prepare`), with the p2p areas of send and receive;
 //! - `p2p.rs`: send and receive: a group's sends and receives checked, matched with themselves where they
-//!   name this rank, and carried by one launch;
+//!   name this rank, and carried by one launch; `send_recv_collectives.rs`: gather, scatter, all-to-all
+//!   (and two ranks' broadcast) above the packet sizes, as such a group;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
@@ -39,6 +40,7 @@ pub mod kernels;
 pub mod p2p;
 pub mod process_exit;
 pub mod scratch;
+pub mod send_recv_collectives;
 pub mod signal;
 pub mod suspend;
 pub mod zero_copy;
@@ -329,6 +331,21 @@ impl Collectives {
                 registrations,
                 &args,
             );
+        }
+        if send_recv_collectives::applies(call.collective, call.op, nranks, placement, message, ready.choice) {
+            let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
+            // Every rank decides alike, by the channels of the rank that needs most.
+            let channels = send_recv_collectives::most_channels(call.collective, nranks);
+            let mut fits = p2p::fits(ready, channels, None, capturing)?;
+            if let Some(op) = call.op {
+                fits &= p2p::fits(ready, channels, Some((op, call.datatype)), capturing)?;
+            }
+            if fits {
+                for l in &launches {
+                    p2p::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
+                }
+                return Ok(());
+            }
         }
         // The scratch algorithm, a launch per window.
         let base = algorithm::kernel_base(call.collective, protocol);

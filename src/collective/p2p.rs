@@ -16,10 +16,11 @@
 //! any send or receive: `Collectives::prepare`.
 
 use super::kernel_args::{
-    MAX_P2P_OPS, MAX_RANKS, P2P_COUNTER_BYTES, P2P_MAX_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs, P2pChannelArgs,
-    P2pOpArgs,
+    MAX_P2P_OPS, MAX_RANKS, P2P_COPY, P2P_COUNTER_BYTES, P2P_MAX_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs,
+    P2pChannelArgs, P2pOpArgs,
 };
-use super::{Collectives, DataType};
+use super::kernels::LoadedKernel;
+use super::{Collectives, DataType, Ready, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -52,13 +53,6 @@ impl P2pKind {
             P2pKind::Recv => "recvbuff",
         }
     }
-
-    fn device_kind(self) -> u32 {
-        match self {
-            P2pKind::Send => P2P_SEND,
-            P2pKind::Recv => P2P_RECV,
-        }
-    }
 }
 
 /// One send or receive as the application called it: `count` elements of `datatype` from `buffer` to
@@ -79,6 +73,9 @@ pub struct Moved {
     pub peer: usize,
     pub buffer: DevicePtr,
     pub bytes: u64,
+    /// A receive's own operand, reduced with what arrives into `buffer` (`send_recv_collectives.rs`, two
+    /// ranks' reductions); 0: the receive only moves. Always 0 for the application's calls.
+    pub reduce_with: DevicePtr,
 }
 
 impl Moved {
@@ -172,6 +169,7 @@ impl Work {
                 peer: op.peer,
                 buffer: op.buffer,
                 bytes,
+                reduce_with: 0,
             };
             work.buffers.push(moved);
             if op.peer != rank {
@@ -221,13 +219,18 @@ impl Work {
 
     /// Queues the copies of the sends to this rank.
     fn copy_to_self(&self, stream: AppStream) -> Result<()> {
-        for c in self.copies.iter().filter(|c| c.dst != c.src) {
-            // SAFETY: both ranges were checked to be device memory of the communicator's context
-            // (`GpuContext::check_buffer`), which the stream belongs to.
-            unsafe { stream.copy(c.dst, c.src, c.bytes as usize)? };
-        }
-        Ok(())
+        copy_on_stream(&self.copies, stream)
     }
+}
+
+/// Queues `copies` (sends to this rank with their receives, checked buffers of `work`) on `stream`.
+fn copy_on_stream(copies: &[SelfCopy], stream: AppStream) -> Result<()> {
+    for c in copies.iter().filter(|c| c.dst != c.src) {
+        // SAFETY: both ranges were checked to be device memory of the communicator's context
+        // (`GpuContext::check_buffer`), which the stream belongs to.
+        unsafe { stream.copy(c.dst, c.src, c.bytes as usize)? };
+    }
+    Ok(())
 }
 
 /// The shape of every rank's p2p area, the same on every rank (`Scratch::set_up` checks it): each ordered
@@ -321,41 +324,74 @@ impl Shape {
     }
 }
 
-/// The sends to one peer, or the receives from one, of a launch: `ops` (indices into the launch's calls, in
-/// call order) served by `blocks` blocks.
+/// What a channel of a launch carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelKind {
+    Send,
+    Recv,
+    /// This rank's sends to itself, copied by blocks of the launch while the other channels move theirs.
+    Copy,
+}
+
+impl ChannelKind {
+    fn of(kind: P2pKind) -> ChannelKind {
+        match kind {
+            P2pKind::Send => ChannelKind::Send,
+            P2pKind::Recv => ChannelKind::Recv,
+        }
+    }
+
+    fn device_kind(self) -> u32 {
+        match self {
+            ChannelKind::Send => P2P_SEND,
+            ChannelKind::Recv => P2P_RECV,
+            ChannelKind::Copy => P2P_COPY,
+        }
+    }
+}
+
+/// The sends to one peer, or the receives from one, or the copies to this rank itself, of a launch: `ops`
+/// (indices into the launch's calls or copies, in call order) served by `blocks` blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Channel {
-    pub kind: P2pKind,
+    pub kind: ChannelKind,
     pub peer: usize,
     pub ops: Vec<usize>,
     pub blocks: u32,
 }
 
-/// The channels of a launch of `remote`, in order of their first call, with blocks for each within
-/// `max_blocks` (`fit_blocks`).
-pub fn channels(remote: &[Moved], shape: &Shape, max_blocks: u32) -> Result<Vec<Channel>> {
+/// The channels of a launch of `remote` and `copies`, in order of their first call and the copies last,
+/// with blocks for each within `max_blocks` (`fit_blocks`).
+pub fn channels(remote: &[Moved], copies: &[SelfCopy], shape: &Shape, max_blocks: u32) -> Result<Vec<Channel>> {
     let mut channels: Vec<Channel> = Vec::new();
     for (i, m) in remote.iter().enumerate() {
-        match channels.iter_mut().find(|c| c.kind == m.kind && c.peer == m.peer) {
+        let kind = ChannelKind::of(m.kind);
+        match channels.iter_mut().find(|c| c.kind == kind && c.peer == m.peer) {
             Some(c) => c.ops.push(i),
             None => channels.push(Channel {
-                kind: m.kind,
+                kind,
                 peer: m.peer,
                 ops: vec![i],
                 blocks: 0,
             }),
         }
     }
+    if !copies.is_empty() {
+        channels.push(Channel {
+            kind: ChannelKind::Copy,
+            peer: usize::MAX,
+            ops: (0..copies.len()).collect(),
+            blocks: 0,
+        });
+    }
+    let bytes = |c: &Channel, i: usize| match c.kind {
+        ChannelKind::Copy => copies[i].bytes,
+        ChannelKind::Send | ChannelKind::Recv => remote[i].bytes,
+    };
     // A block per lane of the channel's widest call: more would have nothing to do.
     let wanted: Vec<u32> = channels
         .iter()
-        .map(|c| {
-            c.ops
-                .iter()
-                .map(|&i| shape.split(remote[i].bytes).lanes)
-                .max()
-                .unwrap_or(1)
-        })
+        .map(|c| c.ops.iter().map(|&i| shape.split(bytes(c, i)).lanes).max().unwrap_or(1))
         .collect();
     for (c, blocks) in channels.iter_mut().zip(fit_blocks(&wanted, max_blocks)?) {
         c.blocks = blocks;
@@ -384,9 +420,11 @@ pub fn fit_blocks(wanted: &[u32], max_blocks: u32) -> Result<Vec<u32>> {
     Ok(wanted.iter().map(|&w| w.clamp(1, cap)).collect())
 }
 
-/// The kernel's argument for `remote` carried by `channels`, and the launch's blocks.
+/// The kernel's argument for `remote` and `copies` carried by `channels`, and the launch's blocks.
+#[allow(clippy::too_many_arguments)]
 pub fn kernel_args(
     remote: &[Moved],
+    copies: &[SelfCopy],
     channels: &[Channel],
     shape: &Shape,
     areas: &[DevicePtr; MAX_RANKS],
@@ -416,15 +454,20 @@ pub fn kernel_args(
             kind: c.kind.device_kind(),
         };
         for &i in &c.ops {
-            let m = &remote[i];
-            let split = shape.split(m.bytes);
+            // A copy writes `ptr` from `src`; a send reads `ptr`, a receive writes it.
+            let (ptr, src, bytes) = match c.kind {
+                ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes),
+                ChannelKind::Send | ChannelKind::Recv => (remote[i].buffer, remote[i].reduce_with, remote[i].bytes),
+            };
+            let split = shape.split(bytes);
             args.ops[op] = P2pOpArgs {
-                ptr: m.buffer,
-                bytes: m.bytes,
+                ptr,
+                bytes,
                 lane_units: split.lane_units,
                 chunk_bytes: split.chunk_bytes,
                 lanes: split.lanes,
-                aligned: m.buffer.is_multiple_of(16) as u32,
+                aligned: (ptr.is_multiple_of(16) && src.is_multiple_of(16)) as u32,
+                src,
             };
             op += 1;
         }
@@ -487,27 +530,64 @@ impl Collectives {
     fn launch_p2p(&self, rank: usize, nranks: usize, work: &Work, capturing: bool, stream: AppStream) -> Result<()> {
         let mut ready = self.ready.lock();
         let ready = ready.as_mut().ok_or_else(not_prepared)?;
-        let loaded = ready
-            .kernels
-            .get_capturing(capturing, KERNEL_BASE, None, BYTES, P2P_THREADS)?;
-        let max_blocks = loaded.max_blocks;
-        let shape = ready.scratch.p2p_shape;
-        let channels = channels(&work.remote, &shape, max_blocks)?;
-        let (args, blocks) = kernel_args(
-            &work.remote,
-            &channels,
-            &shape,
-            &ready.scratch.p2p,
-            ready.abort.device_ptr(),
-            rank,
-            nranks,
-        );
-        work.copy_to_self(stream)?;
-        // SAFETY: the argument is `P2pArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
-        // bytes its call moves; the p2p areas and the abort word live in `ready` until `clear`, which comes
-        // after the application has synchronized; the stream was checked to be of this context.
-        unsafe { loaded.kernel.launch(blocks, P2P_THREADS, stream, &args) }
+        launch(ready, rank, nranks, work, None, capturing, stream)
     }
+}
+
+/// The kernel's name without operator or type where receives reduce (`mscclpp_p2p_reduce_<op>_<type>`).
+const REDUCING_KERNEL_BASE: &str = "p2p_reduce";
+
+/// The operator and type of a launch whose receives reduce (`Moved::reduce_with`); `None`: it only moves.
+pub type Reducing = Option<(RedOp, DataType)>;
+
+fn kernel(ready: &mut Ready, reducing: Reducing, capturing: bool) -> Result<LoadedKernel> {
+    let (base, op, datatype) = match reducing {
+        Some((op, datatype)) => (REDUCING_KERNEL_BASE, Some(op), datatype),
+        None => (KERNEL_BASE, None, BYTES),
+    };
+    ready.kernels.get_capturing(capturing, base, op, datatype, P2P_THREADS)
+}
+
+/// Whether one launch of the kernel can hold `channels` channels (a block each within its share of the
+/// GPU; a group beyond it is refused by `launch`).
+pub(super) fn fits(ready: &mut Ready, channels: usize, reducing: Reducing, capturing: bool) -> Result<bool> {
+    Ok(channels as u64 <= kernel(ready, reducing, capturing)?.max_blocks as u64)
+}
+
+/// Queues `work`'s copies to this rank and one launch of the kernel for the rest on `stream`.
+pub(super) fn launch(
+    ready: &mut Ready,
+    rank: usize,
+    nranks: usize,
+    work: &Work,
+    reducing: Reducing,
+    capturing: bool,
+    stream: AppStream,
+) -> Result<()> {
+    let loaded = kernel(ready, reducing, capturing)?;
+    let max_blocks = loaded.max_blocks;
+    let shape = ready.scratch.p2p_shape;
+    // The copies to this rank itself run in the launch, beside the transfers, as far as the argument holds
+    // them; the rest go on the stream before it.
+    let copies: Vec<SelfCopy> = work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
+    let in_launch = copies.len().min(MAX_P2P_OPS - work.remote.len());
+    let (copies, on_stream) = copies.split_at(in_launch);
+    let channels = channels(&work.remote, copies, &shape, max_blocks)?;
+    let (args, blocks) = kernel_args(
+        &work.remote,
+        copies,
+        &channels,
+        &shape,
+        &ready.scratch.p2p,
+        ready.abort.device_ptr(),
+        rank,
+        nranks,
+    );
+    copy_on_stream(on_stream, stream)?;
+    // SAFETY: the argument is `P2pArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
+    // bytes its call moves; the p2p areas and the abort word live in `ready` until `clear`, which comes
+    // after the application has synchronized; the stream was checked to be of this context.
+    unsafe { loaded.kernel.launch(blocks, P2P_THREADS, stream, &args) }
 }
 
 fn not_prepared() -> Error {
@@ -785,6 +865,7 @@ mod tests {
             peer,
             buffer,
             bytes,
+            reduce_with: 0,
         }
     }
 
@@ -803,12 +884,15 @@ mod tests {
         let receiver: Vec<Moved> = sizes.iter().map(|&b| moved(Recv, 0, 0x9000, b)).collect();
         let areas = [0; MAX_RANKS];
         for budget in [3u32, 4, 7, 128] {
-            let s = channels(&sender, &shape(), budget).unwrap();
-            let r = channels(&receiver, &shape(), 128).unwrap();
-            let (sa, sb) = kernel_args(&sender, &s, &shape(), &areas, 0, 0, 3);
-            let (ra, rb) = kernel_args(&receiver, &r, &shape(), &areas, 0, 1, 3);
+            let s = channels(&sender, &[], &shape(), budget).unwrap();
+            let r = channels(&receiver, &[], &shape(), 128).unwrap();
+            let (sa, sb) = kernel_args(&sender, &[], &s, &shape(), &areas, 0, 0, 3);
+            let (ra, rb) = kernel_args(&receiver, &[], &r, &shape(), &areas, 0, 1, 3);
             assert!(sb <= budget && rb <= 128);
-            let to1 = s.iter().position(|c| c.kind == Send && c.peer == 1).unwrap();
+            let to1 = s
+                .iter()
+                .position(|c| c.kind == ChannelKind::Send && c.peer == 1)
+                .unwrap();
             assert_eq!(
                 s[to1].ops,
                 [1, 4, 7, 10, 13],
@@ -854,11 +938,30 @@ mod tests {
         ];
         let mut areas = [0; MAX_RANKS];
         areas[..3].copy_from_slice(&[0xa0, 0xb0, 0xc0]);
-        let c = channels(&remote, &shape(), 128).unwrap();
-        assert_eq!(c.iter().map(|c| c.blocks).collect::<Vec<_>>(), [5, 1, 1]);
-        let (a, blocks) = kernel_args(&remote, &c, &shape(), &areas, 0xdead, 0, 3);
+        // A copy to this rank itself, unaligned on its source side, in a channel of its own, last.
+        let copies = [SelfCopy {
+            dst: 0x5000,
+            src: 0x6004,
+            bytes: 2 * MIN_LANE_BYTES,
+        }];
+        let c = channels(&remote, &copies, &shape(), 128).unwrap();
+        assert_eq!(c.iter().map(|c| c.blocks).collect::<Vec<_>>(), [5, 1, 1, 2]);
+        assert_eq!((c[3].kind, &c[3].ops), (ChannelKind::Copy, &vec![0]));
+        let (a, blocks) = kernel_args(&remote, &copies, &c, &shape(), &areas, 0xdead, 0, 3);
+        assert_eq!(blocks, 9);
+        assert_eq!(a.channel_count, 4);
+        assert_eq!(
+            (a.channels[3].kind, a.channels[3].first_op, a.channels[3].first_block),
+            (P2P_COPY, 4, 7)
+        );
+        assert_eq!(
+            (a.ops[4].ptr, a.ops[4].src, a.ops[4].aligned, a.ops[4].lanes),
+            (0x5000, 0x6004, 0, 2)
+        );
+        assert!(a.ops[..4].iter().all(|o| o.src == 0));
+        let (a, blocks) = kernel_args(&remote, &[], &c[..3], &shape(), &areas, 0xdead, 0, 3);
         assert_eq!(blocks, 7);
-        assert_eq!((a.rank, a.nranks, a.channel_count, a.abort_flag), (0, 3, 3, 0xdead));
+        assert_eq!((a.rank, a.nranks, a.abort_flag), (0, 3, 0xdead));
         assert_eq!((a.lanes, a.depth, a.slot_bytes), (32, 2, 512 << 10));
         assert_eq!(a.areas, areas);
         assert_eq!(

@@ -1,0 +1,401 @@
+//! Collectives carried as sends and receives (`p2p.rs`) above the packet sizes, where send and receive's
+//! lanes reach the link's speed (many blocks, each streaming its part through slots in the receiver's
+//! memory, the copy-out overlapping the next chunk) and the scratch algorithms ran their windows one after
+//! the other:
+//! - gather, scatter and all-to-all among any ranks, and broadcast between two: every byte goes from one
+//!   rank to another once;
+//! - between two GPUs, all-gather from `LARGE` bytes (each rank sends its piece to the other), and the
+//!   reductions: reduce (the non-root sends, the root's receive reduces with its own input as the chunks
+//!   arrive), reduce-scatter (each sends the other's half and reduces its own), and all-reduce from
+//!   `LARGE` as a reduce-scatter of two halves then an all-gather of them, two launches.
+//!
+//! A broadcast among more ranks stays on the scratch algorithm (its root would send n - 1 copies), as do the
+//! reductions among more ranks (a chain or a ring of reducing receives is the next step) and PreMulSum.
+
+use super::algorithm::{Choice, Placement, Protocol, choose};
+use super::p2p::{Moved, P2pKind, P2pOp, Reducing, Work};
+use super::{Call, Collective, DataType, RedOp};
+use crate::error::Result;
+use crate::gpu::DevicePtr;
+
+/// The smallest message from which two GPUs' all-reduce, all-gather and reduce-scatter go as sends and
+/// receives: below it their scratch algorithms lead NVIDIA's (2 x H200, 2026-11-27: all-reduce 0.82 of its
+/// time at 16 MiB, all-gather 0.68), above it they fell behind (all-reduce 1.16 at 1 GiB).
+pub const LARGE: u64 = 64 << 20;
+
+/// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
+/// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced. The same on every rank.
+pub fn applies(
+    collective: Collective,
+    op: Option<RedOp>,
+    nranks: usize,
+    placement: Placement,
+    message: u64,
+    choice: Choice,
+) -> bool {
+    let two_gpus = nranks == 2 && placement == Placement::SeveralGpus;
+    let reducible = !matches!(op, Some(RedOp::PreMulSum(_)));
+    let carried = match collective {
+        Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
+        Collective::Broadcast => nranks == 2,
+        Collective::AllGather => two_gpus && message >= LARGE,
+        Collective::Reduce => two_gpus && reducible,
+        Collective::AllReduce | Collective::ReduceScatter => two_gpus && reducible && message >= LARGE,
+    };
+    carried && !matches!(choice, Choice::Force(_)) && choose(collective, nranks, message, choice) == Protocol::Copy
+}
+
+/// One launch of the send/receive kernel: its work and, where its receives reduce, the operator and type.
+pub struct Launch {
+    pub work: Work,
+    pub reducing: Reducing,
+}
+
+/// The launches that carry `call` on `rank` (in order, on the call's stream): `piece` bytes per rank (the
+/// whole buffer of an all-reduce, a broadcast or a reduce), `send` and `recv` this rank's buffers (0 where
+/// it has none). For a call `applies` accepted.
+pub fn launches(
+    call: &Call,
+    rank: usize,
+    nranks: usize,
+    send: DevicePtr,
+    recv: DevicePtr,
+    piece: u64,
+) -> Result<Vec<Launch>> {
+    let moving = |ops: Vec<P2pOp>| -> Result<Vec<Launch>> {
+        Ok(vec![Launch {
+            work: Work::sort(&ops, rank, nranks)?,
+            reducing: None,
+        }])
+    };
+    let reducing = call.op.map(|op| (op, call.datatype));
+    let peer = 1 - rank;
+    match call.collective {
+        Collective::AllGather => moving(ops(call.collective, rank, nranks, call.root, send, recv, piece)),
+        Collective::Reduce if rank == call.root => {
+            Ok(vec![launch(&[moved(P2pKind::Recv, peer, recv, piece, send)], reducing)])
+        }
+        Collective::Reduce => Ok(vec![launch(&[moved(P2pKind::Send, call.root, send, piece, 0)], None)]),
+        Collective::ReduceScatter => Ok(vec![launch(
+            &[
+                moved(P2pKind::Send, peer, send + peer as u64 * piece, piece, 0),
+                moved(P2pKind::Recv, peer, recv, piece, send + rank as u64 * piece),
+            ],
+            reducing,
+        )]),
+        Collective::AllReduce => {
+            // Halves at an element: rank r reduces half r, then each sends the other its half.
+            let size = call.datatype.size() as u64;
+            let first = (piece / size).div_ceil(2) * size;
+            let half = |r: usize| if r == 0 { (0, first) } else { (first, piece - first) };
+            let ((mine, mine_bytes), (theirs, theirs_bytes)) = (half(rank), half(peer));
+            Ok(vec![
+                launch(
+                    &[
+                        moved(P2pKind::Send, peer, send + theirs, theirs_bytes, 0),
+                        moved(P2pKind::Recv, peer, recv + mine, mine_bytes, send + mine),
+                    ],
+                    reducing,
+                ),
+                launch(
+                    &[
+                        moved(P2pKind::Send, peer, recv + mine, mine_bytes, 0),
+                        moved(P2pKind::Recv, peer, recv + theirs, theirs_bytes, 0),
+                    ],
+                    None,
+                ),
+            ])
+        }
+        Collective::Gather | Collective::Scatter | Collective::AllToAll | Collective::Broadcast => {
+            moving(ops(call.collective, rank, nranks, call.root, send, recv, piece))
+        }
+    }
+}
+
+fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
+    Moved {
+        kind,
+        peer,
+        buffer,
+        bytes,
+        reduce_with,
+    }
+}
+
+/// A launch of `remote` (none of them empty: an all-reduce of one element leaves a half empty).
+fn launch(remote: &[Moved], reducing: Reducing) -> Launch {
+    let remote: Vec<Moved> = remote.iter().filter(|m| m.bytes > 0).copied().collect();
+    // Where no receive is left to reduce, the moving kernel serves.
+    let reducing = reducing.filter(|_| remote.iter().any(|m| m.reduce_with != 0));
+    Launch {
+        work: Work {
+            buffers: remote.clone(),
+            copies: Vec::new(),
+            remote,
+        },
+        reducing,
+    }
+}
+
+/// The most channels (peer and direction pairs, and one of copies to itself; a block each at least) any
+/// rank's launch of the call has: the same on every rank, so that every rank decides alike whether the call
+/// fits one launch.
+pub fn most_channels(collective: Collective, nranks: usize) -> usize {
+    match collective {
+        Collective::AllToAll | Collective::AllGather => 2 * (nranks - 1) + 1,
+        Collective::AllReduce | Collective::ReduceScatter => 2,
+        Collective::Gather | Collective::Scatter | Collective::Broadcast | Collective::Reduce => nranks,
+    }
+}
+
+/// This rank's sends and receives for the call: `piece` bytes per rank (the whole buffer of a broadcast),
+/// `send` and `recv` its buffers (0 where it has none). A rank's own piece is a send to itself with its
+/// receive, which `p2p::Work::sort` turns into a copy (none where the call is in place).
+pub fn ops(
+    collective: Collective,
+    rank: usize,
+    nranks: usize,
+    root: usize,
+    send: DevicePtr,
+    recv: DevicePtr,
+    piece: u64,
+) -> Vec<P2pOp> {
+    let op = |kind, peer, buffer| P2pOp {
+        kind,
+        peer,
+        buffer,
+        count: piece as usize,
+        datatype: DataType::Uint8,
+    };
+    let at = |base: DevicePtr, peer: usize| base + peer as u64 * piece;
+    let mut ops = Vec::new();
+    match collective {
+        Collective::Gather if rank == root => {
+            ops.push(op(P2pKind::Send, rank, send));
+            ops.extend((0..nranks).map(|peer| op(P2pKind::Recv, peer, at(recv, peer))));
+        }
+        Collective::Gather => ops.push(op(P2pKind::Send, root, send)),
+        Collective::Scatter if rank == root => {
+            ops.extend((0..nranks).map(|peer| op(P2pKind::Send, peer, at(send, peer))));
+            ops.push(op(P2pKind::Recv, rank, recv));
+        }
+        Collective::Scatter => ops.push(op(P2pKind::Recv, root, recv)),
+        Collective::AllToAll => {
+            for peer in 0..nranks {
+                ops.push(op(P2pKind::Send, peer, at(send, peer)));
+                ops.push(op(P2pKind::Recv, peer, at(recv, peer)));
+            }
+        }
+        Collective::AllGather => {
+            for peer in 0..nranks {
+                ops.push(op(P2pKind::Send, peer, send));
+                ops.push(op(P2pKind::Recv, peer, at(recv, peer)));
+            }
+        }
+        Collective::Broadcast if rank == root => {
+            ops.extend((0..nranks).map(|peer| op(P2pKind::Send, peer, send)));
+            ops.push(op(P2pKind::Recv, rank, recv));
+        }
+        Collective::Broadcast => ops.push(op(P2pKind::Recv, root, recv)),
+        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {}
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::p2p::Work;
+    use P2pKind::{Recv, Send};
+
+    /// (kind, peer, buffer) of each op.
+    fn list(ops: &[P2pOp]) -> Vec<(P2pKind, usize, DevicePtr)> {
+        ops.iter().map(|o| (o.kind, o.peer, o.buffer)).collect()
+    }
+
+    #[test]
+    fn which_calls_go_as_sends_and_receives() {
+        let (big, sum) = (64 << 20, Some(RedOp::Sum));
+        let several = Placement::SeveralGpus;
+        let applies_auto = |c, n, message, placement| applies(c, sum, n, placement, message, Choice::Auto);
+        for c in [Collective::Gather, Collective::Scatter, Collective::AllToAll] {
+            assert!(applies_auto(c, 4, big, several), "{c:?}");
+            assert!(applies_auto(c, 4, big, Placement::OneGpu), "{c:?}");
+            assert!(!applies_auto(c, 4, 1024, several), "{c:?}: packets below the limit");
+            assert!(
+                !applies(c, None, 4, several, big, Choice::Force(Protocol::Copy)),
+                "{c:?}: forced"
+            );
+        }
+        assert!(applies_auto(Collective::Broadcast, 2, big, several));
+        assert!(!applies_auto(Collective::Broadcast, 3, big, several));
+        // Two GPUs' all-gather and reductions; not on one GPU, not among more ranks, not PreMulSum.
+        for c in [
+            Collective::AllGather,
+            Collective::AllReduce,
+            Collective::ReduceScatter,
+            Collective::Reduce,
+        ] {
+            assert!(applies_auto(c, 2, LARGE, several), "{c:?}");
+            assert!(!applies_auto(c, 3, LARGE, several), "{c:?}");
+            assert!(!applies_auto(c, 2, LARGE, Placement::OneGpu), "{c:?}");
+            assert!(
+                !applies(c, None, 2, several, LARGE, Choice::Force(Protocol::Copy)),
+                "{c:?}"
+            );
+        }
+        let premul = Some(RedOp::PreMulSum(crate::collective::Scalar::Device(0x10)));
+        assert!(!applies(Collective::AllReduce, premul, 2, several, LARGE, Choice::Auto));
+        // Below LARGE the scratch algorithms keep all-reduce, all-gather and reduce-scatter; reduce goes
+        // from above its packets.
+        assert!(!applies_auto(Collective::AllReduce, 2, LARGE - 16, several));
+        assert!(!applies_auto(Collective::AllGather, 2, 16 << 20, several));
+        assert!(applies_auto(Collective::Reduce, 2, 1 << 20, several));
+        assert!(!applies_auto(Collective::Reduce, 2, 4096, several));
+    }
+
+    fn call(collective: Collective, count: usize, datatype: DataType, root: usize) -> Call {
+        Call {
+            collective,
+            function: "test",
+            send: 0,
+            recv: 0,
+            count,
+            datatype,
+            op: Some(RedOp::Avg),
+            root,
+        }
+    }
+
+    /// (kind, peer, buffer, bytes, reduce_with) of each op of a launch.
+    fn remote(l: &Launch) -> Vec<(P2pKind, usize, DevicePtr, u64, DevicePtr)> {
+        l.work
+            .remote
+            .iter()
+            .map(|m| (m.kind, m.peer, m.buffer, m.bytes, m.reduce_with))
+            .collect()
+    }
+
+    #[test]
+    fn two_ranks_reduce_as_the_chunks_arrive() {
+        let (send, recv) = (0x1000_0000u64, 0x2000_0000u64);
+        let f32s = DataType::Float32;
+        // All-reduce of 5 floats: rank 0 reduces the first 3, rank 1 the last 2, then they swap halves.
+        let c = call(Collective::AllReduce, 5, f32s, 0);
+        let l = launches(&c, 0, 2, send, recv, 20).unwrap();
+        assert_eq!(l.len(), 2);
+        assert_eq!(remote(&l[0]), [(Send, 1, send + 12, 8, 0), (Recv, 1, recv, 12, send)]);
+        assert_eq!(l[0].reducing, Some((RedOp::Avg, f32s)));
+        assert_eq!(remote(&l[1]), [(Send, 1, recv, 12, 0), (Recv, 1, recv + 12, 8, 0)]);
+        assert_eq!(l[1].reducing, None, "the all-gather half only moves");
+        let l = launches(&c, 1, 2, send, recv, 20).unwrap();
+        assert_eq!(
+            remote(&l[0]),
+            [(Send, 0, send, 12, 0), (Recv, 0, recv + 12, 8, send + 12)]
+        );
+        assert_eq!(remote(&l[1]), [(Send, 0, recv + 12, 8, 0), (Recv, 0, recv, 12, 0)]);
+        // One element: rank 1's half is empty, and its first launch reduces nothing.
+        let one = call(Collective::AllReduce, 1, f32s, 0);
+        let l = launches(&one, 1, 2, send, recv, 4).unwrap();
+        assert_eq!(remote(&l[0]), [(Send, 0, send, 4, 0)]);
+        assert_eq!(l[0].reducing, None);
+        // Reduce to rank 1: the root's receive reduces with its input; the other only sends.
+        let r = call(Collective::Reduce, 8, f32s, 1);
+        let root = launches(&r, 1, 2, send, recv, 32).unwrap();
+        assert_eq!(remote(&root[0]), [(Recv, 0, recv, 32, send)]);
+        assert_eq!(root[0].reducing, Some((RedOp::Avg, f32s)));
+        let other = launches(&r, 0, 2, send, 0, 32).unwrap();
+        assert_eq!(remote(&other[0]), [(Send, 1, send, 32, 0)]);
+        assert_eq!(other[0].reducing, None);
+        // Reduce-scatter: each sends the other's piece and reduces its own.
+        let rs = call(Collective::ReduceScatter, 4, f32s, 0);
+        let l = launches(&rs, 1, 2, send, recv, 16).unwrap();
+        assert_eq!(remote(&l[0]), [(Send, 0, send, 16, 0), (Recv, 0, recv, 16, send + 16)]);
+        // All-gather: its own piece to the other, the other's into its place, its own copied.
+        let ag = call(Collective::AllGather, 4, f32s, 0);
+        let l = launches(&ag, 1, 2, send, recv, 16).unwrap();
+        assert_eq!(remote(&l[0]), [(Send, 0, send, 16, 0), (Recv, 0, recv, 16, 0)]);
+        assert_eq!((l[0].work.copies[0].dst, l[0].work.copies[0].src), (recv + 16, send));
+    }
+
+    #[test]
+    fn every_piece_goes_to_its_place_once() {
+        let (send, recv, piece) = (0x1000_0000u64, 0x2000_0000u64, 0x100u64);
+        // Gather to rank 1 of 3: the root receives every piece at its place, its own by a copy.
+        let g = ops(Collective::Gather, 1, 3, 1, send, recv, piece);
+        assert_eq!(
+            list(&g),
+            [
+                (Send, 1, send),
+                (Recv, 0, recv),
+                (Recv, 1, recv + piece),
+                (Recv, 2, recv + 2 * piece)
+            ]
+        );
+        let w = Work::sort(&g, 1, 3).unwrap();
+        assert_eq!(w.copies.len(), 1);
+        assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send));
+        assert_eq!(
+            list(&ops(Collective::Gather, 2, 3, 1, send, 0, piece)),
+            [(Send, 1, send)]
+        );
+        // Scatter from rank 0.
+        let s = ops(Collective::Scatter, 0, 2, 0, send, recv, piece);
+        assert_eq!(list(&s), [(Send, 0, send), (Send, 1, send + piece), (Recv, 0, recv)]);
+        assert_eq!(
+            list(&ops(Collective::Scatter, 1, 2, 0, 0, recv, piece)),
+            [(Recv, 0, recv)]
+        );
+        // All-to-all: piece p of the input to rank p, piece p of the output from rank p.
+        let a = ops(Collective::AllToAll, 1, 2, 0, send, recv, piece);
+        assert_eq!(
+            list(&a),
+            [
+                (Send, 0, send),
+                (Recv, 0, recv),
+                (Send, 1, send + piece),
+                (Recv, 1, recv + piece)
+            ]
+        );
+        let w = Work::sort(&a, 1, 2).unwrap();
+        assert_eq!(w.remote.len(), 2);
+        assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send + piece));
+        // Broadcast between two ranks; in place at the root, its copy is dropped.
+        let b = ops(Collective::Broadcast, 1, 2, 1, send, send, piece);
+        assert_eq!(list(&b), [(Send, 0, send), (Send, 1, send), (Recv, 1, send)]);
+        assert!(ops(Collective::AllReduce, 0, 2, 0, send, recv, piece).is_empty());
+        for (c, n) in [
+            (Collective::AllReduce, 2),
+            (Collective::ReduceScatter, 2),
+            (Collective::Reduce, 2),
+        ] {
+            for rank in 0..n {
+                let mut k = call(c, 8, DataType::Float32, 0);
+                k.op = Some(RedOp::Sum);
+                for l in launches(&k, rank, n, send, recv, 32).unwrap() {
+                    assert!(l.work.remote.len() <= most_channels(c, n), "{c:?}");
+                }
+            }
+        }
+        // The channels every rank's launch has are at most `most_channels`.
+        for c in [
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
+            Collective::Broadcast,
+        ] {
+            let n = if c == Collective::Broadcast { 2 } else { 5 };
+            for rank in 0..n {
+                let w = Work::sort(&ops(c, rank, n, 2 % n, send, recv, piece), rank, n).unwrap();
+                let mut channels: Vec<(u32, usize)> = w.remote.iter().map(|m| (m.kind as u32, m.peer)).collect();
+                channels.sort();
+                channels.dedup();
+                let copies = usize::from(!w.copies.is_empty());
+                assert!(channels.len() + copies <= most_channels(c, n), "{c:?} rank {rank}");
+            }
+        }
+        for o in ops(Collective::AllToAll, 0, 4, 0, send, recv, piece) {
+            assert_eq!((o.count as u64, o.datatype), (piece, DataType::Uint8));
+        }
+    }
+}
