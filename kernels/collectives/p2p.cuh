@@ -38,12 +38,22 @@
 #define MSCCLPP_P2P_COPY 2
 // Counters at the start of a rank's p2p area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
-// received from each rank. The slots follow: [source rank][lane][slot][slotBytes].
-#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)
+// received from each rank, and the guard of in-place pairs (below). The slots follow: [source
+// rank][lane][slot][slotBytes].
+#define MSCCLPP_P2P_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)
 #define MSCCLPP_P2P_POSTED 0
 #define MSCCLPP_P2P_CREDIT 1
 #define MSCCLPP_P2P_SENT 2
 #define MSCCLPP_P2P_RECEIVED 3
+#define MSCCLPP_P2P_GUARD 4
+// P2pOp::flags.
+#define MSCCLPP_P2P_ALIGNED 1
+// An in-place pair (an all-to-all in place): a send to a peer and a receive from it of the same buffer. A
+// receive's chunk may overwrite only what the send has already read: the send block counts the guarded
+// chunks it has sent in this launch into guard[peer][lane] (this rank's memory), and the receive block
+// waits until that count passes its own before it copies a guarded chunk out, and sets the guard back to 0
+// at the end of its lane (the send block wrote its last count before that: the receive waited for it).
+#define MSCCLPP_P2P_GUARDED 2
 
 // Laid out as src/collective/kernel_args.rs lays them out.
 struct P2pOp {
@@ -52,7 +62,7 @@ struct P2pOp {
   uint64_t laneUnits;   // 16-byte units of each lane but the last
   uint64_t chunkBytes;  // bytes of each chunk of a lane but its last: a multiple of 16, at most slotBytes
   uint32_t lanes;
-  uint32_t aligned;    // non-zero when ptr (and src) are multiples of 16
+  uint32_t flags;      // MSCCLPP_P2P_ALIGNED: ptr (and src) are multiples of 16; MSCCLPP_P2P_GUARDED
   const char* src;     // a copy's source; a receive's own operand where it reduces (null: it only moves)
 };
 
@@ -212,7 +222,7 @@ __device__ void p2pCopies(const P2pArgs& a, const P2pChannel& ch)
       const uint64_t laneEnd = begin + op.laneUnits * 16;
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
       const uint64_t n = end - begin;
-      if (op.aligned != 0 && n % 16 == 0) {
+      if ((op.flags & MSCCLPP_P2P_ALIGNED) != 0 && n % 16 == 0) {
         p2pMove<true>(op.ptr + begin, op.src + begin, n, true);
       } else {
         // Unaligned on either side: unit by unit, each side as it is.
@@ -247,13 +257,16 @@ __device__ void p2pKernel(const P2pArgs& a)
     uint64_t* count = p2pCounter(own, sending ? MSCCLPP_P2P_SENT : MSCCLPP_P2P_RECEIVED, ch.peer, lane);
     const uint64_t first = *reinterpret_cast<volatile uint64_t*>(count);
     uint64_t chunk = first;
+    uint64_t guarded = 0;  // the guarded chunks of this lane so far in this launch
+    uint64_t* guard = p2pCounter(own, MSCCLPP_P2P_GUARD, ch.peer, lane);
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
       const P2pOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
       const uint64_t begin = lane * op.laneUnits * 16;
       const uint64_t laneEnd = begin + op.laneUnits * 16;
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
-      const bool aligned = op.aligned != 0;
+      const bool aligned = (op.flags & MSCCLPP_P2P_ALIGNED) != 0;
+      const bool isGuarded = (op.flags & MSCCLPP_P2P_GUARDED) != 0;
       // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
       for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         chunk++;
@@ -265,8 +278,11 @@ __device__ void p2pKernel(const P2pArgs& a)
           if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_CREDIT, ch.peer, lane), freed)) return;
           p2pMove<true>(p2pSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
           p2pPublish(p2pCounter(peer, MSCCLPP_P2P_POSTED, a.rank, lane), chunk);
+          // The chunk has been read out of the buffer: the paired receive may overwrite it.
+          if (isGuarded && threadIdx.x == 0) storeReleaseSys(guard, ++guarded);
         } else {
           if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_POSTED, ch.peer, lane), chunk)) return;
+          if (isGuarded && !p2pWait(a, guard, ++guarded)) return;
           const char* slot = p2pSlot(a, own, ch.peer, lane, chunk);
           if (R::kReduces && op.src != nullptr) {
             p2pReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R());
@@ -279,5 +295,6 @@ __device__ void p2pKernel(const P2pArgs& a)
     }
     // Every thread has passed the lane's last barrier (or moved nothing, leaving the count as it was).
     if (threadIdx.x == 0 && chunk != first) *count = chunk;
+    if (threadIdx.x == 0 && !sending && guarded != 0) storeReleaseSys(guard, 0);
   }
 }

@@ -58,7 +58,12 @@ pub const MAX_P2P_OPS: usize = 64;
 pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS + 1;
 /// Bytes of counters at the start of a rank's p2p area: posted (written by the source), credit (written
 /// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
-pub const P2P_COUNTER_BYTES: u64 = 4 * (MAX_RANKS * P2P_MAX_LANES * 8) as u64;
+pub const P2P_COUNTER_BYTES: u64 = 5 * (MAX_RANKS * P2P_MAX_LANES * 8) as u64;
+/// `P2pOpArgs::flags`: the buffers are multiples of 16.
+pub const P2P_ALIGNED: u32 = 1;
+/// `P2pOpArgs::flags`: a send and a receive of the same buffer with one peer (an all-to-all in place): the
+/// receive overwrites a chunk only once the send has read it (p2p.cuh).
+pub const P2P_GUARDED: u32 = 2;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
 /// all-to-all of 16 ranks sharing one GPU still has a block per channel.
 pub const P2P_THREADS: u32 = 512;
@@ -81,8 +86,8 @@ pub struct P2pOpArgs {
     /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
     pub chunk_bytes: u64,
     pub lanes: u32,
-    /// Non-zero when `ptr` (and `src`) are multiples of 16.
-    pub aligned: u32,
+    /// `P2P_ALIGNED`: `ptr` (and `src`) are multiples of 16; `P2P_GUARDED`: half of an in-place pair.
+    pub flags: u32,
     /// What a copy to this rank itself reads (0 for a send or a receive).
     pub src: DevicePtr,
 }
@@ -164,7 +169,7 @@ mod tests {
         assert_eq!(offset_of!(P2pOpArgs, src), 40);
         assert_eq!(offset_of!(P2pOpArgs, lane_units), 16);
         assert_eq!(offset_of!(P2pOpArgs, chunk_bytes), 24);
-        assert_eq!(offset_of!(P2pOpArgs, aligned), 36);
+        assert_eq!(offset_of!(P2pOpArgs, flags), 36);
         assert_eq!(size_of::<P2pChannelArgs>(), 24);
         assert_eq!(offset_of!(P2pChannelArgs, kind), 20);
         let channels = 48 * MAX_P2P_OPS;
@@ -192,16 +197,18 @@ mod tests {
             ("MSCCLPP_P2P_SEND", P2P_SEND as u64),
             ("MSCCLPP_P2P_RECV", P2P_RECV as u64),
             ("MSCCLPP_P2P_COPY", P2P_COPY as u64),
+            ("MSCCLPP_P2P_ALIGNED", P2P_ALIGNED as u64),
+            ("MSCCLPP_P2P_GUARDED", P2P_GUARDED as u64),
         ] {
             assert!(
                 p2p.contains(&format!("#define {name} {value}\n")),
                 "p2p.cuh must define {name} as {value}"
             );
         }
-        assert_eq!(P2P_COUNTER_BYTES, 16384);
+        assert_eq!(P2P_COUNTER_BYTES, 20480);
         assert!(
             p2p.contains(
-                "#define MSCCLPP_P2P_COUNTER_BYTES (4 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)\n"
+                "#define MSCCLPP_P2P_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)\n"
             )
         );
     }

@@ -16,8 +16,8 @@
 //! any send or receive: `Collectives::prepare`.
 
 use super::kernel_args::{
-    MAX_P2P_OPS, MAX_RANKS, P2P_COPY, P2P_COUNTER_BYTES, P2P_MAX_LANES, P2P_RECV, P2P_SEND, P2P_THREADS, P2pArgs,
-    P2pChannelArgs, P2pOpArgs,
+    MAX_P2P_OPS, MAX_RANKS, P2P_ALIGNED, P2P_COPY, P2P_COUNTER_BYTES, P2P_GUARDED, P2P_MAX_LANES, P2P_RECV, P2P_SEND,
+    P2P_THREADS, P2pArgs, P2pChannelArgs, P2pOpArgs,
 };
 use super::kernels::LoadedKernel;
 use super::{Collectives, DataType, Ready, RedOp};
@@ -76,6 +76,9 @@ pub struct Moved {
     /// A receive's own operand, reduced with what arrives into `buffer` (`send_recv_collectives.rs`, two
     /// ranks' reductions); 0: the receive only moves. Always 0 for the application's calls.
     pub reduce_with: DevicePtr,
+    /// Half of an in-place pair (`kernel_args::P2P_GUARDED`): an all-to-all in place. Never for the
+    /// application's calls.
+    pub guarded: bool,
 }
 
 impl Moved {
@@ -170,6 +173,7 @@ impl Work {
                 buffer: op.buffer,
                 bytes,
                 reduce_with: 0,
+                guarded: false,
             };
             work.buffers.push(moved);
             if op.peer != rank {
@@ -455,9 +459,12 @@ pub fn kernel_args(
         };
         for &i in &c.ops {
             // A copy writes `ptr` from `src`; a send reads `ptr`, a receive writes it.
-            let (ptr, src, bytes) = match c.kind {
-                ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes),
-                ChannelKind::Send | ChannelKind::Recv => (remote[i].buffer, remote[i].reduce_with, remote[i].bytes),
+            let (ptr, src, bytes, guarded) = match c.kind {
+                ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes, false),
+                ChannelKind::Send | ChannelKind::Recv => {
+                    let m = &remote[i];
+                    (m.buffer, m.reduce_with, m.bytes, m.guarded)
+                }
             };
             let split = shape.split(bytes);
             args.ops[op] = P2pOpArgs {
@@ -466,7 +473,11 @@ pub fn kernel_args(
                 lane_units: split.lane_units,
                 chunk_bytes: split.chunk_bytes,
                 lanes: split.lanes,
-                aligned: (ptr.is_multiple_of(16) && src.is_multiple_of(16)) as u32,
+                flags: if ptr.is_multiple_of(16) && src.is_multiple_of(16) {
+                    P2P_ALIGNED
+                } else {
+                    0
+                } | if guarded { P2P_GUARDED } else { 0 },
                 src,
             };
             op += 1;
@@ -866,6 +877,7 @@ mod tests {
             buffer,
             bytes,
             reduce_with: 0,
+            guarded: false,
         }
     }
 
@@ -955,7 +967,7 @@ mod tests {
             (P2P_COPY, 4, 7)
         );
         assert_eq!(
-            (a.ops[4].ptr, a.ops[4].src, a.ops[4].aligned, a.ops[4].lanes),
+            (a.ops[4].ptr, a.ops[4].src, a.ops[4].flags, a.ops[4].lanes),
             (0x5000, 0x6004, 0, 2)
         );
         assert!(a.ops[..4].iter().all(|o| o.src == 0));
@@ -994,10 +1006,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            a.ops[..4]
-                .iter()
-                .map(|o| (o.ptr, o.aligned, o.lanes))
-                .collect::<Vec<_>>(),
+            a.ops[..4].iter().map(|o| (o.ptr, o.flags, o.lanes)).collect::<Vec<_>>(),
             [(0x1000, 1, 5), (0x4000, 1, 1), (0x2008, 0, 1), (0x3000, 1, 1)]
         );
     }

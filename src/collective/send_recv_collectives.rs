@@ -72,6 +72,15 @@ pub fn launches(
     let peer = 1 - rank;
     match call.collective {
         Collective::AllGather => moving(ops(call.collective, rank, nranks, call.root, send, recv, piece)),
+        // In place, piece p of the buffer leaves for rank p while rank p's piece arrives into it: each
+        // arriving chunk waits until its place has been sent (`Moved::guarded`).
+        Collective::AllToAll if send == recv => {
+            let mut l = moving(ops(call.collective, rank, nranks, call.root, send, recv, piece))?;
+            for m in &mut l[0].work.remote {
+                m.guarded = true;
+            }
+            Ok(l)
+        }
         Collective::Reduce if rank == call.root => {
             Ok(vec![launch(&[moved(P2pKind::Recv, peer, recv, piece, send)], reducing)])
         }
@@ -119,6 +128,7 @@ fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with:
         buffer,
         bytes,
         reduce_with,
+        guarded: false,
     }
 }
 
@@ -316,6 +326,13 @@ mod tests {
         let l = launches(&ag, 1, 2, send, recv, 16).unwrap();
         assert_eq!(remote(&l[0]), [(Send, 0, send, 16, 0), (Recv, 0, recv, 16, 0)]);
         assert_eq!((l[0].work.copies[0].dst, l[0].work.copies[0].src), (recv + 16, send));
+        // An all-to-all in place guards its pairs (a chunk arrives only where its place was sent); out of
+        // place it does not.
+        let a2a = call(Collective::AllToAll, 4, f32s, 0);
+        let l = launches(&a2a, 0, 2, send, send, 16).unwrap();
+        assert!(l[0].work.remote.len() == 2 && l[0].work.remote.iter().all(|m| m.guarded));
+        let l = launches(&a2a, 0, 2, send, recv, 16).unwrap();
+        assert!(l[0].work.remote.iter().all(|m| !m.guarded));
     }
 
     #[test]
