@@ -14,7 +14,11 @@
 //! | all-to-all     | `alltoall_packet`                        | `alltoall_copy`                              |
 //!
 //! Above these, on buffers every rank registered, all-reduce, all-gather, reduce-scatter and broadcast read
-//! the peers' buffers directly (`<collective>_zc`, `zero_copy.rs`) from the sizes `zero_copy_from` gives.
+//! the peers' buffers directly (`<collective>_zc`, `zero_copy/`) from the sizes `zero_copy_from` gives.
+//!
+//! Where the table says copies, `send_recv_collectives.rs` carries gather, scatter, all-to-all and two
+//! ranks' broadcast as one launch of send and receive's kernel instead, and two GPUs' all-gather and
+//! reductions from the sizes it names.
 //!
 //! Packets carry 8 data bytes in 16 (the flag travels with the data: one link crossing, no signal), so they
 //! win while latency dominates; copies move 16-byte units and signal once per block and phase.
@@ -94,7 +98,7 @@ pub enum Placement {
 }
 
 /// The smallest message (see `packet_limit`) that `Choice::Auto` sends zero-copy when every rank registered
-/// its buffers (`zero_copy.rs`); `None`: never. Zero-copy algorithms read or write the peers' buffers.
+/// its buffers (`zero_copy/`); `None`: never. Zero-copy algorithms read or write the peers' buffers.
 ///
 /// Measured in CUDA graphs (docs/PERFORMANCE.md, zero-copy, 2026-11-26), registered against unregistered:
 /// - one H100, 2 ranks under MPS: slower at 4 MiB (all-reduce 37.7 against 29.3 us: the vote's two packet

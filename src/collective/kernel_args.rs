@@ -30,7 +30,7 @@ pub struct KernelArgs {
     /// A `PreMulSum`'s scalar (`Scalar::kernel_fields`): its bits, or the device memory that holds it.
     pub scalar_bits: u64,
     pub scalar_ptr: DevicePtr,
-    /// Zero-copy (`zero_copy.rs`): this rank's input and output as the peers name them (tag and offset
+    /// Zero-copy (`zero_copy/`): this rank's input and output as the peers name them (tag and offset
     /// into the registration; 0 and 0 when not registered), the table of the peers' registrations, and
     /// the bytes of a window of the scratch algorithm the kernel falls back to where the vote says no.
     pub zc_send_tag: u64,
