@@ -21,7 +21,7 @@
 # this script too; alone it prints the lines of each program and ends with `nccl gpu tests: N passed, N failed`.
 # Logs go to $GPU_TEST_LOG_DIR (default build/test-logs). PYTHON names the interpreter (default python3).
 # GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
-# nccl-2, nccl-4 (nccl_gpu_test all), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
+# nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
 # nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
 # run, torch_zero_copy), nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
@@ -53,8 +53,17 @@ recover() { [ "$own_mps" = 1 ] && [ "$failed" -ne "$1" ] && mps_recover; }
 for n in 2 4; do
   part "nccl-$n" || continue
   before=$failed
-  # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall.
-  run_program "nccl_gpu_test_$n" 1800 "$bin" all "$n"
+  # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall, each a
+  # program of its own: a killed rank may leave the MPS daemon refusing new clients for over 30 s (README,
+  # "A process that ends"; seen on two H200s, 3 runs in 5, after kill_last_rank_during_allreduces), so the
+  # daemon is started afresh before each kill run and after the last, as c-tests/run_gpu_tests.sh does.
+  run_program "nccl_gpu_test_$n" 1300 "$bin" main "$n"
+  for kill in kill_allreduces kill_p2p; do
+    [ "$own_mps" = 1 ] && mps_recover
+    run_program "nccl_gpu_test_${kill}_$n" 240 "$bin" "$kill" "$n"
+  done
+  [ "$own_mps" = 1 ] && mps_recover
+  run_program "nccl_gpu_test_initall_$n" 240 "$bin" initall "$n"
   recover "$before"
 done
 

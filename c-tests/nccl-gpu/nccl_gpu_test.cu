@@ -2638,8 +2638,12 @@ int main(int argc, char** argv)
   // parseArgs reads [nranks] [--port P] after the group's name.
   Options opt = parseArgs(argc - argi + 1, argv + argi - 1, 2);
   const bool all = !strcmp(which, "all");
-  if (!all && strcmp(which, "main") && strcmp(which, "kill") && strcmp(which, "initall")) {
-    fprintf(stderr, "usage: %s <all|main|kill|initall> [nranks] [--port P]\n", argv[0]);
+  // kill runs both kill cases; kill_allreduces and kill_p2p one each, so that a runner can restart the MPS
+  // daemon between them (a killed client may leave it refusing new ones: README, "A process that ends").
+  const bool killAllReduces = !strcmp(which, "kill") || !strcmp(which, "kill_allreduces");
+  const bool killP2p = !strcmp(which, "kill") || !strcmp(which, "kill_p2p");
+  if (!all && strcmp(which, "main") && !killAllReduces && !killP2p && strcmp(which, "initall")) {
+    fprintf(stderr, "usage: %s <all|main|kill|kill_allreduces|kill_p2p|initall> [nranks] [--port P]\n", argv[0]);
     return 2;
   }
   void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -2660,10 +2664,8 @@ int main(int argc, char** argv)
     memset((void*)gBoard, 0, sizeof(Board));
     rc |= runRanks("nccl_main", opt, 1200, mainRank);
   }
-  if (all || !strcmp(which, "kill")) {
-    rc |= runKill(opt, false);
-    rc |= runKill(opt, true);
-  }
+  if (all || killAllReduces) rc |= runKill(opt, false);
+  if (all || killP2p) rc |= runKill(opt, true);
   if (all || !strcmp(which, "initall")) {
     memset((void*)gBoard, 0, sizeof(Board));
     Options one = opt;
