@@ -15,7 +15,8 @@
 //!   (and two ranks' broadcast) above the packet sizes, as such a group;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
-//! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting;
+//! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
+//! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting (it raises their abort words);
 //! - `suspend.rs`: their device memory released while the communicator is suspended, and made again at the
 //!   resume (NCCL's `ncclCommSuspend` / `ncclCommResume`);
 //! - `zero_copy/`: registered buffers exported to the peers, mapped there, and the calls that read and
@@ -31,6 +32,7 @@
 //! peers' scratch is reached through CUDA IPC (P2P over NVLink or PCIe); peers on other machines get a
 //! "not supported yet" error at the first call.
 
+pub mod abort_word;
 pub mod algorithm;
 pub mod call;
 pub mod copy_engine;
@@ -53,13 +55,14 @@ use crate::bootstrap::Bootstrap;
 use crate::error::Result;
 use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use crate::registration::{Registration, Registrations};
+use abort_word::{AbortWord, SharedAbortWord};
 use algorithm::{Choice, Protocol};
 use copy_engine::SideStreams;
 use kernel_args::KernelArgs;
 use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
-use scratch::{AbortWord, Scratch, SharedAbortWord};
+use scratch::Scratch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use zero_copy::ZeroCopy;

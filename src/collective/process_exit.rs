@@ -9,7 +9,7 @@
 //! Kernels poll the abort word while they wait, so raising it ends them within microseconds. A fatal
 //! signal runs no atexit handler; there the driver alone ends the process (README, "When a rank fails").
 
-use super::scratch::AbortWord;
+use super::abort_word::AbortWord;
 use parking_lot::Mutex;
 use std::sync::{Arc, Once, Weak};
 

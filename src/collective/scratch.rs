@@ -1,6 +1,7 @@
 //! The scratch memory of a communicator's collectives: one buffer per rank, mapped into every other rank's
 //! context, into which peers write a call's data (the application's own buffers are never exported, so any
-//! device buffer works); the epoch counter the kernels keep; and the abort word they read.
+//! device buffer works); and the epoch counter the kernels keep (the abort word they read is
+//! `abort_word.rs`).
 //!
 //! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
 //! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
@@ -15,26 +16,7 @@ use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, PinnedHostBuffer, ProcessId, Stream};
-use std::sync::Arc;
-
-/// Host memory the kernels read to learn that the communicator was aborted.
-pub struct AbortWord(PinnedHostBuffer);
-
-impl AbortWord {
-    pub fn new(gpu: &GpuContext) -> Result<AbortWord> {
-        Ok(AbortWord(PinnedHostBuffer::zeroed(gpu, 64)?))
-    }
-    /// From now on every collective kernel of the communicator stops waiting and ends.
-    pub fn raise(&self) {
-        if let Err(e) = self.0.store_u64(0, 1) {
-            log::error!("the collectives' abort word: {e}");
-        }
-    }
-    pub fn device_ptr(&self) -> DevicePtr {
-        self.0.device_ptr()
-    }
-}
+use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, ProcessId, Stream};
 
 pub struct Scratch {
     /// Peers' buffers mapped here (none for peers in this process).
@@ -236,6 +218,3 @@ fn device_key(gpu: &GpuContext) -> Result<u64> {
         .bytes()
         .fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3)))
 }
-
-/// What the communicator keeps to abort its collectives without taking any lock.
-pub type SharedAbortWord = Arc<AbortWord>;

@@ -7,9 +7,10 @@
 //! the n-th window registered on one rank is the n-th on every other (`Registrations::window_ordinal`).
 //! Each registration's record, pushed to the peers when it is made (`zero_copy/records.rs`), carries that
 //! ordinal; a peer's records are taken in with the zero-copy table's (`ZeroCopy::refresh`), which maps
-//! them, and noted here by (peer, ordinal) (`PeerWindows`). A put resolves its target on the host when it
-//! is called, so that a CUDA graph captures the address, as NCCL's does: this rank's window, its ordinal,
-//! the peer's window of that ordinal, mapped here (a peer of this process is reached at its own address).
+//! them and notes them by (peer, ordinal) (`zero_copy/peer_windows.rs`). A put resolves its target on the
+//! host when it is called, so that a CUDA graph captures the address, as NCCL's does: this rank's window,
+//! its ordinal, the peer's window of that ordinal, mapped here (a peer of this process is reached at its
+//! own address).
 //! A record not arrived yet is waited for, up to the bootstrap's timeout and never past an abort.
 //!
 //! Signals. Each rank's scratch allocation ends with its signal area (`AREA_BYTES`), which every peer maps
@@ -24,16 +25,15 @@
 //! application's stream, ordered after its earlier work, and capturable; nothing waits for the GPU.
 
 use super::Collectives;
+use super::abort_word::AbortWord;
 use super::kernel_args::MAX_RANKS;
 use super::kernels::LoadedKernels;
-use super::scratch::AbortWord;
-use super::zero_copy::Record;
+use super::zero_copy::PeerWindow;
 use super::{DataType, process_exit};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::{AppStream, DeviceAllocation, DevicePtr, GpuContext, RelaxedCapture, Stream};
 use crate::registration::{Kind, Registrations};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -175,50 +175,6 @@ pub fn merge_waits(waits: &[Wait]) -> Vec<Wait> {
         }
     }
     merged
-}
-
-/// A peer's registration of a window as its record described it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PeerWindow {
-    /// Its slot and generation among the peer's registrations (the zero-copy table's key).
-    pub slot: u32,
-    pub generation: u32,
-    pub len: u64,
-    /// Its first byte in the peer's own address space.
-    pub address: u64,
-}
-
-/// The peers' windows by ordinal, kept from the records the zero-copy table takes in.
-#[derive(Default)]
-pub struct PeerWindows {
-    by_ordinal: HashMap<(usize, u32), PeerWindow>,
-}
-
-impl PeerWindows {
-    /// Takes note of a record `peer` pushed: a window's `Added`, or the `Gone` of one.
-    pub fn note(&mut self, peer: usize, record: &Record) {
-        match record {
-            Record::Added(e) if e.window != 0 => {
-                self.by_ordinal.insert(
-                    (peer, e.window),
-                    PeerWindow {
-                        slot: e.slot,
-                        generation: e.generation,
-                        len: e.len,
-                        address: e.address,
-                    },
-                );
-            }
-            Record::Gone { slot, generation } => self
-                .by_ordinal
-                .retain(|&(p, _), w| !(p == peer && (w.slot, w.generation) == (*slot, *generation))),
-            Record::Added(_) => {}
-        }
-    }
-
-    pub fn get(&self, peer: usize, ordinal: u32) -> Option<PeerWindow> {
-        self.by_ordinal.get(&(peer, ordinal)).copied()
-    }
 }
 
 /// What a communicator of one rank has for the one-sided calls (it has no scratch): its kernels and its
@@ -601,7 +557,6 @@ impl Collectives {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::zero_copy::Exported;
     use std::mem::{offset_of, size_of};
 
     #[test]
@@ -714,41 +669,6 @@ mod tests {
         let merged = merge_waits(&[w(1, a, 2), w(2, a, 1), w(1, b, 0), w(1, a, 3), w(2, b, 4)]);
         assert_eq!(merged, [w(1, a, 5), w(2, a, 1), w(2, b, 4)]);
         assert!(merge_waits(&[w(1, a, 0)]).is_empty());
-    }
-
-    fn window_record(slot: u32, generation: u32, window: u32) -> Record {
-        Record::Added(Exported {
-            slot,
-            generation,
-            offset_in_allocation: 0,
-            len: 4096,
-            alloc_size: 1 << 20,
-            buffer_id: 9,
-            window,
-            address: 0x7f00_0000_0000 + slot as u64 * 0x1000,
-            handle: vec![0; 64],
-        })
-    }
-
-    #[test]
-    fn peer_windows_are_found_by_ordinal_until_they_are_gone() {
-        let mut w = PeerWindows::default();
-        w.note(1, &window_record(3, 1, 2));
-        w.note(1, &window_record(4, 1, 0)); // a buffer, not a window
-        w.note(2, &window_record(3, 7, 2));
-        let got = w.get(1, 2).unwrap();
-        assert_eq!((got.slot, got.generation, got.len), (3, 1, 4096));
-        assert_eq!(got.address, 0x7f00_0000_3000);
-        assert_eq!(w.get(2, 2).unwrap().generation, 7, "peers are kept apart");
-        assert!(w.get(1, 1).is_none());
-        assert!(w.get(1, 0).is_none(), "buffers are not noted");
-        // A Gone of another generation or peer leaves it; its own removes it.
-        w.note(1, &Record::Gone { slot: 3, generation: 2 });
-        w.note(3, &Record::Gone { slot: 3, generation: 1 });
-        assert!(w.get(1, 2).is_some());
-        w.note(1, &Record::Gone { slot: 3, generation: 1 });
-        assert!(w.get(1, 2).is_none());
-        assert!(w.get(2, 2).is_some());
     }
 
     #[test]

@@ -15,19 +15,20 @@
 //! - `records.rs`: the `Added` / `Gone` records pushed to the peers, their wire format, and `publish`;
 //! - `peer_buffers.rs`: the peers' registrations as this rank reaches them (`PeerTable`: per peer and slot,
 //!   the newest generation and its CUDA IPC mapping) and the device-visible table the kernels read
-//!   (`PeerBuffers`).
+//!   (`PeerBuffers`);
+//! - `peer_windows.rs`: the peers' windows by ordinal, noted from the same records, where the one-sided
+//!   calls (`signal.rs`) find a put's target.
 
 mod own_slots;
 mod peer_buffers;
+mod peer_windows;
 mod records;
 
-#[cfg(test)]
-pub(crate) use records::Exported;
-pub(crate) use records::Record;
+pub(crate) use peer_windows::PeerWindow;
+use records::Record;
 
 use super::algorithm::{Choice, Placement, zero_copy_from};
 use super::kernel_args::MAX_RANKS;
-use super::signal::PeerWindow;
 use super::{Collective, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};

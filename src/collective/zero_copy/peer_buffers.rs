@@ -10,11 +10,11 @@
 //! peer of this process maps nothing, and is reached at the registration's own address (its record carries
 //! it: `PeerBuffers::window`, and `Scratch::in_this_process` for the kernels).
 
+use super::peer_windows::{PeerWindow, PeerWindows};
 use super::records::{Exported, Record};
 use super::{MAX_SLOTS, TABLE_BYTES, untag};
 use crate::bootstrap::Bootstrap;
 use crate::collective::kernel_args::MAX_RANKS;
-use crate::collective::signal::{PeerWindow, PeerWindows};
 use crate::error::{Error, Result};
 use crate::gpu::{DevicePtr, GpuContext, IpcMapping, PinnedHostBuffer};
 use std::collections::HashMap;
