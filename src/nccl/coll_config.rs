@@ -12,7 +12,7 @@
 use super::collectives;
 use super::config::{Header, copy_prefix, header};
 use super::entry::{OK, entry};
-use super::group;
+use super::queue;
 use super::types::{NCCL_CONFIG_MAGIC, NCCL_CONFIG_UNDEF_INT, ncclComm_t, ncclResult_t};
 use crate::collective::Collective;
 use crate::ensure_arg;
@@ -161,7 +161,7 @@ fn configured(
         Ok(c) => c,
         Err(e) => return entry(name, || Err(e)),
     };
-    if cfg.event.is_some() && group::with(&group::GROUP, |g| g.open()) {
+    if cfg.event.is_some() && queue::with(&queue::GROUP, |g| g.open()) {
         return entry(name, || {
             Err(Error::invalid_usage(
                 "config's launchCompletionEvent inside a group is not carried out by this library: the group's \

@@ -1,7 +1,7 @@
 //! Where an `ncclAllReduce` enters, and the other collectives of `nccl.h` (`ncclAllGather`,
 //! `ncclReduceScatter`, `ncclBroadcast`, `ncclBcast`, `ncclReduce`, `ncclAlltoAll`, `ncclGather`,
 //! `ncclScatter`): `collective` checks the arguments, reads NCCL's type and operator, and makes the core's
-//! `Call` (carrying the exported function's name for messages), which `group::issue` hands to
+//! `Call` (carrying the exported function's name for messages), which `queue::issue` hands to
 //! `Communicator::collective` now or at the group's end; it becomes a launch in `Collectives::run`
 //! (`src/collective/mod.rs`). Where NVIDIA's communicator carries every call (ranks on several hosts), the
 //! call is forwarded to it instead (`fallback.rs`). `coll_config.rs` has the siblings taking an
@@ -9,10 +9,10 @@
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::entry::{check_rank, datatype, enqueue};
+use super::entry::{check_rank, datatype};
 use super::fallback;
-use super::group::{Op, forward, issue};
 use super::operators::redop;
+use super::queue::{Op, enqueue, forward, issue};
 use super::types::*;
 use crate::collective::{Call, Collective};
 use crate::error::Error;

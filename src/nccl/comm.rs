@@ -1,12 +1,13 @@
 //! What an `ncclComm_t` names: the core's communicator (`crate::comm::Communicator`, the same one
 //! `mscclpp.h` uses) once it exists, and what NCCL's API keeps beside it: the state of a background
-//! initialisation, the device, `ncclCommFinalize`, `PreMulSum` operators, and the
-//! NVIDIA communicator made beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`). Registrations and
-//! windows are the core's (`Communicator::registrations`).
+//! initialisation, the device, `ncclCommFinalize`, revocation and suspension's refusals, `PreMulSum`
+//! operators, the id `ncclCommGetUniqueId` made for a grow (`MadeId`), and the NVIDIA communicator made
+//! beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`). Registrations and windows are the core's
+//! (`Communicator::registrations`).
 
 use super::error::{code, from_core};
 use super::fallback;
-use super::types::{ncclComm_t, ncclResult_t};
+use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclResult_t};
 use crate::abi::handles::Registry;
 use crate::collective::{DataType, Scalar};
 use crate::comm::Communicator;
@@ -17,6 +18,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 /// `rank` and `nranks` of a communicator whose place is not known yet (a split still exchanging).
 const UNPLACED: usize = usize::MAX;
@@ -40,6 +42,14 @@ pub struct PreMulSum {
     pub scalar: Scalar,
     /// Its twin on the NVIDIA communicator beside ours, where there is one.
     pub fallback: Option<c_int>,
+}
+
+/// The id `ncclCommGetUniqueId` made on a rank, kept with its communicator until a grow
+/// (`grow.rs`) takes it.
+#[derive(Clone, Debug)]
+pub struct MadeId {
+    pub bytes: [u8; NCCL_UNIQUE_ID_BYTES],
+    pub made: Instant,
 }
 
 pub struct NcclComm {
@@ -70,7 +80,7 @@ pub struct NcclComm {
     /// How many grows of it this rank has started (`grow.rs`), counted as the splits are.
     grows: AtomicU64,
     /// The id `ncclCommGetUniqueId` made on this rank, until a grow takes it (`grow.rs`).
-    grow_id: Mutex<Option<super::grow::MadeId>>,
+    grow_id: Mutex<Option<MadeId>>,
     premul: Mutex<HashMap<c_int, PreMulSum>>,
     next_op: AtomicI32,
     /// The failure's message, kept for `ncclGetLastError` once the communicator has failed.
@@ -166,7 +176,7 @@ impl NcclComm {
     }
 
     /// The id `ncclCommGetUniqueId` made on this rank and no grow has taken yet.
-    pub fn grow_id(&self) -> parking_lot::MutexGuard<'_, Option<super::grow::MadeId>> {
+    pub fn grow_id(&self) -> parking_lot::MutexGuard<'_, Option<MadeId>> {
         self.grow_id.lock()
     }
 
@@ -245,7 +255,7 @@ impl NcclComm {
         self.check_not_ended()?;
         if c.collectives_suspended() {
             c.check_usable()?;
-            return Err(super::suspend::suspended_error());
+            return Err(suspended_error());
         }
         Ok(c)
     }
@@ -413,6 +423,15 @@ impl NcclComm {
     pub fn remove_premul(&self, op: c_int) -> Option<PreMulSum> {
         self.premul.lock().remove(&op)
     }
+}
+
+/// The refusal of work while suspended, naming the call that ends it (`NcclComm::usable`; `suspend.rs`
+/// suspends).
+fn suspended_error() -> Error {
+    Error::invalid_usage(
+        "comm is suspended (ncclCommSuspend): no work may be issued on it until every rank has called \
+         ncclCommResume",
+    )
 }
 
 /// Makes `comm` reachable through a new handle.

@@ -1,12 +1,11 @@
 //! What every exported function of the NCCL face does first: `entry` (the logger, the panic boundary, the
-//! failure kept for `ncclGetLastError`), `with_comm` and `enqueue` (the communicator behind an
-//! `ncclComm_t`, its rank in what is logged; a failure inside a group also fails the group), and the
+//! failure kept for `ncclGetLastError`), `with_comm` (the communicator behind an `ncclComm_t`, its rank
+//! in what is logged; `queue::enqueue` is its twin for work a group queues), and the
 //! readers of NCCL's numbers that many calls share: an `ncclDataType_t` into the core's `DataType`, a rank
 //! argument checked against the communicator's size.
 
 use super::comm::{self as ncomm, NcclComm};
 use super::error::{self as nerror, code};
-use super::group::{self, GROUP};
 use super::types::*;
 use crate::abi::catch_panic;
 use crate::collective::DataType;
@@ -38,22 +37,6 @@ pub(super) fn with_comm(
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
     entry(name, || body(&found?))
-}
-
-/// `with_comm` for work that a group queues: a failure inside a group (a NULL or destroyed communicator
-/// too) also fails the group's end.
-pub(super) fn enqueue(
-    name: &str,
-    comm: ncclComm_t,
-    body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
-) -> ncclResult_t {
-    let found = ncomm::lookup(comm);
-    let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
-    entry(name, || {
-        found
-            .and_then(|c| body(&c))
-            .inspect_err(|e| group::with(&GROUP, |g| g.fail(e)))
-    })
 }
 
 pub(super) const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);

@@ -1,21 +1,18 @@
-//! Groups: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`, and the engine behind them.
+//! Groups: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`, and the engine behind their outermost
+//! end. The work a call queues inside a group (`Op`), the per-thread bookkeeping (`Group`, `GROUP`) and
+//! `issue`, which runs work now or queues it, are `queue.rs`'s.
 //!
-//! - `Group`: the bookkeeping, per thread as in NCCL: the depth of nesting, the work queued since the
-//!   outermost start, and the first error a call inside the group returned (which fails the whole group
-//!   at its end, as NCCL does: nothing queued is then issued).
-//! - `Op` and `issue`: every call that does work (an initialisation, a collective, a send or receive, a
-//!   one-sided call, a call for NVIDIA's communicator) is an `Op`, run now outside a group and queued
-//!   inside one.
-//! - `run_group`: the outermost end issues the queued work: the initialisations all at once, then per
-//!   communicator its collectives in call order, its sends and receives in one launch, its one-sided calls
-//!   (one thread per communicator where there are several), then NVIDIA's share in one NVIDIA group.
+//! - `run_group`: the outermost end issues the queued work: the initialisations all at once
+//!   (`init::run_init`), then per communicator its collectives in call order, its sends and receives in one
+//!   launch, its one-sided calls (`rma::group_order`; one thread per communicator where there are several),
+//!   then NVIDIA's share in one NVIDIA group.
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
 use super::comm::NcclComm;
 use super::entry::{OK, entry};
-use super::fallback::{self, Forwarded};
-use super::init::{Job, run_init};
+use super::init::run_init;
+use super::queue::{GROUP, Op, with};
 use super::types::*;
 use crate::abi::non_null;
 use crate::collective::{Call, Collective, P2pOp, algorithm};
@@ -23,117 +20,7 @@ use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, GpuContext};
-use std::cell::RefCell;
-use std::ffi::c_void;
 use std::sync::Arc;
-
-/// One thread's group state.
-#[derive(Debug)]
-pub struct Group<Op> {
-    depth: usize,
-    queue: Vec<Op>,
-    error: Option<Error>,
-}
-
-impl<Op> Default for Group<Op> {
-    fn default() -> Self {
-        Group {
-            depth: 0,
-            queue: Vec::new(),
-            error: None,
-        }
-    }
-}
-
-/// What the outermost end hands back: the work to issue, or the error that failed the group.
-pub type Ended<Op> = std::result::Result<Vec<Op>, Error>;
-
-impl<Op> Group<Op> {
-    pub fn start(&mut self) {
-        self.depth += 1;
-    }
-
-    /// Whether a group is open (work is queued rather than issued).
-    pub fn open(&self) -> bool {
-        self.depth > 0
-    }
-
-    /// Queues `op` for the outermost end. Only inside a group.
-    pub fn queue(&mut self, op: Op) {
-        debug_assert!(self.open());
-        self.queue.push(op);
-    }
-
-    /// Remembers the first error of a call inside the group.
-    pub fn fail(&mut self, e: &Error) {
-        if self.open() && self.error.is_none() {
-            self.error = Some(e.clone());
-        }
-    }
-
-    /// Ends one level: `Err` when no group is open (`ncclInvalidUsage`), `Ok(None)` for an inner end,
-    /// `Ok(Some(..))` for the outermost, with the queued work or the group's error.
-    pub fn end(&mut self) -> Result<Option<Ended<Op>>> {
-        if self.depth == 0 {
-            return Err(Error::invalid_usage(
-                "ncclGroupEnd without a matching ncclGroupStart on this thread",
-            ));
-        }
-        self.depth -= 1;
-        if self.depth > 0 {
-            return Ok(None);
-        }
-        let queue = std::mem::take(&mut self.queue);
-        Ok(Some(match self.error.take() {
-            Some(e) => Err(e),
-            None => Ok(queue),
-        }))
-    }
-}
-
-/// Runs `f` on this thread's group of `Op`s.
-pub fn with<Op: 'static, T>(
-    local: &'static std::thread::LocalKey<RefCell<Group<Op>>>,
-    f: impl FnOnce(&mut Group<Op>) -> T,
-) -> T {
-    local.with(|g| f(&mut g.borrow_mut()))
-}
-
-// ---- the group engine: what a group queues, and how its outermost end issues it ----
-
-/// Work a group queues, issued at its outermost `ncclGroupEnd`.
-pub(super) enum Op {
-    /// A communicator's initialisation (`ncclCommInitRank` inside a group): every one of a group runs at
-    /// once, so that one thread can make several ranks.
-    Init {
-        comm: Arc<NcclComm>,
-        gpu: Option<GpuContext>,
-        job: Job,
-    },
-    Collective {
-        comm: Arc<Communicator>,
-        call: Call,
-        root: i64,
-        stream: u64,
-    },
-    /// A send or a receive: a group's are issued together, after the group's collectives, in one launch
-    /// per communicator (they must progress at the same time).
-    P2p {
-        comm: Arc<Communicator>,
-        op: P2pOp,
-        stream: u64,
-    },
-    /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
-    /// group.
-    Fallback(Forwarded),
-    /// A one-sided call (`rma.rs`): a group's are issued after its sends and receives, its puts and
-    /// signals first, then its waits, each in call order.
-    OneSided {
-        comm: Arc<Communicator>,
-        op: crate::collective::signal::OneSided,
-        stream: u64,
-    },
-}
 
 /// A queued collective's arguments: the call, the application's root, its stream.
 type QueuedCall = (Call, i64, u64);
@@ -163,61 +50,6 @@ impl CommWork {
         };
         &mut all[i]
     }
-}
-
-thread_local! {
-    pub(super) static GROUP: RefCell<Group<Op>> = RefCell::new(Group::default());
-}
-
-/// Runs one call's work now, or queues it inside a group.
-pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
-    let op = match with(&GROUP, |g| {
-        if g.open() {
-            g.queue(op);
-            None
-        } else {
-            Some(op)
-        }
-    }) {
-        None => return OK,
-        Some(op) => op,
-    };
-    match op {
-        Op::Collective {
-            comm,
-            call,
-            root,
-            stream,
-        } => {
-            // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU.
-            comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
-            OK
-        }
-        Op::P2p { comm, op, stream } => {
-            // SAFETY: as above.
-            comm.send_recv(&[op], unsafe { AppStream::from_raw(stream) })?;
-            OK
-        }
-        Op::Fallback(f) => {
-            f.issue()?;
-            OK
-        }
-        Op::OneSided { comm, op, stream } => {
-            // SAFETY: as above.
-            comm.one_sided(&op, unsafe { AppStream::from_raw(stream) })?;
-            OK
-        }
-        Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),
-    }
-}
-
-/// Issues `call` on NVIDIA's communicator `f`, now or at the group's end.
-pub(super) fn forward(f: &Arc<fallback::Comm>, call: fallback::Call, stream: *mut c_void) -> Result<ncclResult_t> {
-    issue(Op::Fallback(Forwarded {
-        comm: f.clone(),
-        call,
-        stream: stream as u64,
-    }))
 }
 
 /// Issues a group's work: the initialisations all at once, then the collectives, in order per
@@ -391,61 +223,5 @@ fn simulated_us(op: &Op) -> f64 {
             algorithm::estimate_us(Collective::AllToAll, 2, bytes.saturating_mul(2))
         }
         Op::Init { .. } | Op::Fallback(_) | Op::OneSided { .. } => 0.0,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::error::ErrorKind;
-
-    #[test]
-    fn an_end_without_a_start_is_invalid_usage() {
-        let mut g: Group<u32> = Group::default();
-        assert_eq!(g.end().unwrap_err().kind, ErrorKind::InvalidUsage);
-        g.start();
-        assert!(g.end().unwrap().is_some());
-        assert_eq!(g.end().unwrap_err().kind, ErrorKind::InvalidUsage);
-    }
-
-    #[test]
-    fn nested_groups_issue_everything_in_order_at_the_outermost_end() {
-        let mut g = Group::default();
-        g.start();
-        g.queue(1);
-        g.start();
-        g.queue(2);
-        g.start();
-        g.queue(3);
-        assert!(g.end().unwrap().is_none());
-        assert!(g.end().unwrap().is_none());
-        g.queue(4);
-        assert!(g.open());
-        assert_eq!(g.end().unwrap().unwrap().unwrap(), vec![1, 2, 3, 4]);
-        assert!(!g.open());
-        g.start();
-        assert!(g.end().unwrap().unwrap().unwrap().is_empty(), "nothing left over");
-    }
-
-    #[test]
-    fn an_error_inside_fails_the_group_and_drops_its_work() {
-        let mut g = Group::default();
-        g.start();
-        g.queue(1);
-        g.fail(&Error::invalid_argument("first"));
-        g.fail(&Error::invalid_usage("second"));
-        g.queue(2);
-        let e = g.end().unwrap().unwrap().unwrap_err();
-        assert_eq!(e.message, "first");
-        g.start();
-        g.queue(3);
-        assert_eq!(
-            g.end().unwrap().unwrap().unwrap(),
-            vec![3],
-            "the next group starts clean"
-        );
-        g.fail(&Error::invalid_argument("outside a group"));
-        g.start();
-        assert!(g.end().unwrap().unwrap().is_ok(), "errors outside a group are not kept");
     }
 }

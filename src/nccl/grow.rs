@@ -17,10 +17,11 @@
 #![allow(non_snake_case)] // NCCL's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each export is nccl.h's
 
-use super::comm::NcclComm;
+use super::comm::{MadeId, NcclComm};
 use super::config;
 use super::entry::{OK, entry, with_comm};
-use super::init::{Job, child_config, current_device, start, start_child};
+use super::init::{child_config, current_device, start, start_child};
+use super::queue::Job;
 use super::split::{GROW_WORDS, tag};
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
 use crate::abi::non_null;
@@ -74,13 +75,6 @@ impl GrowId {
         );
         Ok(GrowId { id, parent_nranks })
     }
-}
-
-/// The id `ncclCommGetUniqueId` made on a rank, kept with its communicator until a grow takes it.
-#[derive(Clone, Debug)]
-pub struct MadeId {
-    pub bytes: [u8; NCCL_UNIQUE_ID_BYTES],
-    pub made: Instant,
 }
 
 /// What an existing rank tells the others when it calls `ncclCommGrow`.

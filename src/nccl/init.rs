@@ -11,7 +11,7 @@ use super::comm::{self as ncomm, NcclComm};
 use super::config;
 use super::entry::{OK, entry};
 use super::fallback;
-use super::group::{self, GROUP, Op};
+use super::queue::{GROUP, Job, Op, with};
 use super::types::*;
 use crate::abi::non_null;
 use crate::bootstrap::UniqueId;
@@ -25,10 +25,6 @@ use std::sync::Arc;
 
 /// How long set-up waits for the root and the peers.
 pub(super) const BOOTSTRAP_TIMEOUT: std::time::Duration = crate::bootstrap::DEFAULT_TIMEOUT;
-
-/// What a new communicator's initialisation runs: an initialisation's, a split's, a shrink's or a
-/// grow's way of making the core's communicator, run by `start` (now, on a thread, or at a group's end).
-pub type Job = Box<dyn FnOnce() -> Result<Communicator> + Send>;
 
 /// Ends an initialisation: NVIDIA's communicator is made beside ours where `MSCCLPP_NCCL_FALLBACK` asks
 /// for one (every rank does this at once, as the initialisation itself), then the outcome is recorded.
@@ -137,13 +133,13 @@ pub(super) unsafe fn start(
     blocking: bool,
     job: Job,
 ) -> Result<ncclResult_t> {
-    let in_group = group::with(&GROUP, |g| g.open());
+    let in_group = with(&GROUP, |g| g.open());
     if in_group || !blocking {
         let handle = ncomm::register(comm.clone());
         // SAFETY: the caller's contract.
         unsafe { *out = handle };
         if in_group {
-            group::with(&GROUP, |g| g.queue(Op::Init { comm, gpu, job }));
+            with(&GROUP, |g| g.queue(Op::Init { comm, gpu, job }));
             return OK;
         }
         std::thread::Builder::new()

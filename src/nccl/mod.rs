@@ -16,12 +16,12 @@
 //! API, the last error's message, and the NVIDIA communicator kept beside ours.
 //!
 //! An `ncclAllReduce` enters in `collectives.rs` (`collective`: arguments checked, NCCL's type and
-//! operator read, the core's `Call` made), is issued or queued by `group.rs` (`issue`), and reaches its
+//! operator read, the core's `Call` made), is issued or queued by `queue.rs` (`issue`), and reaches its
 //! launch in `Collectives::run` (`src/collective/mod.rs`), through `Communicator::collective`.
 //!
 //! The calls, by file:
 //! - `entry.rs`: what every export does first: the panic boundary (`entry`), the communicator behind an
-//!   `ncclComm_t` (`with_comm`, `enqueue`), NCCL's type numbers and rank arguments read;
+//!   `ncclComm_t` (`with_comm`), NCCL's type numbers and rank arguments read;
 //! - `collectives.rs`: `ncclAllReduce`, `ncclAllGather`, `ncclReduceScatter`, `ncclBroadcast`, `ncclBcast`,
 //!   `ncclReduce`, `ncclAlltoAll`, `ncclGather`, `ncclScatter`;
 //! - `coll_config.rs`: the same collectives with a per-call `ncclCollConfig_t` (`ncclAllReduceConfig`, ...);
@@ -29,9 +29,11 @@
 //! - `rma.rs`: the one-sided calls (`ncclPutSignal`, `ncclSignal`, `ncclWaitSignal`, `ncclWinGetUserPtr`)
 //!   and the peer pointers of a window;
 //! - `operators.rs`: `ncclRedOpCreatePreMulSum`, `ncclRedOpDestroy`, and every call's `ncclRedOp_t` read;
-//! - `group.rs`: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`: the per-thread bookkeeping
-//!   (`Group`), the work a group queues (`Op`, `issue`) and the engine that issues it at the end
-//!   (`run_group`);
+//! - `queue.rs`: the work of a call (`Op`), run now or queued in this thread's group (`issue`, and
+//!   `enqueue`, the entry of a call whose failure also fails the group), and the per-thread bookkeeping
+//!   (`Group`);
+//! - `group.rs`: `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`, and the engine that issues a
+//!   group's work at its outermost end (`run_group`);
 //! - `init.rs`: `ncclGetUniqueId`, `ncclCommInitRank`, `ncclCommInitRankConfig`, `ncclCommInitRankScalable`,
 //!   `ncclCommInitAll`, and how every new communicator is made: blocking, non-blocking (a thread of its
 //!   own, `ncclInProgress`) or at a group's end (`start`, `start_child`, `finish_init`);
@@ -93,6 +95,7 @@ pub mod memory;
 pub mod operators;
 pub mod params;
 pub mod queries;
+pub mod queue;
 pub mod rma;
 pub mod send_recv;
 pub mod split;

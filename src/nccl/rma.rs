@@ -14,8 +14,8 @@
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
 use super::comm::{self as ncomm, NcclComm};
-use super::entry::{OK, check_rank, datatype, datatype_name, enqueue, entry, with_comm};
-use super::group::{Op, issue};
+use super::entry::{OK, check_rank, datatype, datatype_name, entry, with_comm};
+use super::queue::{Op, enqueue, issue};
 use super::types::{ncclComm_t, ncclResult_t, ncclWindow_t};
 use crate::abi::non_null;
 use crate::collective::signal::{self, OneSided, SignalId, Wait};

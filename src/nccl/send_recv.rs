@@ -4,9 +4,9 @@
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::entry::{check_rank, datatype, enqueue};
+use super::entry::{check_rank, datatype};
 use super::fallback;
-use super::group::{Op, forward, issue};
+use super::queue::{Op, enqueue, forward, issue};
 use super::types::*;
 use crate::collective::{P2pKind, P2pOp};
 use std::ffi::{c_int, c_void};

@@ -29,7 +29,8 @@
 use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, with_comm};
 use super::fallback;
-use super::init::{BOOTSTRAP_TIMEOUT, Job, child_config, start_child};
+use super::init::{BOOTSTRAP_TIMEOUT, child_config, start_child};
+use super::queue::Job;
 use super::types::*;
 use crate::abi::non_null;
 use crate::bootstrap::UniqueId;

@@ -35,14 +35,6 @@ pub const NCCL_STAT_GPU_MEM_SUSPENDED: c_int = 1;
 pub const NCCL_STAT_GPU_MEM_PERSIST: c_int = 2;
 pub const NCCL_STAT_GPU_MEM_TOTAL: c_int = 3;
 
-/// The refusal of work while suspended, naming the call that ends it (`NcclComm::usable`).
-pub fn suspended_error() -> Error {
-    Error::invalid_usage(
-        "comm is suspended (ncclCommSuspend): no work may be issued on it until every rank has called \
-         ncclCommResume",
-    )
-}
-
 /// Refuses `name` where NVIDIA's communicator carries every call: ours holds nothing to suspend there.
 fn refuse_where_nvidia_carries_all(c: &NcclComm, name: &str) -> Result<()> {
     if c.fallback_for_all().is_some() {
