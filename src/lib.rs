@@ -50,7 +50,6 @@ pub mod logging;
 pub mod mscclpp_abi;
 pub mod nccl;
 pub mod proxy;
-pub mod registered_memory;
 pub mod registration;
 pub mod settings;
 pub mod transport;

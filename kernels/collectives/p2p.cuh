@@ -3,7 +3,7 @@
 // receive between the same two ranks in both directions, an all-to-all).
 //
 // Channel: each ordered pair source -> destination has, in the destination's p2p area, `lanes` lanes of
-// `depth` slots of `slotBytes` each (the communicator's shape, src/collective/p2p.rs `Shape`). A send is cut
+// `depth` slots of `slotBytes` each (the communicator's shape, src/collective/send_recv.rs `Shape`). A send is cut
 // into up to `lanes` contiguous parts (the same cut on both sides: it depends on the byte count and the
 // shape alone), each streamed through its own lane in chunks of at most a slot. Chunks are numbered per
 // pair and lane from the first send of the communicator on (1, 2, ...; the counts are kept in the rank's

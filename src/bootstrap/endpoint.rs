@@ -1,5 +1,5 @@
 //! One rank's endpoint: the rendezvous at the root, the connections to every peer, and point-to-point
-//! messages. The collectives built on it are in `collectives.rs`.
+//! messages. The host collectives built on it (all-gather, barrier) are in `host_collectives.rs`.
 //!
 //! Set-up: the rank connects to the root, listens on the address of the interface that routes there,
 //! sends the root a hello with that address, and receives the table of every rank's address. Then it

@@ -16,7 +16,8 @@
 //! - `unique_id.rs`: the 128-byte id.
 //! - `root.rs`: the root thread that introduces the ranks to each other.
 //! - `endpoint.rs`: a rank's `Bootstrap`: set-up, `send` and `recv`.
-//! - `collectives.rs`: `all_gather` and `barrier`.
+//! - `host_collectives.rs`: `all_gather` and `barrier` over the point-to-point messages (host memory; the
+//!   GPU collectives are `collective/`).
 //! - `receiver.rs`: the thread that accepts peers, reads their messages into the `mailbox.rs`, and watches
 //!   over them (`health.rs`: heartbeats, timeouts, the first failure); `outbox.rs`: each connection's
 //!   sending side, shared by the rank's threads and that thread.
@@ -24,10 +25,10 @@
 //! - `wire.rs`: the bytes on the wire; `sys.rs`: the system calls std lacks (all the unsafe code).
 
 mod address;
-mod collectives;
 mod endpoint;
 mod handshake;
 mod health;
+mod host_collectives;
 mod mailbox;
 mod outbox;
 mod receiver;

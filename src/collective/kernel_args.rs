@@ -49,7 +49,7 @@ pub const STATE_ZC_CALLS: usize = 3;
 
 /// The most lanes of the channel from one rank to another: a send is cut into up to this many contiguous
 /// parts, each streamed through its own lane (by its own block where the launch has blocks enough). How many
-/// a communicator has, and the bytes of their slots, is its `p2p::Shape`.
+/// a communicator has, and the bytes of their slots, is its `send_recv::Shape`.
 pub const P2P_MAX_LANES: usize = 32;
 /// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
 /// once, so a group that holds more cannot be split into launches without risking a deadlock.
@@ -81,7 +81,7 @@ pub struct P2pOpArgs {
     /// The application's buffer: read by a send, written by a receive.
     pub ptr: DevicePtr,
     pub bytes: u64,
-    /// 16-byte units of each lane but the last (see `p2p::Shape::split`).
+    /// 16-byte units of each lane but the last (see `send_recv::Shape::split`).
     pub lane_units: u64,
     /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
     pub chunk_bytes: u64,
@@ -116,7 +116,7 @@ pub struct P2pArgs {
     pub rank: u32,
     pub nranks: u32,
     pub channel_count: u32,
-    /// The communicator's `p2p::Shape`: lanes per ordered pair, slots per lane, bytes per slot.
+    /// The communicator's `send_recv::Shape`: lanes per ordered pair, slots per lane, bytes per slot.
     pub lanes: u32,
     pub depth: u32,
     pub reserved: u32,

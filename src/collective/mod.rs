@@ -10,9 +10,9 @@
 //!   cut into, and the grid;
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
 //!   `prepare`), with the p2p areas of send and receive;
-//! - `p2p.rs`: send and receive: a group's sends and receives checked, matched with themselves where they
-//!   name this rank, and carried by one launch; `send_recv_collectives.rs`: gather, scatter, all-to-all
-//!   (and two ranks' broadcast) above the packet sizes, as such a group;
+//! - `send_recv.rs`: send and receive: a group's sends and receives checked, matched with themselves where
+//!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: gather, scatter,
+//!   all-to-all (and two ranks' broadcast) above the packet sizes, as such a group;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
@@ -39,9 +39,9 @@ pub mod copy_engine;
 pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
-pub mod p2p;
 pub mod process_exit;
 pub mod scratch;
+pub mod send_recv;
 pub mod send_recv_collectives;
 pub mod signal;
 pub mod suspend;
@@ -49,7 +49,7 @@ pub mod zero_copy;
 
 pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp, Scalar};
-pub use p2p::{P2pKind, P2pOp};
+pub use send_recv::{P2pKind, P2pOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -339,13 +339,13 @@ impl Collectives {
             let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
             // Every rank decides alike, by the channels of the rank that needs most.
             let channels = send_recv_collectives::most_channels(call.collective, nranks);
-            let mut fits = p2p::fits(ready, channels, None, capturing)?;
+            let mut fits = send_recv::fits(ready, channels, None, capturing)?;
             if let Some(op) = call.op {
-                fits &= p2p::fits(ready, channels, Some((op, call.datatype)), capturing)?;
+                fits &= send_recv::fits(ready, channels, Some((op, call.datatype)), capturing)?;
             }
             if fits {
                 for l in &launches {
-                    p2p::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
+                    send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
                 }
                 return Ok(());
             }

@@ -6,7 +6,7 @@
 //! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
 //! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
 //! and the rest for copies (packets never share memory with copied data; see `common.cuh`). The p2p area of
-//! send and receive (`p2p.rs`) follows the two slots in the same allocation, so that it is mapped by every
+//! send and receive (`send_recv.rs`) follows the two slots in the same allocation, so that it is mapped by every
 //! peer in the same set-up, before any send or receive (the first of which need not involve every rank),
 //! and the signal counters of the one-sided calls (`signal.rs`) follow it, for the same reason.
 
@@ -32,7 +32,7 @@ pub struct Scratch {
     /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
     pub p2p: [DevicePtr; MAX_RANKS],
     /// The lanes and slots of every p2p area, the same on every rank.
-    pub p2p_shape: super::p2p::Shape,
+    pub p2p_shape: super::send_recv::Shape,
     /// Every rank's signal counters as this context reaches them, by rank (after its p2p area).
     pub signals: [DevicePtr; MAX_RANKS],
     /// The ranks whose process is this one (this rank's own included): their memory is reached at the
@@ -77,7 +77,7 @@ impl Scratch {
         // Zeroed off the legacy default stream: this may run inside the application's graph capture.
         let stream = Stream::new(gpu)?;
         let p2p_offset = 2 * slot_bytes;
-        let p2p_shape = super::p2p::Shape::from_settings(nranks);
+        let p2p_shape = super::send_recv::Shape::from_settings(nranks);
         let signal_offset = p2p_offset + p2p_shape.area_bytes(nranks);
         let own = DeviceAllocation::zeroed_on(gpu, (signal_offset + super::signal::AREA_BYTES) as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
@@ -109,7 +109,7 @@ impl Scratch {
             let peer_device = r.u64()?;
             fewest_multiprocessors = fewest_multiprocessors.min(r.u32()?);
             smallest_cta_limit = smallest_cta_limit.min(r.u32()?);
-            let peer_shape = super::p2p::Shape {
+            let peer_shape = super::send_recv::Shape {
                 lanes: r.u32()?,
                 depth: r.u32()?,
                 slot_bytes: r.u64()?,

@@ -1,4 +1,4 @@
-//! Collectives carried as sends and receives (`p2p.rs`) above the packet sizes, where send and receive's
+//! Collectives carried as sends and receives (`send_recv.rs`) above the packet sizes, where send and receive's
 //! lanes reach the link's speed (many blocks, each streaming its part through slots in the receiver's
 //! memory, the copy-out overlapping the next chunk) and the scratch algorithms ran their windows one after
 //! the other:
@@ -13,7 +13,7 @@
 //! reductions among more ranks (a chain or a ring of reducing receives is the next step) and PreMulSum.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
-use super::p2p::{Moved, P2pKind, P2pOp, Reducing, Work};
+use super::send_recv::{Moved, P2pKind, P2pOp, Reducing, Work};
 use super::{Call, Collective, DataType, RedOp};
 use crate::error::Result;
 use crate::gpu::DevicePtr;
@@ -160,7 +160,7 @@ pub fn most_channels(collective: Collective, nranks: usize) -> usize {
 
 /// This rank's sends and receives for the call: `piece` bytes per rank (the whole buffer of a broadcast),
 /// `send` and `recv` its buffers (0 where it has none). A rank's own piece is a send to itself with its
-/// receive, which `p2p::Work::sort` turns into a copy (none where the call is in place).
+/// receive, which `send_recv::Work::sort` turns into a copy (none where the call is in place).
 pub fn ops(
     collective: Collective,
     rank: usize,
@@ -215,7 +215,7 @@ pub fn ops(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::p2p::Work;
+    use crate::collective::send_recv::Work;
     use P2pKind::{Recv, Send};
 
     /// (kind, peer, buffer) of each op.

@@ -5,6 +5,7 @@
 
 use super::comms as handles;
 use super::guard;
+use super::regmem_vector;
 use crate::abi::non_null;
 use crate::bootstrap::UniqueId;
 use crate::comm::{Communicator, SetupNames};
@@ -13,7 +14,6 @@ use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::gpu::AppStream;
 use crate::logging::RankScope;
-use crate::registered_memory;
 use crate::types::*;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -361,7 +361,7 @@ pub unsafe extern "C" fn mscclppRegisterBuffer(
         ensure_arg!(size > 0, "size is 0");
         for e in c.register_buffer(local_memory as u64, size as u64, &SETUP)? {
             // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
-            unsafe { registered_memory::append(regMem, e)? };
+            unsafe { regmem_vector::append(regMem, e)? };
         }
         Ok(())
     })
@@ -386,7 +386,7 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
         }
         // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null); the entries are
         // copied out before anything else can change the vector.
-        let entries = unsafe { registered_memory::entries(regMem) };
+        let entries = unsafe { regmem_vector::entries(regMem) };
         ensure_arg!(
             !entries.is_empty(),
             "regMem has no entries: call mscclppRegisterBuffer first"

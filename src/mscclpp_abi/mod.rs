@@ -1,5 +1,9 @@
 //! The face of `mscclpp.h`: thin `extern "C"` functions (in `api.rs`) that check their arguments, find the
 //! communicator, and call into the safe core, each behind the panic boundary of `crate::abi`.
+//! `collectives.rs` holds the four collectives, `comms.rs` the communicators' tokens, `registration.rs`
+//! `mscclppCommRegister` (over the core's table, `crate::registration`), and `regmem_vector.rs` the
+//! entries of the application's `mscclppRegisteredMemory` that `mscclppRegisterBuffer` appends and
+//! `mscclppRegisteredBufferWrite` reads (a `std::vector` only C++ may touch).
 //!
 //! Compiled only with the `mscclpp-abi` feature (the default): the build of `libnccl.so.2` leaves this face
 //! out, so that it exports NCCL's names alone (`nccl/`), and preloading it never interposes
@@ -9,6 +13,7 @@ pub mod api;
 pub mod collectives;
 pub mod comms;
 pub mod registration;
+pub mod regmem_vector;
 
 use crate::abi::catch_panic;
 use crate::error::Result;
