@@ -6,8 +6,8 @@
 //! - `Group`: the bookkeeping, per thread as in NCCL (`GROUP`): the depth of nesting, the work queued since
 //!   the outermost start, and the first error a call inside the group returned (which fails the whole
 //!   group at its end, as NCCL does: nothing queued is then issued).
-//! - The outermost end, `ncclGroupStart` and `ncclGroupEnd` and the engine that issues the queued work,
-//!   are `group.rs`'s.
+//! - `ncclGroupStart`, `ncclGroupEnd` and the engine that issues the queued work at the outermost end are
+//!   `group.rs`'s, above this file and above `init.rs` and `rma.rs`, which queue their work here.
 
 use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, entry};
