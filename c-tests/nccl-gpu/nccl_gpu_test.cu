@@ -70,10 +70,7 @@
 //
 // The case runner (examples-c/common/case_runner.h) includes mscclpp.h for its own types; nothing of it that
 // calls libmscclpp is used here, and the link (-lnccl only) would fail if anything were.
-#include "case_runner.h"
-#include "gpu_probe.h"
-
-#include <nccl.h>
+#include "nccl_harness.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -86,21 +83,19 @@ using namespace tc;
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// What the processes of one group share beside case_runner's results: the unique ids rank 0 makes
+// What the processes of one group share beside case_runner's results: the unique ids rank 0 makes, the
+// barriers' meeting (nccl_harness.h)
 // ------------------------------------------------------------------------------------------------
 
 constexpr int kMaxIds = 8;
-constexpr int kVerdicts = 64; // boardBarrier's record of failed steps, by barrier number modulo this
 
 struct Board
 {
-  volatile int idReady[kMaxIds];
-  ncclUniqueId ids[kMaxIds];
+  SharedId ids[kMaxIds];
   volatile int skipMultiDevice; // initall: set by the rank where only one GPU is visible
   char skipWhy[200];
-  int arrivals;   // boardBarrier's count of arrivals, never reset within a group
+  Meeting meeting;
   int gatherHung; // gather_back_to_back: set by the root when its gathers did not finish
-  int failedAt[kVerdicts]; // boardBarrier: k + 1 where a rank arrived at its barrier k after a failed step
   cudaIpcMemHandle_t memHandles[kMaxRanks]; // memalloc_mapped_by_peers: each rank's ncclMemAlloc buffer
 };
 
@@ -110,121 +105,20 @@ char* gPoolA = nullptr;       // device memory the cases carve their buffers fro
 char* gPoolB = nullptr;       // (outputs)
 uint64_t gPoolBytes = 0;
 int gRanks = 2;               // ranks of the group (setUpRank): the fp8 sums' values are sized by it
-int gBarriers = 0;            // boardBarrier calls this rank has made (every rank makes the same ones)
-
-const char* resultName(ncclResult_t r)
-{
-  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
-                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
-                                "ncclRemoteError",   "ncclInProgress"};
-  return (int)r >= 0 && (int)r < 8 ? names[(int)r] : "not an ncclResult_t";
-}
-
-std::string lastError(ncclComm_t comm)
-{
-  const char* s = ncclGetLastError(comm);
-  return s ? s : "";
-}
-
-// A barrier of the ranks through the board, usable as often as needed (case_runner's oobBarrier has 64
-// uses): every rank's k-th call waits for the k-th call of all the others. `failure` non-empty: this rank's
-// step before the barrier failed, which *anyFailed tells every rank after it (see `together`).
-std::string boardBarrier(Rank& R, const char* where, const std::string& failure = std::string(),
-                         bool* anyFailed = nullptr)
-{
-  const int k = gBarriers++;
-  if (!failure.empty()) __atomic_store_n(&gBoard->failedAt[k % kVerdicts], k + 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
-  const int target = (k + 1) * R.nranks;
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < target) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("barrier (%s): the other ranks did not arrive within %.0f s", where, R.hostTimeoutS);
-    }
-    usleep(100);
-  }
-  if (anyFailed) *anyFailed = __atomic_load_n(&gBoard->failedAt[k % kVerdicts], __ATOMIC_SEQ_CST) == k + 1;
-  return "";
-}
-
-// A step's end shared by the ranks: a barrier at which each also learns whether the step failed on any of
-// them. A rank whose step failed returns its reason, the others that another rank failed; so all leave a
-// case at the same point (none waits in a collective, a split or a barrier for a rank that left).
-std::string together(Rank& R, const std::string& why, const char* where)
-{
-  bool anyFailed = false;
-  const std::string b = boardBarrier(R, where, why, &anyFailed);
-  if (!why.empty()) return why;
-  if (!b.empty()) return b;
-  if (anyFailed) return fmt("another rank failed before %s (its reason is on its line)", where);
-  return "";
-}
-
-// An NCCL call that must succeed, inside a function returning std::string with `Rank& R` in scope.
-#define TN_OK(expr)                                                                                            \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != ncclSuccess) {                                                                                   \
-      return ::tc::fmt("%s returned %s (%s:%d); last error: %s", #expr, resultName(r_), __FILE__, __LINE__,    \
-                       lastError(nullptr).c_str());                                                            \
-    }                                                                                                          \
-  } while (0)
-
-// An NCCL call that must return `want`.
-#define TN_EXPECT_RC(expr, want)                                                                               \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != (want)) {                                                                                        \
-      return ::tc::fmt("%s returned %s, expected %s (%s:%d)", #expr, resultName(r_), resultName(want),         \
-                       __FILE__, __LINE__);                                                                    \
-    }                                                                                                          \
-  } while (0)
 
 // The id of communicator `slot`: rank 0 makes it, the others wait for it (bounded).
 std::string shareId(Rank& R, int slot, ncclUniqueId* id)
 {
   if (slot < 0 || slot >= kMaxIds) return "internal: id slot out of range";
-  if (R.rank == 0) {
-    TN_OK(ncclGetUniqueId(id));
-    memcpy(&gBoard->ids[slot], id, sizeof(ncclUniqueId));
-    __sync_synchronize();
-    gBoard->idReady[slot] = 1;
-    return "";
-  }
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (!gBoard->idReady[slot]) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("rank 0 did not publish unique id %d within %.0f s", slot, R.hostTimeoutS);
-    }
-    usleep(1000);
-  }
-  __sync_synchronize();
-  memcpy(id, &gBoard->ids[slot], sizeof(ncclUniqueId));
-  return "";
+  return shareUniqueId(R, gBoard->ids[slot], id, fmt("rank 0 did not publish unique id %d", slot));
 }
 
 // CUDA device, stream, the status block syncBounded reads, and the buffer pools (sized for the largest call:
 // an all-gather of 2^20 + 3 float64 per rank).
 std::string setUpRank(Rank& R)
 {
-  // Kernels load when the process starts (README.md, "Lazy module loading"); the runner's environment wins.
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  // The ranks meet through the unique id here, not through an address in the environment.
-  unsetenv("NCCL_COMM_ID");
-  TC_CUDA(cudaGetDeviceCount(&R.nGpus));
-  TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
-  R.device = R.rank % R.nGpus;
+  TC_TRY(setUpDevice(R));
   gRanks = R.nranks;
-  if (R.nranks > R.nGpus) {
-    // Ranks sharing a GPU take turns or split it: be more patient.
-    R.hostTimeoutS *= 2;
-  }
-  TC_CUDA(cudaSetDevice(R.device));
-  TC_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-  TC_CUDA(cudaHostAlloc((void**)&R.status, sizeof(DevStatus), cudaHostAllocMapped));
-  memset((void*)R.status, 0, sizeof(DevStatus));
   gPoolBytes = (uint64_t)R.nranks * ((1u << 20) + 3) * 8 + (1u << 16);
   TC_CUDA(cudaMalloc((void**)&gPoolA, gPoolBytes));
   TC_CUDA(cudaMalloc((void**)&gPoolB, gPoolBytes));
@@ -236,10 +130,7 @@ void freeRankBuffers(Rank& R)
   if (gPoolA) cudaFree(gPoolA);
   if (gPoolB) cudaFree(gPoolB);
   gPoolA = gPoolB = nullptr;
-  if (R.status) cudaFreeHost((void*)R.status);
-  if (R.stream) cudaStreamDestroy(R.stream);
-  R.status = nullptr;
-  R.stream = nullptr;
+  freeRank(R);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -254,45 +145,10 @@ const ncclDataType_t kFp8Types[] = {ncclFloat8e4m3, ncclFloat8e5m2};
 // Gather, Scatter, AlltoAll move bytes: one type per element size.
 const ncclDataType_t kMoveTypes[] = {ncclUint8, ncclBfloat16, ncclFloat32, ncclFloat64};
 
-const char* typeName(ncclDataType_t t)
-{
-  switch (t) {
-  case ncclInt8: return "int8";
-  case ncclUint8: return "uint8";
-  case ncclInt32: return "int32";
-  case ncclUint32: return "uint32";
-  case ncclInt64: return "int64";
-  case ncclUint64: return "uint64";
-  case ncclFloat16: return "float16";
-  case ncclFloat32: return "float32";
-  case ncclFloat64: return "float64";
-  case ncclBfloat16: return "bfloat16";
-  case ncclFloat8e4m3: return "float8e4m3";
-  case ncclFloat8e5m2: return "float8e5m2";
-  default: return "?";
-  }
-}
-
 const char* opName(ncclRedOp_t op)
 {
   static const char* names[] = {"sum", "prod", "max", "min", "avg"};
   return (int)op >= 0 && (int)op < 5 ? names[(int)op] : "?";
-}
-
-size_t typeSize(ncclDataType_t t)
-{
-  switch (t) {
-  case ncclInt8:
-  case ncclUint8:
-  case ncclFloat8e4m3:
-  case ncclFloat8e5m2: return 1;
-  case ncclFloat16:
-  case ncclBfloat16: return 2;
-  case ncclInt32:
-  case ncclUint32:
-  case ncclFloat32: return 4;
-  default: return 8;
-  }
 }
 
 // The float types whose results are compared with a tolerance (fp8 results are compared exactly).
@@ -1514,8 +1370,6 @@ std::string runP2p(Rank& R, P2pPlan& plan, bool grouped = true)
   return checkP2p(R, plan);
 }
 
-int nextRank(const Rank& R) { return (R.rank + 1) % R.nranks; }
-int prevRank(const Rank& R) { return (R.rank + R.nranks - 1) % R.nranks; }
 
 // Each rank sends to the next and receives from the previous in one group; offset: the buffers' misalignment.
 std::string caseP2pRing(Rank& R, ncclDataType_t t, uint64_t offset)
@@ -2646,19 +2500,9 @@ int main(int argc, char** argv)
     fprintf(stderr, "usage: %s <all|main|kill|kill_allreduces|kill_p2p|initall> [nranks] [--port P]\n", argv[0]);
     return 2;
   }
-  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    printf("FAIL nccl_gpu_test: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  gBoard = (Board*)mem;
-  std::string why;
-  const int ngpus = probeGpus(&why);
-  if (ngpus <= 0) {
-    // Nothing ran: not a pass, and not this program's failure.
-    printf("SKIP nccl_gpu_test %s: no CUDA device usable (%s)\n", which, why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapBoard<Board>("nccl_gpu_test");
+  if (!gBoard) return 1;
+  if (skipWithoutGpu(fmt("nccl_gpu_test %s", which))) return 0;
   int rc = 0;
   if (all || !strcmp(which, "main")) {
     memset((void*)gBoard, 0, sizeof(Board));

@@ -34,10 +34,8 @@
 //
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "case_runner.h"
-#include "gpu_probe.h"
+#include "nccl_harness.h"
 
-#include <nccl.h>
 #include <nccl_device/host.h>
 
 using namespace tc;
@@ -45,22 +43,18 @@ using namespace tc;
 namespace {
 
 // ------------------------------------------------------------------------------------------------
-// What the processes share beside case_runner's results: the unique id, and a barrier
+// What the processes share beside case_runner's results: the unique id, and the barriers' meeting
+// (nccl_harness.h)
 // ------------------------------------------------------------------------------------------------
-
-constexpr int kVerdicts = 64;
 
 struct Board
 {
-  volatile int idReady;
-  ncclUniqueId id;
-  int arrivals;
-  int failedAt[kVerdicts];
+  SharedId id;
+  Meeting meeting;
 };
 
 Board* gBoard = nullptr;
 ncclComm_t gComm = nullptr;
-int gBarriers = 0;
 
 // The two windows every rank registers, in this order, and a source buffer.
 constexpr uint64_t kWinBytes = (64ull << 20) + (1ull << 20);
@@ -74,135 +68,16 @@ ncclWindow_t gWin2H = nullptr;
 char* gTimeWin = nullptr;
 ncclWindow_t gTimeWinH = nullptr;
 
-const char* resultName(ncclResult_t r)
-{
-  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
-                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
-                                "ncclRemoteError",   "ncclInProgress",         "ncclTimeout"};
-  return (int)r >= 0 && (int)r < 9 ? names[(int)r] : "not an ncclResult_t";
-}
-
-std::string lastError(ncclComm_t comm)
-{
-  const char* s = ncclGetLastError(comm);
-  return s ? s : "";
-}
-
-#define TN_OK(expr)                                                                                            \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != ncclSuccess) {                                                                                   \
-      return ::tc::fmt("%s returned %s (%s:%d); last error: %s", #expr, resultName(r_), __FILE__, __LINE__,    \
-                       lastError(nullptr).c_str());                                                            \
-    }                                                                                                          \
-  } while (0)
-
-#define TN_EXPECT_RC(expr, want)                                                                               \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != (want)) {                                                                                        \
-      return ::tc::fmt("%s returned %s, expected %s (%s:%d)", #expr, resultName(r_), resultName(want),         \
-                       __FILE__, __LINE__);                                                                    \
-    }                                                                                                          \
-  } while (0)
-
-// Every rank's k-th call waits for the k-th call of all the others; `failure` non-empty: this rank's step
-// failed, which *anyFailed tells every rank.
-std::string boardBarrier(Rank& R, const char* where, const std::string& failure = std::string(),
-                         bool* anyFailed = nullptr)
-{
-  const int k = gBarriers++;
-  if (!failure.empty()) __atomic_store_n(&gBoard->failedAt[k % kVerdicts], k + 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
-  const int target = (k + 1) * R.nranks;
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < target) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("barrier (%s): the other ranks did not arrive within %.0f s", where, R.hostTimeoutS);
-    }
-    usleep(50);
-  }
-  if (anyFailed) *anyFailed = __atomic_load_n(&gBoard->failedAt[k % kVerdicts], __ATOMIC_SEQ_CST) == k + 1;
-  return "";
-}
-
-// A step's end shared by the ranks: all leave it together, each knowing whether any failed.
-std::string together(Rank& R, const std::string& why, const char* where)
-{
-  bool anyFailed = false;
-  const std::string b = boardBarrier(R, where, why, &anyFailed);
-  if (!why.empty()) return why;
-  if (!b.empty()) return b;
-  if (anyFailed) return fmt("another rank failed before %s (its reason is on its line)", where);
-  return "";
-}
-
-std::string shareId(Rank& R, ncclUniqueId* id)
-{
-  if (R.rank == 0) {
-    TN_OK(ncclGetUniqueId(id));
-    memcpy(&gBoard->id, id, sizeof(ncclUniqueId));
-    __sync_synchronize();
-    gBoard->idReady = 1;
-    return "";
-  }
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (!gBoard->idReady) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("rank 0 did not publish the unique id within %.0f s", R.hostTimeoutS);
-    }
-    usleep(1000);
-  }
-  __sync_synchronize();
-  memcpy(id, &gBoard->id, sizeof(ncclUniqueId));
-  return "";
-}
-
-int nextRank(const Rank& R) { return (R.rank + 1) % R.nranks; }
-int prevRank(const Rank& R) { return (R.rank + R.nranks - 1) % R.nranks; }
-
 // Device, stream, status block, the verify counters.
 std::string setUpRank(Rank& R)
 {
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  unsetenv("NCCL_COMM_ID");
-  TC_CUDA(cudaGetDeviceCount(&R.nGpus));
-  TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
-  R.device = R.rank % R.nGpus;
-  if (R.nranks > R.nGpus) R.hostTimeoutS *= 2;
-  TC_CUDA(cudaSetDevice(R.device));
-  TC_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-  TC_CUDA(cudaHostAlloc((void**)&R.status, sizeof(DevStatus), cudaHostAllocMapped));
-  memset((void*)R.status, 0, sizeof(DevStatus));
+  TC_TRY(setUpDevice(R));
   TC_CUDA(cudaMalloc((void**)&R.dVerify, 2 * sizeof(unsigned long long)));
   return "";
 }
 
 uint32_t dataSeed(int from, int to, uint32_t salt) { return makeSeed(kRoleSrc, (uint32_t)from, (uint32_t)to, salt); }
 uint32_t sentinelSeed(int rank, uint32_t salt) { return makeSeed(kRoleSentinel, (uint32_t)rank, 0, salt); }
-
-size_t typeSize(ncclDataType_t t)
-{
-  switch (t) {
-  case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-  case ncclFloat16: case ncclBfloat16: return 2;
-  case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-  default: return 8;
-  }
-}
-
-const char* typeName(ncclDataType_t t)
-{
-  switch (t) {
-  case ncclUint8: return "uint8";
-  case ncclBfloat16: return "bfloat16";
-  case ncclFloat32: return "float32";
-  case ncclFloat64: return "float64";
-  default: return "other";
-  }
-}
 
 // Bytes of sentinel after a put's region that must stay untouched.
 constexpr uint64_t kGuard = 256;
@@ -607,7 +482,7 @@ int mainRank(Rank& R)
 {
   std::string why = setUpRank(R);
   ncclUniqueId id;
-  if (why.empty()) why = shareId(R, &id);
+  if (why.empty()) why = shareUniqueId(R, gBoard->id, &id);
   if (why.empty()) {
     ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
     if (r != ncclSuccess) why = fmt("ncclCommInitRank returned %s", resultName(r));
@@ -763,7 +638,7 @@ int killRank(Rank& R, KillShared* S)
   };
   std::string why = setUpRank(R);
   ncclUniqueId id;
-  if (why.empty()) why = shareId(R, &id);
+  if (why.empty()) why = shareUniqueId(R, gBoard->id, &id);
   if (!why.empty()) return fail(why);
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRank(&comm, R.nranks, id, R.rank);
@@ -906,18 +781,10 @@ int main(int argc, char** argv)
     fprintf(stderr, "usage: %s <all|main|kill|initall> [nranks] [--port P]\n", argv[0]);
     return 2;
   }
-  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    printf("FAIL nccl_rma_test: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  gBoard = (Board*)mem;
-  std::string why;
-  const int ngpus = probeGpus(&why);
-  if (ngpus <= 0) {
-    printf("SKIP nccl_rma_test %s: no CUDA device usable (%s)\n", which, why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapBoard<Board>("nccl_rma_test");
+  if (!gBoard) return 1;
+  gMeetingRules.pollUs = 50; // as this program's barrier always has
+  if (skipWithoutGpu(fmt("nccl_rma_test %s", which))) return 0;
   int rc = 0;
   if (all || !strcmp(which, "main")) {
     memset((void*)gBoard, 0, sizeof(Board));

@@ -27,24 +27,20 @@
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline; each rank also has an alarm.
-#include "case_runner.h"
-#include "gpu_probe.h"
-
-#include <nccl.h>
+#include "nccl_harness.h"
 
 using namespace tc;
 
 namespace {
 
-constexpr int kVerdicts = 64;
 constexpr int kCycles = 5;
 
+// What the processes share beside case_runner's results: the unique id, the barriers' meeting
+// (nccl_harness.h), and what the ranks measured.
 struct Board
 {
-  volatile int idReady;
-  ncclUniqueId id;
-  int arrivals;
-  int failedAt[kVerdicts];
+  SharedId id;
+  Meeting meeting;
   int device[kMaxRanks];
   unsigned long long suspendBytes[kMaxRanks]; // ncclStatGpuMemSuspend before the first suspend
   double suspendUs[kMaxRanks][kCycles];
@@ -55,7 +51,6 @@ struct Board
 
 Board* gBoard = nullptr;
 ncclComm_t gComm = nullptr;
-int gBarriers = 0;
 
 // Buffers of the checks, allocated once (so that the free memory measured moves only by the library's).
 float *gSendF = nullptr, *gRecvF = nullptr;
@@ -71,109 +66,11 @@ constexpr uint64_t kRingU = (1u << 20) + 7;
 // MiB on one GPU; two GPUs' go as sends and receives from there).
 constexpr uint64_t kRegF = (64u << 20) / 4;
 
-const char* resultName(ncclResult_t r)
-{
-  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
-                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
-                                "ncclRemoteError",   "ncclInProgress",         "ncclTimeout"};
-  return (int)r >= 0 && (int)r < 9 ? names[(int)r] : "not an ncclResult_t";
-}
-
-std::string lastError()
-{
-  const char* s = ncclGetLastError(nullptr);
-  return s ? s : "";
-}
-
-#define TN_OK(expr)                                                                                            \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != ncclSuccess) {                                                                                   \
-      return ::tc::fmt("%s returned %s (%s:%d); last error: %s", #expr, resultName(r_), __FILE__, __LINE__,    \
-                       lastError().c_str());                                                                   \
-    }                                                                                                          \
-  } while (0)
-
-#define TN_EXPECT_RC(expr, want)                                                                               \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != (want)) {                                                                                        \
-      return ::tc::fmt("%s returned %s, expected %s (%s:%d)", #expr, resultName(r_), resultName(want),         \
-                       __FILE__, __LINE__);                                                                    \
-    }                                                                                                          \
-  } while (0)
-
-// Every rank's k-th call waits for the k-th call of all the others; `failure` non-empty tells the others
-// (through *anyFailed) that this rank's step failed.
-std::string boardBarrier(Rank& R, const char* where, const std::string& failure = std::string(),
-                         bool* anyFailed = nullptr)
-{
-  const int k = gBarriers++;
-  if (!failure.empty()) __atomic_store_n(&gBoard->failedAt[k % kVerdicts], k + 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
-  const int target = (k + 1) * R.nranks;
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < target) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("barrier (%s): the other ranks did not arrive within %.0f s", where, R.hostTimeoutS);
-    }
-    usleep(100);
-  }
-  if (anyFailed) *anyFailed = __atomic_load_n(&gBoard->failedAt[k % kVerdicts], __ATOMIC_SEQ_CST) == k + 1;
-  return "";
-}
-
-// A step's end shared by the ranks: every rank leaves at the same point, knowing whether any failed (so
-// none waits in a collective, a resume or a barrier for a rank that left).
-std::string together(Rank& R, const std::string& why, const char* where)
-{
-  bool anyFailed = false;
-  const std::string b = boardBarrier(R, where, why, &anyFailed);
-  if (!why.empty()) return why;
-  if (!b.empty()) return b;
-  if (anyFailed) {
-    R.fatal = true; // the communicator's calls no longer match between the ranks
-    return fmt("another rank failed before %s (its reason is on its line)", where);
-  }
-  return "";
-}
-
-std::string shareId(Rank& R, ncclUniqueId* id)
-{
-  if (R.rank == 0) {
-    TN_OK(ncclGetUniqueId(id));
-    memcpy(&gBoard->id, id, sizeof(ncclUniqueId));
-    __sync_synchronize();
-    gBoard->idReady = 1;
-    return "";
-  }
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (!gBoard->idReady) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("rank 0 did not publish the unique id within %.0f s", R.hostTimeoutS);
-    }
-    usleep(1000);
-  }
-  __sync_synchronize();
-  memcpy(id, &gBoard->id, sizeof(ncclUniqueId));
-  return "";
-}
-
+// Device, stream, status block (nccl_harness.h), the checks' buffers.
 std::string setUp(Rank& R)
 {
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  unsetenv("NCCL_COMM_ID");
-  TC_CUDA(cudaGetDeviceCount(&R.nGpus));
-  TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
-  R.device = R.rank % R.nGpus;
+  TC_TRY(setUpDevice(R));
   gBoard->device[R.rank] = R.device;
-  if (R.nranks > R.nGpus) R.hostTimeoutS *= 2;
-  TC_CUDA(cudaSetDevice(R.device));
-  TC_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-  TC_CUDA(cudaHostAlloc((void**)&R.status, sizeof(DevStatus), cudaHostAllocMapped));
-  memset((void*)R.status, 0, sizeof(DevStatus));
   TC_CUDA(cudaMalloc((void**)&gSendF, kLargeF * 4));
   TC_CUDA(cudaMalloc((void**)&gRecvF, kLargeF * 4));
   TC_CUDA(cudaMalloc((void**)&gSendI, kGatherI * 4));
@@ -300,7 +197,7 @@ double usSince(double t0) { return (nowSec() - t0) * 1e6; }
 std::string caseInit(Rank& R)
 {
   ncclUniqueId id;
-  TC_TRY(shareId(R, &id));
+  TC_TRY(shareUniqueId(R, gBoard->id, &id));
   ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
   if (r != ncclSuccess || !gComm) {
     R.fatal = true;
@@ -604,8 +501,7 @@ int rankMain(Rank& R)
   cudaFree(gRecvI);
   cudaFree(gSendU);
   cudaFree(gRecvU);
-  if (R.status) cudaFreeHost((void*)R.status);
-  if (R.stream) cudaStreamDestroy(R.stream);
+  freeRank(R);
   return 0;
 }
 
@@ -614,17 +510,11 @@ int rankMain(Rank& R)
 int main(int argc, char** argv)
 {
   Options opt = parseArgs(argc, argv, 2);
-  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    printf("FAIL nccl_suspend_test: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  gBoard = (Board*)mem;
-  memset(mem, 0, sizeof(Board));
-  std::string why;
-  if (probeGpus(&why) <= 0) {
-    printf("SKIP nccl_suspend_test: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapBoard<Board>("nccl_suspend_test");
+  if (!gBoard) return 1;
+  // A rank told at `together` that another failed stops too: the communicator's calls no longer match
+  // between the ranks.
+  gMeetingRules.othersFailureIsFatal = true;
+  if (skipWithoutGpu("nccl_suspend_test")) return 0;
   return runRanks("nccl_suspend", opt, 600, rankMain);
 }

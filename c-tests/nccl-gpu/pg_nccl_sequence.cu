@@ -18,10 +18,7 @@
 //
 // Usage: pg_nccl_sequence [--port P]. Output: PASS / FAIL per step, a SUMMARY line; exit code 0 only if every
 // step passed on every rank. Each rank has an alarm; MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "case_runner.h"
-#include "gpu_probe.h"
-
-#include <nccl.h>
+#include "nccl_harness.h"
 
 #include <dlfcn.h>
 
@@ -29,83 +26,38 @@ using namespace tc;
 
 namespace {
 
-constexpr int kVerdicts = 64;
-
 typedef ncclResult_t (*GetUniqueIdFn)(ncclComm_t, ncclUniqueId*);
 typedef ncclResult_t (*GrowFn)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*, ncclConfig_t*);
 
+// What the processes share beside case_runner's results: the two ids, the barriers' meeting (nccl_harness.h).
 struct Board
 {
-  volatile int idReady;
-  ncclUniqueId id;
-  volatile int growIdReady;
-  ncclUniqueId growId;
-  int arrivals;
-  int failedAt[kVerdicts];
+  SharedId id;
+  SharedId growId;
+  Meeting meeting;
 };
 
 Board* gBoard = nullptr;
-int gBarriers = 0;
 bool gGrow = false; // ncclCommGrow and ncclCommGetUniqueId are exported: three processes, the third a new rank
 ncclComm_t gComm = nullptr;
 float* gSend = nullptr;
 float* gRecv = nullptr;
 constexpr uint64_t kCount = (1u << 20) + 3;
 
-const char* resultName(ncclResult_t r)
-{
-  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
-                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
-                                "ncclRemoteError",   "ncclInProgress",         "ncclTimeout"};
-  return (int)r >= 0 && (int)r < 9 ? names[(int)r] : "not an ncclResult_t";
-}
-
-#define TN_OK(expr)                                                                                            \
-  do {                                                                                                         \
-    ncclResult_t r_ = (expr);                                                                                  \
-    if (r_ != ncclSuccess) {                                                                                   \
-      const char* e_ = ncclGetLastError(nullptr);                                                              \
-      return ::tc::fmt("%s returned %s (%s:%d); last error: %s", #expr, resultName(r_), __FILE__, __LINE__,    \
-                       e_ ? e_ : "");                                                                          \
-    }                                                                                                          \
-  } while (0)
-
 // Every process's k-th call waits for the k-th of all the others; each learns whether a step failed anywhere,
-// so that none waits in a collective call for a rank that left.
-std::string together(Rank& R, const std::string& why, const char* where)
+// so that none waits in a collective call for a rank that left. Not nccl_harness.h's `together`: here the
+// barrier's timeout is the reason even where this process's step failed too, and a process that learns that
+// another failed stops (R.fatal).
+std::string processesTogether(Rank& R, const std::string& why, const char* where)
 {
-  const int k = gBarriers++;
-  if (!why.empty()) __atomic_store_n(&gBoard->failedAt[k % kVerdicts], k + 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals, 1, __ATOMIC_SEQ_CST);
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (__atomic_load_n(&gBoard->arrivals, __ATOMIC_SEQ_CST) < (k + 1) * R.nranks) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("barrier (%s): the other processes did not arrive within %.0f s", where, R.hostTimeoutS);
-    }
-    usleep(100);
-  }
+  bool anyFailed = false;
+  const std::string b = boardBarrier(R, where, why, &anyFailed);
+  if (!b.empty()) return b;
   if (!why.empty()) return why;
-  if (__atomic_load_n(&gBoard->failedAt[k % kVerdicts], __ATOMIC_SEQ_CST) == k + 1) {
+  if (anyFailed) {
     R.fatal = true;
     return fmt("another rank failed before %s (its reason is on its line)", where);
   }
-  return "";
-}
-
-// Waits (bounded) for a flag of the board, then copies the id next to it.
-std::string awaitId(Rank& R, volatile int* ready, const ncclUniqueId* src, ncclUniqueId* id, const char* what)
-{
-  const double deadline = nowSec() + R.hostTimeoutS;
-  while (!*ready) {
-    if (nowSec() > deadline) {
-      R.fatal = true;
-      return fmt("%s was not published within %.0f s", what, R.hostTimeoutS);
-    }
-    usleep(1000);
-  }
-  __sync_synchronize();
-  memcpy(id, (const void*)src, sizeof(ncclUniqueId));
   return "";
 }
 
@@ -166,14 +118,7 @@ std::string stepInit(Rank& R)
   int v = 0;
   TN_OK(ncclGetVersion(&v));
   ncclUniqueId id;
-  if (R.rank == 0) {
-    TN_OK(ncclGetUniqueId(&id));
-    memcpy(&gBoard->id, &id, sizeof(id));
-    __sync_synchronize();
-    gBoard->idReady = 1;
-  } else {
-    TC_TRY(awaitId(R, &gBoard->idReady, &gBoard->id, &id, "the unique id"));
-  }
+  TC_TRY(shareUniqueId(R, gBoard->id, &id, "the unique id was not published"));
   ncclConfig_t c = config96();
   ncclResult_t r = ncclCommInitRankConfig(&gComm, 2, id, R.rank, &c);
   if (r != ncclSuccess || !gComm) {
@@ -228,14 +173,12 @@ std::string stepGrow(Rank& R)
   ncclResult_t r;
   if (R.rank == 0) {
     TN_OK(getId(gComm, &id));
-    memcpy(&gBoard->growId, &id, sizeof(id));
-    __sync_synchronize();
-    gBoard->growIdReady = 1;
+    publishId(gBoard->growId, id);
     r = grow(gComm, 3, &id, -1, &grown, &c);
   } else if (R.rank == 1) {
     r = grow(gComm, 3, nullptr, -1, &grown, &c);
   } else {
-    TC_TRY(awaitId(R, &gBoard->growIdReady, &gBoard->growId, &id, "the grow's id"));
+    TC_TRY(awaitId(R, gBoard->growId, &id, "the grow's id was not published"));
     r = grow(nullptr, 3, &id, 2, &grown, &c);
   }
   if (r != ncclSuccess || !grown) {
@@ -257,16 +200,7 @@ std::string stepGrow(Rank& R)
 
 std::string setUp(Rank& R)
 {
-  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-  unsetenv("NCCL_COMM_ID");
-  TC_CUDA(cudaGetDeviceCount(&R.nGpus));
-  TC_EXPECT(R.nGpus > 0, "no CUDA device visible");
-  R.device = R.rank % R.nGpus;
-  if (R.nranks > R.nGpus) R.hostTimeoutS *= 2;
-  TC_CUDA(cudaSetDevice(R.device));
-  TC_CUDA(cudaStreamCreateWithFlags(&R.stream, cudaStreamNonBlocking));
-  TC_CUDA(cudaHostAlloc((void**)&R.status, sizeof(DevStatus), cudaHostAllocMapped));
-  memset((void*)R.status, 0, sizeof(DevStatus));
+  TC_TRY(setUpDevice(R));
   TC_CUDA(cudaMalloc((void**)&gSend, kCount * 4));
   TC_CUDA(cudaMalloc((void**)&gRecv, kCount * 4));
   return "";
@@ -282,14 +216,14 @@ int rankMain(Rank& R)
   // The steps of the two existing ranks; the new rank (a third process, where grow is there) only keeps
   // step with them until the grow.
   auto step = [&](const char* name, std::function<std::string()> body) {
-    runCase(R, name, [&] { return together(R, existing(R) ? body() : std::string(), name); });
+    runCase(R, name, [&] { return processesTogether(R, existing(R) ? body() : std::string(), name); });
   };
   step("pg_init_config_96_bytes", [&] { return stepInit(R); });
   step("pg_allreduce", [&] { return allReduce(R, gComm, R.rank, 2, "all-reduce"); });
   step("pg_memstats", [&] { return stepMemStats(R); });
   step("pg_suspend", [&] { return stepSuspend(R); });
   step("pg_resume_allreduce", [&] { return stepResume(R); });
-  if (gGrow) runCase(R, "pg_grow_2_to_3", [&] { return together(R, stepGrow(R), "after the grow"); });
+  if (gGrow) runCase(R, "pg_grow_2_to_3", [&] { return processesTogether(R, stepGrow(R), "after the grow"); });
   step("pg_destroy", [&]() -> std::string {
     TN_OK(ncclCommDestroy(gComm));
     gComm = nullptr;
@@ -297,8 +231,7 @@ int rankMain(Rank& R)
   });
   cudaFree(gSend);
   cudaFree(gRecv);
-  if (R.status) cudaFreeHost((void*)R.status);
-  if (R.stream) cudaStreamDestroy(R.stream);
+  freeRank(R);
   return 0;
 }
 
@@ -307,18 +240,10 @@ int rankMain(Rank& R)
 int main(int argc, char** argv)
 {
   Options opt = parseArgs(argc, argv, 2);
-  void* mem = mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) {
-    printf("FAIL pg_nccl_sequence: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  gBoard = (Board*)mem;
-  memset(mem, 0, sizeof(Board));
-  std::string why;
-  if (probeGpus(&why) <= 0) {
-    printf("SKIP pg_nccl_sequence: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapBoard<Board>("pg_nccl_sequence");
+  if (!gBoard) return 1;
+  gMeetingRules.who = "processes"; // the third is not a rank of the communicator until the grow
+  if (skipWithoutGpu("pg_nccl_sequence")) return 0;
   // Looked up, not linked: the program runs where grow is not there yet (no CUDA is touched by the look-up).
   gGrow = dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr && dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
   opt.nranks = gGrow ? 3 : 2;
