@@ -4,7 +4,8 @@
 // and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes (send and receive among
 // them: mscclpp_p2p, whose argument is its own; and the one-sided calls' mscclpp_rma_put and mscclpp_rma_wait,
 // whose argument is theirs). Each type's unit also holds mscclpp_scale_premulsum_<type>,
-// one rank's PreMulSum (the other operators of one rank are a copy).
+// one rank's PreMulSum (the other operators of one rank are a copy), and mscclpp_p2p_reduce_<op>_<type>,
+// send and receive whose receives reduce (two ranks' reductions carried as sends and receives).
 #pragma once
 
 #include "allgather_copy.cuh"

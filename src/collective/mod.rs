@@ -11,8 +11,9 @@
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
 //!   `prepare`), with the p2p areas of send and receive;
 //! - `send_recv.rs`: send and receive: a group's sends and receives checked, matched with themselves where
-//!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: gather, scatter,
-//!   all-to-all (and two ranks' broadcast) above the packet sizes, as such a group;
+//!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: the collectives carried
+//!   as such launches (gather, scatter, all-to-all, two ranks' broadcast, and two GPUs' all-gather and
+//!   reductions at the sizes it names);
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
@@ -336,7 +337,6 @@ impl Collectives {
             );
         }
         if send_recv_collectives::applies(call.collective, call.op, nranks, placement, message, ready.choice) {
-            let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
             // Every rank decides alike, by the channels of the rank that needs most.
             let channels = send_recv_collectives::most_channels(call.collective, nranks);
             let mut fits = send_recv::fits(ready, channels, None, capturing)?;
@@ -344,6 +344,7 @@ impl Collectives {
                 fits &= send_recv::fits(ready, channels, Some((op, call.datatype)), capturing)?;
             }
             if fits {
+                let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
                 for l in &launches {
                     send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
                 }

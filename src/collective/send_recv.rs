@@ -263,16 +263,16 @@ const MIN_LANE_BYTES: u64 = 16 << 10;
 /// The fewest bytes of a chunk, below the whole lane: smaller chunks pay more handshakes than they overlap.
 const MIN_CHUNK_BYTES: u64 = 16 << 10;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
-const PAIR_AREA_CAP: u64 = 128 << 20;
+const AREA_CAP: u64 = 128 << 20;
 
 impl Shape {
     /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
     /// (`lanes`, `depth`, `chunk_kib`), the slots made smaller where `nranks` sources' lanes would take more
-    /// than `PAIR_AREA_CAP` of each rank's memory.
+    /// than `AREA_CAP` of each rank's memory.
     pub fn new(nranks: usize, lanes: u32, depth: u32, chunk_kib: u64) -> Shape {
         let lanes = lanes.clamp(1, P2P_MAX_LANES as u32);
         let depth = depth.max(2);
-        let per_source = PAIR_AREA_CAP / nranks.max(1) as u64;
+        let per_source = AREA_CAP / nranks.max(1) as u64;
         let fits = per_source / (lanes as u64 * depth as u64) / 16 * 16;
         let slot_bytes = (chunk_kib.max(1) << 10).min(fits).max(MIN_CHUNK_BYTES);
         Shape {
@@ -832,8 +832,7 @@ mod tests {
                 assert!(s.slot_bytes >= MIN_CHUNK_BYTES && s.slot_bytes.is_multiple_of(16));
                 assert!(
                     s.area_bytes(nranks)
-                        <= P2P_COUNTER_BYTES
-                            + PAIR_AREA_CAP.max(nranks as u64 * 2 * P2P_MAX_LANES as u64 * MIN_CHUNK_BYTES),
+                        <= P2P_COUNTER_BYTES + AREA_CAP.max(nranks as u64 * 2 * P2P_MAX_LANES as u64 * MIN_CHUNK_BYTES),
                     "{nranks} {s:?}"
                 );
             }
