@@ -2,6 +2,7 @@
 //! is detected instead of read, and tokens are not reused within a process. `Registry` maps the tokens of
 //! one kind of object (the communicators of `mscclpp.h`, and those of the NCCL face) to the objects.
 
+use crate::error::{Error, ErrorKind, Result};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -42,6 +43,19 @@ impl<T> Registry<T> {
         self.objects.lock().get(&token).cloned()
     }
 
+    /// The communicator behind a C handle `comm`: NULL is an invalid argument; a handle that names nothing
+    /// live (destroyed, aborted, or made up) is an error of kind `unknown`, which each face chooses as its
+    /// legacy did (`mscclpp.h`: invalid usage; `nccl.h`: invalid argument, as NCCL's check of a comm).
+    pub fn lookup_comm<H>(&self, comm: *const H, unknown: ErrorKind) -> Result<Arc<T>> {
+        if comm.is_null() {
+            return Err(Error::invalid_argument("comm is NULL"));
+        }
+        self.get(comm as u64).ok_or_else(|| Error {
+            kind: unknown,
+            message: format!("comm {comm:p} is not a live communicator (destroyed, aborted, or never created)"),
+        })
+    }
+
     /// Removes the token; the object is released when the last call using it returns.
     pub fn remove(&self, token: u64) -> Option<Arc<T>> {
         self.objects.lock().remove(&token)
@@ -80,5 +94,23 @@ mod tests {
         assert_eq!(*r.get(t).unwrap(), 7);
         assert_eq!(*r.remove(t).unwrap(), 7);
         assert!(r.get(t).is_none() && r.remove(t).is_none());
+    }
+
+    #[test]
+    fn a_comm_handle_is_null_live_or_unknown() {
+        let r: Registry<u32> = Registry::new();
+        let live = r.insert(Arc::new(3)) as *const u8;
+        assert_eq!(*r.lookup_comm(live, ErrorKind::InvalidUsage).unwrap(), 3);
+        let e = r
+            .lookup_comm(std::ptr::null::<u8>(), ErrorKind::InvalidUsage)
+            .unwrap_err();
+        assert_eq!(
+            (e.kind, e.message.as_str()),
+            (ErrorKind::InvalidArgument, "comm is NULL")
+        );
+        r.remove(live as u64);
+        let e = r.lookup_comm(live, ErrorKind::InvalidUsage).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(e.message.contains("is not a live communicator"), "{}", e.message);
     }
 }

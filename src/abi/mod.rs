@@ -42,6 +42,15 @@ pub fn non_null<T>(p: *const T, what: &str) -> Result<()> {
     }
 }
 
+/// Checks that each pointer argument named is not null (`non_null_args!(comm, out)`), in order; the error
+/// names the first null one by its C parameter name, so the message cannot drift from the signature.
+macro_rules! non_null_args {
+    ($($arg:ident),+ $(,)?) => {
+        $( $crate::abi::non_null($arg, stringify!($arg))?; )+
+    };
+}
+pub(crate) use non_null_args;
+
 /// The bytes of a unique id as the C caller holds them (`char internal[128]`).
 pub fn id_bytes(internal: &[c_char; UNIQUE_ID_BYTES]) -> [u8; UNIQUE_ID_BYTES] {
     std::array::from_fn(|i| internal[i] as u8)

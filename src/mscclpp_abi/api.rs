@@ -6,7 +6,7 @@
 use super::comms as handles;
 use super::guard;
 use super::regmem_vector;
-use crate::abi::non_null;
+use crate::abi::{non_null, non_null_args};
 use crate::bootstrap::UniqueId;
 use crate::comm::{Communicator, SetupNames};
 use crate::connection::TransportKind;
@@ -60,7 +60,7 @@ fn check_in_ranks(name: &str, rank: c_int, nranks: c_int) -> Result<()> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppGetUniqueId(uniqueId: *mut mscclppUniqueId) -> mscclppResult_t {
     guard("mscclppGetUniqueId", || {
-        non_null(uniqueId, "uniqueId")?;
+        non_null_args!(uniqueId);
         let id = UniqueId::create(bootstrap_timeout())?;
         let bytes = id.to_bytes();
         // SAFETY: checked non-null; the caller provides a writable mscclppUniqueId.
@@ -79,8 +79,7 @@ pub unsafe extern "C" fn mscclppCommInitRank(
     rank: c_int,
 ) -> mscclppResult_t {
     guard("mscclppCommInitRank", || {
-        non_null(comm, "comm")?;
-        non_null(ipPortPair, "ipPortPair")?;
+        non_null_args!(comm, ipPortPair);
         check_rank_args(nranks, rank)?;
         // SAFETY: checked non-null; the caller passes a NUL-terminated string.
         let addr = unsafe { CStr::from_ptr(ipPortPair) }
@@ -103,7 +102,7 @@ pub unsafe extern "C" fn mscclppCommInitRankFromId(
     rank: c_int,
 ) -> mscclppResult_t {
     guard("mscclppCommInitRankFromId", || {
-        non_null(comm, "comm")?;
+        non_null_args!(comm);
         check_rank_args(nranks, rank)?;
         let bytes = crate::abi::id_bytes(&id.internal);
         let id = UniqueId::from_bytes(&bytes, "unique id", "mscclppGetUniqueId")?;
@@ -130,7 +129,7 @@ pub unsafe extern "C" fn mscclppBootstrapAllGather(
         if total == 0 {
             return c.bootstrap().barrier();
         }
-        non_null(data, "data")?;
+        non_null_args!(data);
         // SAFETY: the caller provides `nranks * size` bytes at `data`, as the header documents.
         let buf = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), total) };
         c.bootstrap().all_gather(buf, size as usize)
@@ -184,7 +183,7 @@ pub unsafe extern "C" fn mscclppConnect(
             remoteRank as usize != c.rank(),
             "remoteRank is {remoteRank}, this rank itself"
         );
-        non_null(localBuff, "localBuff")?;
+        non_null_args!(localBuff);
         ensure_arg!(buffSize > 0, "buffSize is 0");
         let transport = match transportType {
             0 => {
@@ -229,8 +228,7 @@ pub unsafe extern "C" fn mscclppGetAllDeviceConnections(
     nConns: *mut c_int,
 ) -> mscclppResult_t {
     with_comm("mscclppGetAllDeviceConnections", comm, |c| {
-        non_null(devConns, "devConns")?;
-        non_null(nConns, "nConns")?;
+        non_null_args!(devConns, nConns);
         let (ptr, n) = c.device_connections(&SETUP)?;
         // SAFETY: both checked non-null.
         unsafe {
@@ -250,7 +248,7 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
     devConn: *mut *mut mscclppDevConn_t,
 ) -> mscclppResult_t {
     with_comm("mscclppGetDeviceConnection", comm, |c| {
-        non_null(devConn, "devConn")?;
+        non_null_args!(devConn);
         check_in_ranks("remoteRank", remoteRank, c.nranks() as c_int)?;
         let p = c.device_connection(remoteRank, tag, &SETUP)?;
         // SAFETY: checked non-null.
@@ -293,7 +291,7 @@ pub unsafe extern "C" fn mscclppCommGetAsyncError(
     asyncError: *mut mscclppResult_t,
 ) -> mscclppResult_t {
     with_comm("mscclppCommGetAsyncError", comm, |c| {
-        non_null(asyncError, "asyncError")?;
+        non_null_args!(asyncError);
         let error = c.async_error();
         // SAFETY: checked non-null; the caller provides a writable mscclppResult_t.
         unsafe { *asyncError = error };
@@ -304,7 +302,7 @@ pub unsafe extern "C" fn mscclppCommGetAsyncError(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppCommRank(comm: mscclppComm_t, rank: *mut c_int) -> mscclppResult_t {
     with_comm("mscclppCommRank", comm, |c| {
-        non_null(rank, "rank")?;
+        non_null_args!(rank);
         // SAFETY: checked non-null.
         unsafe { *rank = c.rank() as c_int };
         Ok(())
@@ -314,7 +312,7 @@ pub unsafe extern "C" fn mscclppCommRank(comm: mscclppComm_t, rank: *mut c_int) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppCommSize(comm: mscclppComm_t, size: *mut c_int) -> mscclppResult_t {
     with_comm("mscclppCommSize", comm, |c| {
-        non_null(size, "size")?;
+        non_null_args!(size);
         // SAFETY: checked non-null.
         unsafe { *size = c.nranks() as c_int };
         Ok(())
@@ -356,8 +354,7 @@ pub unsafe extern "C" fn mscclppRegisterBuffer(
     regMem: *mut mscclppRegisteredMemory,
 ) -> mscclppResult_t {
     with_comm("mscclppRegisterBuffer", comm, |c| {
-        non_null(local_memory, "local_memory")?;
-        non_null(regMem, "regMem")?;
+        non_null_args!(local_memory, regMem);
         ensure_arg!(size > 0, "size is 0");
         for e in c.register_buffer(local_memory as u64, size as u64, &SETUP)? {
             // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
@@ -379,8 +376,7 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
     stream: i64,
 ) -> mscclppResult_t {
     with_comm("mscclppRegisteredBufferWrite", comm, |c| {
-        non_null(regMem, "regMem")?;
-        non_null(srcBuff, "srcBuff")?;
+        non_null_args!(regMem, srcBuff);
         if size == 0 {
             return Ok(());
         }

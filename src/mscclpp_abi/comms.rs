@@ -3,7 +3,7 @@
 
 use crate::abi::handles::Registry;
 use crate::comm::Communicator;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::types::mscclppComm_t;
 use std::sync::Arc;
 
@@ -17,14 +17,7 @@ pub fn register(comm: Communicator) -> mscclppComm_t {
 }
 
 pub fn lookup(handle: mscclppComm_t) -> Result<Arc<Communicator>> {
-    if handle.is_null() {
-        return Err(Error::invalid_argument("comm is NULL"));
-    }
-    COMMS.get(handle as u64).ok_or_else(|| {
-        Error::invalid_usage(format!(
-            "comm {handle:p} is not a live communicator (destroyed, or never created)"
-        ))
-    })
+    COMMS.lookup_comm(handle, ErrorKind::InvalidUsage)
 }
 
 /// Removes the handle; the communicator is released when the last call using it returns.

@@ -4,7 +4,7 @@
 #![allow(clippy::missing_safety_doc)] // the contract of each function is the header's
 
 use super::api::with_comm;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::registration::Kind;
 use crate::types::{mscclppComm_t, mscclppResult_t};
 use std::ffi::c_void;
@@ -23,7 +23,7 @@ pub unsafe extern "C" fn mscclppCommRegister(
     handle: *mut *mut c_void,
 ) -> mscclppResult_t {
     with_comm("mscclppCommRegister", comm, |c| {
-        non_null(handle, "handle")?;
+        non_null_args!(handle);
         let token = c.register(buff as u64, size, Kind::Buffer, false)?;
         // SAFETY: checked non-null; the caller provides a writable void*.
         unsafe { *handle = token as *mut c_void };
@@ -38,7 +38,7 @@ pub unsafe extern "C" fn mscclppCommRegister(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppCommDeregister(comm: mscclppComm_t, handle: *mut c_void) -> mscclppResult_t {
     with_comm("mscclppCommDeregister", comm, |c| {
-        non_null(handle, "handle")?;
+        non_null_args!(handle);
         c.deregister(handle as u64, Kind::Buffer, "handle")?;
         Ok(())
     })

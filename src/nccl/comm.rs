@@ -11,7 +11,7 @@ use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclResult_t};
 use crate::abi::handles::Registry;
 use crate::collective::{DataType, Scalar};
 use crate::comm::Communicator;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use once_cell::sync::OnceCell;
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
@@ -442,14 +442,7 @@ pub fn register(comm: Arc<NcclComm>) -> ncclComm_t {
 /// The communicator of a handle: NULL and unknown handles (destroyed, aborted or made up) are invalid
 /// arguments, as NCCL's check of a communicator makes them.
 pub fn lookup(handle: ncclComm_t) -> Result<Arc<NcclComm>> {
-    if handle.is_null() {
-        return Err(Error::invalid_argument("comm is NULL"));
-    }
-    COMMS.get(handle as u64).ok_or_else(|| {
-        Error::invalid_argument(format!(
-            "comm {handle:p} is not a live communicator (destroyed, aborted, or never created)"
-        ))
-    })
+    COMMS.lookup_comm(handle, ErrorKind::InvalidArgument)
 }
 
 /// A live communicator that `pred` accepts: what NCCL's calls that name a window but not its communicator

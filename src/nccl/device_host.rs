@@ -12,7 +12,7 @@ use super::entry::{OK, entry, with_comm};
 use super::types::{
     DevComm, DevCommRequirements, NCCL_CONFIG_MAGIC, NCCL_VERSION_CODE, ncclComm_t, ncclResult_t, ncclWindow_t,
 };
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use std::ffi::{c_int, c_uint, c_void};
@@ -106,7 +106,7 @@ nccl_export! {
     /// no device communicator, no multicast, no GIN) and of the one-sided calls (host-side RMA: yes).
     fn ncclCommQueryProperties / pncclCommQueryProperties(comm: ncclComm_t, props: *mut ncclCommProperties_t) -> ncclResult_t {
         with_comm("ncclCommQueryProperties", comm, |c| {
-            non_null(props, "props")?;
+            non_null_args!(props);
             // SAFETY: checked non-null; every version of the struct starts with size, magic, version.
             let Header { size, magic, .. } = unsafe { header(props) };
             ensure_arg!(

@@ -7,7 +7,7 @@
 use super::config::{Header, header};
 use super::entry::{OK, entry};
 use super::types::{NCCL_CONFIG_MAGIC, ncclResult_t};
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::ensure_arg;
 use crate::error::Error;
 use std::ffi::{c_char, c_int, c_uint};
@@ -32,7 +32,7 @@ nccl_export! {
     /// would encrypt with it).
     fn ncclSetEncryption / pncclSetEncryption(config: *const ncclEncryptionConfig_t) -> ncclResult_t {
         entry("ncclSetEncryption", || {
-            non_null(config, "config")?;
+            non_null_args!(config);
             // SAFETY: checked non-null; the caller's struct, made by NCCL_ENCRYPTION_CONFIG_INITIALIZER, starts
             // with its size, magic and version.
             let Header { size, magic, .. } = unsafe { header(config) };

@@ -14,7 +14,7 @@ use super::entry::{OK, entry};
 use super::init::run_init;
 use super::queue::{GROUP, Op, with};
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::collective::{Call, Collective, P2pOp, algorithm};
 use crate::comm::Communicator;
 use crate::ensure_arg;
@@ -186,7 +186,7 @@ nccl_export! {
     /// `estimatedTime` is 0 for now: this library makes no estimate yet.
     fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
         entry("ncclGroupSimulateEnd", || {
-            non_null(simInfo, "simInfo")?;
+            non_null_args!(simInfo);
             // SAFETY: checked non-null; its header fields come first in every version.
             let info = unsafe { &mut *simInfo };
             ensure_arg!(

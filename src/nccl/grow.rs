@@ -24,7 +24,7 @@ use super::init::{child_config, current_device, start, start_child};
 use super::queue::Job;
 use super::split::{GROW_WORDS, tag};
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::bootstrap::{MAX_RANKS, UniqueId};
 use crate::comm::Communicator;
 use crate::ensure_arg;
@@ -241,7 +241,7 @@ nccl_export! {
     /// (`ncclInvalidUsage`) until a grow has taken this one, or its root has given up waiting.
     fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
         with_comm("ncclCommGetUniqueId", comm, |c| {
-            non_null(uniqueId, "uniqueId")?;
+            non_null_args!(uniqueId);
             if c.fallback_for_all().is_some() {
                 return Err(fallback_refusal("ncclCommGetUniqueId"));
             }
@@ -332,7 +332,7 @@ unsafe fn join(
         "comm and uniqueId are both NULL: an existing rank passes its comm, a new rank the id made by \
          ncclCommGetUniqueId"
     );
-    non_null(newcomm, "newcomm")?;
+    non_null_args!(newcomm);
     // SAFETY: checked non-null.
     unsafe { *newcomm = std::ptr::null_mut() };
     // SAFETY: checked non-null; the caller's id.
@@ -426,7 +426,7 @@ unsafe fn check_existing(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> Result<(usize, Option<[u8; NCCL_UNIQUE_ID_BYTES]>, config::Config)> {
-    non_null(newcomm, "newcomm")?;
+    non_null_args!(newcomm);
     // SAFETY: checked non-null.
     unsafe { *newcomm = std::ptr::null_mut() };
     ensure_arg!(

@@ -13,7 +13,7 @@ use super::entry::{OK, entry};
 use super::fallback;
 use super::queue::{GROUP, Job, Op, with};
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::{non_null, non_null_args};
 use crate::bootstrap::UniqueId;
 use crate::comm::Communicator;
 use crate::ensure_arg;
@@ -198,7 +198,7 @@ nccl_export! {
     /// where rank 0 listens instead).
     fn ncclGetUniqueId / pncclGetUniqueId(uniqueId: *mut ncclUniqueId) -> ncclResult_t {
         entry("ncclGetUniqueId", || {
-            non_null(uniqueId, "uniqueId")?;
+            non_null_args!(uniqueId);
             let bytes = if crate::settings::NCCL_COMM_ID.text().is_some() {
                 [0u8; NCCL_UNIQUE_ID_BYTES]
             } else {
@@ -261,8 +261,7 @@ nccl_export! {
             return unsafe { init_rank(name, newcomm, nranks, id, myrank, config) };
         }
         entry(name, || {
-            non_null(newcomm, "newcomm")?;
-            non_null(commIds, "commIds")?;
+            non_null_args!(newcomm, commIds);
             ensure_arg!(nId >= 1, "nId is {nId}; it must be at least 1");
             ensure_arg!(nranks >= 1, "nranks is {nranks}; it must be at least 1");
             ensure_arg!(
@@ -283,7 +282,7 @@ nccl_export! {
     /// One process, one rank per listed device (`devlist` NULL: devices 0 to ndev-1).
     fn ncclCommInitAll / pncclCommInitAll(comms: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) -> ncclResult_t {
         entry("ncclCommInitAll", || {
-            non_null(comms, "comms")?;
+            non_null_args!(comms);
             ensure_arg!(ndev >= 1, "ndev is {ndev}; it must be at least 1");
             let devices: Vec<c_int> = if devlist.is_null() {
                 (0..ndev).collect()

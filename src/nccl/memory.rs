@@ -7,7 +7,7 @@
 use super::comm::NcclComm;
 use super::entry::{OK, entry, with_comm};
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::ensure_arg;
 use crate::error::Result;
 use crate::gpu::{DeviceAllocation, GpuContext};
@@ -24,7 +24,7 @@ nccl_export! {
     /// Device memory of the current device (size 0: `*ptr` = NULL).
     fn ncclMemAlloc / pncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> ncclResult_t {
         entry("ncclMemAlloc", || {
-            non_null(ptr, "ptr")?;
+            non_null_args!(ptr);
             if size == 0 {
                 // SAFETY: checked non-null.
                 unsafe { *ptr = std::ptr::null_mut() };
@@ -61,7 +61,7 @@ nccl_export! {
     /// whose collectives then read and write it directly (zero-copy, docs/ZERO_COPY.md).
     fn ncclCommRegister / pncclCommRegister(comm: ncclComm_t, buff: *mut c_void, size: usize, handle: *mut *mut c_void) -> ncclResult_t {
         with_comm("ncclCommRegister", comm, |c| {
-            non_null(handle, "handle")?;
+            non_null_args!(handle);
             let token = register(c, buff, size, Kind::Buffer)?;
             // SAFETY: checked non-null.
             unsafe { *handle = token as *mut c_void };
@@ -93,7 +93,7 @@ nccl_export! {
         winFlags: c_int,
     ) -> ncclResult_t {
         with_comm("ncclCommWindowRegister", comm, |c| {
-            non_null(win, "win")?;
+            non_null_args!(win);
             ensure_arg!(
                 matches!(winFlags, NCCL_WIN_DEFAULT | NCCL_WIN_COLL_SYMMETRIC),
                 "winFlags is {winFlags}; it must be NCCL_WIN_DEFAULT (0) or NCCL_WIN_COLL_SYMMETRIC (1)"

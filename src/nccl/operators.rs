@@ -7,7 +7,7 @@
 use super::comm::{NcclComm, PreMulSum};
 use super::entry::{OK, datatype, datatype_name, with_comm};
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::collective::{DataType, RedOp, Scalar};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -47,11 +47,10 @@ nccl_export! {
         comm: ncclComm_t,
     ) -> ncclResult_t {
         with_comm("ncclRedOpCreatePreMulSum", comm, |c| {
-            non_null(op, "op")?;
-            non_null(scalar, "scalar")?;
-            let datatype_value = datatype;
-            let datatype = self::datatype(datatype_value)?;
-            let size = datatype.size();
+            // The type first: a pointer is read as one value of it.
+            let element = self::datatype(datatype)?;
+            non_null_args!(op, scalar);
+            let size = element.size();
             let core_scalar = match residence {
                 NCCL_SCALAR_HOST_IMMEDIATE => {
                     // SAFETY: checked non-null; the caller's scalar is one value of `datatype` in host memory.
@@ -62,7 +61,7 @@ nccl_export! {
                     ensure_arg!(
                         (scalar as usize).is_multiple_of(size),
                         "scalar {scalar:p} (ncclScalarDevice) is not aligned to its type {} ({size} bytes)",
-                        datatype_name(datatype)
+                        datatype_name(element)
                     );
                     Scalar::Device(scalar as u64)
                 }
@@ -76,10 +75,10 @@ nccl_export! {
             let twin = c
                 .fallback_for_all()
                 // SAFETY: the caller's scalar, under nccl.h's contract (checked non-null).
-                .map(|f| unsafe { f.create_premul(scalar, datatype_value, residence) })
+                .map(|f| unsafe { f.create_premul(scalar, datatype, residence) })
                 .transpose()?;
             let n = c.add_premul(PreMulSum {
-                datatype,
+                datatype: element,
                 scalar: core_scalar,
                 fallback: twin,
             });

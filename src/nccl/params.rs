@@ -11,7 +11,7 @@
 
 use super::entry::{OK, entry};
 use super::types::ncclResult_t;
-use crate::abi::non_null;
+use crate::abi::{non_null, non_null_args};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::settings::{ALL, Setting, Source};
@@ -94,7 +94,7 @@ nccl_export! {
     /// A handle of the setting `key`.
     fn ncclParamBind / pncclParamBind(out: *mut ncclParamHandle_t, key: *const c_char) -> ncclResult_t {
         entry("ncclParamBind", || {
-            non_null(out, "out")?;
+            non_null_args!(out);
             // SAFETY: nccl.h's contract: a NUL-terminated key.
             let s = find(unsafe { key_arg(key, "key") }?)?;
             // SAFETY: checked non-null.
@@ -112,7 +112,7 @@ macro_rules! param_get_int {
             fn $name / $twin(h: ncclParamHandle_t, out: *mut $t) -> ncclResult_t {
                 entry(stringify!($name), || {
                     let s = setting_of(h)?;
-                    non_null(out, "out")?;
+                    non_null_args!(out);
                     let v: $t = integer(s, stringify!($t))?;
                     // SAFETY: checked non-null.
                     unsafe { *out = v };
@@ -137,7 +137,7 @@ nccl_export! {
     fn ncclParamGetStr / pncclParamGetStr(h: ncclParamHandle_t, out: *mut *const c_char) -> ncclResult_t {
         entry("ncclParamGetStr", || {
             let s = setting_of(h)?;
-            non_null(out, "out")?;
+            non_null_args!(out);
             // SAFETY: checked non-null.
             unsafe { *out = text(s).as_ptr() };
             OK
@@ -152,7 +152,7 @@ nccl_export! {
     fn ncclParamGet / pncclParamGet(h: ncclParamHandle_t, out: *mut c_void, maxLen: c_int, len: *mut c_int) -> ncclResult_t {
         entry("ncclParamGet", || {
             let s = setting_of(h)?;
-            non_null(len, "len")?;
+            non_null_args!(len);
             let bytes = text(s).to_bytes_with_nul();
             // SAFETY: checked non-null.
             unsafe { *len = bytes.len() as c_int };
@@ -160,7 +160,7 @@ nccl_export! {
             if maxLen == 0 {
                 return OK;
             }
-            non_null(out, "out")?;
+            non_null_args!(out);
             let n = bytes.len().min(maxLen as usize);
             // SAFETY: `out` is non-null and holds `maxLen` bytes (nccl.h's contract); `n` <= maxLen.
             unsafe {
@@ -182,8 +182,7 @@ nccl_export! {
     /// The text of the setting `key` and its length (without the NUL).
     fn ncclParamGetParameter / pncclParamGetParameter(key: *const c_char, value: *mut *const c_char, valueLen: *mut c_int) -> ncclResult_t {
         entry("ncclParamGetParameter", || {
-            non_null(value, "value")?;
-            non_null(valueLen, "valueLen")?;
+            non_null_args!(value, valueLen);
             // SAFETY: nccl.h's contract: a NUL-terminated key.
             let s = find(unsafe { key_arg(key, "key") }?)?;
             let t = text(s);
@@ -216,8 +215,7 @@ nccl_export! {
     /// Every setting's name.
     fn ncclParamGetAllParameterKeys / pncclParamGetAllParameterKeys(table: *mut *mut *const c_char, tableLen: *mut c_int) -> ncclResult_t {
         entry("ncclParamGetAllParameterKeys", || {
-            non_null(table, "table")?;
-            non_null(tableLen, "tableLen")?;
+            non_null_args!(table, tableLen);
             // SAFETY: both checked non-null; the table is never written through the pointer handed out.
             unsafe {
                 *table = KEYS.0.as_ptr().cast_mut();

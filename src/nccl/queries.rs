@@ -7,7 +7,7 @@ use super::comm as ncomm;
 use super::entry::{OK, entry, with_comm};
 use super::error as nerror;
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::error::Error;
 use std::ffi::{CStr, c_char, c_int};
 
@@ -15,7 +15,7 @@ nccl_export! {
     /// The version of NCCL's API this library implements: 2.32.3 (`NCCL_VERSION_CODE`, 23203).
     fn ncclGetVersion / pncclGetVersion(version: *mut c_int) -> ncclResult_t {
         entry("ncclGetVersion", || {
-            non_null(version, "version")?;
+            non_null_args!(version);
             // SAFETY: checked non-null.
             unsafe { *version = NCCL_VERSION_CODE };
             OK
@@ -56,7 +56,7 @@ nccl_export! {
     /// `ncclRemoteError` once a peer failed, `ncclInvalidUsage` after its own abort.
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut ncclResult_t) -> ncclResult_t {
         with_comm("ncclCommGetAsyncError", comm, |c| {
-            non_null(asyncError, "asyncError")?;
+            non_null_args!(asyncError);
             let r = c.async_error();
             if !matches!(r, ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress)
                 && let Some(m) = c.failure_message()
@@ -74,7 +74,7 @@ nccl_export! {
 nccl_export! {
     fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) -> ncclResult_t {
         with_comm("ncclCommCount", comm, |c| {
-            non_null(count, "count")?;
+            non_null_args!(count);
             let n = c.nranks()?;
             // SAFETY: checked non-null.
             unsafe { *count = n as c_int };
@@ -86,7 +86,7 @@ nccl_export! {
 nccl_export! {
     fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) -> ncclResult_t {
         with_comm("ncclCommUserRank", comm, |c| {
-            non_null(rank, "rank")?;
+            non_null_args!(rank);
             let (r, _) = c.place()?;
             // SAFETY: checked non-null.
             unsafe { *rank = r as c_int };
@@ -99,7 +99,7 @@ nccl_export! {
     /// The CUDA device the communicator works on.
     fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) -> ncclResult_t {
         with_comm("ncclCommCuDevice", comm, |c| {
-            non_null(device, "device")?;
+            non_null_args!(device);
             let d = c
                 .device
                 .ok_or_else(|| Error::cuda("the communicator has no device: the CUDA driver is not installed"))?;

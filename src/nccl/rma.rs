@@ -17,7 +17,7 @@ use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, check_rank, datatype, datatype_name, entry, with_comm};
 use super::queue::{Op, enqueue, issue};
 use super::types::{ncclComm_t, ncclResult_t, ncclWindow_t};
-use crate::abi::non_null;
+use crate::abi::{non_null, non_null_args};
 use crate::collective::signal::{self, OneSided, SignalId, Wait};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -173,7 +173,7 @@ nccl_export! {
             let descs: &[ncclWaitSignalDesc_t] = if nDesc == 0 {
                 &[]
             } else {
-                non_null(signalDescs, "signalDescs")?;
+                non_null_args!(signalDescs);
                 // SAFETY: checked non-null; the caller passes nDesc descriptors.
                 unsafe { std::slice::from_raw_parts(signalDescs, nDesc as usize) }
             };
@@ -187,7 +187,7 @@ nccl_export! {
     /// The buffer `win` was registered with (`buff` of `ncclCommWindowRegister`).
     fn ncclWinGetUserPtr / pncclWinGetUserPtr(comm: ncclComm_t, win: ncclWindow_t, outUserPtr: *mut *mut c_void) -> ncclResult_t {
         with_comm("ncclWinGetUserPtr", comm, |c| {
-            non_null(outUserPtr, "outUserPtr")?;
+            non_null_args!(outUserPtr);
             let (registration, _) = signal::own_window(c.core()?.registrations(), win as u64, "win")?;
             // SAFETY: checked non-null.
             unsafe { *outUserPtr = registration.ptr as *mut c_void };

@@ -32,7 +32,7 @@ use super::fallback;
 use super::init::{BOOTSTRAP_TIMEOUT, child_config, start_child};
 use super::queue::Job;
 use super::types::*;
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::bootstrap::UniqueId;
 use crate::comm::Communicator;
 use crate::ensure_arg;
@@ -216,7 +216,7 @@ nccl_export! {
         config: *mut ncclConfig_t,
     ) -> ncclResult_t {
         with_comm("ncclCommSplit", comm, |c| {
-            non_null(newcomm, "newcomm")?;
+            non_null_args!(newcomm);
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
             ensure_arg!(
@@ -277,7 +277,7 @@ nccl_export! {
         shrinkFlags: c_int,
     ) -> ncclResult_t {
         with_comm("ncclCommShrink", comm, |c| {
-            non_null(newcomm, "newcomm")?;
+            non_null_args!(newcomm);
             // SAFETY: checked non-null.
             unsafe { *newcomm = std::ptr::null_mut() };
             ensure_arg!(
@@ -290,7 +290,7 @@ nccl_export! {
                 "excludeRanksCount is {excludeRanksCount}; it must be in [0, nranks = {nranks})"
             );
             let exclude = if excludeRanksCount > 0 {
-                non_null(excludeRanksList, "excludeRanksList")?;
+                non_null_args!(excludeRanksList);
                 // SAFETY: checked non-null; the caller passes excludeRanksCount ranks.
                 unsafe { std::slice::from_raw_parts(excludeRanksList, excludeRanksCount as usize) }.to_vec()
             } else {

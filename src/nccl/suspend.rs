@@ -21,7 +21,7 @@
 use super::comm::NcclComm;
 use super::entry::{OK, with_comm};
 use super::types::{ncclComm_t, ncclResult_t};
-use crate::abi::non_null;
+use crate::abi::non_null_args;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use std::ffi::c_int;
@@ -120,7 +120,7 @@ nccl_export! {
     /// One of the communicator's memory statistics (`mem_stat`).
     fn ncclCommMemStats / pncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64) -> ncclResult_t {
         with_comm("ncclCommMemStats", comm, |c| {
-            non_null(value, "value")?;
+            non_null_args!(value);
             let v = mem_stat(c, stat)?;
             // SAFETY: checked non-null; nccl.h's contract: a writable uint64_t.
             unsafe { *value = v };
