@@ -205,10 +205,7 @@ __device__ __forceinline__ bool p2pWait(const P2pArgs& a, const uint64_t* counte
 __device__ __forceinline__ void p2pPublish(uint64_t* counter, uint64_t value)
 {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    storeReleaseSys(counter, value);
-  }
+  if (threadIdx.x == 0) storeReleaseSys(counter, value);
 }
 
 // The copies to this rank itself: block b of the channel copies lanes b, b + blocks, ... of every copy, each
