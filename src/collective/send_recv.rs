@@ -39,14 +39,6 @@ pub enum P2pKind {
 }
 
 impl P2pKind {
-    /// The C function, for messages.
-    pub fn function(self) -> &'static str {
-        match self {
-            P2pKind::Send => "ncclSend",
-            P2pKind::Recv => "ncclRecv",
-        }
-    }
-
     fn buffer_name(self) -> &'static str {
         match self {
             P2pKind::Send => "sendbuff",
@@ -60,6 +52,9 @@ impl P2pKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pOp {
     pub kind: P2pKind,
+    /// The exported function the application called (`ncclSend`, or the collective carried as sends and
+    /// receives), for messages: the face names it.
+    pub function: &'static str,
     pub peer: usize,
     pub buffer: DevicePtr,
     pub count: usize,
@@ -70,6 +65,8 @@ pub struct P2pOp {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moved {
     pub kind: P2pKind,
+    /// As `P2pOp::function`.
+    pub function: &'static str,
     pub peer: usize,
     pub buffer: DevicePtr,
     pub bytes: u64,
@@ -90,7 +87,7 @@ impl Moved {
         format!(
             "{} of the {} {direction} rank {}",
             self.kind.buffer_name(),
-            self.kind.function(),
+            self.function,
             self.peer
         )
     }
@@ -134,9 +131,9 @@ impl Work {
         // Names the call in messages (built only for one).
         let call = |i: usize, op: &P2pOp| {
             if ops.len() == 1 {
-                op.kind.function().to_string()
+                op.function.to_string()
             } else {
-                format!("{} (call {} of {} in the group)", op.kind.function(), i + 1, ops.len())
+                format!("{} (call {} of {} in the group)", op.function, i + 1, ops.len())
             }
         };
         for (i, op) in ops.iter().enumerate() {
@@ -169,6 +166,7 @@ impl Work {
             );
             let moved = Moved {
                 kind: op.kind,
+                function: op.function,
                 peer: op.peer,
                 buffer: op.buffer,
                 bytes,
@@ -529,8 +527,8 @@ impl Collectives {
             .inspect_err(|e| {
                 if aborted().is_ok() {
                     log::warn!(
-                        "ncclSend/ncclRecv failed after its peers may have started theirs ({}); aborting the \
-                         communicator",
+                        "{} failed after its peers may have started theirs ({}); aborting the communicator",
+                        work.remote.first().map_or("a send or receive", |m| m.function),
                         e.message
                     );
                     abort_communicator();
@@ -604,7 +602,7 @@ pub(super) fn launch(
 fn not_prepared() -> Error {
     Error::invalid_usage(
         "send and receive need the communicator's collectives set up first, by every rank at once \
-         (Collectives::prepare, which NCCL's face calls when it creates the communicator)",
+         (Collectives::prepare, called as the communicator is created)",
     )
 }
 
@@ -616,6 +614,10 @@ mod tests {
     fn op(kind: P2pKind, peer: usize, buffer: DevicePtr, count: usize) -> P2pOp {
         P2pOp {
             kind,
+            function: match kind {
+                P2pKind::Send => "ncclSend",
+                P2pKind::Recv => "ncclRecv",
+            },
             peer,
             buffer,
             count,
@@ -872,6 +874,7 @@ mod tests {
     fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64) -> Moved {
         Moved {
             kind,
+            function: "test",
             peer,
             buffer,
             bytes,

@@ -71,24 +71,28 @@ pub fn launches(
     let reducing = call.op.map(|op| (op, call.datatype));
     let peer = 1 - rank;
     match call.collective {
-        Collective::AllGather => moving(ops(call.collective, rank, nranks, call.root, send, recv, piece)),
+        Collective::AllGather => moving(ops(call, rank, nranks, send, recv, piece)),
         // In place, piece p of the buffer leaves for rank p while rank p's piece arrives into it: each
         // arriving chunk waits until its place has been sent (`Moved::guarded`).
         Collective::AllToAll if send == recv => {
-            let mut l = moving(ops(call.collective, rank, nranks, call.root, send, recv, piece))?;
+            let mut l = moving(ops(call, rank, nranks, send, recv, piece))?;
             for m in &mut l[0].work.remote {
                 m.guarded = true;
             }
             Ok(l)
         }
-        Collective::Reduce if rank == call.root => {
-            Ok(vec![launch(&[moved(P2pKind::Recv, peer, recv, piece, send)], reducing)])
-        }
-        Collective::Reduce => Ok(vec![launch(&[moved(P2pKind::Send, call.root, send, piece, 0)], None)]),
+        Collective::Reduce if rank == call.root => Ok(vec![launch(
+            &[moved(call, P2pKind::Recv, peer, recv, piece, send)],
+            reducing,
+        )]),
+        Collective::Reduce => Ok(vec![launch(
+            &[moved(call, P2pKind::Send, call.root, send, piece, 0)],
+            None,
+        )]),
         Collective::ReduceScatter => Ok(vec![launch(
             &[
-                moved(P2pKind::Send, peer, send + peer as u64 * piece, piece, 0),
-                moved(P2pKind::Recv, peer, recv, piece, send + rank as u64 * piece),
+                moved(call, P2pKind::Send, peer, send + peer as u64 * piece, piece, 0),
+                moved(call, P2pKind::Recv, peer, recv, piece, send + rank as u64 * piece),
             ],
             reducing,
         )]),
@@ -101,29 +105,30 @@ pub fn launches(
             Ok(vec![
                 launch(
                     &[
-                        moved(P2pKind::Send, peer, send + theirs, theirs_bytes, 0),
-                        moved(P2pKind::Recv, peer, recv + mine, mine_bytes, send + mine),
+                        moved(call, P2pKind::Send, peer, send + theirs, theirs_bytes, 0),
+                        moved(call, P2pKind::Recv, peer, recv + mine, mine_bytes, send + mine),
                     ],
                     reducing,
                 ),
                 launch(
                     &[
-                        moved(P2pKind::Send, peer, recv + mine, mine_bytes, 0),
-                        moved(P2pKind::Recv, peer, recv + theirs, theirs_bytes, 0),
+                        moved(call, P2pKind::Send, peer, recv + mine, mine_bytes, 0),
+                        moved(call, P2pKind::Recv, peer, recv + theirs, theirs_bytes, 0),
                     ],
                     None,
                 ),
             ])
         }
         Collective::Gather | Collective::Scatter | Collective::AllToAll | Collective::Broadcast => {
-            moving(ops(call.collective, rank, nranks, call.root, send, recv, piece))
+            moving(ops(call, rank, nranks, send, recv, piece))
         }
     }
 }
 
-fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
+fn moved(call: &Call, kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
     Moved {
         kind,
+        function: call.function,
         peer,
         buffer,
         bytes,
@@ -161,17 +166,12 @@ pub fn most_channels(collective: Collective, nranks: usize) -> usize {
 /// This rank's sends and receives for the call: `piece` bytes per rank (the whole buffer of a broadcast),
 /// `send` and `recv` its buffers (0 where it has none). A rank's own piece is a send to itself with its
 /// receive, which `send_recv::Work::sort` turns into a copy (none where the call is in place).
-pub fn ops(
-    collective: Collective,
-    rank: usize,
-    nranks: usize,
-    root: usize,
-    send: DevicePtr,
-    recv: DevicePtr,
-    piece: u64,
-) -> Vec<P2pOp> {
+/// Each op names the call's function (`Call::function`) in its messages.
+pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: DevicePtr, piece: u64) -> Vec<P2pOp> {
+    let root = call.root;
     let op = |kind, peer, buffer| P2pOp {
         kind,
+        function: call.function,
         peer,
         buffer,
         count: piece as usize,
@@ -179,7 +179,7 @@ pub fn ops(
     };
     let at = |base: DevicePtr, peer: usize| base + peer as u64 * piece;
     let mut ops = Vec::new();
-    match collective {
+    match call.collective {
         Collective::Gather if rank == root => {
             ops.push(op(P2pKind::Send, rank, send));
             ops.extend((0..nranks).map(|peer| op(P2pKind::Recv, peer, at(recv, peer))));
@@ -339,7 +339,14 @@ mod tests {
     fn every_piece_goes_to_its_place_once() {
         let (send, recv, piece) = (0x1000_0000u64, 0x2000_0000u64, 0x100u64);
         // Gather to rank 1 of 3: the root receives every piece at its place, its own by a copy.
-        let g = ops(Collective::Gather, 1, 3, 1, send, recv, piece);
+        let g = ops(
+            &call(Collective::Gather, 1, DataType::Uint8, 1),
+            1,
+            3,
+            send,
+            recv,
+            piece,
+        );
         assert_eq!(
             list(&g),
             [
@@ -353,18 +360,46 @@ mod tests {
         assert_eq!(w.copies.len(), 1);
         assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send));
         assert_eq!(
-            list(&ops(Collective::Gather, 2, 3, 1, send, 0, piece)),
+            list(&ops(
+                &call(Collective::Gather, 1, DataType::Uint8, 1),
+                2,
+                3,
+                send,
+                0,
+                piece
+            )),
             [(Send, 1, send)]
         );
         // Scatter from rank 0.
-        let s = ops(Collective::Scatter, 0, 2, 0, send, recv, piece);
+        let s = ops(
+            &call(Collective::Scatter, 1, DataType::Uint8, 0),
+            0,
+            2,
+            send,
+            recv,
+            piece,
+        );
         assert_eq!(list(&s), [(Send, 0, send), (Send, 1, send + piece), (Recv, 0, recv)]);
         assert_eq!(
-            list(&ops(Collective::Scatter, 1, 2, 0, 0, recv, piece)),
+            list(&ops(
+                &call(Collective::Scatter, 1, DataType::Uint8, 0),
+                1,
+                2,
+                0,
+                recv,
+                piece
+            )),
             [(Recv, 0, recv)]
         );
         // All-to-all: piece p of the input to rank p, piece p of the output from rank p.
-        let a = ops(Collective::AllToAll, 1, 2, 0, send, recv, piece);
+        let a = ops(
+            &call(Collective::AllToAll, 1, DataType::Uint8, 0),
+            1,
+            2,
+            send,
+            recv,
+            piece,
+        );
         assert_eq!(
             list(&a),
             [
@@ -378,9 +413,26 @@ mod tests {
         assert_eq!(w.remote.len(), 2);
         assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send + piece));
         // Broadcast between two ranks; in place at the root, its copy is dropped.
-        let b = ops(Collective::Broadcast, 1, 2, 1, send, send, piece);
+        let b = ops(
+            &call(Collective::Broadcast, 1, DataType::Uint8, 1),
+            1,
+            2,
+            send,
+            send,
+            piece,
+        );
         assert_eq!(list(&b), [(Send, 0, send), (Send, 1, send), (Recv, 1, send)]);
-        assert!(ops(Collective::AllReduce, 0, 2, 0, send, recv, piece).is_empty());
+        assert!(
+            ops(
+                &call(Collective::AllReduce, 1, DataType::Uint8, 0),
+                0,
+                2,
+                send,
+                recv,
+                piece
+            )
+            .is_empty()
+        );
         for (c, n) in [
             (Collective::AllReduce, 2),
             (Collective::ReduceScatter, 2),
@@ -403,7 +455,12 @@ mod tests {
         ] {
             let n = if c == Collective::Broadcast { 2 } else { 5 };
             for rank in 0..n {
-                let w = Work::sort(&ops(c, rank, n, 2 % n, send, recv, piece), rank, n).unwrap();
+                let w = Work::sort(
+                    &ops(&call(c, 1, DataType::Uint8, 2 % n), rank, n, send, recv, piece),
+                    rank,
+                    n,
+                )
+                .unwrap();
                 let mut channels: Vec<(u32, usize)> = w.remote.iter().map(|m| (m.kind as u32, m.peer)).collect();
                 channels.sort();
                 channels.dedup();
@@ -411,7 +468,14 @@ mod tests {
                 assert!(channels.len() + copies <= most_channels(c, n), "{c:?} rank {rank}");
             }
         }
-        for o in ops(Collective::AllToAll, 0, 4, 0, send, recv, piece) {
+        for o in ops(
+            &call(Collective::AllToAll, 1, DataType::Uint8, 0),
+            0,
+            4,
+            send,
+            recv,
+            piece,
+        ) {
             assert_eq!((o.count as u64, o.datatype), (piece, DataType::Uint8));
         }
     }

@@ -15,7 +15,7 @@ use std::ffi::{c_int, c_void};
 /// (fp8 too: bytes), or on NVIDIA's communicator where ours sends everything there (ranks on several hosts).
 #[allow(clippy::too_many_arguments)]
 fn point_to_point(
-    name: &str,
+    name: &'static str,
     kind: P2pKind,
     buffer: u64,
     count: usize,
@@ -48,6 +48,7 @@ fn point_to_point(
         let core = c.usable()?;
         let op = P2pOp {
             kind,
+            function: name,
             peer: peer as usize,
             buffer,
             count,
