@@ -19,7 +19,7 @@
 //! gives those steps (`SetupNames`), and whoever aborts the communicator says who it is (`abort`'s `by`).
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
-use crate::collective::{Call, Collectives, P2pOp};
+use crate::collective::{Call, Collectives, SendRecvOp};
 use crate::connection::{Connection, EpochBlock, SetupMessage, TransportKind};
 use crate::error::{Error, Result};
 use crate::failure::FailureState;
@@ -651,11 +651,11 @@ impl Communicator {
     }
 
     /// One group's sends and receives on this communicator and `stream`, in call
-    /// order (see `Collectives::run_p2p`).
-    pub fn send_recv(&self, ops: &[P2pOp], stream: AppStream) -> Result<()> {
+    /// order (see `Collectives::run_send_recv`).
+    pub fn send_recv(&self, ops: &[SendRecvOp], stream: AppStream) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = || Self::gpu(&mut self.state.lock());
-        self.collectives.run_p2p(
+        self.collectives.run_send_recv(
             &self.bootstrap,
             gpu,
             || self.check_usable(),

@@ -2,9 +2,9 @@
 // named mscclpp_<algorithm>[_<op>_<type>] (src/collective/kernels.rs builds the same names). build.rs
 // compiles one translation unit per element type, each `MSCCLPP_REDUCING_KERNELS(<type name>, <C type>)`,
 // and one with `MSCCLPP_MOVING_KERNELS()` for the collectives that only move bytes (send and receive among
-// them: mscclpp_p2p, whose argument is its own; and the one-sided calls' mscclpp_rma_put and mscclpp_rma_wait,
+// them: mscclpp_send_recv, whose argument is its own; and the one-sided calls' mscclpp_rma_put and mscclpp_rma_wait,
 // whose argument is theirs). Each type's unit also holds mscclpp_scale_premulsum_<type>,
-// one rank's PreMulSum (the other operators of one rank are a copy), and mscclpp_p2p_reduce_<op>_<type>,
+// one rank's PreMulSum (the other operators of one rank are a copy), and mscclpp_send_recv_reduce_<op>_<type>,
 // send and receive whose receives reduce (two ranks' reductions carried as sends and receives).
 #pragma once
 
@@ -17,7 +17,7 @@
 #include "broadcast_copy.cuh"
 #include "broadcast_packet.cuh"
 #include "copy_engine.cuh"
-#include "p2p.cuh"
+#include "send_recv.cuh"
 #include "reducescatter_copy.cuh"
 #include "reducescatter_packet.cuh"
 #include "scale.cuh"
@@ -55,13 +55,13 @@
   MSCCLPP_ZC_KERNEL(allreduce_zc_##oname##_##tname, (allreduceZc<T, Op>), 1)   \
   MSCCLPP_ZC_KERNEL(reducescatter_zc_##oname##_##tname, (reducescatterZc<T, Op>), 1)
 
-// Send and receive with reducing receives, for two ranks' reductions (p2p.cuh; not PreMulSum, whose scalar
+// Send and receive with reducing receives, for two ranks' reductions (send_recv.cuh; not PreMulSum, whose scalar
 // is in CollArgs).
-#define MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, oname, Op)                           \
-  extern "C" __global__ void __launch_bounds__(MSCCLPP_P2P_THREADS)                   \
-      mscclpp_p2p_reduce_##oname##_##tname(const __grid_constant__ P2pArgs args)     \
+#define MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, oname, Op)                           \
+  extern "C" __global__ void __launch_bounds__(MSCCLPP_SENDRECV_THREADS)                   \
+      mscclpp_send_recv_reduce_##oname##_##tname(const __grid_constant__ SendRecvArgs args)     \
   {                                                                                   \
-    p2pKernel<P2pReduce<T, Op>>(args);                                                \
+    sendRecvKernel<SendRecvReduce<T, Op>>(args);                                                \
   }
 
 #define MSCCLPP_REDUCING_KERNELS(tname, T)                        \
@@ -76,11 +76,11 @@
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, max, OpMax)            \
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, min, OpMin)            \
   MSCCLPP_ZC_REDUCING_KERNELS_OP(tname, T, avg, OpAvg)            \
-  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, sum, OpSum)            \
-  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, prod, OpProd)          \
-  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, max, OpMax)            \
-  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, min, OpMin)            \
-  MSCCLPP_P2P_REDUCING_KERNEL_OP(tname, T, avg, OpAvg)            \
+  MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, sum, OpSum)            \
+  MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, prod, OpProd)          \
+  MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, max, OpMax)            \
+  MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, min, OpMin)            \
+  MSCCLPP_SENDRECV_REDUCING_KERNEL_OP(tname, T, avg, OpAvg)            \
   MSCCLPP_KERNEL(scale_premulsum_##tname, (scaleOneRank<T, OpPreMulSum>))
 
 #define MSCCLPP_MOVING_KERNELS()                    \
@@ -95,13 +95,13 @@
   MSCCLPP_KERNEL(alltoall_copy, alltoallCopy)       \
   MSCCLPP_KERNEL(scatter_packet, scatterPacket)     \
   MSCCLPP_KERNEL(scatter_copy, scatterCopy)         \
-  MSCCLPP_P2P_KERNEL()                              \
+  MSCCLPP_SENDRECV_KERNEL()                              \
   MSCCLPP_SIGNAL_KERNELS()
 
 // __grid_constant__: the kernel reads its large argument where it lies, never copying it per thread.
-#define MSCCLPP_P2P_KERNEL()                                                     \
-  extern "C" __global__ void __launch_bounds__(MSCCLPP_P2P_THREADS)             \
-      mscclpp_p2p(const __grid_constant__ P2pArgs args)                          \
+#define MSCCLPP_SENDRECV_KERNEL()                                                     \
+  extern "C" __global__ void __launch_bounds__(MSCCLPP_SENDRECV_THREADS)             \
+      mscclpp_send_recv(const __grid_constant__ SendRecvArgs args)                          \
   {                                                                              \
-    p2pKernel<P2pMoveOnly>(args);                                                \
+    sendRecvKernel<SendRecvMoveOnly>(args);                                                \
   }

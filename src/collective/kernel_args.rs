@@ -1,6 +1,6 @@
 //! The one argument every collective kernel takes, laid out as `CollArgs` in
-//! `kernels/collectives/common.cuh`, and the send/receive kernel's, laid out as `P2pArgs` in
-//! `kernels/collectives/p2p.cuh` (tests check the offsets the device code relies on).
+//! `kernels/collectives/common.cuh`, and the send/receive kernel's, laid out as `SendRecvArgs` in
+//! `kernels/collectives/send_recv.cuh` (tests check the offsets the device code relies on).
 
 use crate::gpu::DevicePtr;
 
@@ -50,34 +50,34 @@ pub const STATE_ZC_CALLS: usize = 3;
 /// The most lanes of the channel from one rank to another: a send is cut into up to this many contiguous
 /// parts, each streamed through its own lane (by its own block where the launch has blocks enough). How many
 /// a communicator has, and the bytes of their slots, is its `send_recv::Shape`.
-pub const P2P_MAX_LANES: usize = 32;
+pub const SENDRECV_MAX_LANES: usize = 32;
 /// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
 /// once, so a group that holds more cannot be split into launches without risking a deadlock.
-pub const MAX_P2P_OPS: usize = 64;
+pub const MAX_SENDRECV_OPS: usize = 64;
 /// Channels of one launch: one per peer and direction, and one of copies to this rank itself.
-pub const MAX_P2P_CHANNELS: usize = 2 * MAX_RANKS + 1;
-/// Bytes of counters at the start of a rank's p2p area: posted (written by the source), credit (written
+pub const MAX_SENDRECV_CHANNELS: usize = 2 * MAX_RANKS + 1;
+/// Bytes of counters at the start of a rank's send/receive area: posted (written by the source), credit (written
 /// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
-pub const P2P_COUNTER_BYTES: u64 = 5 * (MAX_RANKS * P2P_MAX_LANES * 8) as u64;
-/// `P2pOpArgs::flags`: the buffers are multiples of 16.
-pub const P2P_ALIGNED: u32 = 1;
-/// `P2pOpArgs::flags`: a send and a receive of the same buffer with one peer (an all-to-all in place): the
-/// receive overwrites a chunk only once the send has read it (p2p.cuh).
-pub const P2P_GUARDED: u32 = 2;
+pub const SENDRECV_COUNTER_BYTES: u64 = 5 * (MAX_RANKS * SENDRECV_MAX_LANES * 8) as u64;
+/// `SendRecvOpArgs::flags`: the buffers are multiples of 16.
+pub const SENDRECV_ALIGNED: u32 = 1;
+/// `SendRecvOpArgs::flags`: a send and a receive of the same buffer with one peer (an all-to-all in place): the
+/// receive overwrites a chunk only once the send has read it (send_recv.cuh).
+pub const SENDRECV_GUARDED: u32 = 2;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
 /// all-to-all of 16 ranks sharing one GPU still has a block per channel.
-pub const P2P_THREADS: u32 = 512;
+pub const SENDRECV_THREADS: u32 = 512;
 
-/// What a channel carries: `P2pChannelArgs::kind`.
-pub const P2P_SEND: u32 = 0;
-pub const P2P_RECV: u32 = 1;
+/// What a channel carries: `SendRecvChannelArgs::kind`.
+pub const SENDRECV_SEND: u32 = 0;
+pub const SENDRECV_RECV: u32 = 1;
 /// A channel of copies to this rank itself.
-pub const P2P_COPY: u32 = 2;
+pub const SENDRECV_COPY: u32 = 2;
 
 /// One send or receive of a launch.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct P2pOpArgs {
+pub struct SendRecvOpArgs {
     /// The application's buffer: read by a send, written by a receive.
     pub ptr: DevicePtr,
     pub bytes: u64,
@@ -86,17 +86,17 @@ pub struct P2pOpArgs {
     /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
     pub chunk_bytes: u64,
     pub lanes: u32,
-    /// `P2P_ALIGNED`: `ptr` (and `src`) are multiples of 16; `P2P_GUARDED`: half of an in-place pair.
+    /// `SENDRECV_ALIGNED`: `ptr` (and `src`) are multiples of 16; `SENDRECV_GUARDED`: half of an in-place pair.
     pub flags: u32,
     /// What a copy to this rank itself reads (0 for a send or a receive).
     pub src: DevicePtr,
 }
 
-/// The sends to one peer, or the receives from one peer, of a launch: `ops` of `P2pArgs::ops` from
+/// The sends to one peer, or the receives from one peer, of a launch: `ops` of `SendRecvArgs::ops` from
 /// `first_op` on, in call order, served by `blocks` blocks from `first_block` on.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct P2pChannelArgs {
+pub struct SendRecvChannelArgs {
     pub first_op: u32,
     pub ops: u32,
     pub first_block: u32,
@@ -107,10 +107,10 @@ pub struct P2pChannelArgs {
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct P2pArgs {
-    pub ops: [P2pOpArgs; MAX_P2P_OPS],
-    pub channels: [P2pChannelArgs; MAX_P2P_CHANNELS],
-    /// Every rank's p2p area (this rank's own too), mapped here.
+pub struct SendRecvArgs {
+    pub ops: [SendRecvOpArgs; MAX_SENDRECV_OPS],
+    pub channels: [SendRecvChannelArgs; MAX_SENDRECV_CHANNELS],
+    /// Every rank's send/receive area (this rank's own too), mapped here.
     pub areas: [DevicePtr; MAX_RANKS],
     pub abort_flag: DevicePtr,
     pub rank: u32,
@@ -123,11 +123,11 @@ pub struct P2pArgs {
     pub slot_bytes: u64,
 }
 
-impl Default for P2pArgs {
+impl Default for SendRecvArgs {
     fn default() -> Self {
-        P2pArgs {
-            ops: [P2pOpArgs::default(); MAX_P2P_OPS],
-            channels: [P2pChannelArgs::default(); MAX_P2P_CHANNELS],
+        SendRecvArgs {
+            ops: [SendRecvOpArgs::default(); MAX_SENDRECV_OPS],
+            channels: [SendRecvChannelArgs::default(); MAX_SENDRECV_CHANNELS],
             areas: [0; MAX_RANKS],
             abort_flag: 0,
             rank: 0,
@@ -164,53 +164,51 @@ mod tests {
     }
 
     #[test]
-    fn p2p_layout_matches_the_device_struct() {
-        assert_eq!(size_of::<P2pOpArgs>(), 48);
-        assert_eq!(offset_of!(P2pOpArgs, src), 40);
-        assert_eq!(offset_of!(P2pOpArgs, lane_units), 16);
-        assert_eq!(offset_of!(P2pOpArgs, chunk_bytes), 24);
-        assert_eq!(offset_of!(P2pOpArgs, flags), 36);
-        assert_eq!(size_of::<P2pChannelArgs>(), 24);
-        assert_eq!(offset_of!(P2pChannelArgs, kind), 20);
-        let channels = 48 * MAX_P2P_OPS;
-        let areas = channels + 24 * MAX_P2P_CHANNELS;
-        assert_eq!(offset_of!(P2pArgs, channels), channels);
-        assert_eq!(offset_of!(P2pArgs, areas), areas);
-        assert_eq!(offset_of!(P2pArgs, abort_flag), areas + 8 * MAX_RANKS);
-        assert_eq!(offset_of!(P2pArgs, rank), areas + 8 * MAX_RANKS + 8);
-        assert_eq!(offset_of!(P2pArgs, channel_count), areas + 8 * MAX_RANKS + 16);
-        assert_eq!(offset_of!(P2pArgs, lanes), areas + 8 * MAX_RANKS + 20);
-        assert_eq!(offset_of!(P2pArgs, slot_bytes), areas + 8 * MAX_RANKS + 32);
-        assert_eq!(size_of::<P2pArgs>(), areas + 8 * MAX_RANKS + 40);
+    fn send_recv_layout_matches_the_device_struct() {
+        assert_eq!(size_of::<SendRecvOpArgs>(), 48);
+        assert_eq!(offset_of!(SendRecvOpArgs, src), 40);
+        assert_eq!(offset_of!(SendRecvOpArgs, lane_units), 16);
+        assert_eq!(offset_of!(SendRecvOpArgs, chunk_bytes), 24);
+        assert_eq!(offset_of!(SendRecvOpArgs, flags), 36);
+        assert_eq!(size_of::<SendRecvChannelArgs>(), 24);
+        assert_eq!(offset_of!(SendRecvChannelArgs, kind), 20);
+        let channels = 48 * MAX_SENDRECV_OPS;
+        let areas = channels + 24 * MAX_SENDRECV_CHANNELS;
+        assert_eq!(offset_of!(SendRecvArgs, channels), channels);
+        assert_eq!(offset_of!(SendRecvArgs, areas), areas);
+        assert_eq!(offset_of!(SendRecvArgs, abort_flag), areas + 8 * MAX_RANKS);
+        assert_eq!(offset_of!(SendRecvArgs, rank), areas + 8 * MAX_RANKS + 8);
+        assert_eq!(offset_of!(SendRecvArgs, channel_count), areas + 8 * MAX_RANKS + 16);
+        assert_eq!(offset_of!(SendRecvArgs, lanes), areas + 8 * MAX_RANKS + 20);
+        assert_eq!(offset_of!(SendRecvArgs, slot_bytes), areas + 8 * MAX_RANKS + 32);
+        assert_eq!(size_of::<SendRecvArgs>(), areas + 8 * MAX_RANKS + 40);
         // Kernel parameters are limited to 4 KiB on every driver the library supports.
-        assert!(size_of::<P2pArgs>() <= 4096);
+        assert!(size_of::<SendRecvArgs>() <= 4096);
     }
 
     #[test]
-    fn p2p_constants_match_the_device_code() {
-        let p2p = include_str!("../../kernels/collectives/p2p.cuh");
+    fn send_recv_constants_match_the_device_code() {
+        let kernel = include_str!("../../kernels/collectives/send_recv.cuh");
         for (name, value) in [
-            ("MSCCLPP_P2P_MAX_LANES", P2P_MAX_LANES as u64),
-            ("MSCCLPP_P2P_MAX_OPS", MAX_P2P_OPS as u64),
-            ("MSCCLPP_P2P_MAX_CHANNELS", MAX_P2P_CHANNELS as u64),
-            ("MSCCLPP_P2P_THREADS", P2P_THREADS as u64),
-            ("MSCCLPP_P2P_SEND", P2P_SEND as u64),
-            ("MSCCLPP_P2P_RECV", P2P_RECV as u64),
-            ("MSCCLPP_P2P_COPY", P2P_COPY as u64),
-            ("MSCCLPP_P2P_ALIGNED", P2P_ALIGNED as u64),
-            ("MSCCLPP_P2P_GUARDED", P2P_GUARDED as u64),
+            ("MSCCLPP_SENDRECV_MAX_LANES", SENDRECV_MAX_LANES as u64),
+            ("MSCCLPP_SENDRECV_MAX_OPS", MAX_SENDRECV_OPS as u64),
+            ("MSCCLPP_SENDRECV_MAX_CHANNELS", MAX_SENDRECV_CHANNELS as u64),
+            ("MSCCLPP_SENDRECV_THREADS", SENDRECV_THREADS as u64),
+            ("MSCCLPP_SENDRECV_SEND", SENDRECV_SEND as u64),
+            ("MSCCLPP_SENDRECV_RECV", SENDRECV_RECV as u64),
+            ("MSCCLPP_SENDRECV_COPY", SENDRECV_COPY as u64),
+            ("MSCCLPP_SENDRECV_ALIGNED", SENDRECV_ALIGNED as u64),
+            ("MSCCLPP_SENDRECV_GUARDED", SENDRECV_GUARDED as u64),
         ] {
             assert!(
-                p2p.contains(&format!("#define {name} {value}\n")),
-                "p2p.cuh must define {name} as {value}"
+                kernel.contains(&format!("#define {name} {value}\n")),
+                "send_recv.cuh must define {name} as {value}"
             );
         }
-        assert_eq!(P2P_COUNTER_BYTES, 20480);
-        assert!(
-            p2p.contains(
-                "#define MSCCLPP_P2P_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)\n"
-            )
-        );
+        assert_eq!(SENDRECV_COUNTER_BYTES, 20480);
+        assert!(kernel.contains(
+            "#define MSCCLPP_SENDRECV_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)\n"
+        ));
     }
 
     #[test]

@@ -206,8 +206,8 @@ mod tests {
         // Send and receive: one kernel for bytes of any type.
         let moving = fatbin(unit_of(None, DataType::Uint8)).expect("the moving fatbin");
         assert!(
-            holds(moving, &kernel_name("p2p", None, DataType::Uint8)),
-            "mscclpp_p2p is not in the moving fatbin"
+            holds(moving, &kernel_name("send_recv", None, DataType::Uint8)),
+            "mscclpp_send_recv is not in the moving fatbin"
         );
     }
 

@@ -9,7 +9,7 @@
 //! - `algorithm.rs`: the table that picks an algorithm by collective and size, the windows a large call is
 //!   cut into, and the grid;
 //! - `scratch.rs`: the scratch buffers peers write into, mapped on every rank at the first call (or at
-//!   `prepare`), with the p2p areas of send and receive;
+//!   `prepare`), with the send/receive areas of send and receive;
 //! - `send_recv.rs`: send and receive: a group's sends and receives checked, matched with themselves where
 //!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: the collectives carried
 //!   as such launches (gather, scatter, all-to-all, two ranks' broadcast, and two GPUs' all-gather and
@@ -50,7 +50,7 @@ pub mod zero_copy;
 
 pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp, Scalar};
-pub use send_recv::{P2pKind, P2pOp};
+pub use send_recv::{SendRecvKind, SendRecvOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
@@ -174,7 +174,7 @@ impl Collectives {
 
     /// Sets the collectives up now rather than at the first call: collective, every rank calls it in place
     /// of its first call's set-up (NCCL's face does at the communicator's initialisation). Send and receive
-    /// need it: every peer's p2p area must be mapped before the first of them, which need not involve every
+    /// need it: every peer's send/receive area must be mapped before the first of them, which need not involve every
     /// rank. Nothing to do for one rank.
     pub fn prepare(&self, bootstrap: &Bootstrap, gpu: &GpuContext) -> Result<()> {
         if bootstrap.nranks() == 1 {

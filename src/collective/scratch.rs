@@ -5,7 +5,7 @@
 //!
 //! Each buffer holds two slots (calls alternate between them by epoch), each the flags of
 //! `kernel_args::FLAG_BYTES` and then the data of `MSCCLPP_COLL_SCRATCH_MB`: a quarter of it for packets
-//! and the rest for copies (packets never share memory with copied data; see `common.cuh`). The p2p area of
+//! and the rest for copies (packets never share memory with copied data; see `common.cuh`). The send/receive area of
 //! send and receive (`send_recv.rs`) follows the two slots in the same allocation, so that it is mapped by every
 //! peer in the same set-up, before any send or receive (the first of which need not involve every rank),
 //! and the signal counters of the one-sided calls (`signal.rs`) follow it, for the same reason.
@@ -29,11 +29,11 @@ pub struct Scratch {
     pub packet_bytes: u64,
     /// The copy area of a slot, after its packet area.
     pub copy_bytes: u64,
-    /// Every rank's p2p area as this context reaches it, by rank (after its two slots).
-    pub p2p: [DevicePtr; MAX_RANKS],
-    /// The lanes and slots of every p2p area, the same on every rank.
-    pub p2p_shape: super::send_recv::Shape,
-    /// Every rank's signal counters as this context reaches them, by rank (after its p2p area).
+    /// Every rank's send/receive area as this context reaches it, by rank (after its two slots).
+    pub send_recv: [DevicePtr; MAX_RANKS],
+    /// The lanes and slots of every send/receive area, the same on every rank.
+    pub send_recv_shape: super::send_recv::Shape,
+    /// Every rank's signal counters as this context reaches them, by rank (after its send/receive area).
     pub signals: [DevicePtr; MAX_RANKS],
     /// The ranks whose process is this one (this rank's own included): their memory is reached at the
     /// owner's addresses.
@@ -76,9 +76,9 @@ impl Scratch {
         let slot_bytes = FLAG_BYTES + data_bytes;
         // Zeroed off the legacy default stream: this may run inside the application's graph capture.
         let stream = Stream::new(gpu)?;
-        let p2p_offset = 2 * slot_bytes;
-        let p2p_shape = super::send_recv::Shape::from_settings(nranks);
-        let signal_offset = p2p_offset + p2p_shape.area_bytes(nranks);
+        let send_recv_offset = 2 * slot_bytes;
+        let send_recv_shape = super::send_recv::Shape::from_settings(nranks);
+        let signal_offset = send_recv_offset + send_recv_shape.area_bytes(nranks);
         let own = DeviceAllocation::zeroed_on(gpu, (signal_offset + super::signal::AREA_BYTES) as usize, &stream)?;
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
         let me = ProcessId::this();
@@ -89,7 +89,9 @@ impl Scratch {
         let mut w = Writer::new();
         me.write(&mut w);
         w.u64(device).u32(multiprocessors).u32(cta_limit);
-        w.u32(p2p_shape.lanes).u32(p2p_shape.depth).u64(p2p_shape.slot_bytes);
+        w.u32(send_recv_shape.lanes)
+            .u32(send_recv_shape.depth)
+            .u64(send_recv_shape.slot_bytes);
         IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
         let mine = w.into_bytes();
         let block = mine.len();
@@ -114,9 +116,9 @@ impl Scratch {
                 depth: r.u32()?,
                 slot_bytes: r.u64()?,
             };
-            if peer_shape != p2p_shape {
+            if peer_shape != send_recv_shape {
                 return Err(Error::invalid_usage(format!(
-                    "rank {peer}'s send/receive lanes are {peer_shape:?} and ours {p2p_shape:?}: \
+                    "rank {peer}'s send/receive lanes are {peer_shape:?} and ours {send_recv_shape:?}: \
                      MSCCLPP_SENDRECV_LANES, MSCCLPP_SENDRECV_DEPTH and MSCCLPP_SENDRECV_CHUNK_KB must be the same on \
                      every rank"
                 )));
@@ -166,18 +168,18 @@ impl Scratch {
         );
         log::info!(
             "send/receive: {} lanes per pair of ranks, {} slots of {} KiB each",
-            p2p_shape.lanes,
-            p2p_shape.depth,
-            p2p_shape.slot_bytes >> 10
+            send_recv_shape.lanes,
+            send_recv_shape.depth,
+            send_recv_shape.slot_bytes >> 10
         );
         if smallest_cta_limit != u32::MAX {
             log::info!("collectives: at most {smallest_cta_limit} blocks a launch (the smallest maxCTAs of the ranks)");
         }
         let packet_bytes = data_bytes / 4 / 16 * 16;
-        let mut p2p = [0; MAX_RANKS];
+        let mut send_recv = [0; MAX_RANKS];
         let mut signals = [0; MAX_RANKS];
-        for ((area, counters), base) in p2p.iter_mut().zip(signals.iter_mut()).zip(&ptrs).take(nranks) {
-            *area = base + p2p_offset;
+        for ((area, counters), base) in send_recv.iter_mut().zip(signals.iter_mut()).zip(&ptrs).take(nranks) {
+            *area = base + send_recv_offset;
             *counters = base + signal_offset;
         }
         Ok(Scratch {
@@ -187,8 +189,8 @@ impl Scratch {
             slot_bytes,
             packet_bytes,
             copy_bytes: data_bytes - packet_bytes,
-            p2p,
-            p2p_shape,
+            send_recv,
+            send_recv_shape,
             signals,
             in_this_process,
             state,

@@ -5,19 +5,20 @@
 //!   queued on an error. Calls of 0 elements do nothing.
 //! - Sends to this rank and receives from it are matched in call order (the k-th send with the k-th
 //!   receive, of the same size) and become copies on the stream.
-//! - The others go into one launch of `mscclpp_p2p` (`kernels/collectives/p2p.cuh` describes the protocol):
+//! - The others go into one launch of `mscclpp_send_recv` (`kernels/collectives/send_recv.cuh` describes the protocol):
 //!   the sends to one peer, and the receives from one peer, form a channel with blocks of its own, so that
 //!   every channel progresses at once and no order of calls inside a group can deadlock. Splitting a group
 //!   into several launches could (a later launch may hold what a peer's earlier one waits for), so a group
-//!   is refused beyond `MAX_P2P_OPS` such calls, or beyond a block per channel in the launch's share of
+//!   is refused beyond `MAX_SENDRECV_OPS` such calls, or beyond a block per channel in the launch's share of
 //!   the GPU (`algorithm::resident_share`).
 //!
-//! The kernel moves data through every receiver's p2p area, set up with the scratch (`scratch.rs`) before
+//! The kernel moves data through every receiver's send/receive area, set up with the scratch (`scratch.rs`) before
 //! any send or receive: `Collectives::prepare`.
 
 use super::kernel_args::{
-    MAX_P2P_OPS, MAX_RANKS, P2P_ALIGNED, P2P_COPY, P2P_COUNTER_BYTES, P2P_GUARDED, P2P_MAX_LANES, P2P_RECV, P2P_SEND,
-    P2P_THREADS, P2pArgs, P2pChannelArgs, P2pOpArgs,
+    MAX_RANKS, MAX_SENDRECV_OPS, SENDRECV_ALIGNED, SENDRECV_COPY, SENDRECV_COUNTER_BYTES, SENDRECV_GUARDED,
+    SENDRECV_MAX_LANES, SENDRECV_RECV, SENDRECV_SEND, SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs,
+    SendRecvOpArgs,
 };
 use super::kernels::LoadedKernel;
 use super::{Collectives, DataType, Ready, RedOp};
@@ -26,23 +27,23 @@ use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext};
 
-/// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_p2p`).
-const KERNEL_BASE: &str = "p2p";
+/// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_send_recv`).
+const KERNEL_BASE: &str = "send_recv";
 /// Any type names the typeless kernels' unit.
 const BYTES: DataType = DataType::Uint8;
 
 /// A send or a receive.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum P2pKind {
+pub enum SendRecvKind {
     Send,
     Recv,
 }
 
-impl P2pKind {
+impl SendRecvKind {
     fn buffer_name(self) -> &'static str {
         match self {
-            P2pKind::Send => "sendbuff",
-            P2pKind::Recv => "recvbuff",
+            SendRecvKind::Send => "sendbuff",
+            SendRecvKind::Recv => "recvbuff",
         }
     }
 }
@@ -50,8 +51,8 @@ impl P2pKind {
 /// One send or receive as the application called it: `count` elements of `datatype` from `buffer` to
 /// `peer`, or from `peer` into `buffer`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct P2pOp {
-    pub kind: P2pKind,
+pub struct SendRecvOp {
+    pub kind: SendRecvKind,
     /// The exported function the application called (`ncclSend`, or the collective carried as sends and
     /// receives), for messages: the face names it.
     pub function: &'static str,
@@ -64,8 +65,8 @@ pub struct P2pOp {
 /// A non-empty send or receive, checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Moved {
-    pub kind: P2pKind,
-    /// As `P2pOp::function`.
+    pub kind: SendRecvKind,
+    /// As `SendRecvOp::function`.
     pub function: &'static str,
     pub peer: usize,
     pub buffer: DevicePtr,
@@ -73,7 +74,7 @@ pub struct Moved {
     /// A receive's own operand, reduced with what arrives into `buffer` (`send_recv_collectives.rs`, two
     /// ranks' reductions); 0: the receive only moves. Always 0 for the application's calls.
     pub reduce_with: DevicePtr,
-    /// Half of an in-place pair (`kernel_args::P2P_GUARDED`): an all-to-all in place. Never for the
+    /// Half of an in-place pair (`kernel_args::SENDRECV_GUARDED`): an all-to-all in place. Never for the
     /// application's calls.
     pub guarded: bool,
 }
@@ -81,8 +82,8 @@ pub struct Moved {
 impl Moved {
     fn buffer_name(&self) -> String {
         let direction = match self.kind {
-            P2pKind::Send => "to",
-            P2pKind::Recv => "from",
+            SendRecvKind::Send => "to",
+            SendRecvKind::Recv => "from",
         };
         format!(
             "{} of the {} {direction} rank {}",
@@ -126,10 +127,10 @@ fn ordinal(n: usize) -> String {
 impl Work {
     /// Checks what can be checked without a GPU, drops empty calls and matches this rank's sends to itself
     /// with its receives from itself.
-    pub fn sort(ops: &[P2pOp], rank: usize, nranks: usize) -> Result<Work> {
+    pub fn sort(ops: &[SendRecvOp], rank: usize, nranks: usize) -> Result<Work> {
         let mut work = Work::default();
         // Names the call in messages (built only for one).
-        let call = |i: usize, op: &P2pOp| {
+        let call = |i: usize, op: &SendRecvOp| {
             if ops.len() == 1 {
                 op.function.to_string()
             } else {
@@ -178,9 +179,9 @@ impl Work {
                 work.remote.push(moved);
             }
         }
-        if work.remote.len() > MAX_P2P_OPS {
+        if work.remote.len() > MAX_SENDRECV_OPS {
             return Err(Error::invalid_usage(format!(
-                "a group holds {} sends and receives to and from other ranks; at most {MAX_P2P_OPS} are carried \
+                "a group holds {} sends and receives to and from other ranks; at most {MAX_SENDRECV_OPS} are carried \
                  out together (they must run at once: split into several groups only where no send or receive of \
                  a later group is what a peer waits for in an earlier one)",
                 work.remote.len()
@@ -192,8 +193,8 @@ impl Work {
                 .filter(move |m| m.peer == rank && m.kind == kind)
                 .copied()
         };
-        let sends: Vec<Moved> = to_self(P2pKind::Send).collect();
-        let recvs: Vec<Moved> = to_self(P2pKind::Recv).collect();
+        let sends: Vec<Moved> = to_self(SendRecvKind::Send).collect();
+        let recvs: Vec<Moved> = to_self(SendRecvKind::Recv).collect();
         ensure_arg!(
             sends.len() == recvs.len(),
             "this rank sends to itself {} time(s) and receives from itself {} time(s) (non-empty calls); each \
@@ -235,7 +236,7 @@ fn copy_on_stream(copies: &[SelfCopy], stream: AppStream) -> Result<()> {
     Ok(())
 }
 
-/// The shape of every rank's p2p area, the same on every rank (`Scratch::set_up` checks it): each ordered
+/// The shape of every rank's send/receive area, the same on every rank (`Scratch::set_up` checks it): each ordered
 /// pair of ranks has `lanes` lanes of `depth` slots of `slot_bytes` in the receiver's area. A send is cut
 /// into lanes, each lane into chunks of at most a slot; chunk c of a lane goes through slot c % depth, so
 /// the sender can be `depth` chunks ahead of the receiver's copying out.
@@ -268,7 +269,7 @@ impl Shape {
     /// (`lanes`, `depth`, `chunk_kib`), the slots made smaller where `nranks` sources' lanes would take more
     /// than `AREA_CAP` of each rank's memory.
     pub fn new(nranks: usize, lanes: u32, depth: u32, chunk_kib: u64) -> Shape {
-        let lanes = lanes.clamp(1, P2P_MAX_LANES as u32);
+        let lanes = lanes.clamp(1, SENDRECV_MAX_LANES as u32);
         let depth = depth.max(2);
         let per_source = AREA_CAP / nranks.max(1) as u64;
         let fits = per_source / (lanes as u64 * depth as u64) / 16 * 16;
@@ -297,9 +298,9 @@ impl Shape {
         self.lanes as u64 * self.depth as u64 * self.slot_bytes
     }
 
-    /// Bytes of one rank's p2p area with `nranks` ranks: the counters, then every source's lanes.
+    /// Bytes of one rank's send/receive area with `nranks` ranks: the counters, then every source's lanes.
     pub fn area_bytes(&self, nranks: usize) -> u64 {
-        P2P_COUNTER_BYTES + nranks as u64 * self.lanes as u64 * self.depth as u64 * self.slot_bytes
+        SENDRECV_COUNTER_BYTES + nranks as u64 * self.lanes as u64 * self.depth as u64 * self.slot_bytes
     }
 
     /// How a send of `bytes` is cut: a lane per `MIN_LANE_BYTES` up to `lanes`, every lane starting on a
@@ -336,18 +337,18 @@ pub enum ChannelKind {
 }
 
 impl ChannelKind {
-    fn of(kind: P2pKind) -> ChannelKind {
+    fn of(kind: SendRecvKind) -> ChannelKind {
         match kind {
-            P2pKind::Send => ChannelKind::Send,
-            P2pKind::Recv => ChannelKind::Recv,
+            SendRecvKind::Send => ChannelKind::Send,
+            SendRecvKind::Recv => ChannelKind::Recv,
         }
     }
 
     fn device_kind(self) -> u32 {
         match self {
-            ChannelKind::Send => P2P_SEND,
-            ChannelKind::Recv => P2P_RECV,
-            ChannelKind::Copy => P2P_COPY,
+            ChannelKind::Send => SENDRECV_SEND,
+            ChannelKind::Recv => SENDRECV_RECV,
+            ChannelKind::Copy => SENDRECV_COPY,
         }
     }
 }
@@ -408,7 +409,7 @@ pub fn fit_blocks(wanted: &[u32], max_blocks: u32) -> Result<Vec<u32>> {
     if wanted.len() as u64 > max_blocks as u64 {
         return Err(Error::invalid_usage(format!(
             "a group's sends and receives need a block per peer and direction, {} here, but a launch of \
-             mscclpp_p2p may have at most {max_blocks} on this GPU (its share of the blocks the GPU holds \
+             mscclpp_send_recv may have at most {max_blocks} on this GPU (its share of the blocks the GPU holds \
              beside the other ranks sharing it): fewer peers per group, or fewer ranks per GPU",
             wanted.len()
         )));
@@ -433,8 +434,8 @@ pub fn kernel_args(
     abort_flag: DevicePtr,
     rank: usize,
     nranks: usize,
-) -> (P2pArgs, u32) {
-    let mut args = P2pArgs {
+) -> (SendRecvArgs, u32) {
+    let mut args = SendRecvArgs {
         areas: *areas,
         abort_flag,
         rank: rank as u32,
@@ -443,11 +444,11 @@ pub fn kernel_args(
         lanes: shape.lanes,
         depth: shape.depth,
         slot_bytes: shape.slot_bytes,
-        ..P2pArgs::default()
+        ..SendRecvArgs::default()
     };
     let (mut op, mut block) = (0usize, 0u32);
     for (slot, c) in args.channels.iter_mut().zip(channels) {
-        *slot = P2pChannelArgs {
+        *slot = SendRecvChannelArgs {
             first_op: op as u32,
             ops: c.ops.len() as u32,
             first_block: block,
@@ -465,17 +466,17 @@ pub fn kernel_args(
                 }
             };
             let split = shape.split(bytes);
-            args.ops[op] = P2pOpArgs {
+            args.ops[op] = SendRecvOpArgs {
                 ptr,
                 bytes,
                 lane_units: split.lane_units,
                 chunk_bytes: split.chunk_bytes,
                 lanes: split.lanes,
                 flags: if ptr.is_multiple_of(16) && src.is_multiple_of(16) {
-                    P2P_ALIGNED
+                    SENDRECV_ALIGNED
                 } else {
                     0
-                } | if guarded { P2P_GUARDED } else { 0 },
+                } | if guarded { SENDRECV_GUARDED } else { 0 },
                 src,
             };
             op += 1;
@@ -493,13 +494,13 @@ impl Collectives {
     ///
     /// `gpu`, `aborted` and `abort_communicator` are `run`'s: the communicator is aborted when the call
     /// fails after its peers may have started theirs.
-    pub fn run_p2p(
+    pub fn run_send_recv(
         &self,
         bootstrap: &Bootstrap,
         gpu: impl FnOnce() -> Result<GpuContext>,
         aborted: impl Fn() -> Result<()>,
         abort_communicator: impl FnOnce(),
-        ops: &[P2pOp],
+        ops: &[SendRecvOp],
         stream: AppStream,
     ) -> Result<()> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
@@ -523,7 +524,7 @@ impl Collectives {
         let capturing = stream.is_capturing()?;
         // From here on the peers' kernels may already wait for this one: a failure on this rank alone would
         // leave them waiting forever, so it aborts the communicator.
-        self.launch_p2p(rank, nranks, &work, capturing, stream)
+        self.launch_send_recv(rank, nranks, &work, capturing, stream)
             .inspect_err(|e| {
                 if aborted().is_ok() {
                     log::warn!(
@@ -536,15 +537,22 @@ impl Collectives {
             })
     }
 
-    fn launch_p2p(&self, rank: usize, nranks: usize, work: &Work, capturing: bool, stream: AppStream) -> Result<()> {
+    fn launch_send_recv(
+        &self,
+        rank: usize,
+        nranks: usize,
+        work: &Work,
+        capturing: bool,
+        stream: AppStream,
+    ) -> Result<()> {
         let mut ready = self.ready.lock();
         let ready = ready.as_mut().ok_or_else(not_prepared)?;
         launch(ready, rank, nranks, work, None, capturing, stream)
     }
 }
 
-/// The kernel's name without operator or type where receives reduce (`mscclpp_p2p_reduce_<op>_<type>`).
-const REDUCING_KERNEL_BASE: &str = "p2p_reduce";
+/// The kernel's name without operator or type where receives reduce (`mscclpp_send_recv_reduce_<op>_<type>`).
+const REDUCING_KERNEL_BASE: &str = "send_recv_reduce";
 
 /// The operator and type of a launch whose receives reduce (`Moved::reduce_with`); `None`: it only moves.
 pub type Reducing = Option<(RedOp, DataType)>;
@@ -554,7 +562,9 @@ fn kernel(ready: &mut Ready, reducing: Reducing, capturing: bool) -> Result<Load
         Some((op, datatype)) => (REDUCING_KERNEL_BASE, Some(op), datatype),
         None => (KERNEL_BASE, None, BYTES),
     };
-    ready.kernels.get_capturing(capturing, base, op, datatype, P2P_THREADS)
+    ready
+        .kernels
+        .get_capturing(capturing, base, op, datatype, SENDRECV_THREADS)
 }
 
 /// Whether one launch of the kernel can hold `channels` channels (a block each within its share of the
@@ -575,11 +585,11 @@ pub(super) fn launch(
 ) -> Result<()> {
     let loaded = kernel(ready, reducing, capturing)?;
     let max_blocks = loaded.max_blocks;
-    let shape = ready.scratch.p2p_shape;
+    let shape = ready.scratch.send_recv_shape;
     // The copies to this rank itself run in the launch, beside the transfers, as far as the argument holds
     // them; the rest go on the stream before it.
     let copies: Vec<SelfCopy> = work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
-    let in_launch = copies.len().min(MAX_P2P_OPS - work.remote.len());
+    let in_launch = copies.len().min(MAX_SENDRECV_OPS - work.remote.len());
     let (copies, on_stream) = copies.split_at(in_launch);
     let channels = channels(&work.remote, copies, &shape, max_blocks)?;
     let (args, blocks) = kernel_args(
@@ -587,16 +597,16 @@ pub(super) fn launch(
         copies,
         &channels,
         &shape,
-        &ready.scratch.p2p,
+        &ready.scratch.send_recv,
         ready.abort.device_ptr(),
         rank,
         nranks,
     );
     copy_on_stream(on_stream, stream)?;
-    // SAFETY: the argument is `P2pArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
-    // bytes its call moves; the p2p areas and the abort word live in `ready` until `clear`, which comes
+    // SAFETY: the argument is `SendRecvArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
+    // bytes its call moves; the send/receive areas and the abort word live in `ready` until `clear`, which comes
     // after the application has synchronized; the stream was checked to be of this context.
-    unsafe { loaded.kernel.launch(blocks, P2P_THREADS, stream, &args) }
+    unsafe { loaded.kernel.launch(blocks, SENDRECV_THREADS, stream, &args) }
 }
 
 fn not_prepared() -> Error {
@@ -611,12 +621,12 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
 
-    fn op(kind: P2pKind, peer: usize, buffer: DevicePtr, count: usize) -> P2pOp {
-        P2pOp {
+    fn op(kind: SendRecvKind, peer: usize, buffer: DevicePtr, count: usize) -> SendRecvOp {
+        SendRecvOp {
             kind,
             function: match kind {
-                P2pKind::Send => "ncclSend",
-                P2pKind::Recv => "ncclRecv",
+                SendRecvKind::Send => "ncclSend",
+                SendRecvKind::Recv => "ncclRecv",
             },
             peer,
             buffer,
@@ -624,7 +634,7 @@ mod tests {
             datatype: DataType::Float32,
         }
     }
-    use P2pKind::{Recv, Send};
+    use SendRecvKind::{Recv, Send};
 
     #[test]
     fn calls_are_checked_before_anything_else() {
@@ -715,17 +725,17 @@ mod tests {
 
     #[test]
     fn a_group_beyond_the_launch_limit_is_refused_without_counting_self() {
-        let mut ops: Vec<P2pOp> = (0..MAX_P2P_OPS).map(|i| op(Send, 1 + i % 3, 0x1000, 1)).collect();
+        let mut ops: Vec<SendRecvOp> = (0..MAX_SENDRECV_OPS).map(|i| op(Send, 1 + i % 3, 0x1000, 1)).collect();
         ops.push(op(Send, 0, 0x1000, 1));
         ops.push(op(Recv, 0, 0x2000, 1));
         ops.push(op(Recv, 2, 0x2000, 0));
-        assert_eq!(Work::sort(&ops, 0, 4).unwrap().remote.len(), MAX_P2P_OPS);
+        assert_eq!(Work::sort(&ops, 0, 4).unwrap().remote.len(), MAX_SENDRECV_OPS);
         ops.push(op(Recv, 2, 0x2000, 1));
         let e = Work::sort(&ops, 0, 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidUsage);
         assert!(
-            e.message.contains(&format!("holds {} sends", MAX_P2P_OPS + 1))
-                && e.message.contains(&format!("at most {MAX_P2P_OPS}")),
+            e.message.contains(&format!("holds {} sends", MAX_SENDRECV_OPS + 1))
+                && e.message.contains(&format!("at most {MAX_SENDRECV_OPS}")),
             "{e}"
         );
     }
@@ -788,7 +798,7 @@ mod tests {
         assert_eq!(s.split(4096).chunk_bytes, 4096);
         assert_eq!(s.split(4096).lanes, 1);
         // Up to what the slots hold, every lane takes at most `depth` chunks: a send outside a group is
-        // written whole before its receiver starts (nccl_gpu_test's p2p_alone_outside_a_group_up_to_1MiB).
+        // written whole before its receiver starts (nccl_gpu_test's send_recv_alone_outside_a_group_up_to_1MiB).
         for shape in [
             s,
             Shape::new(2, 16, 4, 128),
@@ -830,11 +840,12 @@ mod tests {
         for nranks in 1..=MAX_RANKS {
             for (lanes, depth, kib) in [(16, 2, 256), (32, 8, 4096), (0, 0, 0), (99, 2, 1)] {
                 let s = Shape::new(nranks, lanes, depth, kib);
-                assert!((1..=P2P_MAX_LANES as u32).contains(&s.lanes) && s.depth >= 2);
+                assert!((1..=SENDRECV_MAX_LANES as u32).contains(&s.lanes) && s.depth >= 2);
                 assert!(s.slot_bytes >= MIN_CHUNK_BYTES && s.slot_bytes.is_multiple_of(16));
                 assert!(
                     s.area_bytes(nranks)
-                        <= P2P_COUNTER_BYTES + AREA_CAP.max(nranks as u64 * 2 * P2P_MAX_LANES as u64 * MIN_CHUNK_BYTES),
+                        <= SENDRECV_COUNTER_BYTES
+                            + AREA_CAP.max(nranks as u64 * 2 * SENDRECV_MAX_LANES as u64 * MIN_CHUNK_BYTES),
                     "{nranks} {s:?}"
                 );
             }
@@ -845,8 +856,8 @@ mod tests {
     }
 
     /// Every chunk the kernel moves on each lane of a channel, in its order: (the call's place among the
-    /// channel's, offset, bytes). Written as p2p.cuh's loop is, for each block of the channel.
-    fn chunks(args: &P2pArgs, channel: usize) -> Vec<Vec<(usize, u64, u64)>> {
+    /// channel's, offset, bytes). Written as send_recv.cuh's loop is, for each block of the channel.
+    fn chunks(args: &SendRecvArgs, channel: usize) -> Vec<Vec<(usize, u64, u64)>> {
         let ch = args.channels[channel];
         let mut lanes = vec![Vec::new(); args.lanes as usize];
         for block in 0..ch.blocks {
@@ -871,7 +882,7 @@ mod tests {
         lanes
     }
 
-    fn moved(kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64) -> Moved {
+    fn moved(kind: SendRecvKind, peer: usize, buffer: DevicePtr, bytes: u64) -> Moved {
         Moved {
             kind,
             function: "test",
@@ -966,7 +977,7 @@ mod tests {
         assert_eq!(a.channel_count, 4);
         assert_eq!(
             (a.channels[3].kind, a.channels[3].first_op, a.channels[3].first_block),
-            (P2P_COPY, 4, 7)
+            (SENDRECV_COPY, 4, 7)
         );
         assert_eq!(
             (a.ops[4].ptr, a.ops[4].src, a.ops[4].flags, a.ops[4].lanes),
@@ -981,29 +992,29 @@ mod tests {
         assert_eq!(
             a.channels[..3],
             [
-                P2pChannelArgs {
+                SendRecvChannelArgs {
                     first_op: 0,
                     ops: 2,
                     first_block: 0,
                     blocks: 5,
                     peer: 2,
-                    kind: P2P_SEND
+                    kind: SENDRECV_SEND
                 },
-                P2pChannelArgs {
+                SendRecvChannelArgs {
                     first_op: 2,
                     ops: 1,
                     first_block: 5,
                     blocks: 1,
                     peer: 2,
-                    kind: P2P_RECV
+                    kind: SENDRECV_RECV
                 },
-                P2pChannelArgs {
+                SendRecvChannelArgs {
                     first_op: 3,
                     ops: 1,
                     first_block: 6,
                     blocks: 1,
                     peer: 1,
-                    kind: P2P_SEND
+                    kind: SENDRECV_SEND
                 },
             ]
         );
@@ -1017,14 +1028,14 @@ mod tests {
     fn the_area_holds_every_slot_the_kernel_addresses() {
         for nranks in [1usize, 2, 16] {
             for s in [shape(), Shape::new(nranks, 32, 4, 64), Shape::new(nranks, 3, 2, 16)] {
-                // p2p.cuh's p2pSlot for the last source, lane and slot, plus a slot.
+                // send_recv.cuh's sendRecvSlot for the last source, lane and slot, plus a slot.
                 let (lanes, depth) = (s.lanes as u64, s.depth as u64);
-                let last = P2P_COUNTER_BYTES
+                let last = SENDRECV_COUNTER_BYTES
                     + (((nranks as u64 - 1) * lanes + lanes - 1) * depth + depth - 1) * s.slot_bytes
                     + s.slot_bytes;
                 assert_eq!(s.area_bytes(nranks), last);
             }
         }
-        assert_eq!(shape().area_bytes(2), (64 << 20) + P2P_COUNTER_BYTES);
+        assert_eq!(shape().area_bytes(2), (64 << 20) + SENDRECV_COUNTER_BYTES);
     }
 }

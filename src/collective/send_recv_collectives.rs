@@ -13,7 +13,7 @@
 //! reductions among more ranks (a chain or a ring of reducing receives is the next step) and PreMulSum.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
-use super::send_recv::{Moved, P2pKind, P2pOp, Reducing, Work};
+use super::send_recv::{Moved, Reducing, SendRecvKind, SendRecvOp, Work};
 use super::{Call, Collective, DataType, RedOp};
 use crate::error::Result;
 use crate::gpu::DevicePtr;
@@ -62,7 +62,7 @@ pub fn launches(
     recv: DevicePtr,
     piece: u64,
 ) -> Result<Vec<Launch>> {
-    let moving = |ops: Vec<P2pOp>| -> Result<Vec<Launch>> {
+    let moving = |ops: Vec<SendRecvOp>| -> Result<Vec<Launch>> {
         Ok(vec![Launch {
             work: Work::sort(&ops, rank, nranks)?,
             reducing: None,
@@ -82,17 +82,17 @@ pub fn launches(
             Ok(l)
         }
         Collective::Reduce if rank == call.root => Ok(vec![launch(
-            &[moved(call, P2pKind::Recv, peer, recv, piece, send)],
+            &[moved(call, SendRecvKind::Recv, peer, recv, piece, send)],
             reducing,
         )]),
         Collective::Reduce => Ok(vec![launch(
-            &[moved(call, P2pKind::Send, call.root, send, piece, 0)],
+            &[moved(call, SendRecvKind::Send, call.root, send, piece, 0)],
             None,
         )]),
         Collective::ReduceScatter => Ok(vec![launch(
             &[
-                moved(call, P2pKind::Send, peer, send + peer as u64 * piece, piece, 0),
-                moved(call, P2pKind::Recv, peer, recv, piece, send + rank as u64 * piece),
+                moved(call, SendRecvKind::Send, peer, send + peer as u64 * piece, piece, 0),
+                moved(call, SendRecvKind::Recv, peer, recv, piece, send + rank as u64 * piece),
             ],
             reducing,
         )]),
@@ -105,15 +105,15 @@ pub fn launches(
             Ok(vec![
                 launch(
                     &[
-                        moved(call, P2pKind::Send, peer, send + theirs, theirs_bytes, 0),
-                        moved(call, P2pKind::Recv, peer, recv + mine, mine_bytes, send + mine),
+                        moved(call, SendRecvKind::Send, peer, send + theirs, theirs_bytes, 0),
+                        moved(call, SendRecvKind::Recv, peer, recv + mine, mine_bytes, send + mine),
                     ],
                     reducing,
                 ),
                 launch(
                     &[
-                        moved(call, P2pKind::Send, peer, recv + mine, mine_bytes, 0),
-                        moved(call, P2pKind::Recv, peer, recv + theirs, theirs_bytes, 0),
+                        moved(call, SendRecvKind::Send, peer, recv + mine, mine_bytes, 0),
+                        moved(call, SendRecvKind::Recv, peer, recv + theirs, theirs_bytes, 0),
                     ],
                     None,
                 ),
@@ -125,7 +125,7 @@ pub fn launches(
     }
 }
 
-fn moved(call: &Call, kind: P2pKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
+fn moved(call: &Call, kind: SendRecvKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
     Moved {
         kind,
         function: call.function,
@@ -167,9 +167,9 @@ pub fn most_channels(collective: Collective, nranks: usize) -> usize {
 /// `send` and `recv` its buffers (0 where it has none). A rank's own piece is a send to itself with its
 /// receive, which `send_recv::Work::sort` turns into a copy (none where the call is in place).
 /// Each op names the call's function (`Call::function`) in its messages.
-pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: DevicePtr, piece: u64) -> Vec<P2pOp> {
+pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: DevicePtr, piece: u64) -> Vec<SendRecvOp> {
     let root = call.root;
-    let op = |kind, peer, buffer| P2pOp {
+    let op = |kind, peer, buffer| SendRecvOp {
         kind,
         function: call.function,
         peer,
@@ -181,32 +181,32 @@ pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: Devic
     let mut ops = Vec::new();
     match call.collective {
         Collective::Gather if rank == root => {
-            ops.push(op(P2pKind::Send, rank, send));
-            ops.extend((0..nranks).map(|peer| op(P2pKind::Recv, peer, at(recv, peer))));
+            ops.push(op(SendRecvKind::Send, rank, send));
+            ops.extend((0..nranks).map(|peer| op(SendRecvKind::Recv, peer, at(recv, peer))));
         }
-        Collective::Gather => ops.push(op(P2pKind::Send, root, send)),
+        Collective::Gather => ops.push(op(SendRecvKind::Send, root, send)),
         Collective::Scatter if rank == root => {
-            ops.extend((0..nranks).map(|peer| op(P2pKind::Send, peer, at(send, peer))));
-            ops.push(op(P2pKind::Recv, rank, recv));
+            ops.extend((0..nranks).map(|peer| op(SendRecvKind::Send, peer, at(send, peer))));
+            ops.push(op(SendRecvKind::Recv, rank, recv));
         }
-        Collective::Scatter => ops.push(op(P2pKind::Recv, root, recv)),
+        Collective::Scatter => ops.push(op(SendRecvKind::Recv, root, recv)),
         Collective::AllToAll => {
             for peer in 0..nranks {
-                ops.push(op(P2pKind::Send, peer, at(send, peer)));
-                ops.push(op(P2pKind::Recv, peer, at(recv, peer)));
+                ops.push(op(SendRecvKind::Send, peer, at(send, peer)));
+                ops.push(op(SendRecvKind::Recv, peer, at(recv, peer)));
             }
         }
         Collective::AllGather => {
             for peer in 0..nranks {
-                ops.push(op(P2pKind::Send, peer, send));
-                ops.push(op(P2pKind::Recv, peer, at(recv, peer)));
+                ops.push(op(SendRecvKind::Send, peer, send));
+                ops.push(op(SendRecvKind::Recv, peer, at(recv, peer)));
             }
         }
         Collective::Broadcast if rank == root => {
-            ops.extend((0..nranks).map(|peer| op(P2pKind::Send, peer, send)));
-            ops.push(op(P2pKind::Recv, rank, recv));
+            ops.extend((0..nranks).map(|peer| op(SendRecvKind::Send, peer, send)));
+            ops.push(op(SendRecvKind::Recv, rank, recv));
         }
-        Collective::Broadcast => ops.push(op(P2pKind::Recv, root, recv)),
+        Collective::Broadcast => ops.push(op(SendRecvKind::Recv, root, recv)),
         Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {}
     }
     ops
@@ -216,10 +216,10 @@ pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: Devic
 mod tests {
     use super::*;
     use crate::collective::send_recv::Work;
-    use P2pKind::{Recv, Send};
+    use SendRecvKind::{Recv, Send};
 
     /// (kind, peer, buffer) of each op.
-    fn list(ops: &[P2pOp]) -> Vec<(P2pKind, usize, DevicePtr)> {
+    fn list(ops: &[SendRecvOp]) -> Vec<(SendRecvKind, usize, DevicePtr)> {
         ops.iter().map(|o| (o.kind, o.peer, o.buffer)).collect()
     }
 
@@ -278,7 +278,7 @@ mod tests {
     }
 
     /// (kind, peer, buffer, bytes, reduce_with) of each op of a launch.
-    fn remote(l: &Launch) -> Vec<(P2pKind, usize, DevicePtr, u64, DevicePtr)> {
+    fn remote(l: &Launch) -> Vec<(SendRecvKind, usize, DevicePtr, u64, DevicePtr)> {
         l.work
             .remote
             .iter()

@@ -15,7 +15,7 @@ use super::init::run_init;
 use super::queue::{GROUP, Op, with};
 use super::types::*;
 use crate::abi::non_null_args;
-use crate::collective::{Call, Collective, P2pOp, algorithm};
+use crate::collective::{Call, Collective, SendRecvOp, algorithm};
 use crate::comm::Communicator;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
@@ -29,7 +29,7 @@ type QueuedCall = (Call, i64, u64);
 struct CommWork {
     comm: Arc<Communicator>,
     calls: Vec<QueuedCall>,
-    p2p: Vec<(P2pOp, u64)>,
+    send_recv: Vec<(SendRecvOp, u64)>,
     one_sided: Vec<(crate::collective::signal::OneSided, u64)>,
 }
 
@@ -42,7 +42,7 @@ impl CommWork {
                 all.push(CommWork {
                     comm,
                     calls: Vec::new(),
-                    p2p: Vec::new(),
+                    send_recv: Vec::new(),
                     one_sided: Vec::new(),
                 });
                 all.len() - 1
@@ -69,7 +69,7 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
                 root,
                 stream,
             } => CommWork::of(&mut by_comm, comm).calls.push((call, root, stream)),
-            Op::P2p { comm, op, stream } => CommWork::of(&mut by_comm, comm).p2p.push((op, stream)),
+            Op::SendRecv { comm, op, stream } => CommWork::of(&mut by_comm, comm).send_recv.push((op, stream)),
             Op::OneSided { comm, op, stream } => CommWork::of(&mut by_comm, comm).one_sided.push((op, stream)),
         }
     }
@@ -92,15 +92,15 @@ fn run_group(ops: Vec<Op>) -> Result<ncclResult_t> {
             let stream = unsafe { AppStream::from_raw(*stream) };
             work.comm.collective(call, *root, stream)?;
         }
-        if let Some((_, stream)) = work.p2p.first() {
+        if let Some((_, stream)) = work.send_recv.first() {
             // Two launches of one group on two streams could each wait for the other's share of the GPU.
-            if work.p2p.iter().any(|(_, s)| s != stream) {
+            if work.send_recv.iter().any(|(_, s)| s != stream) {
                 return Err(Error::invalid_usage(
                     "the sends and receives of one group on one communicator use several streams; this library \
                      carries them out on one stream per communicator and group",
                 ));
             }
-            let ops: Vec<P2pOp> = work.p2p.iter().map(|(op, _)| *op).collect();
+            let ops: Vec<SendRecvOp> = work.send_recv.iter().map(|(op, _)| *op).collect();
             // SAFETY: as above.
             work.comm.send_recv(&ops, unsafe { AppStream::from_raw(*stream) })?;
         }
@@ -218,7 +218,7 @@ fn simulated_us(op: &Op) -> f64 {
             let nranks = comm.nranks();
             algorithm::estimate_us(call.collective, nranks, call.collective.message(piece, nranks))
         }
-        Op::P2p { op, .. } => {
+        Op::SendRecv { op, .. } => {
             let bytes = (op.count as u64).saturating_mul(op.datatype.size() as u64);
             algorithm::estimate_us(Collective::AllToAll, 2, bytes.saturating_mul(2))
         }

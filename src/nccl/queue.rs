@@ -13,7 +13,7 @@ use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, entry};
 use super::fallback::{self, Forwarded};
 use super::types::*;
-use crate::collective::{Call, P2pOp};
+use crate::collective::{Call, SendRecvOp};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, GpuContext};
@@ -116,9 +116,9 @@ pub(super) enum Op {
     },
     /// A send or a receive: a group's are issued together, after the group's collectives, in one launch
     /// per communicator (they must progress at the same time).
-    P2p {
+    SendRecv {
         comm: Arc<Communicator>,
-        op: P2pOp,
+        op: SendRecvOp,
         stream: u64,
     },
     /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
@@ -161,7 +161,7 @@ pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
             comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
             OK
         }
-        Op::P2p { comm, op, stream } => {
+        Op::SendRecv { comm, op, stream } => {
             // SAFETY: as above.
             comm.send_recv(&[op], unsafe { AppStream::from_raw(stream) })?;
             OK

@@ -8,7 +8,7 @@ use super::entry::{check_rank, datatype};
 use super::fallback;
 use super::queue::{Op, enqueue, forward, issue};
 use super::types::*;
-use crate::collective::{P2pKind, P2pOp};
+use crate::collective::{SendRecvKind, SendRecvOp};
 use std::ffi::{c_int, c_void};
 
 /// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), any type
@@ -16,7 +16,7 @@ use std::ffi::{c_int, c_void};
 #[allow(clippy::too_many_arguments)]
 fn point_to_point(
     name: &'static str,
-    kind: P2pKind,
+    kind: SendRecvKind,
     buffer: u64,
     count: usize,
     datatype_value: c_int,
@@ -30,13 +30,13 @@ fn point_to_point(
         if let Some(f) = c.fallback_for_all() {
             c.open()?;
             let call = match kind {
-                P2pKind::Send => fallback::Call::Send {
+                SendRecvKind::Send => fallback::Call::Send {
                     buf: buffer,
                     count,
                     datatype: datatype_value,
                     peer,
                 },
-                P2pKind::Recv => fallback::Call::Recv {
+                SendRecvKind::Recv => fallback::Call::Recv {
                     buf: buffer,
                     count,
                     datatype: datatype_value,
@@ -46,7 +46,7 @@ fn point_to_point(
             return forward(f, call, stream);
         }
         let core = c.usable()?;
-        let op = P2pOp {
+        let op = SendRecvOp {
             kind,
             function: name,
             peer: peer as usize,
@@ -54,7 +54,7 @@ fn point_to_point(
             count,
             datatype,
         };
-        issue(Op::P2p {
+        issue(Op::SendRecv {
             comm: core,
             op,
             stream: stream as u64,
@@ -73,7 +73,7 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        point_to_point("ncclSend", P2pKind::Send, sendbuff as u64, count, datatype, peer, comm, stream)
+        point_to_point("ncclSend", SendRecvKind::Send, sendbuff as u64, count, datatype, peer, comm, stream)
     }
 }
 
@@ -87,6 +87,6 @@ nccl_export! {
         comm: ncclComm_t,
         stream: *mut c_void,
     ) -> ncclResult_t {
-        point_to_point("ncclRecv", P2pKind::Recv, recvbuff as u64, count, datatype, peer, comm, stream)
+        point_to_point("ncclRecv", SendRecvKind::Recv, recvbuff as u64, count, datatype, peer, comm, stream)
     }
 }

@@ -2,7 +2,7 @@
 // one rank's group, all at once, so that no order of calls inside a group can deadlock (a send and a
 // receive between the same two ranks in both directions, an all-to-all).
 //
-// Channel: each ordered pair source -> destination has, in the destination's p2p area, `lanes` lanes of
+// Channel: each ordered pair source -> destination has, in the destination's send/receive area, `lanes` lanes of
 // `depth` slots of `slotBytes` each (the communicator's shape, src/collective/send_recv.rs `Shape`). A send is cut
 // into up to `lanes` contiguous parts (the same cut on both sides: it depends on the byte count and the
 // shape alone), each streamed through its own lane in chunks of at most a slot. Chunks are numbered per
@@ -20,65 +20,65 @@
 // GPU), and each side takes the (lane, op) pairs of a channel in the same order, so the first pair either
 // side waits on is always one the other side is working on or has passed.
 //
-// Reducing receives (mscclpp_p2p_reduce_<op>_<type>, for two ranks' reduce, reduce-scatter and all-reduce:
+// Reducing receives (mscclpp_send_recv_reduce_<op>_<type>, for two ranks' reduce, reduce-scatter and all-reduce:
 // src/collective/send_recv_collectives.rs): a receive with a `src` writes, element by element, the operator
 // applied to its `src` and the chunk, finished for two contributions (an average halves the sum). Every
-// other op moves bytes as in mscclpp_p2p.
+// other op moves bytes as in mscclpp_send_recv.
 #pragma once
 
 #include "common.cuh"
 #include "reduce.cuh"
 
-#define MSCCLPP_P2P_MAX_LANES 32
-#define MSCCLPP_P2P_MAX_OPS 64
-#define MSCCLPP_P2P_MAX_CHANNELS 33
-#define MSCCLPP_P2P_THREADS 512
-#define MSCCLPP_P2P_SEND 0
-#define MSCCLPP_P2P_RECV 1
-#define MSCCLPP_P2P_COPY 2
-// Counters at the start of a rank's p2p area, each [rank][lane] of 64 bits: posted (written by the source
+#define MSCCLPP_SENDRECV_MAX_LANES 32
+#define MSCCLPP_SENDRECV_MAX_OPS 64
+#define MSCCLPP_SENDRECV_MAX_CHANNELS 33
+#define MSCCLPP_SENDRECV_THREADS 512
+#define MSCCLPP_SENDRECV_SEND 0
+#define MSCCLPP_SENDRECV_RECV 1
+#define MSCCLPP_SENDRECV_COPY 2
+// Counters at the start of a rank's send/receive area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
 // received from each rank, and the guard of in-place pairs (below). The slots follow: [source
 // rank][lane][slot][slotBytes].
-#define MSCCLPP_P2P_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_P2P_MAX_LANES * 8)
-#define MSCCLPP_P2P_POSTED 0
-#define MSCCLPP_P2P_CREDIT 1
-#define MSCCLPP_P2P_SENT 2
-#define MSCCLPP_P2P_RECEIVED 3
-#define MSCCLPP_P2P_GUARD 4
-// P2pOp::flags.
-#define MSCCLPP_P2P_ALIGNED 1
+#define MSCCLPP_SENDRECV_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)
+#define MSCCLPP_SENDRECV_POSTED 0
+#define MSCCLPP_SENDRECV_CREDIT 1
+#define MSCCLPP_SENDRECV_SENT 2
+#define MSCCLPP_SENDRECV_RECEIVED 3
+#define MSCCLPP_SENDRECV_GUARD 4
+// SendRecvOp::flags.
+#define MSCCLPP_SENDRECV_ALIGNED 1
 // An in-place pair (an all-to-all in place): a send to a peer and a receive from it of the same buffer. A
 // receive's chunk may overwrite only what the send has already read: the send block counts the guarded
 // chunks it has sent in this launch into guard[peer][lane] (this rank's memory), and the receive block
 // waits until that count passes its own before it copies a guarded chunk out, and sets the guard back to 0
 // at the end of its lane (the send block wrote its last count before that: the receive waited for it).
-#define MSCCLPP_P2P_GUARDED 2
+#define MSCCLPP_SENDRECV_GUARDED 2
 
 // Laid out as src/collective/kernel_args.rs lays them out.
-struct P2pOp {
+struct SendRecvOp {
   char* ptr;           // the application's buffer: read by a send, written by a receive
   uint64_t bytes;
   uint64_t laneUnits;   // 16-byte units of each lane but the last
   uint64_t chunkBytes;  // bytes of each chunk of a lane but its last: a multiple of 16, at most slotBytes
   uint32_t lanes;
-  uint32_t flags;      // MSCCLPP_P2P_ALIGNED: ptr (and src) are multiples of 16; MSCCLPP_P2P_GUARDED
+  uint32_t flags;      // MSCCLPP_SENDRECV_ALIGNED: ptr (and src) are multiples of 16; MSCCLPP_SENDRECV_GUARDED
   const char* src;     // a copy's source; a receive's own operand where it reduces (null: it only moves)
 };
 
-struct P2pChannel {
+struct SendRecvChannel {
   uint32_t firstOp;  // ops[firstOp, firstOp + ops): the sends to `peer`, or the receives from it, in call order
   uint32_t ops;
   uint32_t firstBlock;
   uint32_t blocks;
   uint32_t peer;
-  uint32_t kind;  // MSCCLPP_P2P_SEND, MSCCLPP_P2P_RECV or MSCCLPP_P2P_COPY (peer unused)
+  uint32_t kind;  // MSCCLPP_SENDRECV_SEND, MSCCLPP_SENDRECV_RECV or MSCCLPP_SENDRECV_COPY (peer unused)
 };
 
-struct P2pArgs {
-  P2pOp ops[MSCCLPP_P2P_MAX_OPS];
-  P2pChannel channels[MSCCLPP_P2P_MAX_CHANNELS];  // by firstBlock; the copies' channel, if any, last
-  char* areas[MSCCLPP_COLL_MAX_RANKS];              // every rank's p2p area (this rank's own too), mapped here
+struct SendRecvArgs {
+  SendRecvOp ops[MSCCLPP_SENDRECV_MAX_OPS];
+  SendRecvChannel channels[MSCCLPP_SENDRECV_MAX_CHANNELS];  // by firstBlock; the copies' channel, if any, last
+  char* areas[MSCCLPP_COLL_MAX_RANKS];              // every rank's send/receive area (this rank's own too), mapped here
   const volatile uint64_t* abortFlag;               // host memory: non-zero once the communicator is aborted
   uint32_t rank;
   uint32_t nranks;
@@ -89,32 +89,32 @@ struct P2pArgs {
   uint64_t slotBytes;
 };
 
-__device__ __forceinline__ uint64_t* p2pCounter(char* area, uint32_t which, uint32_t rank, uint32_t lane)
+__device__ __forceinline__ uint64_t* sendRecvCounter(char* area, uint32_t which, uint32_t rank, uint32_t lane)
 {
   return reinterpret_cast<uint64_t*>(area) +
-         (static_cast<uint64_t>(which) * MSCCLPP_COLL_MAX_RANKS + rank) * MSCCLPP_P2P_MAX_LANES + lane;
+         (static_cast<uint64_t>(which) * MSCCLPP_COLL_MAX_RANKS + rank) * MSCCLPP_SENDRECV_MAX_LANES + lane;
 }
 
 // The slot of `area` (the receiver's) that chunk `chunk` of lane `lane` from `source` goes through.
-__device__ __forceinline__ char* p2pSlot(const P2pArgs& a, char* area, uint32_t source, uint32_t lane, uint64_t chunk)
+__device__ __forceinline__ char* sendRecvSlot(const SendRecvArgs& a, char* area, uint32_t source, uint32_t lane, uint64_t chunk)
 {
-  return area + MSCCLPP_P2P_COUNTER_BYTES +
+  return area + MSCCLPP_SENDRECV_COUNTER_BYTES +
          ((static_cast<uint64_t>(source) * a.lanes + lane) * a.depth + chunk % a.depth) * a.slotBytes;
 }
 
 // Moves `n` bytes from `src` to `dst` with the block's threads, four 16-byte units in flight per thread
 // (the loads of a group are issued before its stores, so that a thread waits on one round trip per group).
-// `slot` is the side in the p2p area, always aligned; the other may be unaligned (`aligned` false), then
+// `slot` is the side in the send/receive area, always aligned; the other may be unaligned (`aligned` false), then
 // unit by unit. Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks,
 // and L1 is not coherent with those writes.
-// What a receive does with each 16-byte unit of a chunk: stores it (P2pMoveOnly), or stores the operator
-// applied to the receive's own operand and it (P2pReduce).
-struct P2pMoveOnly {
+// What a receive does with each 16-byte unit of a chunk: stores it (SendRecvMoveOnly), or stores the operator
+// applied to the receive's own operand and it (SendRecvReduce).
+struct SendRecvMoveOnly {
   static constexpr bool kReduces = false;
   __device__ __forceinline__ uint4 operator()(uint4, uint4 in) const { return in; }
 };
 template <typename T, typename Op>
-struct P2pReduce {
+struct SendRecvReduce {
   static constexpr bool kReduces = true;
   __device__ __forceinline__ uint4 operator()(uint4 own, uint4 in) const
   {
@@ -125,7 +125,7 @@ struct P2pReduce {
 // A reducing receive of `n` bytes: dst = reduce(own, slot), four units in flight per thread where dst and
 // own are aligned and n a multiple of 16, else unit by unit.
 template <typename R>
-__device__ __forceinline__ void p2pReceiveReduce(char* dst, const char* own, const char* slot, uint64_t n,
+__device__ __forceinline__ void sendRecvReceiveReduce(char* dst, const char* own, const char* slot, uint64_t n,
                                                  bool aligned, const R& reduce)
 {
   const uint64_t units = unitsOf(n, 16);
@@ -155,7 +155,7 @@ __device__ __forceinline__ void p2pReceiveReduce(char* dst, const char* own, con
 }
 
 template <bool ToSlot>
-__device__ __forceinline__ void p2pMove(char* dst, const char* src, uint64_t n, bool aligned)
+__device__ __forceinline__ void sendRecvMove(char* dst, const char* src, uint64_t n, bool aligned)
 {
   const uint64_t units = unitsOf(n, 16);
   if (!aligned || n % 16 != 0) {
@@ -185,7 +185,7 @@ __device__ __forceinline__ void p2pMove(char* dst, const char* src, uint64_t n, 
 
 // Thread 0 waits until `*counter` (this rank's memory, written by a peer) reaches `target`; the block goes
 // on together. False once the communicator is aborted (the kernel should then end).
-__device__ __forceinline__ bool p2pWait(const P2pArgs& a, const uint64_t* counter, uint64_t target)
+__device__ __forceinline__ bool sendRecvWait(const SendRecvArgs& a, const uint64_t* counter, uint64_t target)
 {
   int aborted = 0;
   if (threadIdx.x == 0) {
@@ -202,7 +202,7 @@ __device__ __forceinline__ bool p2pWait(const P2pArgs& a, const uint64_t* counte
 
 // Once every thread of the block has moved its part of a chunk: thread 0 stores `value` into a peer's
 // `counter`, after the block's data stores (a send) or loads (a receive).
-__device__ __forceinline__ void p2pPublish(uint64_t* counter, uint64_t value)
+__device__ __forceinline__ void sendRecvPublish(uint64_t* counter, uint64_t value)
 {
   __syncthreads();
   if (threadIdx.x == 0) storeReleaseSys(counter, value);
@@ -210,17 +210,17 @@ __device__ __forceinline__ void p2pPublish(uint64_t* counter, uint64_t value)
 
 // The copies to this rank itself: block b of the channel copies lanes b, b + blocks, ... of every copy, each
 // lane at once (nothing crosses a link, so there is no chunk to wait for).
-__device__ void p2pCopies(const P2pArgs& a, const P2pChannel& ch)
+__device__ void sendRecvCopies(const SendRecvArgs& a, const SendRecvChannel& ch)
 {
   for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
-    const P2pOp& op = a.ops[k];
+    const SendRecvOp& op = a.ops[k];
     for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < op.lanes; lane += ch.blocks) {
       const uint64_t begin = lane * op.laneUnits * 16;
       const uint64_t laneEnd = begin + op.laneUnits * 16;
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
       const uint64_t n = end - begin;
-      if ((op.flags & MSCCLPP_P2P_ALIGNED) != 0 && n % 16 == 0) {
-        p2pMove<true>(op.ptr + begin, op.src + begin, n, true);
+      if ((op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0 && n % 16 == 0) {
+        sendRecvMove<true>(op.ptr + begin, op.src + begin, n, true);
       } else {
         // Unaligned on either side: unit by unit, each side as it is.
         for (uint64_t u = threadIdx.x; u < unitsOf(n, 16); u += blockDim.x) {
@@ -232,16 +232,16 @@ __device__ void p2pCopies(const P2pArgs& a, const P2pChannel& ch)
 }
 
 template <typename R>
-__device__ void p2pKernel(const P2pArgs& a)
+__device__ void sendRecvKernel(const SendRecvArgs& a)
 {
   uint32_t c = 0;
   while (c + 1 < a.channelCount && blockIdx.x >= a.channels[c + 1].firstBlock) c++;
-  const P2pChannel& ch = a.channels[c];
-  if (ch.kind == MSCCLPP_P2P_COPY) {
-    p2pCopies(a, ch);
+  const SendRecvChannel& ch = a.channels[c];
+  if (ch.kind == MSCCLPP_SENDRECV_COPY) {
+    sendRecvCopies(a, ch);
     return;
   }
-  const bool sending = ch.kind == MSCCLPP_P2P_SEND;
+  const bool sending = ch.kind == MSCCLPP_SENDRECV_SEND;
   char* own = a.areas[a.rank];
   char* peer = a.areas[ch.peer];
 
@@ -251,19 +251,19 @@ __device__ void p2pKernel(const P2pArgs& a)
   for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < used; lane += ch.blocks) {
     // This block alone moves this lane of this channel in this launch; the previous launch's count is
     // visible since that launch ended before this one began.
-    uint64_t* count = p2pCounter(own, sending ? MSCCLPP_P2P_SENT : MSCCLPP_P2P_RECEIVED, ch.peer, lane);
+    uint64_t* count = sendRecvCounter(own, sending ? MSCCLPP_SENDRECV_SENT : MSCCLPP_SENDRECV_RECEIVED, ch.peer, lane);
     const uint64_t first = *reinterpret_cast<volatile uint64_t*>(count);
     uint64_t chunk = first;
     uint64_t guarded = 0;  // the guarded chunks of this lane so far in this launch
-    uint64_t* guard = p2pCounter(own, MSCCLPP_P2P_GUARD, ch.peer, lane);
+    uint64_t* guard = sendRecvCounter(own, MSCCLPP_SENDRECV_GUARD, ch.peer, lane);
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
-      const P2pOp& op = a.ops[k];
+      const SendRecvOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
       const uint64_t begin = lane * op.laneUnits * 16;
       const uint64_t laneEnd = begin + op.laneUnits * 16;
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
-      const bool aligned = (op.flags & MSCCLPP_P2P_ALIGNED) != 0;
-      const bool isGuarded = (op.flags & MSCCLPP_P2P_GUARDED) != 0;
+      const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
+      const bool isGuarded = (op.flags & MSCCLPP_SENDRECV_GUARDED) != 0;
       // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
       for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         chunk++;
@@ -272,21 +272,21 @@ __device__ void p2pKernel(const P2pArgs& a)
         if (sending) {
           // Chunk c reuses the slot of chunk c - depth, which the receiver must have copied out.
           const uint64_t freed = chunk > a.depth ? chunk - a.depth : 0;
-          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_CREDIT, ch.peer, lane), freed)) return;
-          p2pMove<true>(p2pSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
-          p2pPublish(p2pCounter(peer, MSCCLPP_P2P_POSTED, a.rank, lane), chunk);
+          if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, ch.peer, lane), freed)) return;
+          sendRecvMove<true>(sendRecvSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
+          sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_POSTED, a.rank, lane), chunk);
           // The chunk has been read out of the buffer: the paired receive may overwrite it.
           if (isGuarded && threadIdx.x == 0) storeReleaseSys(guard, ++guarded);
         } else {
-          if (!p2pWait(a, p2pCounter(own, MSCCLPP_P2P_POSTED, ch.peer, lane), chunk)) return;
-          if (isGuarded && !p2pWait(a, guard, ++guarded)) return;
-          const char* slot = p2pSlot(a, own, ch.peer, lane, chunk);
+          if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_POSTED, ch.peer, lane), chunk)) return;
+          if (isGuarded && !sendRecvWait(a, guard, ++guarded)) return;
+          const char* slot = sendRecvSlot(a, own, ch.peer, lane, chunk);
           if (R::kReduces && op.src != nullptr) {
-            p2pReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R());
+            sendRecvReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R());
           } else {
-            p2pMove<false>(op.ptr + off, slot, n, aligned);
+            sendRecvMove<false>(op.ptr + off, slot, n, aligned);
           }
-          p2pPublish(p2pCounter(peer, MSCCLPP_P2P_CREDIT, a.rank, lane), chunk);
+          sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), chunk);
         }
       }
     }
