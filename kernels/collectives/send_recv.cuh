@@ -38,14 +38,15 @@
 #define MSCCLPP_SENDRECV_COPY 2
 // Counters at the start of a rank's send/receive area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
-// received from each rank, and the guard of in-place pairs (below). The slots follow: [source
-// rank][lane][slot][slotBytes].
-#define MSCCLPP_SENDRECV_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)
+// received from each rank, the guard of in-place pairs and the landed count of forwarded receives (below).
+// The slots follow: [source rank][lane][slot][slotBytes].
+#define MSCCLPP_SENDRECV_COUNTER_BYTES (6 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)
 #define MSCCLPP_SENDRECV_POSTED 0
 #define MSCCLPP_SENDRECV_CREDIT 1
 #define MSCCLPP_SENDRECV_SENT 2
 #define MSCCLPP_SENDRECV_RECEIVED 3
 #define MSCCLPP_SENDRECV_GUARD 4
+#define MSCCLPP_SENDRECV_LANDED 5
 // SendRecvOp::flags.
 #define MSCCLPP_SENDRECV_ALIGNED 1
 // An in-place pair (an all-to-all in place): a send to a peer and a receive from it of the same buffer. A
@@ -54,6 +55,15 @@
 // waits until that count passes its own before it copies a guarded chunk out, and sets the guard back to 0
 // at the end of its lane (the send block wrote its last count before that: the receive waited for it).
 #define MSCCLPP_SENDRECV_GUARDED 2
+// A forward (a chain's broadcast): a receive from one peer into a buffer (FORWARDED) and a send of that buffer
+// to another (FORWARD, the first peer in the bits from FROM_SHIFT on), the same bytes and so the same lanes
+// and chunks. The receive block counts each chunk of its lane that has landed into landed[from][lane] (this
+// rank's memory); the send block waits until that count reaches its own before it sends the chunk on, and
+// sets it back to 0 at the end of its lane (the receive wrote its last count before: the send waited for
+// it). Every forward of a launch comes from one peer.
+#define MSCCLPP_SENDRECV_FORWARDED 4
+#define MSCCLPP_SENDRECV_FORWARD 8
+#define MSCCLPP_SENDRECV_FROM_SHIFT 8
 
 // Laid out as src/collective/kernel_args.rs lays them out.
 struct SendRecvOp {
@@ -256,6 +266,8 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
     uint64_t chunk = first;
     uint64_t guarded = 0;  // the guarded chunks of this lane so far in this launch
     uint64_t* guard = sendRecvCounter(own, MSCCLPP_SENDRECV_GUARD, ch.peer, lane);
+    uint64_t forwarded = 0;           // the forwarded chunks of this lane so far in this launch
+    uint64_t* landed = nullptr;       // a send's: the landed count it waits on
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
       const SendRecvOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
@@ -264,6 +276,9 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
       const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
       const bool isGuarded = (op.flags & MSCCLPP_SENDRECV_GUARDED) != 0;
+      const bool isForward = (op.flags & MSCCLPP_SENDRECV_FORWARD) != 0;
+      const bool isForwarded = (op.flags & MSCCLPP_SENDRECV_FORWARDED) != 0;
+      if (isForward) landed = sendRecvCounter(own, MSCCLPP_SENDRECV_LANDED, op.flags >> MSCCLPP_SENDRECV_FROM_SHIFT, lane);
       // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
       for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         chunk++;
@@ -272,6 +287,8 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
         if (sending) {
           // Chunk c reuses the slot of chunk c - depth, which the receiver must have copied out.
           const uint64_t freed = chunk > a.depth ? chunk - a.depth : 0;
+          // A forward's chunk must have landed here first.
+          if (isForward && !sendRecvWait(a, landed, ++forwarded)) return;
           if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, ch.peer, lane), freed)) return;
           sendRecvMove<true>(sendRecvSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
           sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_POSTED, a.rank, lane), chunk);
@@ -287,11 +304,17 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
             sendRecvMove<false>(op.ptr + off, slot, n, aligned);
           }
           sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), chunk);
+          // The chunk is in the buffer (every thread's stores are before the barrier sendRecvPublish passed):
+          // the send that forwards it may read it.
+          if (isForwarded && threadIdx.x == 0) {
+            storeReleaseSys(sendRecvCounter(own, MSCCLPP_SENDRECV_LANDED, ch.peer, lane), ++forwarded);
+          }
         }
       }
     }
     // Every thread has passed the lane's last barrier (or moved nothing, leaving the count as it was).
     if (threadIdx.x == 0 && chunk != first) *count = chunk;
     if (threadIdx.x == 0 && !sending && guarded != 0) storeReleaseSys(guard, 0);
+    if (threadIdx.x == 0 && sending && forwarded != 0) storeReleaseSys(landed, 0);
   }
 }

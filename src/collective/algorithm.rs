@@ -128,12 +128,12 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
         (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => {
             Some((64 << 20).max(above_packets))
         }
-        // Between two GPUs a broadcast goes as a send and a receive (`send_recv_collectives.rs`): at the
-        // link's speed on any buffer (2 x H200, 2026-11-27: 1 GiB as fast as NVIDIA's send/recv), where the
-        // zero-copy launch's fallback, taken whenever a rank did not register, ran windows one after another
-        // (1.27 times NVIDIA's time at 1 GiB).
-        (Placement::SeveralGpus, Collective::Broadcast) if nranks == 2 => None,
-        (Placement::SeveralGpus, Collective::Broadcast) => Some((16 << 20).max(above_packets)),
+        // Across GPUs a broadcast goes as a chain of sends and receives (`send_recv_collectives.rs`): at the
+        // link's speed on any buffer (2 x H200, 2026-11-27: 1 GiB between two as fast as NVIDIA's
+        // send/recv), where the zero-copy launch's root wrote every peer's copy over its own links, and its
+        // fallback, taken whenever a rank did not register, ran windows one after another (1.27 times
+        // NVIDIA's time at 1 GiB on two GPUs; 3.1 times on four).
+        (Placement::SeveralGpus, Collective::Broadcast) => None,
     }
 }
 

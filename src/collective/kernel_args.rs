@@ -57,13 +57,21 @@ pub const MAX_SENDRECV_OPS: usize = 64;
 /// Channels of one launch: one per peer and direction, and one of copies to this rank itself.
 pub const MAX_SENDRECV_CHANNELS: usize = 2 * MAX_RANKS + 1;
 /// Bytes of counters at the start of a rank's send/receive area: posted (written by the source), credit (written
-/// by the receiver), sent and received (this rank's own), each `[rank][lane]` of 64 bits.
-pub const SENDRECV_COUNTER_BYTES: u64 = 5 * (MAX_RANKS * SENDRECV_MAX_LANES * 8) as u64;
+/// by the receiver), sent and received (this rank's own), the guard of in-place pairs and the landed count of
+/// forwarded receives, each `[rank][lane]` of 64 bits.
+pub const SENDRECV_COUNTER_BYTES: u64 = 6 * (MAX_RANKS * SENDRECV_MAX_LANES * 8) as u64;
 /// `SendRecvOpArgs::flags`: the buffers are multiples of 16.
 pub const SENDRECV_ALIGNED: u32 = 1;
 /// `SendRecvOpArgs::flags`: a send and a receive of the same buffer with one peer (an all-to-all in place): the
 /// receive overwrites a chunk only once the send has read it (send_recv.cuh).
 pub const SENDRECV_GUARDED: u32 = 2;
+/// `SendRecvOpArgs::flags`: a receive whose chunks a send of the same launch passes on (a chain's broadcast):
+/// it counts each chunk once it has landed.
+pub const SENDRECV_FORWARDED: u32 = 4;
+/// `SendRecvOpArgs::flags`: a send that passes on what a receive of the same launch lands in the same buffer,
+/// each chunk once it has landed; the receive's peer is in the bits from `SENDRECV_FROM_SHIFT` on.
+pub const SENDRECV_FORWARD: u32 = 8;
+pub const SENDRECV_FROM_SHIFT: u32 = 8;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
 /// all-to-all of 16 ranks sharing one GPU still has a block per channel.
 pub const SENDRECV_THREADS: u32 = 512;
@@ -86,7 +94,8 @@ pub struct SendRecvOpArgs {
     /// Bytes of each chunk of a lane but its last, a multiple of 16 and at most the slot's.
     pub chunk_bytes: u64,
     pub lanes: u32,
-    /// `SENDRECV_ALIGNED`: `ptr` (and `src`) are multiples of 16; `SENDRECV_GUARDED`: half of an in-place pair.
+    /// `SENDRECV_ALIGNED`: `ptr` (and `src`) are multiples of 16; `SENDRECV_GUARDED`: half of an in-place pair;
+    /// `SENDRECV_FORWARDED` / `SENDRECV_FORWARD` (with the peer it forwards from): the halves of a forward.
     pub flags: u32,
     /// What a copy to this rank itself reads (0 for a send or a receive).
     pub src: DevicePtr,
@@ -199,15 +208,18 @@ mod tests {
             ("MSCCLPP_SENDRECV_COPY", SENDRECV_COPY as u64),
             ("MSCCLPP_SENDRECV_ALIGNED", SENDRECV_ALIGNED as u64),
             ("MSCCLPP_SENDRECV_GUARDED", SENDRECV_GUARDED as u64),
+            ("MSCCLPP_SENDRECV_FORWARDED", SENDRECV_FORWARDED as u64),
+            ("MSCCLPP_SENDRECV_FORWARD", SENDRECV_FORWARD as u64),
+            ("MSCCLPP_SENDRECV_FROM_SHIFT", SENDRECV_FROM_SHIFT as u64),
         ] {
             assert!(
                 kernel.contains(&format!("#define {name} {value}\n")),
                 "send_recv.cuh must define {name} as {value}"
             );
         }
-        assert_eq!(SENDRECV_COUNTER_BYTES, 20480);
+        assert_eq!(SENDRECV_COUNTER_BYTES, 24576);
         assert!(kernel.contains(
-            "#define MSCCLPP_SENDRECV_COUNTER_BYTES (5 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)\n"
+            "#define MSCCLPP_SENDRECV_COUNTER_BYTES (6 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)\n"
         ));
     }
 

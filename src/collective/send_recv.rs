@@ -16,9 +16,9 @@
 //! any send or receive: `Collectives::prepare`.
 
 use super::kernel_args::{
-    MAX_RANKS, MAX_SENDRECV_OPS, SENDRECV_ALIGNED, SENDRECV_COPY, SENDRECV_COUNTER_BYTES, SENDRECV_GUARDED,
-    SENDRECV_MAX_LANES, SENDRECV_RECV, SENDRECV_SEND, SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs,
-    SendRecvOpArgs,
+    MAX_RANKS, MAX_SENDRECV_OPS, SENDRECV_ALIGNED, SENDRECV_COPY, SENDRECV_COUNTER_BYTES, SENDRECV_FORWARD,
+    SENDRECV_FORWARDED, SENDRECV_FROM_SHIFT, SENDRECV_GUARDED, SENDRECV_MAX_LANES, SENDRECV_RECV, SENDRECV_SEND,
+    SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs, SendRecvOpArgs,
 };
 use super::kernels::LoadedKernel;
 use super::{Collectives, DataType, Ready, RedOp};
@@ -74,9 +74,37 @@ pub struct Moved {
     /// A receive's own operand, reduced with what arrives into `buffer` (`send_recv_collectives.rs`, two
     /// ranks' reductions); 0: the receive only moves. Always 0 for the application's calls.
     pub reduce_with: DevicePtr,
-    /// Half of an in-place pair (`kernel_args::SENDRECV_GUARDED`): an all-to-all in place. Never for the
-    /// application's calls.
-    pub guarded: bool,
+    /// How it depends on another send or receive of its launch; never for the application's calls.
+    pub pairing: Pairing,
+}
+
+/// How a send or receive of a collective carried as sends and receives depends on another of its launch
+/// (send_recv.cuh says how the kernel keeps each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Pairing {
+    #[default]
+    Alone,
+    /// Half of an in-place pair (`kernel_args::SENDRECV_GUARDED`): an all-to-all in place, whose receive
+    /// overwrites a chunk only once the send to the same peer has read it.
+    Guarded,
+    /// A receive whose chunks a send of the launch passes on (`SENDRECV_FORWARDED`): it counts each chunk
+    /// that has landed.
+    Forwarded,
+    /// A send that passes on, chunk by chunk as each lands, what the receive from `from` writes into the
+    /// same buffer (`SENDRECV_FORWARD`): the middle of a chain.
+    Forward { from: usize },
+}
+
+impl Pairing {
+    /// Its bits of `SendRecvOpArgs::flags`.
+    fn flags(self) -> u32 {
+        match self {
+            Pairing::Alone => 0,
+            Pairing::Guarded => SENDRECV_GUARDED,
+            Pairing::Forwarded => SENDRECV_FORWARDED,
+            Pairing::Forward { from } => SENDRECV_FORWARD | (from as u32) << SENDRECV_FROM_SHIFT,
+        }
+    }
 }
 
 impl Moved {
@@ -172,7 +200,7 @@ impl Work {
                 buffer: op.buffer,
                 bytes,
                 reduce_with: 0,
-                guarded: false,
+                pairing: Pairing::Alone,
             };
             work.buffers.push(moved);
             if op.peer != rank {
@@ -458,11 +486,11 @@ pub fn kernel_args(
         };
         for &i in &c.ops {
             // A copy writes `ptr` from `src`; a send reads `ptr`, a receive writes it.
-            let (ptr, src, bytes, guarded) = match c.kind {
-                ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes, false),
+            let (ptr, src, bytes, pairing) = match c.kind {
+                ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes, Pairing::Alone),
                 ChannelKind::Send | ChannelKind::Recv => {
                     let m = &remote[i];
-                    (m.buffer, m.reduce_with, m.bytes, m.guarded)
+                    (m.buffer, m.reduce_with, m.bytes, m.pairing)
                 }
             };
             let split = shape.split(bytes);
@@ -476,7 +504,7 @@ pub fn kernel_args(
                     SENDRECV_ALIGNED
                 } else {
                     0
-                } | if guarded { SENDRECV_GUARDED } else { 0 },
+                } | pairing.flags(),
                 src,
             };
             op += 1;
@@ -890,7 +918,7 @@ mod tests {
             buffer,
             bytes,
             reduce_with: 0,
-            guarded: false,
+            pairing: Pairing::Alone,
         }
     }
 
@@ -1021,6 +1049,35 @@ mod tests {
         assert_eq!(
             a.ops[..4].iter().map(|o| (o.ptr, o.flags, o.lanes)).collect::<Vec<_>>(),
             [(0x1000, 1, 5), (0x4000, 1, 1), (0x2008, 0, 1), (0x3000, 1, 1)]
+        );
+    }
+
+    #[test]
+    fn pairings_reach_the_kernel_as_flags() {
+        // The middle of a chain: the receive from rank 3 is counted as it lands, the send on to rank 1
+        // waits for it (the peer in the bits from SENDRECV_FROM_SHIFT on).
+        let mut received = moved(Recv, 3, 0x1000, 64);
+        received.pairing = Pairing::Forwarded;
+        let mut sent = moved(Send, 1, 0x1000, 64);
+        sent.pairing = Pairing::Forward { from: 3 };
+        let mut guarded = moved(Send, 2, 0x2000, 64);
+        guarded.pairing = Pairing::Guarded;
+        let remote = [received, sent, guarded];
+        let c = channels(&remote, &[], &shape(), 128).unwrap();
+        let (a, _) = kernel_args(&remote, &[], &c, &shape(), &[0; MAX_RANKS], 0, 0, 4);
+        let flags: Vec<u32> = a.ops[..3].iter().map(|o| o.flags).collect();
+        assert_eq!(
+            flags,
+            [
+                SENDRECV_ALIGNED | SENDRECV_FORWARDED,
+                SENDRECV_ALIGNED | SENDRECV_FORWARD | (3 << SENDRECV_FROM_SHIFT),
+                SENDRECV_ALIGNED | SENDRECV_GUARDED
+            ]
+        );
+        assert_eq!(
+            SENDRECV_FORWARD | (15 << SENDRECV_FROM_SHIFT),
+            0xf08,
+            "every rank fits the bits"
         );
     }
 

@@ -2,18 +2,20 @@
 //! lanes reach the link's speed (many blocks, each streaming its part through slots in the receiver's
 //! memory, the copy-out overlapping the next chunk) and the scratch algorithms ran their windows one after
 //! the other:
-//! - gather, scatter and all-to-all among any ranks, and broadcast between two: every byte goes from one
-//!   rank to another once;
+//! - gather, scatter and all-to-all among any ranks: every byte goes from one rank to another once;
+//! - broadcast among any ranks as a chain from the root (root, root + 1, ...): each rank but the last passes
+//!   each chunk on as soon as it has landed (`Pairing::Forward`), so that every link carries the message
+//!   once and the hops overlap;
 //! - between two GPUs, all-gather from `LARGE` bytes (each rank sends its piece to the other), and the
 //!   reductions: reduce (the non-root sends, the root's receive reduces with its own input as the chunks
 //!   arrive), reduce-scatter (each sends the other's half and reduces its own), and all-reduce from
 //!   `LARGE` as a reduce-scatter of two halves then an all-gather of them, two launches.
 //!
-//! A broadcast among more ranks stays on the scratch algorithm (its root would send n - 1 copies), as do the
-//! reductions among more ranks (a chain or a ring of reducing receives is the next step) and PreMulSum.
+//! The reductions among more ranks stay on the scratch algorithms (a chain of reducing receives that pass
+//! their result on is the next step), as does PreMulSum.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
-use super::send_recv::{Moved, Reducing, SendRecvKind, SendRecvOp, Work};
+use super::send_recv::{Moved, Pairing, Reducing, SendRecvKind, SendRecvOp, Work};
 use super::{Call, Collective, DataType, RedOp};
 use crate::error::Result;
 use crate::gpu::DevicePtr;
@@ -22,6 +24,11 @@ use crate::gpu::DevicePtr;
 /// receives: below it their scratch algorithms lead NVIDIA's (2 x H200, 2026-11-27: all-reduce 0.82 of its
 /// time at 16 MiB, all-gather 0.68), above it they fell behind (all-reduce 1.16 at 1 GiB).
 pub const LARGE: u64 = 64 << 20;
+
+/// The smallest broadcast among more than two ranks on several GPUs that goes as a chain: NVIDIA's led
+/// the scratch algorithm from here (4 x H200, 2026-11-27: 1.48 times its time at 1 MiB, 3.1 at 1 GiB);
+/// below, the chain's hops' handshakes are not yet measured against the scratch algorithm's windows.
+pub const CHAIN_FROM: u64 = 1 << 20;
 
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
 /// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced. The same on every rank.
@@ -37,7 +44,7 @@ pub fn applies(
     let reducible = !matches!(op, Some(RedOp::PreMulSum(_)));
     let carried = match collective {
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
-        Collective::Broadcast => nranks == 2,
+        Collective::Broadcast => nranks == 2 || (placement == Placement::SeveralGpus && message >= CHAIN_FROM),
         Collective::AllGather => two_gpus && message >= LARGE,
         Collective::Reduce => two_gpus && reducible,
         Collective::AllReduce | Collective::ReduceScatter => two_gpus && reducible && message >= LARGE,
@@ -69,15 +76,36 @@ pub fn launches(
         }])
     };
     let reducing = call.op.map(|op| (op, call.datatype));
-    let peer = 1 - rank;
+    // The other rank, for the calls carried only between two.
+    let peer = (rank + 1) % nranks;
     match call.collective {
         Collective::AllGather => moving(ops(call, rank, nranks, send, recv, piece)),
         // In place, piece p of the buffer leaves for rank p while rank p's piece arrives into it: each
-        // arriving chunk waits until its place has been sent (`Moved::guarded`).
+        // arriving chunk waits until its place has been sent (`Pairing::Guarded`).
         Collective::AllToAll if send == recv => {
             let mut l = moving(ops(call, rank, nranks, send, recv, piece))?;
             for m in &mut l[0].work.remote {
-                m.guarded = true;
+                m.pairing = Pairing::Guarded;
+            }
+            Ok(l)
+        }
+        // The middle of the chain passes on what it receives from the rank before it.
+        Collective::Broadcast => {
+            let mut l = moving(ops(call, rank, nranks, send, recv, piece))?;
+            let remote = &mut l[0].work.remote;
+            if let [
+                received @ Moved {
+                    kind: SendRecvKind::Recv,
+                    ..
+                },
+                sent @ Moved {
+                    kind: SendRecvKind::Send,
+                    ..
+                },
+            ] = remote.as_mut_slice()
+            {
+                received.pairing = Pairing::Forwarded;
+                sent.pairing = Pairing::Forward { from: received.peer };
             }
             Ok(l)
         }
@@ -119,7 +147,7 @@ pub fn launches(
                 ),
             ])
         }
-        Collective::Gather | Collective::Scatter | Collective::AllToAll | Collective::Broadcast => {
+        Collective::Gather | Collective::Scatter | Collective::AllToAll => {
             moving(ops(call, rank, nranks, send, recv, piece))
         }
     }
@@ -133,7 +161,7 @@ fn moved(call: &Call, kind: SendRecvKind, peer: usize, buffer: DevicePtr, bytes:
         buffer,
         bytes,
         reduce_with,
-        guarded: false,
+        pairing: Pairing::Alone,
     }
 }
 
@@ -159,7 +187,9 @@ pub fn most_channels(collective: Collective, nranks: usize) -> usize {
     match collective {
         Collective::AllToAll | Collective::AllGather => 2 * (nranks - 1) + 1,
         Collective::AllReduce | Collective::ReduceScatter => 2,
-        Collective::Gather | Collective::Scatter | Collective::Broadcast | Collective::Reduce => nranks,
+        Collective::Gather | Collective::Scatter | Collective::Reduce => nranks,
+        // A send on and a receive (a chain's middle), or a send on and the copy to itself (its root).
+        Collective::Broadcast => 2,
     }
 }
 
@@ -202,11 +232,23 @@ pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: Devic
                 ops.push(op(SendRecvKind::Recv, peer, at(recv, peer)));
             }
         }
-        Collective::Broadcast if rank == root => {
-            ops.extend((0..nranks).map(|peer| op(SendRecvKind::Send, peer, send)));
-            ops.push(op(SendRecvKind::Recv, rank, recv));
+        // A chain from the root: each rank receives from the one before and, but the last, sends on from
+        // its own buffer (the root also copies its input to its output where they differ).
+        Collective::Broadcast => {
+            let (prev, next) = ((rank + nranks - 1) % nranks, (rank + 1) % nranks);
+            if rank == root {
+                if next != rank {
+                    ops.push(op(SendRecvKind::Send, next, send));
+                }
+                ops.push(op(SendRecvKind::Send, rank, send));
+                ops.push(op(SendRecvKind::Recv, rank, recv));
+            } else {
+                ops.push(op(SendRecvKind::Recv, prev, recv));
+                if next != root {
+                    ops.push(op(SendRecvKind::Send, next, recv));
+                }
+            }
         }
-        Collective::Broadcast => ops.push(op(SendRecvKind::Recv, root, recv)),
         Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {}
     }
     ops
@@ -237,8 +279,22 @@ mod tests {
                 "{c:?}: forced"
             );
         }
-        assert!(applies_auto(Collective::Broadcast, 2, big, several));
-        assert!(!applies_auto(Collective::Broadcast, 3, big, several));
+        for n in [2, 3, 8] {
+            assert!(
+                applies_auto(Collective::Broadcast, n, big, several),
+                "broadcast among {n}: a chain"
+            );
+        }
+        assert!(applies_auto(Collective::Broadcast, 4, CHAIN_FROM, several));
+        assert!(
+            !applies_auto(Collective::Broadcast, 4, CHAIN_FROM - 1, several),
+            "the scratch algorithm below"
+        );
+        assert!(
+            !applies_auto(Collective::Broadcast, 4, big, Placement::OneGpu),
+            "zero-copy on one GPU"
+        );
+        assert!(applies_auto(Collective::Broadcast, 2, big, Placement::OneGpu));
         // Two GPUs' all-gather and reductions; not on one GPU, not among more ranks, not PreMulSum.
         for c in [
             Collective::AllGather,
@@ -330,9 +386,31 @@ mod tests {
         // place it does not.
         let a2a = call(Collective::AllToAll, 4, f32s, 0);
         let l = launches(&a2a, 0, 2, send, send, 16).unwrap();
-        assert!(l[0].work.remote.len() == 2 && l[0].work.remote.iter().all(|m| m.guarded));
+        assert!(l[0].work.remote.len() == 2 && l[0].work.remote.iter().all(|m| m.pairing == Pairing::Guarded));
         let l = launches(&a2a, 0, 2, send, recv, 16).unwrap();
-        assert!(l[0].work.remote.iter().all(|m| !m.guarded));
+        assert!(l[0].work.remote.iter().all(|m| m.pairing == Pairing::Alone));
+        // A broadcast's chain among 4 from rank 1: the middle ranks (2 and 3) pass on what they receive;
+        // the root and the last rank move alone.
+        let b = call(Collective::Broadcast, 4, f32s, 1);
+        let pairings = |rank| {
+            let l = launches(&b, rank, 4, send, recv, 16).unwrap();
+            assert_eq!(l.len(), 1);
+            l[0].work
+                .remote
+                .iter()
+                .map(|m| (m.kind, m.peer, m.pairing))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairings(1), [(Send, 2, Pairing::Alone)]);
+        assert_eq!(
+            pairings(2),
+            [(Recv, 1, Pairing::Forwarded), (Send, 3, Pairing::Forward { from: 1 })]
+        );
+        assert_eq!(
+            pairings(3),
+            [(Recv, 2, Pairing::Forwarded), (Send, 0, Pairing::Forward { from: 2 })]
+        );
+        assert_eq!(pairings(0), [(Recv, 3, Pairing::Alone)]);
     }
 
     #[test]
@@ -422,6 +500,21 @@ mod tests {
             piece,
         );
         assert_eq!(list(&b), [(Send, 0, send), (Send, 1, send), (Recv, 1, send)]);
+        // Among four from rank 2: a chain 2 -> 3 -> 0 -> 1; the middle passes on from its own buffer.
+        let chain = |rank| {
+            ops(
+                &call(Collective::Broadcast, 1, DataType::Uint8, 2),
+                rank,
+                4,
+                send,
+                recv,
+                piece,
+            )
+        };
+        assert_eq!(list(&chain(2)), [(Send, 3, send), (Send, 2, send), (Recv, 2, recv)]);
+        assert_eq!(list(&chain(3)), [(Recv, 2, recv), (Send, 0, recv)]);
+        assert_eq!(list(&chain(0)), [(Recv, 3, recv), (Send, 1, recv)]);
+        assert_eq!(list(&chain(1)), [(Recv, 0, recv)]);
         assert!(
             ops(
                 &call(Collective::AllReduce, 1, DataType::Uint8, 0),
@@ -453,7 +546,7 @@ mod tests {
             Collective::AllToAll,
             Collective::Broadcast,
         ] {
-            let n = if c == Collective::Broadcast { 2 } else { 5 };
+            let n = 5;
             for rank in 0..n {
                 let w = Work::sort(
                     &ops(&call(c, 1, DataType::Uint8, 2 % n), rank, n, send, recv, piece),

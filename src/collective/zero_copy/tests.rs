@@ -21,7 +21,11 @@ fn the_choice_depends_on_what_every_rank_shares() {
     // sends and receives, send_recv_collectives.rs).
     assert!(!attempt(Collective::AllReduce, sum, 4, several, 16 << 20, Choice::Auto));
     assert!(attempt(Collective::AllReduce, sum, 4, several, 64 << 20, Choice::Auto));
-    assert!(attempt(Collective::Broadcast, None, 4, several, 16 << 20, Choice::Auto));
+    assert!(
+        !attempt(Collective::Broadcast, None, 4, several, 1 << 30, Choice::Auto),
+        "a chain of sends and receives across GPUs"
+    );
+    assert!(attempt(Collective::Broadcast, None, 4, one, 16 << 20, Choice::Auto));
     assert!(attempt(Collective::AllGather, None, 4, several, 1 << 30, Choice::Auto));
     assert!(!attempt(
         Collective::AllGather,
