@@ -36,6 +36,12 @@
 #define MSCCLPP_SENDRECV_SEND 0
 #define MSCCLPP_SENDRECV_RECV 1
 #define MSCCLPP_SENDRECV_COPY 2
+// A relay (the middle of a chain's reduce): receives from `peer`, reduces each chunk with this rank's own
+// operand (an op's `src`), and sends the result on to another rank (the op's flags from PEER_SHIFT on)
+// straight into its slot, without a buffer of its own. One block moves a lane as a receive and a send at
+// once: it waits for the chunk (posted) and for the slot it writes (credit), then posts the chunk on and
+// gives the credit back after one barrier. Every relay of a launch sends to one rank.
+#define MSCCLPP_SENDRECV_RELAY 3
 // Counters at the start of a rank's send/receive area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
 // received from each rank, the guard of in-place pairs and the landed count of forwarded receives (below).
@@ -56,14 +62,14 @@
 // at the end of its lane (the send block wrote its last count before that: the receive waited for it).
 #define MSCCLPP_SENDRECV_GUARDED 2
 // A forward (a chain's broadcast): a receive from one peer into a buffer (FORWARDED) and a send of that buffer
-// to another (FORWARD, the first peer in the bits from FROM_SHIFT on), the same bytes and so the same lanes
+// to another (FORWARD, the first peer in the bits from PEER_SHIFT on), the same bytes and so the same lanes
 // and chunks. The receive block counts each chunk of its lane that has landed into landed[from][lane] (this
 // rank's memory); the send block waits until that count reaches its own before it sends the chunk on, and
 // sets it back to 0 at the end of its lane (the receive wrote its last count before: the send waited for
 // it). Every forward of a launch comes from one peer.
 #define MSCCLPP_SENDRECV_FORWARDED 4
 #define MSCCLPP_SENDRECV_FORWARD 8
-#define MSCCLPP_SENDRECV_FROM_SHIFT 8
+#define MSCCLPP_SENDRECV_PEER_SHIFT 8
 
 // Laid out as src/collective/kernel_args.rs lays them out.
 struct SendRecvOp {
@@ -82,7 +88,7 @@ struct SendRecvChannel {
   uint32_t firstBlock;
   uint32_t blocks;
   uint32_t peer;
-  uint32_t kind;  // MSCCLPP_SENDRECV_SEND, MSCCLPP_SENDRECV_RECV or MSCCLPP_SENDRECV_COPY (peer unused)
+  uint32_t kind;  // MSCCLPP_SENDRECV_SEND, _RECV, _RELAY (peer: the rank it receives from) or _COPY (peer unused)
 };
 
 struct SendRecvArgs {
@@ -118,17 +124,23 @@ __device__ __forceinline__ char* sendRecvSlot(const SendRecvArgs& a, char* area,
 // unit by unit. Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks,
 // and L1 is not coherent with those writes.
 // What a receive does with each 16-byte unit of a chunk: stores it (SendRecvMoveOnly), or stores the operator
-// applied to the receive's own operand and it (SendRecvReduce).
+// applied to the receive's own operand and it (SendRecvReduce), finished for `finish` contributions (an
+// average divides the sum by them) where that is not 0: the last receive of a reduction finishes it, a relay
+// passes the partial result on.
 struct SendRecvMoveOnly {
   static constexpr bool kReduces = false;
+  __device__ explicit SendRecvMoveOnly(uint32_t) {}
   __device__ __forceinline__ uint4 operator()(uint4, uint4 in) const { return in; }
 };
 template <typename T, typename Op>
 struct SendRecvReduce {
   static constexpr bool kReduces = true;
+  uint32_t finish;
+  __device__ explicit SendRecvReduce(uint32_t f) : finish(f) {}
   __device__ __forceinline__ uint4 operator()(uint4 own, uint4 in) const
   {
-    return finishUnit<T, Op>(reduceUnit<T, Op>(own, in), 2);
+    const uint4 v = reduceUnit<T, Op>(own, in);
+    return finish != 0 ? finishUnit<T, Op>(v, finish) : v;
   }
 };
 
@@ -241,6 +253,56 @@ __device__ void sendRecvCopies(const SendRecvArgs& a, const SendRecvChannel& ch)
   }
 }
 
+// A relay channel (MSCCLPP_SENDRECV_RELAY): block b moves lanes b, b + blocks, ... of every op, each chunk from
+// `ch.peer`'s slot here, reduced with this rank's operand, into this rank's slot at the rank it sends to. The
+// chunks are numbered as a receive's from ch.peer and as a send's to that rank, each pair's count its own.
+template <typename R>
+__device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
+{
+  char* own = a.areas[a.rank];
+  const uint32_t to = a.ops[ch.firstOp].flags >> MSCCLPP_SENDRECV_PEER_SHIFT;
+  char* next = a.areas[to];
+  char* prev = a.areas[ch.peer];
+  uint32_t used = 0;
+  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) used = a.ops[k].lanes > used ? a.ops[k].lanes : used;
+  for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < used; lane += ch.blocks) {
+    uint64_t* received = sendRecvCounter(own, MSCCLPP_SENDRECV_RECEIVED, ch.peer, lane);
+    uint64_t* sent = sendRecvCounter(own, MSCCLPP_SENDRECV_SENT, to, lane);
+    const uint64_t firstIn = *reinterpret_cast<volatile uint64_t*>(received);
+    uint64_t in = firstIn;
+    uint64_t out = *reinterpret_cast<volatile uint64_t*>(sent);
+    for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
+      const SendRecvOp& op = a.ops[k];
+      if (lane >= op.lanes) continue;
+      const uint64_t begin = lane * op.laneUnits * 16;
+      const uint64_t laneEnd = begin + op.laneUnits * 16;
+      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
+      for (uint64_t off = begin; off < end; off += op.chunkBytes) {
+        in++;
+        out++;
+        const uint64_t rest = end - off;
+        const uint64_t n = rest < op.chunkBytes ? rest : op.chunkBytes;
+        if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_POSTED, ch.peer, lane), in)) return;
+        const uint64_t freed = out > a.depth ? out - a.depth : 0;
+        if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, to, lane), freed)) return;
+        // The slot at `to` is always aligned; the operand may not be (then unit by unit).
+        sendRecvReceiveReduce(sendRecvSlot(a, next, a.rank, lane, out), op.src + off,
+                              sendRecvSlot(a, own, ch.peer, lane, in), n, aligned, R(0));
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          storeReleaseSys(sendRecvCounter(next, MSCCLPP_SENDRECV_POSTED, a.rank, lane), out);
+          storeReleaseSys(sendRecvCounter(prev, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), in);
+        }
+      }
+    }
+    if (threadIdx.x == 0 && in != firstIn) {
+      *received = in;
+      *sent = out;
+    }
+  }
+}
+
 template <typename R>
 __device__ void sendRecvKernel(const SendRecvArgs& a)
 {
@@ -250,6 +312,12 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
   if (ch.kind == MSCCLPP_SENDRECV_COPY) {
     sendRecvCopies(a, ch);
     return;
+  }
+  if constexpr (R::kReduces) {
+    if (ch.kind == MSCCLPP_SENDRECV_RELAY) {
+      sendRecvRelay<R>(a, ch);
+      return;
+    }
   }
   const bool sending = ch.kind == MSCCLPP_SENDRECV_SEND;
   char* own = a.areas[a.rank];
@@ -278,7 +346,7 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
       const bool isGuarded = (op.flags & MSCCLPP_SENDRECV_GUARDED) != 0;
       const bool isForward = (op.flags & MSCCLPP_SENDRECV_FORWARD) != 0;
       const bool isForwarded = (op.flags & MSCCLPP_SENDRECV_FORWARDED) != 0;
-      if (isForward) landed = sendRecvCounter(own, MSCCLPP_SENDRECV_LANDED, op.flags >> MSCCLPP_SENDRECV_FROM_SHIFT, lane);
+      if (isForward) landed = sendRecvCounter(own, MSCCLPP_SENDRECV_LANDED, op.flags >> MSCCLPP_SENDRECV_PEER_SHIFT, lane);
       // Offsets from `begin` on are multiples of 16, so `op.ptr + off` is aligned where `op.ptr` is.
       for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         chunk++;
@@ -299,7 +367,7 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
           if (isGuarded && !sendRecvWait(a, guard, ++guarded)) return;
           const char* slot = sendRecvSlot(a, own, ch.peer, lane, chunk);
           if (R::kReduces && op.src != nullptr) {
-            sendRecvReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R());
+            sendRecvReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R(a.nranks));
           } else {
             sendRecvMove<false>(op.ptr + off, slot, n, aligned);
           }

@@ -69,9 +69,10 @@ pub const SENDRECV_GUARDED: u32 = 2;
 /// it counts each chunk once it has landed.
 pub const SENDRECV_FORWARDED: u32 = 4;
 /// `SendRecvOpArgs::flags`: a send that passes on what a receive of the same launch lands in the same buffer,
-/// each chunk once it has landed; the receive's peer is in the bits from `SENDRECV_FROM_SHIFT` on.
+/// each chunk once it has landed; the receive's peer is in the bits from `SENDRECV_PEER_SHIFT` on.
 pub const SENDRECV_FORWARD: u32 = 8;
-pub const SENDRECV_FROM_SHIFT: u32 = 8;
+/// Where `SendRecvOpArgs::flags` holds a second peer: a forward's source, a relay's destination.
+pub const SENDRECV_PEER_SHIFT: u32 = 8;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
 /// all-to-all of 16 ranks sharing one GPU still has a block per channel.
 pub const SENDRECV_THREADS: u32 = 512;
@@ -81,6 +82,9 @@ pub const SENDRECV_SEND: u32 = 0;
 pub const SENDRECV_RECV: u32 = 1;
 /// A channel of copies to this rank itself.
 pub const SENDRECV_COPY: u32 = 2;
+/// A channel of relays: receives from its peer, each chunk reduced with this rank's operand and sent on to
+/// the rank in the op's flags from `SENDRECV_PEER_SHIFT` on (the middle of a chain's reduce).
+pub const SENDRECV_RELAY: u32 = 3;
 
 /// One send or receive of a launch.
 #[repr(C)]
@@ -206,11 +210,12 @@ mod tests {
             ("MSCCLPP_SENDRECV_SEND", SENDRECV_SEND as u64),
             ("MSCCLPP_SENDRECV_RECV", SENDRECV_RECV as u64),
             ("MSCCLPP_SENDRECV_COPY", SENDRECV_COPY as u64),
+            ("MSCCLPP_SENDRECV_RELAY", SENDRECV_RELAY as u64),
             ("MSCCLPP_SENDRECV_ALIGNED", SENDRECV_ALIGNED as u64),
             ("MSCCLPP_SENDRECV_GUARDED", SENDRECV_GUARDED as u64),
             ("MSCCLPP_SENDRECV_FORWARDED", SENDRECV_FORWARDED as u64),
             ("MSCCLPP_SENDRECV_FORWARD", SENDRECV_FORWARD as u64),
-            ("MSCCLPP_SENDRECV_FROM_SHIFT", SENDRECV_FROM_SHIFT as u64),
+            ("MSCCLPP_SENDRECV_PEER_SHIFT", SENDRECV_PEER_SHIFT as u64),
         ] {
             assert!(
                 kernel.contains(&format!("#define {name} {value}\n")),

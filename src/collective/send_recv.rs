@@ -17,8 +17,8 @@
 
 use super::kernel_args::{
     MAX_RANKS, MAX_SENDRECV_OPS, SENDRECV_ALIGNED, SENDRECV_COPY, SENDRECV_COUNTER_BYTES, SENDRECV_FORWARD,
-    SENDRECV_FORWARDED, SENDRECV_FROM_SHIFT, SENDRECV_GUARDED, SENDRECV_MAX_LANES, SENDRECV_RECV, SENDRECV_SEND,
-    SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs, SendRecvOpArgs,
+    SENDRECV_FORWARDED, SENDRECV_GUARDED, SENDRECV_MAX_LANES, SENDRECV_PEER_SHIFT, SENDRECV_RECV, SENDRECV_RELAY,
+    SENDRECV_SEND, SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs, SendRecvOpArgs,
 };
 use super::kernels::LoadedKernel;
 use super::{Collectives, DataType, Ready, RedOp};
@@ -91,8 +91,11 @@ pub enum Pairing {
     /// that has landed.
     Forwarded,
     /// A send that passes on, chunk by chunk as each lands, what the receive from `from` writes into the
-    /// same buffer (`SENDRECV_FORWARD`): the middle of a chain.
+    /// same buffer (`SENDRECV_FORWARD`): the middle of a broadcast's chain.
     Forward { from: usize },
+    /// A receive (with `reduce_with`, and no buffer of its own) whose reduced chunks go on to rank `to`
+    /// straight into its slots (`SENDRECV_RELAY`): the middle of a reduce's chain. Its launch reduces.
+    Relay { to: usize },
 }
 
 impl Pairing {
@@ -102,7 +105,8 @@ impl Pairing {
             Pairing::Alone => 0,
             Pairing::Guarded => SENDRECV_GUARDED,
             Pairing::Forwarded => SENDRECV_FORWARDED,
-            Pairing::Forward { from } => SENDRECV_FORWARD | (from as u32) << SENDRECV_FROM_SHIFT,
+            Pairing::Forward { from } => SENDRECV_FORWARD | (from as u32) << SENDRECV_PEER_SHIFT,
+            Pairing::Relay { to } => (to as u32) << SENDRECV_PEER_SHIFT,
         }
     }
 }
@@ -362,13 +366,16 @@ pub enum ChannelKind {
     Recv,
     /// This rank's sends to itself, copied by blocks of the launch while the other channels move theirs.
     Copy,
+    /// Receives from the channel's peer whose reduced chunks go on to another rank (`Pairing::Relay`).
+    Relay,
 }
 
 impl ChannelKind {
-    fn of(kind: SendRecvKind) -> ChannelKind {
-        match kind {
-            SendRecvKind::Send => ChannelKind::Send,
-            SendRecvKind::Recv => ChannelKind::Recv,
+    fn of(m: &Moved) -> ChannelKind {
+        match (m.kind, m.pairing) {
+            (SendRecvKind::Recv, Pairing::Relay { .. }) => ChannelKind::Relay,
+            (SendRecvKind::Send, _) => ChannelKind::Send,
+            (SendRecvKind::Recv, _) => ChannelKind::Recv,
         }
     }
 
@@ -377,6 +384,7 @@ impl ChannelKind {
             ChannelKind::Send => SENDRECV_SEND,
             ChannelKind::Recv => SENDRECV_RECV,
             ChannelKind::Copy => SENDRECV_COPY,
+            ChannelKind::Relay => SENDRECV_RELAY,
         }
     }
 }
@@ -396,7 +404,7 @@ pub struct Channel {
 pub fn channels(remote: &[Moved], copies: &[SelfCopy], shape: &Shape, max_blocks: u32) -> Result<Vec<Channel>> {
     let mut channels: Vec<Channel> = Vec::new();
     for (i, m) in remote.iter().enumerate() {
-        let kind = ChannelKind::of(m.kind);
+        let kind = ChannelKind::of(m);
         match channels.iter_mut().find(|c| c.kind == kind && c.peer == m.peer) {
             Some(c) => c.ops.push(i),
             None => channels.push(Channel {
@@ -417,7 +425,7 @@ pub fn channels(remote: &[Moved], copies: &[SelfCopy], shape: &Shape, max_blocks
     }
     let bytes = |c: &Channel, i: usize| match c.kind {
         ChannelKind::Copy => copies[i].bytes,
-        ChannelKind::Send | ChannelKind::Recv => remote[i].bytes,
+        ChannelKind::Send | ChannelKind::Recv | ChannelKind::Relay => remote[i].bytes,
     };
     // A block per lane of the channel's widest call: more would have nothing to do.
     let wanted: Vec<u32> = channels
@@ -488,7 +496,7 @@ pub fn kernel_args(
             // A copy writes `ptr` from `src`; a send reads `ptr`, a receive writes it.
             let (ptr, src, bytes, pairing) = match c.kind {
                 ChannelKind::Copy => (copies[i].dst, copies[i].src, copies[i].bytes, Pairing::Alone),
-                ChannelKind::Send | ChannelKind::Recv => {
+                ChannelKind::Send | ChannelKind::Recv | ChannelKind::Relay => {
                     let m = &remote[i];
                     (m.buffer, m.reduce_with, m.bytes, m.pairing)
                 }
@@ -1055,7 +1063,7 @@ mod tests {
     #[test]
     fn pairings_reach_the_kernel_as_flags() {
         // The middle of a chain: the receive from rank 3 is counted as it lands, the send on to rank 1
-        // waits for it (the peer in the bits from SENDRECV_FROM_SHIFT on).
+        // waits for it (the peer in the bits from SENDRECV_PEER_SHIFT on).
         let mut received = moved(Recv, 3, 0x1000, 64);
         received.pairing = Pairing::Forwarded;
         let mut sent = moved(Send, 1, 0x1000, 64);
@@ -1070,12 +1078,27 @@ mod tests {
             flags,
             [
                 SENDRECV_ALIGNED | SENDRECV_FORWARDED,
-                SENDRECV_ALIGNED | SENDRECV_FORWARD | (3 << SENDRECV_FROM_SHIFT),
+                SENDRECV_ALIGNED | SENDRECV_FORWARD | (3 << SENDRECV_PEER_SHIFT),
                 SENDRECV_ALIGNED | SENDRECV_GUARDED
             ]
         );
+        // The middle of a reduce's chain: a relay channel of its own, the rank it sends to in the flags.
+        let mut relay = moved(Recv, 2, 0, 64);
+        relay.reduce_with = 0x3000;
+        relay.pairing = Pairing::Relay { to: 0 };
+        let c = channels(&[relay], &[], &shape(), 128).unwrap();
+        assert_eq!((c[0].kind, c[0].peer), (ChannelKind::Relay, 2));
+        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
+        assert_eq!((a.channels[0].kind, a.channels[0].peer), (SENDRECV_RELAY, 2));
         assert_eq!(
-            SENDRECV_FORWARD | (15 << SENDRECV_FROM_SHIFT),
+            (a.ops[0].ptr, a.ops[0].src, a.ops[0].flags),
+            (0, 0x3000, SENDRECV_ALIGNED)
+        );
+        relay.pairing = Pairing::Relay { to: 3 };
+        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
+        assert_eq!(a.ops[0].flags, SENDRECV_ALIGNED | (3 << SENDRECV_PEER_SHIFT));
+        assert_eq!(
+            SENDRECV_FORWARD | (15 << SENDRECV_PEER_SHIFT),
             0xf08,
             "every rank fits the bits"
         );

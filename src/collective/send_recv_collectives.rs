@@ -3,16 +3,19 @@
 //! memory, the copy-out overlapping the next chunk) and the scratch algorithms ran their windows one after
 //! the other:
 //! - gather, scatter and all-to-all among any ranks: every byte goes from one rank to another once;
-//! - broadcast among any ranks as a chain from the root (root, root + 1, ...): each rank but the last passes
-//!   each chunk on as soon as it has landed (`Pairing::Forward`), so that every link carries the message
-//!   once and the hops overlap;
-//! - between two GPUs, all-gather from `LARGE` bytes (each rank sends its piece to the other), and the
-//!   reductions: reduce (the non-root sends, the root's receive reduces with its own input as the chunks
-//!   arrive), reduce-scatter (each sends the other's half and reduces its own), and all-reduce from
-//!   `LARGE` as a reduce-scatter of two halves then an all-gather of them, two launches.
+//! - broadcast between two ranks, and across GPUs among more from `CHAIN_FROM`, as a chain from the root
+//!   (root, root + 1, ...): each rank but the last passes each chunk on as soon as it has landed
+//!   (`Pairing::Forward`), so that every link carries the message once and the hops overlap;
+//! - reduce across GPUs, between two above its packets and among more from `CHAIN_FROM`, as a chain ending at
+//!   the root: the first rank sends its input, each middle rank receives the sum so far, adds its own input
+//!   and sends the result on straight into the next rank's slots (`Pairing::Relay`), and the root's receive
+//!   adds its own input as the chunks arrive;
+//! - between two GPUs, all-gather from `LARGE` bytes (each rank sends its piece to the other), reduce-scatter
+//!   (each sends the other's half and reduces its own) and all-reduce from `LARGE` as a reduce-scatter of two
+//!   halves then an all-gather of them, two launches.
 //!
-//! The reductions among more ranks stay on the scratch algorithms (a chain of reducing receives that pass
-//! their result on is the next step), as does PreMulSum.
+//! All-reduce and reduce-scatter among more ranks stay on the scratch algorithms (a ring of relays is the
+//! next step), as does PreMulSum.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
 use super::send_recv::{Moved, Pairing, Reducing, SendRecvKind, SendRecvOp, Work};
@@ -25,9 +28,10 @@ use crate::gpu::DevicePtr;
 /// time at 16 MiB, all-gather 0.68), above it they fell behind (all-reduce 1.16 at 1 GiB).
 pub const LARGE: u64 = 64 << 20;
 
-/// The smallest broadcast among more than two ranks on several GPUs that goes as a chain: NVIDIA's led
-/// the scratch algorithm from here (4 x H200, 2026-11-27: 1.48 times its time at 1 MiB, 3.1 at 1 GiB);
-/// below, the chain's hops' handshakes are not yet measured against the scratch algorithm's windows.
+/// The smallest broadcast or reduce among more than two ranks on several GPUs that goes as a chain: NVIDIA's
+/// led the scratch algorithms from here (4 x H200, 2026-11-27: broadcast 1.48 times its time at 1 MiB, 3.1
+/// at 1 GiB; reduce 1.56-1.62 from 1 MiB, 2.0 at 1 GiB); below, the chain's hops' handshakes are not yet
+/// measured against the scratch algorithms' windows.
 pub const CHAIN_FROM: u64 = 1 << 20;
 
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
@@ -46,7 +50,9 @@ pub fn applies(
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
         Collective::Broadcast => nranks == 2 || (placement == Placement::SeveralGpus && message >= CHAIN_FROM),
         Collective::AllGather => two_gpus && message >= LARGE,
-        Collective::Reduce => two_gpus && reducible,
+        Collective::Reduce => {
+            reducible && placement == Placement::SeveralGpus && (nranks == 2 || message >= CHAIN_FROM)
+        }
         Collective::AllReduce | Collective::ReduceScatter => two_gpus && reducible && message >= LARGE,
     };
     carried && !matches!(choice, Choice::Force(_)) && choose(collective, nranks, message, choice) == Protocol::Copy
@@ -109,14 +115,21 @@ pub fn launches(
             }
             Ok(l)
         }
-        Collective::Reduce if rank == call.root => Ok(vec![launch(
-            &[moved(call, SendRecvKind::Recv, peer, recv, piece, send)],
-            reducing,
-        )]),
-        Collective::Reduce => Ok(vec![launch(
-            &[moved(call, SendRecvKind::Send, call.root, send, piece, 0)],
-            None,
-        )]),
+        // A chain ending at the root (root + 1, root + 2, ..., root): the first rank sends its input on, each
+        // middle rank relays the sum so far with its own input added, and the root's receive adds its own
+        // and finishes (an average divides by every rank).
+        Collective::Reduce => {
+            let (prev, next) = ((rank + nranks - 1) % nranks, (rank + 1) % nranks);
+            Ok(vec![if rank == call.root {
+                launch(&[moved(call, SendRecvKind::Recv, prev, recv, piece, send)], reducing)
+            } else if prev == call.root {
+                launch(&[moved(call, SendRecvKind::Send, next, send, piece, 0)], None)
+            } else {
+                let mut relay = moved(call, SendRecvKind::Recv, prev, 0, piece, send);
+                relay.pairing = Pairing::Relay { to: next };
+                launch(&[relay], reducing)
+            }])
+        }
         Collective::ReduceScatter => Ok(vec![launch(
             &[
                 moved(call, SendRecvKind::Send, peer, send + peer as u64 * piece, piece, 0),
@@ -187,7 +200,9 @@ pub fn most_channels(collective: Collective, nranks: usize) -> usize {
     match collective {
         Collective::AllToAll | Collective::AllGather => 2 * (nranks - 1) + 1,
         Collective::AllReduce | Collective::ReduceScatter => 2,
-        Collective::Gather | Collective::Scatter | Collective::Reduce => nranks,
+        Collective::Gather | Collective::Scatter => nranks,
+        // A send, a receive or a relay: one channel on every rank of the chain.
+        Collective::Reduce => 1,
         // A send on and a receive (a chain's middle), or a send on and the copy to itself (its root).
         Collective::Broadcast => 2,
     }
@@ -303,7 +318,11 @@ mod tests {
             Collective::Reduce,
         ] {
             assert!(applies_auto(c, 2, LARGE, several), "{c:?}");
-            assert!(!applies_auto(c, 3, LARGE, several), "{c:?}");
+            assert_eq!(
+                applies_auto(c, 3, LARGE, several),
+                c == Collective::Reduce,
+                "{c:?}: a chain's reduce"
+            );
             assert!(!applies_auto(c, 2, LARGE, Placement::OneGpu), "{c:?}");
             assert!(
                 !applies(c, None, 2, several, LARGE, Choice::Force(Protocol::Copy)),
@@ -318,6 +337,10 @@ mod tests {
         assert!(!applies_auto(Collective::AllGather, 2, 16 << 20, several));
         assert!(applies_auto(Collective::Reduce, 2, 1 << 20, several));
         assert!(!applies_auto(Collective::Reduce, 2, 4096, several));
+        assert!(applies_auto(Collective::Reduce, 4, CHAIN_FROM, several));
+        assert!(!applies_auto(Collective::Reduce, 4, CHAIN_FROM - 1, several));
+        assert!(!applies_auto(Collective::Reduce, 4, LARGE, Placement::OneGpu));
+        assert!(!applies(Collective::Reduce, premul, 4, several, LARGE, Choice::Auto));
     }
 
     fn call(collective: Collective, count: usize, datatype: DataType, root: usize) -> Call {
@@ -411,6 +434,30 @@ mod tests {
             [(Recv, 2, Pairing::Forwarded), (Send, 0, Pairing::Forward { from: 2 })]
         );
         assert_eq!(pairings(0), [(Recv, 3, Pairing::Alone)]);
+        // A reduce's chain among 4 to rank 1: 2 -> 3 -> 0 -> 1. Rank 2 sends its input and moves only; 3
+        // and 0 relay (a receive without a buffer of its own, reducing with their input); the root reduces
+        // into its output.
+        let mut r = call(Collective::Reduce, 4, f32s, 1);
+        r.op = Some(RedOp::Sum);
+        let chain = |rank| {
+            let l = launches(&r, rank, 4, send, recv, 16).unwrap();
+            assert_eq!(l.len(), 1);
+            let m = &l[0].work.remote;
+            (
+                m.iter()
+                    .map(|m| (m.kind, m.peer, m.buffer, m.reduce_with, m.pairing))
+                    .collect::<Vec<_>>(),
+                l[0].reducing,
+            )
+        };
+        let sum = Some((RedOp::Sum, f32s));
+        assert_eq!(chain(2), (vec![(Send, 3, send, 0, Pairing::Alone)], None));
+        assert_eq!(chain(3), (vec![(Recv, 2, 0, send, Pairing::Relay { to: 0 })], sum));
+        assert_eq!(chain(0), (vec![(Recv, 3, 0, send, Pairing::Relay { to: 1 })], sum));
+        assert_eq!(chain(1), (vec![(Recv, 0, recv, send, Pairing::Alone)], sum));
+        for rank in 0..4 {
+            assert!(chain(rank).0.len() <= most_channels(Collective::Reduce, 4));
+        }
     }
 
     #[test]
