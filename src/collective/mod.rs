@@ -12,8 +12,11 @@
 //!   `prepare`), with the send/receive areas of send and receive;
 //! - `send_recv.rs`: send and receive: a group's sends and receives checked, matched with themselves where
 //!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: the collectives carried
-//!   as such launches (gather, scatter, all-to-all, two ranks' broadcast, and two GPUs' all-gather and
-//!   reductions at the sizes it names);
+//!   as such launches (gather, scatter, all-to-all, the chains of broadcast and reduce, and two GPUs'
+//!   all-gather, reduce-scatter and all-reduce at the sizes it names);
+//! - `launch.rs`: where a call becomes launches: `Collectives::run` checks it, sets the collectives up at
+//!   the first call and picks the path (the copy engine, zero-copy, sends and receives, or the scratch
+//!   algorithm's windows), and queues the kernels;
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
 //! - `kernel_args.rs`: the kernels' one argument;
 //! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
@@ -40,6 +43,7 @@ pub mod copy_engine;
 pub mod datatype;
 pub mod kernel_args;
 pub mod kernels;
+pub mod launch;
 pub mod process_exit;
 pub mod scratch;
 pub mod send_recv;
@@ -54,13 +58,12 @@ pub use send_recv::{SendRecvKind, SendRecvOp};
 
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
-use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
-use crate::registration::{Registration, Registrations};
+use crate::gpu::GpuContext;
+use crate::registration::Registration;
 use abort_word::{AbortWord, SharedAbortWord};
-use algorithm::{Choice, Protocol};
+use algorithm::Choice;
 use copy_engine::SideStreams;
-use kernel_args::KernelArgs;
-use kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
+use kernels::LoadedKernels;
 use once_cell::sync::OnceCell;
 use parking_lot::Mutex;
 use scratch::Scratch;
@@ -186,344 +189,6 @@ impl Collectives {
             *ready = Some(self.set_up(bootstrap, gpu, None)?);
         }
         Ok(())
-    }
-
-    /// Runs one collective call: checks it, sets the collectives up at the first call (collectively: every
-    /// rank's first call does), and queues its kernels on `stream`.
-    ///
-    /// `gpu` gives the communicator's context and makes it current (only once the arguments are checked
-    /// and the call is not empty, so that those need no GPU), `aborted` is its failure check, and `root`
-    /// the application's root argument (checked here). `abort_communicator` is called when the call fails
-    /// after its peers may have started it.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        bootstrap: &Bootstrap,
-        gpu: impl FnOnce() -> Result<GpuContext>,
-        aborted: impl Fn() -> Result<()>,
-        abort_communicator: impl FnOnce(),
-        call: &Call,
-        root: i64,
-        stream: AppStream,
-        registrations: &Registrations,
-    ) -> Result<()> {
-        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
-        let sizes = call.sizes(rank, nranks, root)?;
-        aborted()?;
-        // Before anything else: a first call's set-up now would wait for peers that are suspended too.
-        self.check_not_suspended()?;
-        if sizes.piece == 0 {
-            return Ok(());
-        }
-        let gpu = &gpu()?;
-        // A broadcast's or a scatter's non-root reads no input, a reduce's or a gather's keeps no output
-        // (the size is 0 there).
-        if sizes.send > 0 {
-            gpu.check_buffer(call.send, sizes.send, "sendbuff")?;
-        }
-        if sizes.recv > 0 {
-            gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
-        }
-        let scalar = call.op.and_then(RedOp::scalar);
-        if let Some(Scalar::Device(ptr)) = scalar {
-            gpu.check_buffer(ptr, call.datatype.size() as u64, "the PreMulSum operator's scalar")?;
-        }
-        stream.check_context(gpu)?;
-        if nranks == 1 {
-            // One rank: the result is the input (an average of one is the value itself; one piece), or for a
-            // PreMulSum the input times the scalar.
-            if let Some(scalar) = scalar {
-                return self.scale_one_rank(gpu, call, sizes.piece, scalar, stream);
-            }
-            if call.send != call.recv {
-                // SAFETY: both ranges were checked above to be device memory of this context.
-                unsafe { stream.copy(call.recv, call.send, sizes.piece as usize)? };
-            }
-            return Ok(());
-        }
-
-        let capturing = stream.is_capturing()?;
-        // From here on the peers may already be in this call (its set-up, or its kernels waiting for ours):
-        // a failure on this rank alone would leave them waiting forever, so it aborts the communicator.
-        self.set_up_and_launch(bootstrap, gpu, &aborted, call, &sizes, capturing, stream, registrations)
-            .inspect_err(|e| {
-                if aborted().is_ok() {
-                    log::warn!(
-                        "{} failed after its peers may have started it ({}); aborting the communicator",
-                        call.function,
-                        e.message
-                    );
-                    abort_communicator();
-                }
-            })
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn set_up_and_launch(
-        &self,
-        bootstrap: &Bootstrap,
-        gpu: &GpuContext,
-        aborted: &impl Fn() -> Result<()>,
-        call: &Call,
-        sizes: &call::Sizes,
-        capturing: bool,
-        stream: AppStream,
-        registrations: &Registrations,
-    ) -> Result<()> {
-        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
-        let mut ready = self.ready.lock();
-        if ready.is_none() {
-            let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
-            *ready = Some(self.set_up(bootstrap, gpu, None)?);
-            // An abort that came during the set-up found no word to raise.
-            if aborted().is_err() {
-                self.abort();
-            }
-        }
-        let ready = ready.as_mut().expect("set up above");
-
-        let message = call.collective.message(sizes.piece, nranks);
-        let protocol = algorithm::choose(call.collective, nranks, message, ready.choice);
-        let stride = if call.collective.per_rank_pieces() {
-            sizes.piece
-        } else {
-            0
-        };
-        // A rank that reads no input or keeps no output passes null, which the kernels go by.
-        let send = if sizes.send == 0 { 0 } else { call.send };
-        let recv = if sizes.recv == 0 { 0 } else { call.recv };
-        let (scalar_bits, scalar_ptr) = call.op.and_then(RedOp::scalar).map_or((0, 0), Scalar::kernel_fields);
-        let mut args = KernelArgs {
-            send,
-            recv,
-            scratch: ready.scratch.ptrs,
-            slot_bytes: ready.scratch.slot_bytes,
-            packet_bytes: ready.scratch.packet_bytes,
-            state: ready.scratch.state.ptr(),
-            abort_flag: ready.abort.device_ptr(),
-            rank: rank as u32,
-            nranks: nranks as u32,
-            root: call.root as u32,
-            aligned: (send.is_multiple_of(16) && recv.is_multiple_of(16) && stride.is_multiple_of(16)) as u32,
-            stride_bytes: stride,
-            scalar_bits,
-            scalar_ptr,
-            ..KernelArgs::default()
-        };
-        let placement = if ready.scratch.gpu_sharers >= nranks {
-            algorithm::Placement::OneGpu
-        } else {
-            algorithm::Placement::SeveralGpus
-        };
-        if copy_engine::attempt(call.collective, nranks, message, ready.choice, capturing)
-            && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
-        {
-            self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
-            // One launch, whatever the vote: where it says no, the same kernel runs the scratch algorithm,
-            // window by window (zero_copy.cuh, the fallback).
-            return self.launch_zero_copy(
-                bootstrap,
-                ready,
-                gpu,
-                call,
-                sizes,
-                capturing,
-                stream,
-                registrations,
-                &args,
-            );
-        }
-        if send_recv_collectives::applies(call.collective, call.op, nranks, placement, message, ready.choice) {
-            // Every rank decides alike, by the channels of the rank that needs most.
-            let channels = send_recv_collectives::most_channels(call.collective, nranks);
-            let mut fits = send_recv::fits(ready, channels, None, capturing)?;
-            if let Some(op) = call.op {
-                fits &= send_recv::fits(ready, channels, Some((op, call.datatype)), capturing)?;
-            }
-            if fits {
-                let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
-                for l in &launches {
-                    send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
-                }
-                return Ok(());
-            }
-        }
-        // The scratch algorithm, a launch per window.
-        let base = algorithm::kernel_base(call.collective, protocol);
-        let loaded =
-            ready
-                .kernels
-                .get_capturing(capturing, base, call.op, call.datatype, algorithm::threads(protocol))?;
-        let max_blocks = loaded.max_blocks.min(ready.scratch.cta_limit);
-        let window = ready.scratch.window(call.collective, protocol, nranks);
-        for (offset, bytes) in algorithm::windows(sizes.piece, window) {
-            args.send = if send == 0 { 0 } else { send + offset };
-            args.recv = if recv == 0 { 0 } else { recv + offset };
-            args.bytes = bytes;
-            let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes, max_blocks);
-            // SAFETY: the arguments are `CollArgs`'s layout (kernel_args.rs); the application's buffers
-            // were checked to hold the bytes the kernel touches (windows stay inside `sizes`); the scratch,
-            // the state and the abort word live in `ready` until `clear`, which comes after the
-            // application has synchronized; the stream was checked to be of this context.
-            unsafe { loaded.kernel.launch(blocks, threads, stream, &args)? };
-        }
-        Ok(())
-    }
-
-    /// The zero-copy launch of a call (`zero_copy/`): the peers' newest records taken in, this rank's
-    /// descriptors, and one launch over the whole buffers that votes and, if every rank can, moves the data.
-    /// `base` holds the call's arguments as the scratch launches get them (their first window aside).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_zero_copy(
-        &self,
-        bootstrap: &Bootstrap,
-        ready: &mut Ready,
-        gpu: &GpuContext,
-        call: &Call,
-        sizes: &call::Sizes,
-        capturing: bool,
-        stream: AppStream,
-        registrations: &Registrations,
-        base: &KernelArgs,
-    ) -> Result<()> {
-        {
-            // Opening a peer's mapping is not a stream operation, which a capture's global mode refuses.
-            let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
-            self.zero_copy.refresh(bootstrap, gpu, capturing)?;
-        }
-        let base_name = zero_copy::kernel_base(call.collective);
-        let threads = algorithm::threads(Protocol::Copy);
-        let loaded = ready
-            .kernels
-            .get_capturing(capturing, base_name, call.op, call.datatype, threads)?;
-        let (zc_send_tag, zc_send_offset) = self.zero_copy.descriptor(registrations, base.send, sizes.send);
-        let (zc_recv_tag, zc_recv_offset) = self.zero_copy.descriptor(registrations, base.recv, sizes.recv);
-        let nranks = bootstrap.nranks();
-        let args = KernelArgs {
-            bytes: sizes.piece,
-            zc_send_tag,
-            zc_send_offset,
-            zc_recv_tag,
-            zc_recv_offset,
-            zc_table: self.zero_copy.table_ptr()?,
-            zc_window: ready.scratch.window(call.collective, Protocol::Copy, nranks),
-            ..*base
-        };
-        let (blocks, threads) = algorithm::grid(
-            call.collective,
-            Protocol::Copy,
-            nranks,
-            sizes.piece,
-            loaded.max_blocks.min(ready.scratch.cta_limit),
-        );
-        // The vote is made by block 0 with one thread per rank.
-        let threads = threads.max(kernel_args::MAX_RANKS as u32);
-        // SAFETY: as the scratch launches (`set_up_and_launch`): `CollArgs`'s layout; the application's
-        // buffers hold `sizes` bytes; a peer's buffer is touched only where every rank's vote found it in
-        // its table, whose mappings stay open until no kernel may read them (`ZeroCopy::refresh`); the
-        // table and the scratch live in `ready` until `clear`.
-        unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
-    }
-
-    /// The copy-engine path of an eager call (`copy_engine.rs`): agrees with every rank on it and, if all
-    /// can, queues the fences and the copies. `false`: some rank cannot reach an output it writes, nothing
-    /// was queued, and the call goes on by the other paths.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_copy_engine(
-        &self,
-        bootstrap: &Bootstrap,
-        ready: &mut Ready,
-        gpu: &GpuContext,
-        call: &Call,
-        sizes: &call::Sizes,
-        stream: AppStream,
-        registrations: &Registrations,
-        base: &KernelArgs,
-    ) -> Result<bool> {
-        self.zero_copy.refresh(bootstrap, gpu, false)?;
-        let own = self.zero_copy.descriptor(registrations, base.recv, sizes.recv);
-        let root = call.root;
-        let agreed = copy_engine::agree(bootstrap, call.collective, root, own, base.recv, |peer, tag, offset| {
-            self.zero_copy.resolve(peer, tag, offset)
-        })?;
-        let Some(outputs) = agreed else {
-            return Ok(false);
-        };
-        let copies = copy_engine::copies(
-            call.collective,
-            bootstrap.rank(),
-            root,
-            sizes.piece,
-            base.send,
-            &outputs,
-        );
-        let fence = ready.kernels.get(
-            copy_engine::FENCE_KERNEL,
-            None,
-            DataType::Uint8,
-            copy_engine::FENCE_THREADS,
-        )?;
-        let before = KernelArgs { bytes: 0, ..*base };
-        let after = KernelArgs {
-            bytes: sizes.piece,
-            ..*base
-        };
-        // SAFETY: `CollArgs`'s layout; a fence touches only the state and the flags of the scratch, which
-        // live in `ready` until `clear`; the stream was checked to be of this context.
-        unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &before)? };
-        // SAFETY: each copy reads `sizes.piece` bytes of this rank's input, checked to hold them, and writes
-        // them into this rank's checked output or a peer's registered output, found mapped here at the
-        // generation the peer named for its whole output (an all-gather's piece of this rank at
-        // rank * piece, a broadcast's whole). That mapping stays open until a context synchronization after
-        // the peer's deregistration (`ZeroCopy::refresh`), which comes after these copies. The first fence
-        // has every peer's stream at this call; the second holds it there until these copies are done.
-        unsafe { ready.side_streams.queue(stream, &copies)? };
-        // SAFETY: as the first fence.
-        unsafe { fence.kernel.launch(1, copy_engine::FENCE_THREADS, stream, &after)? };
-        Ok(true)
-    }
-
-    /// One rank's `PreMulSum`: `recv` gets `send` times the scalar, element-wise, in one launch (no scratch,
-    /// no peers: the call's buffers and stream were checked).
-    fn scale_one_rank(
-        &self,
-        gpu: &GpuContext,
-        call: &Call,
-        bytes: u64,
-        scalar: Scalar,
-        stream: AppStream,
-    ) -> Result<()> {
-        let capturing = stream.is_capturing()?;
-        let mut solo = self.solo.lock();
-        let kernels = match &mut *solo {
-            Some(k) => k,
-            None => {
-                let multiprocessors = gpu.multiprocessors()?;
-                solo.insert(LoadedKernels::new(*gpu, multiprocessors.max(1), 1))
-            }
-        };
-        let threads = algorithm::threads(Protocol::Copy);
-        let loaded = kernels.get_capturing(capturing, ONE_RANK_PREMULSUM, call.op, call.datatype, threads)?;
-        let (scalar_bits, scalar_ptr) = scalar.kernel_fields();
-        let args = KernelArgs {
-            send: call.send,
-            recv: call.recv,
-            bytes,
-            nranks: 1,
-            aligned: (call.send.is_multiple_of(16) && call.recv.is_multiple_of(16)) as u32,
-            scalar_bits,
-            scalar_ptr,
-            ..KernelArgs::default()
-        };
-        let (blocks, threads) = algorithm::grid(call.collective, Protocol::Copy, 1, bytes, loaded.max_blocks);
-        // SAFETY: the arguments are `CollArgs`'s layout; the kernel reads `bytes` of `send` and writes `bytes`
-        // of `recv`, both checked to be device memory of this context holding them (one rank's piece is its
-        // whole buffer), and reads the scalar, checked likewise where it lies in device memory; the stream was
-        // checked to be of this context.
-        unsafe { loaded.kernel.launch(blocks, threads, stream, &args) }
     }
 
     /// Sets the collectives up (collectively): at the first call or `prepare`, and at a resume, which passes

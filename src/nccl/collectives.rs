@@ -3,7 +3,7 @@
 //! `ncclScatter`): `collective` checks the arguments, reads NCCL's type and operator, and makes the core's
 //! `Call` (carrying the exported function's name for messages), which `queue::issue` hands to
 //! `Communicator::collective` now or at the group's end; it becomes a launch in `Collectives::run`
-//! (`src/collective/mod.rs`). Where NVIDIA's communicator carries every call (ranks on several hosts), the
+//! (`src/collective/launch.rs`). Where NVIDIA's communicator carries every call (ranks on several hosts), the
 //! call is forwarded to it instead (`fallback.rs`). `coll_config.rs` has the siblings taking an
 //! `ncclCollConfig_t`.
 #![allow(non_snake_case)] // nccl.h's argument names

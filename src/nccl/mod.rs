@@ -17,7 +17,7 @@
 //!
 //! An `ncclAllReduce` enters in `collectives.rs` (`collective`: arguments checked, NCCL's type and
 //! operator read, the core's `Call` made), is issued or queued by `queue.rs` (`issue`), and reaches its
-//! launch in `Collectives::run` (`src/collective/mod.rs`), through `Communicator::collective`.
+//! launch in `Collectives::run` (`src/collective/launch.rs`), through `Communicator::collective`.
 //!
 //! The calls, by file:
 //! - `entry.rs`: what every export does first: the panic boundary (`entry`), the communicator behind an
