@@ -28,10 +28,11 @@ use crate::gpu::DevicePtr;
 /// time at 16 MiB, all-gather 0.68), above it they fell behind (all-reduce 1.16 at 1 GiB).
 pub const LARGE: u64 = 64 << 20;
 
-/// The smallest broadcast or reduce among more than two ranks on several GPUs that goes as a chain: NVIDIA's
-/// led the scratch algorithms from here (4 x H200, 2026-11-27: broadcast 1.48 times its time at 1 MiB, 3.1
-/// at 1 GiB; reduce 1.56-1.62 from 1 MiB, 2.0 at 1 GiB); below, the chain's hops' handshakes are not yet
-/// measured against the scratch algorithms' windows.
+/// The smallest broadcast or reduce among more than two ranks on several GPUs that goes as a chain. On four
+/// H200s (docs/PERFORMANCE.md, 2026-11-28) the chains lead NVIDIA's from 4 to 16 MiB (0.90-0.96 of its
+/// time) and reach 352 (broadcast) and 337 GB/s (reduce) at 1 GiB against its 361 and 364; at 1 MiB they
+/// take 1.17-1.25 times its time, still less than the scratch algorithms did there (1.48-1.62); below, the
+/// scratch algorithms keep the calls (not measured against the chains).
 pub const CHAIN_FROM: u64 = 1 << 20;
 
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
