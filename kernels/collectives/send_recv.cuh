@@ -118,11 +118,6 @@ __device__ __forceinline__ char* sendRecvSlot(const SendRecvArgs& a, char* area,
          ((static_cast<uint64_t>(source) * a.lanes + lane) * a.depth + chunk % a.depth) * a.slotBytes;
 }
 
-// Moves `n` bytes from `src` to `dst` with the block's threads, four 16-byte units in flight per thread
-// (the loads of a group are issued before its stores, so that a thread waits on one round trip per group).
-// `slot` is the side in the send/receive area, always aligned; the other may be unaligned (`aligned` false), then
-// unit by unit. Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks,
-// and L1 is not coherent with those writes.
 // What a receive does with each 16-byte unit of a chunk: stores it (SendRecvMoveOnly), or stores the operator
 // applied to the receive's own operand and it (SendRecvReduce), finished for `finish` contributions (an
 // average divides the sum by them) where that is not 0: the last receive of a reduction finishes it, a relay
@@ -144,17 +139,23 @@ struct SendRecvReduce {
   }
 };
 
-// A reducing receive of `n` bytes: dst = reduce(own, slot), four units in flight per thread where dst and
-// own are aligned and n a multiple of 16, else unit by unit.
+// A receive of `n` bytes out of a slot: dst = slot (SendRecvMoveOnly) or reduce(own, slot) (SendRecvReduce),
+// four units in flight per thread where dst (and own) are aligned and n a multiple of 16, else unit by unit.
+// Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks, and L1 is not
+// coherent with those writes.
 template <typename R>
-__device__ __forceinline__ void sendRecvReceiveReduce(char* dst, const char* own, const char* slot, uint64_t n,
-                                                 bool aligned, const R& reduce)
+__device__ __forceinline__ void sendRecvReceive(char* dst, const char* own, const char* slot, uint64_t n, bool aligned,
+                                                const R& reduce)
 {
   const uint64_t units = unitsOf(n, 16);
   const uint4* in = reinterpret_cast<const uint4*>(slot);
   if (!aligned || n % 16 != 0) {
     for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
-      storeUnit<uint4>(dst, u, n, aligned, reduce(loadUnit<uint4>(own, u, n, aligned), __ldcg(in + u)));
+      if constexpr (R::kReduces) {
+        storeUnit<uint4>(dst, u, n, aligned, reduce(loadUnit<uint4>(own, u, n, aligned), __ldcg(in + u)));
+      } else {
+        storeUnit<uint4>(dst, u, n, aligned, __ldcg(in + u));
+      }
     }
     return;
   }
@@ -168,26 +169,35 @@ __device__ __forceinline__ void sendRecvReceiveReduce(char* dst, const char* own
 #pragma unroll
     for (uint32_t g = 0; g < kGroup; g++) {
       v[g] = __ldcg(in + u + g * blockDim.x);
-      w[g] = mine[u + g * blockDim.x];
+      if constexpr (R::kReduces) w[g] = mine[u + g * blockDim.x];
     }
 #pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) out[u + g * blockDim.x] = reduce(w[g], v[g]);
+    for (uint32_t g = 0; g < kGroup; g++) {
+      if constexpr (R::kReduces) {
+        out[u + g * blockDim.x] = reduce(w[g], v[g]);
+      } else {
+        out[u + g * blockDim.x] = v[g];
+      }
+    }
   }
-  for (; u < units; u += blockDim.x) out[u] = reduce(mine[u], __ldcg(in + u));
+  for (; u < units; u += blockDim.x) {
+    if constexpr (R::kReduces) {
+      out[u] = reduce(mine[u], __ldcg(in + u));
+    } else {
+      out[u] = __ldcg(in + u);
+    }
+  }
 }
 
-template <bool ToSlot>
-__device__ __forceinline__ void sendRecvMove(char* dst, const char* src, uint64_t n, bool aligned)
+// A send's chunk (or a copy to this rank itself) of `n` bytes from `src` into `dst`, four units in flight
+// per thread (the loads of a group are issued before its stores, so that a thread waits on one round trip
+// per group) where both are aligned and n a multiple of 16, else unit by unit (a slot, always aligned,
+// written as scratch).
+__device__ __forceinline__ void sendRecvToSlot(char* dst, const char* src, uint64_t n, bool aligned)
 {
   const uint64_t units = unitsOf(n, 16);
   if (!aligned || n % 16 != 0) {
-    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) {
-      if (ToSlot) {
-        storeScratch16(dst, u, loadUnit<uint4>(src, u, n, aligned));
-      } else {
-        storeUnit<uint4>(dst, u, n, aligned, __ldcg(reinterpret_cast<const uint4*>(src) + u));
-      }
-    }
+    for (uint64_t u = threadIdx.x; u < units; u += blockDim.x) storeScratch16(dst, u, loadUnit<uint4>(src, u, n, aligned));
     return;
   }
   const uint4* in = reinterpret_cast<const uint4*>(src);
@@ -198,11 +208,11 @@ __device__ __forceinline__ void sendRecvMove(char* dst, const char* src, uint64_
   for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
     uint4 v[kGroup];
 #pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) v[g] = ToSlot ? in[u + g * blockDim.x] : __ldcg(in + u + g * blockDim.x);
+    for (uint32_t g = 0; g < kGroup; g++) v[g] = in[u + g * blockDim.x];
 #pragma unroll
     for (uint32_t g = 0; g < kGroup; g++) out[u + g * blockDim.x] = v[g];
   }
-  for (; u < units; u += blockDim.x) out[u] = ToSlot ? in[u] : __ldcg(in + u);
+  for (; u < units; u += blockDim.x) out[u] = in[u];
 }
 
 // Thread 0 waits until `*counter` (this rank's memory, written by a peer) reaches `target`; the block goes
@@ -242,7 +252,7 @@ __device__ void sendRecvCopies(const SendRecvArgs& a, const SendRecvChannel& ch)
       const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
       const uint64_t n = end - begin;
       if ((op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0 && n % 16 == 0) {
-        sendRecvMove<true>(op.ptr + begin, op.src + begin, n, true);
+        sendRecvToSlot(op.ptr + begin, op.src + begin, n, true);
       } else {
         // Unaligned on either side: unit by unit, each side as it is.
         for (uint64_t u = threadIdx.x; u < unitsOf(n, 16); u += blockDim.x) {
@@ -287,7 +297,7 @@ __device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
         const uint64_t freed = out > a.depth ? out - a.depth : 0;
         if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, to, lane), freed)) return;
         // The slot at `to` is always aligned; the operand may not be (then unit by unit).
-        sendRecvReceiveReduce(sendRecvSlot(a, next, a.rank, lane, out), op.src + off,
+        sendRecvReceive(sendRecvSlot(a, next, a.rank, lane, out), op.src + off,
                               sendRecvSlot(a, own, ch.peer, lane, in), n, aligned, R(0));
         __syncthreads();
         if (threadIdx.x == 0) {
@@ -358,7 +368,7 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
           // A forward's chunk must have landed here first.
           if (isForward && !sendRecvWait(a, landed, ++forwarded)) return;
           if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, ch.peer, lane), freed)) return;
-          sendRecvMove<true>(sendRecvSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
+          sendRecvToSlot(sendRecvSlot(a, peer, a.rank, lane, chunk), op.ptr + off, n, aligned);
           sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_POSTED, a.rank, lane), chunk);
           // The chunk has been read out of the buffer: the paired receive may overwrite it.
           if (isGuarded && threadIdx.x == 0) storeReleaseSys(guard, ++guarded);
@@ -367,9 +377,9 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
           if (isGuarded && !sendRecvWait(a, guard, ++guarded)) return;
           const char* slot = sendRecvSlot(a, own, ch.peer, lane, chunk);
           if (R::kReduces && op.src != nullptr) {
-            sendRecvReceiveReduce(op.ptr + off, op.src + off, slot, n, aligned, R(a.nranks));
+            sendRecvReceive(op.ptr + off, op.src + off, slot, n, aligned, R(a.nranks));
           } else {
-            sendRecvMove<false>(op.ptr + off, slot, n, aligned);
+            sendRecvReceive(op.ptr + off, nullptr, slot, n, aligned, SendRecvMoveOnly(0));
           }
           sendRecvPublish(sendRecvCounter(peer, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), chunk);
           // The chunk is in the buffer (every thread's stores are before the barrier sendRecvPublish passed):
