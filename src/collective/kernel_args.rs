@@ -8,7 +8,7 @@ use crate::gpu::DevicePtr;
 pub const MAX_RANKS: usize = 16;
 /// Blocks a collective kernel may have: the flags at the start of each scratch slot have room for them.
 pub const MAX_BLOCKS: u32 = 128;
-/// Bytes of flags at the start of each scratch slot: [phase (2)][block][source rank] of 64 bits.
+/// Bytes of flags at the start of each scratch slot: `[phase (2)][block][source rank]` of 64 bits.
 pub const FLAG_BYTES: u64 = 2 * MAX_BLOCKS as u64 * MAX_RANKS as u64 * 8;
 
 #[repr(C)]

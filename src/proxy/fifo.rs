@@ -22,8 +22,8 @@ pub const FIFO_SIZE: u64 = 128;
 pub const FLUSH_COUNTER: u64 = 4;
 
 /// 16-byte slots of control words after the host tail (the header's `mscclppConcurrentFifo::control()`):
-/// [0] aborted, [1] the wait timeout in ns, [2] a stuck wait's report header, [3] its expected value,
-/// [4] the value it saw last.
+/// `[0]` aborted, `[1]` the wait timeout in ns, `[2]` a stuck wait's report header, `[3]` its expected value,
+/// `[4]` the value it saw last.
 pub const CONTROL_SLOTS: usize = 3;
 
 /// Bytes of the pinned part of a FIFO: the slots, the host copy of the tail (in a 16-byte slot of its

@@ -5,8 +5,7 @@
 use crate::codec::{Reader, Writer};
 use crate::error::Result;
 use crate::gpu::IpcExport;
-// Where NCCL's fallback still names it (src/nccl/fallback.rs); its home is `gpu::ProcessId`.
-pub use crate::gpu::ProcessId;
+use crate::gpu::ProcessId;
 
 /// What one side of a P2P connection sends its peer during set-up.
 #[derive(Clone, Debug, PartialEq, Eq)]
