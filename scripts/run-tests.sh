@@ -173,8 +173,11 @@ else
   failures+=("python tests (not built)")
 fi
 
-# 7. What the README promises (files, run bits, make targets, settings, the wheel's tag), and make install.
+# 7. What the README promises (files, run bits, make targets, settings, the wheel's tag), the source tree's
+# layers (scripts/check-layers.py: no import from the core to a face, none between the faces, no loop), and
+# make install.
 run_group "readme" python3 scripts/check-readme.py
+run_group "layers" python3 scripts/check-layers.py
 run_group "install" bash scripts/check-install.sh
 
 # 8. GPU tests: compiled by make; run by `make gpu-test` on a machine with two GPUs.
