@@ -1,6 +1,6 @@
 //! What every exported function of the NCCL face does first: `entry` (the logger, the panic boundary, the
 //! failure kept for `ncclGetLastError`), `with_comm` (the communicator behind an `ncclComm_t`, its rank
-//! in what is logged; `queue::enqueue` is its twin for work a group queues), and the
+//! in what is logged; `with_comm_reporting`, which `queue::enqueue` uses to fail the open group), and the
 //! readers of NCCL's numbers that many calls share: an `ncclDataType_t` into the core's `DataType`, a rank
 //! argument checked against the communicator's size.
 
@@ -34,9 +34,20 @@ pub(super) fn with_comm(
     comm: ncclComm_t,
     body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
 ) -> ncclResult_t {
+    with_comm_reporting(name, comm, body, |_| {})
+}
+
+/// `with_comm` that also hands any failure, an unknown or NULL `comm` included, to `report` before it
+/// returns (`queue::enqueue` fails the open group with it).
+pub(super) fn with_comm_reporting(
+    name: &str,
+    comm: ncclComm_t,
+    body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
+    report: impl FnOnce(&Error),
+) -> ncclResult_t {
     let found = ncomm::lookup(comm);
     let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
-    entry(name, || body(&found?))
+    entry(name, || found.and_then(|c| body(&c)).inspect_err(report))
 }
 
 pub(super) const OK: Result<ncclResult_t> = Ok(ncclResult_t::ncclSuccess);

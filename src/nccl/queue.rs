@@ -9,15 +9,14 @@
 //! - `ncclGroupStart`, `ncclGroupEnd` and the engine that issues the queued work at the outermost end are
 //!   `group.rs`'s, above this file and above `init.rs` and `rma.rs`, which queue their work here.
 
-use super::comm::{self as ncomm, NcclComm};
-use super::entry::{OK, entry};
+use super::comm::NcclComm;
+use super::entry::{OK, with_comm_reporting};
 use super::fallback::{self, Forwarded};
 use super::types::*;
 use crate::collective::{Call, SendRecvOp};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, GpuContext};
-use crate::logging::RankScope;
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -195,13 +194,7 @@ pub(super) fn enqueue(
     comm: ncclComm_t,
     body: impl FnOnce(&Arc<NcclComm>) -> Result<ncclResult_t>,
 ) -> ncclResult_t {
-    let found = ncomm::lookup(comm);
-    let _rank = found.as_ref().ok().and_then(|c| c.rank()).map(RankScope::enter);
-    entry(name, || {
-        found
-            .and_then(|c| body(&c))
-            .inspect_err(|e| with(&GROUP, |g| g.fail(e)))
-    })
+    with_comm_reporting(name, comm, body, |e| with(&GROUP, |g| g.fail(e)))
 }
 
 #[cfg(test)]
