@@ -464,15 +464,10 @@ mod tests {
     #[test]
     fn every_piece_goes_to_its_place_once() {
         let (send, recv, piece) = (0x1000_0000u64, 0x2000_0000u64, 0x100u64);
+        // Rank `rank` of `n`'s ops for `c` rooted at `root`, on `send` and `recv`.
+        let ops_of = |c, root, rank, n, send, recv| ops(&call(c, 1, DataType::Uint8, root), rank, n, send, recv, piece);
         // Gather to rank 1 of 3: the root receives every piece at its place, its own by a copy.
-        let g = ops(
-            &call(Collective::Gather, 1, DataType::Uint8, 1),
-            1,
-            3,
-            send,
-            recv,
-            piece,
-        );
+        let g = ops_of(Collective::Gather, 1, 1, 3, send, recv);
         assert_eq!(
             list(&g),
             [
@@ -485,47 +480,13 @@ mod tests {
         let w = Work::sort(&g, 1, 3).unwrap();
         assert_eq!(w.copies.len(), 1);
         assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send));
-        assert_eq!(
-            list(&ops(
-                &call(Collective::Gather, 1, DataType::Uint8, 1),
-                2,
-                3,
-                send,
-                0,
-                piece
-            )),
-            [(Send, 1, send)]
-        );
+        assert_eq!(list(&ops_of(Collective::Gather, 1, 2, 3, send, 0)), [(Send, 1, send)]);
         // Scatter from rank 0.
-        let s = ops(
-            &call(Collective::Scatter, 1, DataType::Uint8, 0),
-            0,
-            2,
-            send,
-            recv,
-            piece,
-        );
+        let s = ops_of(Collective::Scatter, 0, 0, 2, send, recv);
         assert_eq!(list(&s), [(Send, 0, send), (Send, 1, send + piece), (Recv, 0, recv)]);
-        assert_eq!(
-            list(&ops(
-                &call(Collective::Scatter, 1, DataType::Uint8, 0),
-                1,
-                2,
-                0,
-                recv,
-                piece
-            )),
-            [(Recv, 0, recv)]
-        );
+        assert_eq!(list(&ops_of(Collective::Scatter, 0, 1, 2, 0, recv)), [(Recv, 0, recv)]);
         // All-to-all: piece p of the input to rank p, piece p of the output from rank p.
-        let a = ops(
-            &call(Collective::AllToAll, 1, DataType::Uint8, 0),
-            1,
-            2,
-            send,
-            recv,
-            piece,
-        );
+        let a = ops_of(Collective::AllToAll, 0, 1, 2, send, recv);
         assert_eq!(
             list(&a),
             [
@@ -539,41 +500,15 @@ mod tests {
         assert_eq!(w.remote.len(), 2);
         assert_eq!((w.copies[0].dst, w.copies[0].src), (recv + piece, send + piece));
         // Broadcast between two ranks; in place at the root, its copy is dropped.
-        let b = ops(
-            &call(Collective::Broadcast, 1, DataType::Uint8, 1),
-            1,
-            2,
-            send,
-            send,
-            piece,
-        );
+        let b = ops_of(Collective::Broadcast, 1, 1, 2, send, send);
         assert_eq!(list(&b), [(Send, 0, send), (Send, 1, send), (Recv, 1, send)]);
         // Among four from rank 2: a chain 2 -> 3 -> 0 -> 1; the middle passes on from its own buffer.
-        let chain = |rank| {
-            ops(
-                &call(Collective::Broadcast, 1, DataType::Uint8, 2),
-                rank,
-                4,
-                send,
-                recv,
-                piece,
-            )
-        };
+        let chain = |rank| ops_of(Collective::Broadcast, 2, rank, 4, send, recv);
         assert_eq!(list(&chain(2)), [(Send, 3, send), (Send, 2, send), (Recv, 2, recv)]);
         assert_eq!(list(&chain(3)), [(Recv, 2, recv), (Send, 0, recv)]);
         assert_eq!(list(&chain(0)), [(Recv, 3, recv), (Send, 1, recv)]);
         assert_eq!(list(&chain(1)), [(Recv, 0, recv)]);
-        assert!(
-            ops(
-                &call(Collective::AllReduce, 1, DataType::Uint8, 0),
-                0,
-                2,
-                send,
-                recv,
-                piece
-            )
-            .is_empty()
-        );
+        assert!(ops_of(Collective::AllReduce, 0, 0, 2, send, recv).is_empty());
         for (c, n) in [
             (Collective::AllReduce, 2),
             (Collective::ReduceScatter, 2),
@@ -596,12 +531,7 @@ mod tests {
         ] {
             let n = 5;
             for rank in 0..n {
-                let w = Work::sort(
-                    &ops(&call(c, 1, DataType::Uint8, 2 % n), rank, n, send, recv, piece),
-                    rank,
-                    n,
-                )
-                .unwrap();
+                let w = Work::sort(&ops_of(c, 2 % n, rank, n, send, recv), rank, n).unwrap();
                 let mut channels: Vec<(u32, usize)> = w.remote.iter().map(|m| (m.kind as u32, m.peer)).collect();
                 channels.sort();
                 channels.dedup();
@@ -609,14 +539,7 @@ mod tests {
                 assert!(channels.len() + copies <= most_channels(c, n), "{c:?} rank {rank}");
             }
         }
-        for o in ops(
-            &call(Collective::AllToAll, 1, DataType::Uint8, 0),
-            0,
-            4,
-            send,
-            recv,
-            piece,
-        ) {
+        for o in ops_of(Collective::AllToAll, 0, 0, 4, send, recv) {
             assert_eq!((o.count as u64, o.datatype), (piece, DataType::Uint8));
         }
     }
