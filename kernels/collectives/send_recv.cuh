@@ -118,6 +118,22 @@ __device__ __forceinline__ char* sendRecvSlot(const SendRecvArgs& a, char* area,
          ((static_cast<uint64_t>(source) * a.lanes + lane) * a.depth + chunk % a.depth) * a.slotBytes;
 }
 
+// Lane `lane` of an op is its bytes [begin, end): every lane but the last holds laneUnits 16-byte units.
+__device__ __forceinline__ void sendRecvLane(const SendRecvOp& op, uint32_t lane, uint64_t& begin, uint64_t& end)
+{
+  begin = lane * op.laneUnits * 16;
+  const uint64_t laneEnd = begin + op.laneUnits * 16;
+  end = laneEnd < op.bytes ? laneEnd : op.bytes;
+}
+
+// The most lanes of any op of a channel: lanes past them carry nothing (small sends use one lane of many).
+__device__ __forceinline__ uint32_t sendRecvWidest(const SendRecvArgs& a, const SendRecvChannel& ch)
+{
+  uint32_t used = 0;
+  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) used = a.ops[k].lanes > used ? a.ops[k].lanes : used;
+  return used;
+}
+
 // What a receive does with each 16-byte unit of a chunk: stores it (SendRecvMoveOnly), or stores the operator
 // applied to the receive's own operand and it (SendRecvReduce), finished for `finish` contributions (an
 // average divides the sum by them) where that is not 0: the last receive of a reduction finishes it, a relay
@@ -247,9 +263,8 @@ __device__ void sendRecvCopies(const SendRecvArgs& a, const SendRecvChannel& ch)
   for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
     const SendRecvOp& op = a.ops[k];
     for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < op.lanes; lane += ch.blocks) {
-      const uint64_t begin = lane * op.laneUnits * 16;
-      const uint64_t laneEnd = begin + op.laneUnits * 16;
-      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      uint64_t begin, end;
+      sendRecvLane(op, lane, begin, end);
       const uint64_t n = end - begin;
       if ((op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0 && n % 16 == 0) {
         sendRecvToSlot(op.ptr + begin, op.src + begin, n, true);
@@ -273,8 +288,7 @@ __device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
   const uint32_t to = a.ops[ch.firstOp].flags >> MSCCLPP_SENDRECV_PEER_SHIFT;
   char* next = a.areas[to];
   char* prev = a.areas[ch.peer];
-  uint32_t used = 0;
-  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) used = a.ops[k].lanes > used ? a.ops[k].lanes : used;
+  const uint32_t used = sendRecvWidest(a, ch);
   for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < used; lane += ch.blocks) {
     uint64_t* received = sendRecvCounter(own, MSCCLPP_SENDRECV_RECEIVED, ch.peer, lane);
     uint64_t* sent = sendRecvCounter(own, MSCCLPP_SENDRECV_SENT, to, lane);
@@ -284,9 +298,8 @@ __device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
       const SendRecvOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
-      const uint64_t begin = lane * op.laneUnits * 16;
-      const uint64_t laneEnd = begin + op.laneUnits * 16;
-      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      uint64_t begin, end;
+      sendRecvLane(op, lane, begin, end);
       const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
       for (uint64_t off = begin; off < end; off += op.chunkBytes) {
         in++;
@@ -333,9 +346,7 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
   char* own = a.areas[a.rank];
   char* peer = a.areas[ch.peer];
 
-  // Lanes past the widest call of the channel carry nothing: small sends use one lane of many.
-  uint32_t used = 0;
-  for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) used = a.ops[k].lanes > used ? a.ops[k].lanes : used;
+  const uint32_t used = sendRecvWidest(a, ch);
   for (uint32_t lane = blockIdx.x - ch.firstBlock; lane < used; lane += ch.blocks) {
     // This block alone moves this lane of this channel in this launch; the previous launch's count is
     // visible since that launch ended before this one began.
@@ -349,9 +360,8 @@ __device__ void sendRecvKernel(const SendRecvArgs& a)
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
       const SendRecvOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
-      const uint64_t begin = lane * op.laneUnits * 16;
-      const uint64_t laneEnd = begin + op.laneUnits * 16;
-      const uint64_t end = laneEnd < op.bytes ? laneEnd : op.bytes;
+      uint64_t begin, end;
+      sendRecvLane(op, lane, begin, end);
       const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
       const bool isGuarded = (op.flags & MSCCLPP_SENDRECV_GUARDED) != 0;
       const bool isForward = (op.flags & MSCCLPP_SENDRECV_FORWARD) != 0;
