@@ -1,7 +1,7 @@
 // Broadcast by copies (larger messages): the root writes its input into every peer's scratch in 16-byte
 // units and each of its blocks signals its part; the others copy each part out once it is signalled.
 //
-// As with packets, the root first waits for every peer's word that it has started this call.
+// As with packets, the root waits for every peer's word that it has started this call (collRootGate).
 //
 // Scratch: [unit]. In place when the root's input is its output.
 #pragma once
@@ -33,5 +33,6 @@ __device__ void broadcastCopy(const CollArgs& a)
       storeUnit<uint4>(a.recv, j, a.bytes, aligned, loadScratch16(mine, j));
     }
   }
+  collRootGateClose(a, epoch);
   collEnd(a, epoch);
 }

@@ -1,8 +1,9 @@
 // Broadcast with packets (small messages): the root writes its input as packets into every peer's scratch
 // (and its own output); the others copy the packets out as they arrive.
 //
-// The root waits first for a word from every peer that it has started this call: the root gets nothing else
-// from them, and without it could run two calls ahead and overwrite the slot a peer still reads.
+// The root waits for a word from every peer that it has started this call (collRootGate: among more than
+// two ranks before it writes, between two after): the root gets nothing else from them, and without it could
+// run two calls ahead and overwrite the slot a peer still reads.
 //
 // Scratch: [unit] packets. In place when the root's input is its output.
 #pragma once
@@ -30,5 +31,6 @@ __device__ void broadcastPacket(const CollArgs& a)
       storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, getPacket(a, mine, i, flag, aborted));
     }
   }
+  collRootGateClose(a, epoch);
   collEnd(a, epoch);
 }

@@ -76,7 +76,8 @@ struct NoPre {
 // ---- the call's epoch --------------------------------------------------------------------------------
 // Every launch is one epoch (1, 2, ...), counted on the GPU so that a replayed CUDA graph goes on counting.
 // Epoch e uses slot e % 2 of every scratch buffer: a rank can be at most one epoch ahead of its peers
-// (finishing epoch e needs every peer's data of epoch e), so it never writes the slot a peer still reads.
+// (finishing epoch e needs every peer's data of epoch e, or its word that it is in it: collRootGate), so it
+// never writes the slot a peer still reads.
 __device__ __forceinline__ uint64_t collBegin(const CollArgs& a)
 {
   return *reinterpret_cast<volatile uint64_t*>(a.state) + 1;
@@ -277,13 +278,27 @@ __device__ __forceinline__ void copyPiecesFromPeers(const CollArgs& a, const Cop
 }
 
 // ---- one sender (broadcast, scatter) -----------------------------------------------------------------
-// A root needs no data of its peers, so nothing would hold it back from running two calls ahead and
-// overwriting a slot a peer still reads: every non-root first tells the root it is in this call (phase 1),
-// and the root waits for all of them. Returns false once the communicator is aborted.
+// A root needs no data of its peers, so nothing else would hold it back from running two calls ahead and
+// overwriting a slot a peer still reads: every non-root tells the root it is in this call (phase 1), and
+// the root waits for every such word before its call ends. Among more than two ranks it waits before it
+// writes: a non-root that finishes on the root's data then knows every other non-root is in this call too,
+// so its next call may write into their scratch. Between two ranks the root writes first and waits after
+// (collRootGateClose), so that the word's trip across the link overlaps the root's data instead of
+// preceding it: a call between two ranks ends only once each has heard from the other in it, so the peer
+// has finished the call before the last, the last to use this call's slot. Returns false once the
+// communicator is aborted.
 __device__ __forceinline__ bool collRootGate(const CollArgs& a, uint64_t epoch)
 {
-  if (a.rank == a.root) return collWait(a, epoch, 1);
-  collSignal(a, epoch, 1, static_cast<int>(a.root));
-  return true;
+  if (a.rank != a.root) {
+    collSignal(a, epoch, 1, static_cast<int>(a.root));
+    return true;
+  }
+  return a.nranks == 2 || collWait(a, epoch, 1);
+}
+
+// The end of a call that opened with collRootGate: between two ranks the root waits here for its peer's word.
+__device__ __forceinline__ void collRootGateClose(const CollArgs& a, uint64_t epoch)
+{
+  if (a.rank == a.root && a.nranks == 2) collWait(a, epoch, 1);
 }
 

@@ -1,6 +1,6 @@
 // Scatter by copies (larger messages): the root writes each peer's piece of its input into that peer's
-// scratch in 16-byte units and signals it; each peer copies its piece out. As in a broadcast, the root first
-// waits for every peer to say it is in this call (collRootGate).
+// scratch in 16-byte units and signals it; each peer copies its piece out. As in a broadcast, the root waits for
+// every peer to say it is in this call (collRootGate).
 //
 // Scratch: one region of the receiver's piece. In place at the root when its output is its own piece of
 // the input.
@@ -41,5 +41,6 @@ __device__ void scatterCopy(const CollArgs& a)
       storeUnit<uint4>(a.recv, j, a.bytes, aligned, loadScratch16(mine, j));
     }
   }
+  collRootGateClose(a, epoch);
   collEnd(a, epoch);
 }

@@ -1,6 +1,6 @@
 // Scatter with packets (small messages): the root writes each peer's piece of its input as packets into
-// that peer's scratch; each peer copies its piece out as the packets arrive. The root first waits for every
-// peer to say it is in this call (collRootGate).
+// that peer's scratch; each peer copies its piece out as the packets arrive. The root waits for every peer
+// to say it is in this call (collRootGate).
 //
 // Scratch: one region of packets of the receiver's piece.
 #pragma once
@@ -32,5 +32,6 @@ __device__ void scatterPacket(const CollArgs& a)
       storeUnit<uint64_t>(a.recv, i, a.bytes, aligned, getPacket(a, mine, i, flag, aborted));
     }
   }
+  collRootGateClose(a, epoch);
   collEnd(a, epoch);
 }

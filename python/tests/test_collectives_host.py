@@ -463,6 +463,9 @@ def test_the_gpu_is_made_current_only_until_the_library_has_taken_it(monkeypatch
 
     monkeypatch.setattr(_cuda, "device_context", pushed)
     monkeypatch.setattr(_cuda, "current_context", lambda: events.append("asked") or 0x1234)
+    # No GPU current when the communicator is made, also on a machine with one (an earlier test of the
+    # session may have left its context current on this thread).
+    monkeypatch.setattr(_cuda, "current_device", lambda: None)
     results = iter([0, 4, 0, 0])  # an empty call, a failing call, then two that succeed
     for name in collectives._NAMES:
         monkeypatch.setitem(collectives._fns, name, lambda *args: events.append("call") or next(results))

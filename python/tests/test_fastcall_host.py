@@ -712,14 +712,16 @@ def test_a_cupy_with_its_direct_attributes(world: World, monkeypatch: pytest.Mon
         assert result[0] == "raised" and made == 0 and not calls, result
 
 
-def test_the_communicators_state_for_the_fast_path() -> None:
+def test_the_communicators_state_for_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """_CommState._fast: (handle, device, size, rank) while the library holds the GPU of an open
     communicator, else None; every change of those attributes makes it again."""
+    # Made with no GPU current, also on a machine with one (an earlier test may have left a context current).
+    monkeypatch.setattr(_cuda, "current_device", lambda: None)
     comm = mscclpp.Communicator(1, 0, unique_id=mscclpp.UniqueId.create())
     st = comm._st
     try:
         h = st._handle
-        assert st._fast is None and not st.library_has_gpu  # no GPU here
+        assert st._fast is None and not st.library_has_gpu  # no GPU current
         st.device, st.library_has_gpu = 0, True
         assert st._fast == (h, 0, 1, 0)
         st.device = 2
