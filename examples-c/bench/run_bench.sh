@@ -54,6 +54,7 @@ fi
 run_bench allgather_bench 150
 run_bench direct_bench 90
 run_bench peer_copy_ceiling 60
+run_bench graph_floor 60
 run_bench proxy_floor 120
 
 # Our collectives against NCCL (examples-c/bench/compare_collectives.py: collectives_bench, then
@@ -198,6 +199,11 @@ floor_row() {
   echo "| $(value mode "$1") | $(value way "$1") | $(size_name "$(value bytes "$1")") | $(value us_per_iter "$1") us | $(value GBps_per_direction "$1")$(mark "$(value checked "$1")") | $(value cpu_us_per_request "$1") us |"
 }
 bench_rows "$log_dir/proxy_floor.log" "proxy_floor " floor_row "| n/a (failed, see $log_dir/proxy_floor.log) | | | | | |"
+
+echo
+echo "### The floor of a small collective in a CUDA graph, without this library (graph_floor: us per kernel, median of 5)"
+echo
+grep -E '^(graph_floor|SKIP graph_floor)' "$log_dir/graph_floor.log" 2>/dev/null || echo "n/a (failed, see $log_dir/graph_floor.log)"
 
 if [ -n "$coll_table" ]; then
   if [ -s "$coll_table" ]; then
