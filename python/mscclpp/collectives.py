@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import importlib.util
 import os
 import sys
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -324,6 +325,11 @@ if _fastcall_setting == "0":
     _fastcall_missing = "turned off by MSCCLPP_PYTHON_FASTCALL=0"
 elif sys.version_info < (3, 10) or sys.implementation.name != "cpython":
     _fastcall_missing = "not used: it needs CPython >= 3.10 (it is built for the stable ABI of 3.10)"
+elif importlib.util.find_spec(f"{__package__}._fastcall") is None:
+    # Said plainly: an import of a module that is not there reads "cannot import name ... (most likely due
+    # to a circular import)" while the package is initialising.
+    _fastcall_missing = (f"not built (no _fastcall*.so in {os.path.dirname(os.path.abspath(__file__))}: make "
+                         "builds it there, pip into the installed package)")
 else:
     try:
         from . import _fastcall  # type: ignore[attr-defined,no-redef]

@@ -16,6 +16,7 @@ import ctypes
 import enum
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -52,6 +53,29 @@ def test_the_extension_is_there_where_it_could_be_built() -> None:
     if compiler is None or not headers:
         pytest.skip(f"no C compiler or Python.h here either: {collectives._fastcall_state()}")
     pytest.fail(f"pip could have built the extension here: {collectives._fastcall_state()}")
+
+
+def test_a_package_without_the_built_extension_says_so(tmp_path: Any) -> None:
+    """A checkout whose extension was never built (a copy of the tree without its ignored files) says the
+    extension is not built and where it looked, not Python's "(most likely due to a circular import)"."""
+    # The checkout's package (python/mscclpp beside these tests), whichever copy this session imported.
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mscclpp")
+    repo_build = os.path.join(os.path.dirname(os.path.dirname(here)), "build")
+    if not os.path.isdir(repo_build) or not os.path.isfile(os.path.join(here, "collectives.py")):
+        pytest.skip(f"these tests do not sit in a checkout with build/ ({here})")
+    copy = tmp_path / "python" / "mscclpp"
+    shutil.copytree(here, copy, ignore=shutil.ignore_patterns("_fastcall*.so", "__pycache__"))
+    os.symlink(repo_build, tmp_path / "build")
+    env = {k: v for k, v in os.environ.items() if k != "MSCCLPP_PYTHON_FASTCALL"}
+    env["PYTHONPATH"] = str(tmp_path / "python")
+    out = subprocess.run([sys.executable, "-c", "from mscclpp import collectives; print(collectives._fastcall_state())"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if sys.version_info < (3, 10):
+        assert "3.10" in out.stdout
+        return
+    assert "not built" in out.stdout and str(copy) in out.stdout, out.stdout
+    assert "circular" not in out.stdout, out.stdout
 
 
 # ---- stand-ins for torch and cupy ----
