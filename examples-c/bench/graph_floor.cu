@@ -13,6 +13,9 @@
 // the kernel and the program fails, rather than hanging. Needs two GPUs that reach each other's memory.
 //
 //   graph_floor [--kernels K] [--replays R]     (defaults 10 and 200)
+#define BENCH_NAME "graph_floor"
+#include "bench_check.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,17 +31,6 @@ namespace {
 constexpr int kRepeats = 5;
 constexpr uint64_t kMaxBytes = 16 << 10;  // the largest packet case
 constexpr uint64_t kTimeoutNs = 5000000000ull;
-
-// This file's own check, not those of ../common/: the program measures the hardware without this library,
-// so it uses nothing of it; a failure is a `FAIL graph_floor: ...` line on stdout, where run_bench.sh looks.
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    cudaError_t e_ = (call);                                                                               \
-    if (e_ != cudaSuccess) {                                                                               \
-      printf("FAIL graph_floor: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);             \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
 
 // One GPU's words: `counter` (its epoch), `flag` (written by the peer), `timedOut` (set by a wait that gave
 // up), then two packet slots written by the peer, its input and its output.

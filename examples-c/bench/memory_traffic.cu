@@ -14,6 +14,9 @@
 // kernels do not wait for each other): this times memory traffic only. Run it under MPS:
 //
 //   memory_traffic [bytes, default 1 GiB] [iterations, default 8]
+#define BENCH_NAME "memory_traffic"
+#include "bench_check.h"
+
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -24,15 +27,6 @@
 #include <unistd.h>
 
 namespace {
-
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    cudaError_t e_ = (call);                                                                               \
-    if (e_ != cudaSuccess) {                                                                               \
-      printf("FAIL memory_traffic: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);          \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
 
 constexpr int kThreads = 1024;
 

@@ -5,6 +5,9 @@
 // One process drives both GPUs; each case is checked word by word once, then timed (median of 5 repeats).
 //
 //   peer_copy_ceiling [ignored arguments]
+#define BENCH_NAME "peer_copy_ceiling"
+#include "bench_check.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,18 +20,6 @@ namespace {
 constexpr size_t kBytes = 1ull << 30;
 constexpr int kRepeats = 5;
 constexpr int kThreads = 1024;
-
-// This file's own check, not those of ../common/: the program measures the link without this library, so
-// it uses nothing of it and a reader sees all it does here; a failure is a `FAIL peer_copy_ceiling: ...`
-// line on stdout, where run_bench.sh looks for it.
-#define CHECK(call)                                                                                        \
-  do {                                                                                                     \
-    cudaError_t e_ = (call);                                                                               \
-    if (e_ != cudaSuccess) {                                                                               \
-      printf("FAIL peer_copy_ceiling: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);       \
-      exit(1);                                                                                             \
-    }                                                                                                      \
-  } while (0)
 
 __host__ __device__ uint32_t word(uint32_t seed, uint64_t i) { return (uint32_t)(i * 2654435761u) ^ seed; }
 
