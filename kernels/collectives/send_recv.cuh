@@ -155,8 +155,31 @@ struct SendRecvReduce {
   }
 };
 
+// Units [0, units) of 16 bytes, four in flight per thread: the loads of a group (`load(u)`) are issued
+// before its stores (`store(u, loaded)`), so that a thread waits on one round trip per group.
+template <typename Load, typename Store>
+__device__ __forceinline__ void sendRecvGroups(uint64_t units, const Load& load, const Store& store)
+{
+  constexpr uint32_t kGroup = 4;
+  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
+  uint64_t u = threadIdx.x;
+  for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
+    decltype(load(u)) v[kGroup];
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) v[g] = load(u + g * blockDim.x);
+#pragma unroll
+    for (uint32_t g = 0; g < kGroup; g++) store(u + g * blockDim.x, v[g]);
+  }
+  for (; u < units; u += blockDim.x) store(u, load(u));
+}
+
+// A unit of a slot and the receiver's own unit beside it, loaded together (sendRecvReceive).
+struct SendRecvUnits {
+  uint4 slot, own;
+};
+
 // A receive of `n` bytes out of a slot: dst = slot (SendRecvMoveOnly) or reduce(own, slot) (SendRecvReduce),
-// four units in flight per thread where dst (and own) are aligned and n a multiple of 16, else unit by unit.
+// in groups (sendRecvGroups) where dst (and own) are aligned and n a multiple of 16, else unit by unit.
 // Slot reads bypass L1 (`ld.global.cg`): a slot is rewritten by the peer for later chunks, and L1 is not
 // coherent with those writes.
 template <typename R>
@@ -177,38 +200,19 @@ __device__ __forceinline__ void sendRecvReceive(char* dst, const char* own, cons
   }
   const uint4* mine = reinterpret_cast<const uint4*>(own);
   uint4* out = reinterpret_cast<uint4*>(dst);
-  constexpr uint32_t kGroup = 4;
-  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
-  uint64_t u = threadIdx.x;
-  for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
-    uint4 v[kGroup], w[kGroup];
-#pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) {
-      v[g] = __ldcg(in + u + g * blockDim.x);
-      if constexpr (R::kReduces) w[g] = mine[u + g * blockDim.x];
-    }
-#pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) {
-      if constexpr (R::kReduces) {
-        out[u + g * blockDim.x] = reduce(w[g], v[g]);
-      } else {
-        out[u + g * blockDim.x] = v[g];
-      }
-    }
-  }
-  for (; u < units; u += blockDim.x) {
-    if constexpr (R::kReduces) {
-      out[u] = reduce(mine[u], __ldcg(in + u));
-    } else {
-      out[u] = __ldcg(in + u);
-    }
+  if constexpr (R::kReduces) {
+    sendRecvGroups(
+      units, [&](uint64_t u) { return SendRecvUnits{__ldcg(in + u), mine[u]}; },
+      [&](uint64_t u, const SendRecvUnits& v) { out[u] = reduce(v.own, v.slot); });
+  } else {
+    sendRecvGroups(
+      units, [&](uint64_t u) { return __ldcg(in + u); }, [&](uint64_t u, const uint4& v) { out[u] = v; });
   }
 }
 
-// A send's chunk (or a copy to this rank itself) of `n` bytes from `src` into `dst`, four units in flight
-// per thread (the loads of a group are issued before its stores, so that a thread waits on one round trip
-// per group) where both are aligned and n a multiple of 16, else unit by unit (a slot, always aligned,
-// written as scratch).
+// A send's chunk (or a copy to this rank itself) of `n` bytes from `src` into `dst`, in groups
+// (sendRecvGroups) where both are aligned and n a multiple of 16, else unit by unit (a slot, always
+// aligned, written as scratch).
 __device__ __forceinline__ void sendRecvToSlot(char* dst, const char* src, uint64_t n, bool aligned)
 {
   const uint64_t units = unitsOf(n, 16);
@@ -218,17 +222,8 @@ __device__ __forceinline__ void sendRecvToSlot(char* dst, const char* src, uint6
   }
   const uint4* in = reinterpret_cast<const uint4*>(src);
   uint4* out = reinterpret_cast<uint4*>(dst);
-  constexpr uint32_t kGroup = 4;
-  const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
-  uint64_t u = threadIdx.x;
-  for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
-    uint4 v[kGroup];
-#pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) v[g] = in[u + g * blockDim.x];
-#pragma unroll
-    for (uint32_t g = 0; g < kGroup; g++) out[u + g * blockDim.x] = v[g];
-  }
-  for (; u < units; u += blockDim.x) out[u] = in[u];
+  sendRecvGroups(
+    units, [&](uint64_t u) { return in[u]; }, [&](uint64_t u, const uint4& v) { out[u] = v; });
 }
 
 // Thread 0 waits until `*counter` (this rank's memory, written by a peer) reaches `target`; the block goes
