@@ -1,6 +1,6 @@
 // Scatter by copies (larger messages): the root writes each peer's piece of its input into that peer's
-// scratch in 16-byte units and signals it; each peer copies its piece out. As in a broadcast, the root waits for
-// every peer to say it is in this call (collRootGate).
+// scratch in 16-byte units and signals it; each peer copies its piece out. As in a broadcast, the root
+// waits for every peer to say it is in this call (collRootGate).
 //
 // Scratch: one region of the receiver's piece. In place at the root when its output is its own piece of
 // the input.
