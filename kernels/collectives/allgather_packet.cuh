@@ -26,10 +26,9 @@ __device__ void allgatherPacket(const CollArgs& a)
   const char* mine = collPackets(a, a.rank, epoch);
   for (uint32_t k = 1; k < a.nranks && !aborted; k++) {
     const uint32_t source = (a.rank + a.nranks - k) % a.nranks;
-    // A rank without output still waits for the root's packets of this call: the root then has finished
-    // the previous call, so this rank, one call ahead at most, never overwrites packets the root still
-    // reads (nothing else holds it back: it needs no data of its own).
-    if (!keep && source != a.root) continue;
+    // A rank without output still waits for every peer's packets of this call: it ends, as every call does,
+    // only once it has heard from every peer in it (common.cuh), so its next call never overwrites a slot
+    // a peer still reads.
     for (uint64_t i = first; i < units && !aborted; i += step) {
       const uint64_t v = getPacket(a, mine, source * units + i, flag, aborted);
       if (keep) storeUnit<uint64_t>(a.recv + source * a.strideBytes, i, a.bytes, aligned, v);

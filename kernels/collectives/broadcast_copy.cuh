@@ -12,10 +12,7 @@ __device__ void broadcastCopy(const CollArgs& a)
 {
   const auto [epoch, units, part, aligned] = copyCall(a);
 
-  if (!collRootGate(a, epoch)) {
-    collEnd(a, epoch);
-    return;
-  }
+  collRootGate(a, epoch);
   if (a.rank == a.root) {
     for (uint64_t j = part.begin + threadIdx.x; j < part.end; j += blockDim.x) {
       const uint4 v = loadUnit<uint4>(a.send, j, a.bytes, aligned);

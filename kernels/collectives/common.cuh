@@ -77,7 +77,8 @@ struct NoPre {
 // Every launch is one epoch (1, 2, ...), counted on the GPU so that a replayed CUDA graph goes on counting.
 // Epoch e uses slot e % 2 of every scratch buffer: a rank can be at most one epoch ahead of its peers
 // (finishing epoch e needs every peer's data of epoch e, or its word that it is in it: collRootGate), so it
-// never writes the slot a peer still reads.
+// never writes the slot a peer still reads. Every kernel keeps that: it ends only once it has heard from
+// every peer in its epoch.
 __device__ __forceinline__ uint64_t collBegin(const CollArgs& a)
 {
   return *reinterpret_cast<volatile uint64_t*>(a.state) + 1;
@@ -156,13 +157,14 @@ __device__ __forceinline__ void collSignal(const CollArgs& a, uint64_t epoch, in
   }
 }
 
-// Waits until every peer's same block (or only `only`'s) has signalled phase `phase`; returns false once
-// the communicator is aborted (the data is then undefined, and the kernel should end).
-__device__ __forceinline__ bool collWait(const CollArgs& a, uint64_t epoch, int phase, int only = -1)
+// Waits until every peer's same block (or only `only`'s; never `skip`'s) has signalled phase `phase`;
+// returns false once the communicator is aborted (the data is then undefined, and the kernel should end).
+__device__ __forceinline__ bool collWait(const CollArgs& a, uint64_t epoch, int phase, int only = -1, int skip = -1)
 {
   int aborted = 0;
   const uint32_t peer = threadIdx.x;
-  if (peer < a.nranks && peer != a.rank && (only < 0 || peer == static_cast<uint32_t>(only))) {
+  if (peer < a.nranks && peer != a.rank && (only < 0 || peer == static_cast<uint32_t>(only)) &&
+      (skip < 0 || peer != static_cast<uint32_t>(skip))) {
     const uint64_t* flag = collFlag(a, a.rank, epoch, phase, blockIdx.x, peer);
     uint32_t spins = 0;
     while (loadAcquireSys(flag) < epoch) {
@@ -278,27 +280,26 @@ __device__ __forceinline__ void copyPiecesFromPeers(const CollArgs& a, const Cop
 }
 
 // ---- one sender (broadcast, scatter) -----------------------------------------------------------------
-// A root needs no data of its peers, so nothing else would hold it back from running two calls ahead and
-// overwriting a slot a peer still reads: every non-root tells the root it is in this call (phase 1), and
-// the root waits for every such word before its call ends. Among more than two ranks it waits before it
-// writes: a non-root that finishes on the root's data then knows every other non-root is in this call too,
-// so its next call may write into their scratch. Between two ranks the root writes first and waits after
-// (collRootGateClose), so that the word's trip across the link overlaps the root's data instead of
-// preceding it: a call between two ranks ends only once each has heard from the other in it, so the peer
-// has finished the call before the last, the last to use this call's slot. Returns false once the
-// communicator is aborted.
-__device__ __forceinline__ bool collRootGate(const CollArgs& a, uint64_t epoch)
+// A call ends only once this rank has heard from every peer in it (the peer's data, or its word that it is
+// in the call), so a peer in this rank's next call has finished the call before this one, the last to use
+// that call's slot: no rank writes a slot a peer still reads. A broadcast's or scatter's non-roots send no
+// data, so each tells every peer it is in the call (phase 1) as it starts (collRootGate), and each rank
+// waits at its end for the words of the peers it got no data from (collRootGateClose): the root for every
+// non-root, a non-root for the other non-roots. No rank waits before it writes, so the words' trips across
+// the link overlap the root's data instead of preceding it.
+__device__ __forceinline__ void collRootGate(const CollArgs& a, uint64_t epoch)
 {
-  if (a.rank != a.root) {
-    collSignal(a, epoch, 1, static_cast<int>(a.root));
-    return true;
-  }
-  return a.nranks == 2 || collWait(a, epoch, 1);
+  if (a.rank != a.root) collSignal(a, epoch, 1);
 }
 
-// The end of a call that opened with collRootGate: between two ranks the root waits here for its peer's word.
+// The end of a call that opened with collRootGate. Between two ranks the non-root has heard from its one
+// peer, the root, by its data.
 __device__ __forceinline__ void collRootGateClose(const CollArgs& a, uint64_t epoch)
 {
-  if (a.rank == a.root && a.nranks == 2) collWait(a, epoch, 1);
+  if (a.rank == a.root) {
+    collWait(a, epoch, 1);
+  } else if (a.nranks > 2) {
+    collWait(a, epoch, 1, -1, static_cast<int>(a.root));
+  }
 }
 

@@ -12,10 +12,7 @@ __device__ void scatterCopy(const CollArgs& a)
 {
   const auto [epoch, units, part, aligned] = copyCall(a);
 
-  if (!collRootGate(a, epoch)) {
-    collEnd(a, epoch);
-    return;
-  }
+  collRootGate(a, epoch);
   if (a.rank == a.root) {
     for (uint32_t k = 1; k < a.nranks; k++) {
       const uint32_t peer = (a.rank + k) % a.nranks;

@@ -11,10 +11,7 @@ __device__ void scatterPacket(const CollArgs& a)
 {
   const auto [epoch, flag, units, first, step, aligned] = packetCall(a);
 
-  if (!collRootGate(a, epoch)) {
-    collEnd(a, epoch);
-    return;
-  }
+  collRootGate(a, epoch);
   if (a.rank == a.root) {
     const char* own = a.send + a.rank * a.strideBytes;
     for (uint64_t i = first; i < units; i += step) {
