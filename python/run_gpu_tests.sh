@@ -65,14 +65,17 @@ if ! "$py" -c 'import pytest' 2>/dev/null; then
   fi
 fi
 
-# 1. The tests. -rA lists every test's outcome; the conftest prints "python tests: N passed, N failed, N skipped".
+# 1. The tests. -v lists every test's outcome, --durations the slowest; the conftest prints
+# "python tests: N passed, N failed, N skipped".
 if "$py" -c 'import pytest' 2>/dev/null || [ -d build/python-gpu-lib ]; then
   log="$log_dir/pytest.log"
   echo "== pytest python/tests (log $log)"
-  timeout -k 10 1500 "$py" -m pytest python/tests -v -rs -p no:cacheprovider >"$log" 2>&1
+  timeout -k 10 1500 "$py" -m pytest python/tests -v -rs --durations=12 -p no:cacheprovider >"$log" 2>&1
   rc=$?
   grep -E '(PASSED|FAILED|SKIPPED|ERROR)' "$log" | grep -E '::' | sed -E 's/ +\[ *[0-9]+%\]//'
   grep -E '^SKIPPED' "$log"
+  # The slowest tests (--durations), so that the tier's time can be planned.
+  sed -n '/slowest [0-9]* durations/,/^$/p' "$log" | head -n 14
   line=$(grep -E '^python tests: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' "$log" | tail -n 1)
   if [[ $line =~ ([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped ]]; then
     passed=$((passed + BASH_REMATCH[1]))
