@@ -12,6 +12,10 @@
 # MSCCLPP_TEST_MIN_GPUS=1 lets it run on one GPU: the collectives' tests and example then run with both
 # ranks on that GPU (rank r uses GPU r % GPUs); what needs two GPUs (python/tests/test_gpu.py, the
 # ping-pong, put and all-gather examples) is skipped, and listed as skipped.
+#
+# To split the run over separate calls: PY_GPU_PARTS="tests" or "examples" (default both; a part left out
+# is named in a note), and PY_GPU_TESTS the pytest paths of the tests part (default python/tests), e.g.
+# PY_GPU_TESTS="python/tests/test_gpu.py".
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,12 +69,20 @@ if ! "$py" -c 'import pytest' 2>/dev/null; then
   fi
 fi
 
+parts=${PY_GPU_PARTS:-tests examples}
+has_part() { [[ " $parts " == *" $1 "* ]]; }
+for p in $parts; do
+  [[ $p == tests || $p == examples ]] || { echo "FAIL PY_GPU_PARTS: '$p' is not tests or examples"; exit 2; }
+done
+for p in tests examples; do has_part "$p" || echo "note: part $p not run (PY_GPU_PARTS=$parts)"; done
+read -r -a test_paths <<<"${PY_GPU_TESTS:-python/tests}"
+
 # 1. The tests. -v lists every test's outcome, --durations the slowest; the conftest prints
 # "python tests: N passed, N failed, N skipped".
-if "$py" -c 'import pytest' 2>/dev/null || [ -d build/python-gpu-lib ]; then
+if has_part tests && { "$py" -c 'import pytest' 2>/dev/null || [ -d build/python-gpu-lib ]; }; then
   log="$log_dir/pytest.log"
-  echo "== pytest python/tests (log $log)"
-  timeout -k 10 1500 "$py" -m pytest python/tests -v -rs --durations=12 -p no:cacheprovider >"$log" 2>&1
+  echo "== pytest ${test_paths[*]} (log $log)"
+  timeout -k 10 1500 "$py" -m pytest "${test_paths[@]}" -v -rs --durations=12 -p no:cacheprovider >"$log" 2>&1
   rc=$?
   grep -E '(PASSED|FAILED|SKIPPED|ERROR)' "$log" | grep -E '::' | sed -E 's/ +\[ *[0-9]+%\]//'
   grep -E '^SKIPPED' "$log"
@@ -126,14 +138,16 @@ run_2gpu_example() {
   fi
   run_example "$@"
 }
-run_2gpu_example ping_pong_cupy 120 "$py" python/examples/ping_pong_cupy.py --port "$base_port"
-run_2gpu_example ping_pong_cupy_direct 120 "$py" python/examples/ping_pong_cupy.py --port "$((base_port + 1))" --direct
-run_2gpu_example bidir_put_torch 600 "$py" python/examples/bidir_put_torch.py --port "$((base_port + 2))"
-run_2gpu_example allgather_torch_mp 300 "$py" python/examples/allgather_torch_mp.py
-run_2gpu_example allgather_torch_mp_4ranks 300 "$py" python/examples/allgather_torch_mp.py --nranks 4 --iters 20
-# Two ranks, one per GPU or both on one (where NCCL cannot take part: the example says so and runs mscclpp).
-run_example allreduce_from_torch_distributed 300 "$py" python/examples/allreduce_from_torch_distributed.py \
-  --port "$((base_port + 3))"
+if has_part examples; then
+  run_2gpu_example ping_pong_cupy 120 "$py" python/examples/ping_pong_cupy.py --port "$base_port"
+  run_2gpu_example ping_pong_cupy_direct 120 "$py" python/examples/ping_pong_cupy.py --port "$((base_port + 1))" --direct
+  run_2gpu_example bidir_put_torch 600 "$py" python/examples/bidir_put_torch.py --port "$((base_port + 2))"
+  run_2gpu_example allgather_torch_mp 300 "$py" python/examples/allgather_torch_mp.py
+  run_2gpu_example allgather_torch_mp_4ranks 300 "$py" python/examples/allgather_torch_mp.py --nranks 4 --iters 20
+  # Two ranks, one per GPU or both on one (where NCCL cannot take part: the example says so and runs mscclpp).
+  run_example allreduce_from_torch_distributed 300 "$py" python/examples/allreduce_from_torch_distributed.py \
+    --port "$((base_port + 3))"
+fi
 
 echo "python gpu: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
