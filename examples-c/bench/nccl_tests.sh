@@ -46,6 +46,10 @@ Options:
   --graph "ARGS"   the graph mode's arguments (default "-G 10 -n 50 -w 5")
   --check N        -c N (default 1: check the results)
   --libs LIST      nvidia,ours (default both)
+  --lib NAME=DIR   one more library to run after those: the libnccl.so.2 in DIR (another build of ours, to
+                   compare builds in one lease), shown as NAME (lower-case letters, digits, _); repeatable
+  --rounds N       run every library N times, in turn for each collective (A B A B ...), so that the
+                   tables show each run's spread; later rounds are shown as NAME-r2, NAME-r3, ... (default 1)
   --extra "ARGS"   passed to every *_perf, e.g. --extra "-d all -o all"
   --quick          a short smoke run for correctness: -b 1K -e 1M -f 4, eager -n 5 -w 2, graph -G 2 -n 5 -w 2
                    (options given explicitly still win)
@@ -86,6 +90,8 @@ eager_args=""
 graph_args=""
 check=1
 libs="nvidia,ours"
+more_libs=()
+rounds=1
 extra=""
 quick=0
 out="$root/build/nccl-tests-logs"
@@ -107,6 +113,8 @@ while [ $# -gt 0 ]; do
     --graph) need_arg "$@"; graph_args=$2; shift ;;
     --check) need_arg "$@"; check=$2; shift ;;
     --libs) need_arg "$@"; libs=$2; shift ;;
+    --lib) need_arg "$@"; more_libs+=("$2"); shift ;;
+    --rounds) need_arg "$@"; rounds=$2; shift ;;
     --extra) need_arg "$@"; extra=$2; shift ;;
     --quick) quick=1 ;;
     --out) need_arg "$@"; out=$(from_caller "$2"); shift ;;
@@ -148,6 +156,19 @@ done
 for m in "${mode_list[@]}"; do [[ $m == eager || $m == graph ]] || die "--modes: '$m' is neither eager nor graph"; done
 for r in "${reg_list[@]}"; do [[ $r == 0 || $r == 1 || $r == 2 ]] || die "--reg: '$r' is not 0, 1 or 2"; done
 for l in "${lib_list[@]}"; do [[ $l == nvidia || $l == ours ]] || die "--libs: '$l' is neither nvidia nor ours"; done
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || die "--rounds takes a positive number, not '$rounds'"
+declare -A more_dir=()
+for spec in "${more_libs[@]}"; do
+  name=${spec%%=*}
+  dir=${spec#*=}
+  [[ $spec == *=* && $name =~ ^[a-z][a-z0-9_]*$ ]] ||
+    die "--lib takes NAME=DIR with NAME of lower-case letters, digits and _, not '$spec'"
+  [[ $name != nvidia && $name != ours && -z ${more_dir[$name]:-} ]] || die "--lib: the name '$name' is taken"
+  dir=$(from_caller "$dir")
+  [ -f "$dir/libnccl.so.2" ] || die "--lib $name: no libnccl.so.2 in $dir"
+  more_dir[$name]=$dir
+  lib_list+=("$name")
+done
 ((${#coll_list[@]} && ${#mode_list[@]} && ${#reg_list[@]} && ${#lib_list[@]})) || die "an empty list of collectives, modes, -R values or libraries"
 mkdir -p "$out" || die "cannot create $out"
 out="$(cd "$out" && pwd)"
@@ -288,6 +309,7 @@ done
 export NCCL_NVLS_ENABLE=0 # never NVLink multicast, on either library
 sysdirs="$mpi_lib:$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -A libdir=([nvidia]="$nvidia_lib" [ours]="$ours_lib")
+for name in "${!more_dir[@]}"; do libdir[$name]=${more_dir[$name]}; done
 
 # Which file each library's runs load (the binaries carry no rpath: LD_LIBRARY_PATH decides).
 for l in "${lib_list[@]}"; do
@@ -348,47 +370,52 @@ for reg in "${reg_list[@]}"; do
   for mode in "${mode_list[@]}"; do
     if [ "$mode" = eager ]; then margs=$eager_args; else margs=$graph_args; fi
     for coll in "${coll_list[@]}"; do
-      for lib in "${lib_list[@]}"; do
-        log_name="$coll.$mode.R$reg.$lib.log"
-        log=$out/$log_name
-        if [ "$lib" = nvidia ] && [ "$shared" = 1 ]; then
-          printf 'run\t%s\t%s\t%s\t%s\tskip\t0\t\t%s\t%s\n' "$coll" "$mode" "$reg" "$lib" "$margs" \
-            "not run: $ranks ranks on $gpus GPUs, and NVIDIA's NCCL refuses two ranks on one GPU" >>"$manifest"
-          continue
-        fi
-        # shellcheck disable=SC2206 # the argument strings are lists of words on purpose
-        args=($sizes $margs -c "$check" -R "$reg" $extra)
-        cmd=(timeout -k 10 "$run_timeout" "$mpirun" -np "$ranks" --allow-run-as-root --oversubscribe --bind-to none
-          -x "LD_LIBRARY_PATH=${libdir[$lib]}:$sysdirs" -x NCCL_NVLS_ENABLE=0 "${fwd[@]}")
-        if [ "$shared" = 1 ]; then
-          # shellcheck disable=SC2016 # expanded by each rank's shell
-          cmd+=(bash -c 'r=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}; export NCCL_TESTS_DEVICE=$((r % '"$gpus"')); exec "$0" "$@"')
-        fi
-        cmd+=("$nt/bin/${coll}_perf" "${args[@]}")
-        {
-          echo "# nccl_tests.sh: $coll $mode -R $reg on the libnccl.so.2 of $lib (${libdir[$lib]})"
-          echo "# nccl_tests.sh: ${cmd[*]}"
-        } >"$log"
-        start=$(date +%s.%N)
-        "${cmd[@]}" >>"$log" 2>&1 </dev/null
-        rc=$?
-        secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-        printf 'run\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n' "$coll" "$mode" "$reg" "$lib" "$rc" "$secs" "$log_name" \
-          "$margs" >>"$manifest"
-        rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$log")
-        avg=$(sed -nE 's/^# Avg bus bandwidth *: *([^ ]+).*/\1/p' "$log" | tail -n 1)
-        oob=$(sed -nE 's/^# Out of bounds values *: *([0-9]+).*/\1/p' "$log" | tail -n 1)
-        verdict=ok
-        if [ "$rc" -ne 0 ]; then
-          verdict="FAILED (exit $rc$([ "$rc" = 124 ] && echo ", timed out after $run_timeout s"))"
-        elif [ -z "$avg" ]; then
-          verdict="FAILED (no result footer)"
-        elif [ "${oob:-0}" != 0 ]; then
-          verdict="WRONG RESULTS ($oob out of bounds values)"
-        fi
-        [ "$verdict" = ok ] || failed=1
-        printf '%-15s %-5s -R %s %-6s %5s s  %2s rows  avg busbw %-8s %s  (%s)\n' "$coll" "$mode" "$reg" "$lib" \
-          "$secs" "$rows" "${avg:--}" "$verdict" "$log_name"
+      for round in $(seq 1 "$rounds"); do
+        for lib in "${lib_list[@]}"; do
+          # A later round's runs are their own column of the tables: NAME-rN.
+          label=$lib
+          [ "$round" = 1 ] || label="$lib-r$round"
+          log_name="$coll.$mode.R$reg.$label.log"
+          log=$out/$log_name
+          if [ "$lib" = nvidia ] && [ "$shared" = 1 ]; then
+            printf 'run\t%s\t%s\t%s\t%s\tskip\t0\t\t%s\t%s\n' "$coll" "$mode" "$reg" "$label" "$margs" \
+              "not run: $ranks ranks on $gpus GPUs, and NVIDIA's NCCL refuses two ranks on one GPU" >>"$manifest"
+            continue
+          fi
+          # shellcheck disable=SC2206 # the argument strings are lists of words on purpose
+          args=($sizes $margs -c "$check" -R "$reg" $extra)
+          cmd=(timeout -k 10 "$run_timeout" "$mpirun" -np "$ranks" --allow-run-as-root --oversubscribe --bind-to none
+            -x "LD_LIBRARY_PATH=${libdir[$lib]}:$sysdirs" -x NCCL_NVLS_ENABLE=0 "${fwd[@]}")
+          if [ "$shared" = 1 ]; then
+            # shellcheck disable=SC2016 # expanded by each rank's shell
+            cmd+=(bash -c 'r=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}; export NCCL_TESTS_DEVICE=$((r % '"$gpus"')); exec "$0" "$@"')
+          fi
+          cmd+=("$nt/bin/${coll}_perf" "${args[@]}")
+          {
+            echo "# nccl_tests.sh: $coll $mode -R $reg on the libnccl.so.2 of $label (${libdir[$lib]})"
+            echo "# nccl_tests.sh: ${cmd[*]}"
+          } >"$log"
+          start=$(date +%s.%N)
+          "${cmd[@]}" >>"$log" 2>&1 </dev/null
+          rc=$?
+          secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+          printf 'run\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n' "$coll" "$mode" "$reg" "$label" "$rc" "$secs" "$log_name" \
+            "$margs" >>"$manifest"
+          rows=$(grep -cE '^ +[0-9]+ +[0-9]+ ' "$log")
+          avg=$(sed -nE 's/^# Avg bus bandwidth *: *([^ ]+).*/\1/p' "$log" | tail -n 1)
+          oob=$(sed -nE 's/^# Out of bounds values *: *([0-9]+).*/\1/p' "$log" | tail -n 1)
+          verdict=ok
+          if [ "$rc" -ne 0 ]; then
+            verdict="FAILED (exit $rc$([ "$rc" = 124 ] && echo ", timed out after $run_timeout s"))"
+          elif [ -z "$avg" ]; then
+            verdict="FAILED (no result footer)"
+          elif [ "${oob:-0}" != 0 ]; then
+            verdict="WRONG RESULTS ($oob out of bounds values)"
+          fi
+          [ "$verdict" = ok ] || failed=1
+          printf '%-15s %-5s -R %s %-6s %5s s  %2s rows  avg busbw %-8s %s  (%s)\n' "$coll" "$mode" "$reg" "$label" \
+            "$secs" "$rows" "${avg:--}" "$verdict" "$log_name"
+        done
       done
     done
   done

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Side-by-side tables of NVIDIA's nccl-tests run on NVIDIA's libnccl.so.2 and on ours.
+"""Side-by-side tables of NVIDIA's nccl-tests run on NVIDIA's libnccl.so.2 and on ours (and on other builds).
 
-examples-c/bench/nccl_tests.sh runs every *_perf once per library, mode and registration, keeps each raw
-output in OUT and lists the runs in OUT/runs.tsv; this reads them back (standard library only) and prints
-one table per collective, mode and -R value: for each size the time of each library (us), the ratio
-ours / NVIDIA (below 1: ours faster), the algorithm bandwidth of each and the #wrong of each, out-of-place
-and in-place ("out / in" in each cell). The markdown version goes to OUT/table.md, for docs/PERFORMANCE.md.
+examples-c/bench/nccl_tests.sh runs every *_perf once per library, mode and registration (or --rounds times),
+keeps each raw output in OUT and lists the runs in OUT/runs.tsv; this reads them back (standard library only)
+and prints one table per collective, mode and -R value: for each size the time of each library (us), the
+ratio of each to NVIDIA's (below 1: faster; to ours where NVIDIA's did not run), the algorithm bandwidth of
+each and the #wrong of each, out-of-place and in-place ("out / in" in each cell). Libraries beyond NVIDIA's
+and ours (--lib NAME=DIR) and later rounds (NAME-r2, ...) get columns of their own. The markdown version
+goes to OUT/table.md, for docs/PERFORMANCE.md.
 
     examples-c/bench/nccl_tests_table.py --out build/nccl-tests-logs
 
@@ -28,8 +30,23 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+# The two libraries every table compares; runs may add others (nccl_tests.sh --lib NAME=DIR, and each
+# library's later rounds, NAME-r2, ...), shown after them in the order they first ran.
 LIBS = ("nvidia", "ours")
 LIB_NAMES = {"nvidia": "NVIDIA", "ours": "ours"}
+
+
+def lib_name(lib: str) -> str:
+    """How a library is shown: NVIDIA, ours, a --lib NAME as it is; a later round of each with "-rN"."""
+    m = re.fullmatch(r"(.+)-r([0-9]+)", lib)
+    base, suffix = (m.group(1), f"-r{m.group(2)}") if m else (lib, "")
+    return LIB_NAMES.get(base, base) + suffix
+
+
+def lib_order(libs_in_run_order: Sequence[str]) -> List[str]:
+    """NVIDIA's and ours first (where they ran), then every other library in the order it first ran."""
+    seen = list(dict.fromkeys(libs_in_run_order))
+    return [lib for lib in LIBS if lib in seen] + [lib for lib in seen if lib not in LIBS]
 
 
 @dataclass
@@ -282,10 +299,10 @@ class Line:
     rows: Dict[str, Optional[Row]]
 
 
-def pair_rows(runs: Dict[str, Run]) -> List[Line]:
-    """NVIDIA's rows and ours matched by size, type, op, root (and repetition, for -N), in output order."""
+def pair_rows(runs: Dict[str, Run], libs: Sequence[str] = LIBS) -> List[Line]:
+    """The libraries' rows matched by size, type, op, root (and repetition, for -N), in output order."""
     lines: Dict[Tuple[int, str, str, int, int], Line] = {}
-    for lib in LIBS:
+    for lib in libs:
         run = runs.get(lib)
         if run is None or run.log is None:
             continue
@@ -296,7 +313,7 @@ def pair_rows(runs: Dict[str, Run]) -> List[Line]:
             seen[k4] = n + 1
             key = k4 + (n,)
             if key not in lines:
-                lines[key] = Line(key, {lib_: None for lib_ in LIBS})
+                lines[key] = Line(key, {lib_: None for lib_ in libs})
             lines[key].rows[lib] = r
     return sorted(lines.values(), key=lambda ln: (ln.key[4], ln.key[0], ln.key[1:4]))
 
@@ -306,16 +323,18 @@ def _pair(a: str, b: str) -> str:
 
 
 def table_rows(lines: List[Line], md: bool) -> Tuple[List[str], List[List[str]]]:
-    """The header and cells of one table. With both libraries: each one's time, the ratio, each one's algBW
-    and #wrong; with one alone (the other not run or without rows), its columns only."""
+    """The header and cells of one table: each library's time, the ratio of each to the base (NVIDIA's, else
+    ours where NVIDIA's did not run), each one's algBW and #wrong; a library alone gets its columns only."""
     variants = {ln.key[1:4] for ln in lines}
     with_variant = len(variants) > 1
-    present = [lib for lib in LIBS if any(ln.rows[lib] is not None for ln in lines)] or list(LIBS)
-    both = len(present) == 2
+    libs = list(lines[0].rows) if lines else list(LIBS)
+    present = [lib for lib in libs if any(ln.rows[lib] is not None for ln in lines)] or libs
+    base = next((lib for lib in LIBS if lib in present), None) if len(present) > 1 else None
+    compared = [lib for lib in present if base is not None and lib != base]
     head = ["size"] + (["type op root"] if with_variant else [])
-    head += [f"{LIB_NAMES[lib]} us (out / in)" for lib in present]
-    head += ["ours/NVIDIA (out / in)"] if both else []
-    head += [f"{LIB_NAMES[lib]} algBW GB/s" for lib in present] + [f"{LIB_NAMES[lib]} #wrong" for lib in present]
+    head += [f"{lib_name(lib)} us (out / in)" for lib in present]
+    head += [f"{lib_name(lib)}/{lib_name(base)} (out / in)" for lib in compared if base is not None]
+    head += [f"{lib_name(lib)} algBW GB/s" for lib in present] + [f"{lib_name(lib)} #wrong" for lib in present]
 
     def col(row: Optional[Row], what: str) -> str:
         if row is None:
@@ -336,8 +355,8 @@ def table_rows(lines: List[Line], md: bool) -> Tuple[List[str], List[List[str]]]
         if with_variant:
             cells.append(f"{ln.key[1] or '-'} {ln.key[2] or '-'} {ln.key[3]}")
         cells += [col(ln.rows[lib], "time_us") for lib in present]
-        if both:
-            nv, us = ln.rows["nvidia"], ln.rows["ours"]
+        for lib in compared:
+            nv, us = ln.rows[base], ln.rows[lib]
             ratios = []
             for place in ("oop", "ip"):
                 r = ratio(getattr(us, place) if us else None, getattr(nv, place) if nv else None)
@@ -394,7 +413,7 @@ def summarize(group: Dict[str, Run], lines: List[Line]) -> Summary:
     any_run = next(iter(group.values()))
     s = Summary(any_run.coll, any_run.mode, any_run.reg)
     for ln in lines:
-        nv, us = ln.rows["nvidia"], ln.rows["ours"]
+        nv, us = ln.rows.get("nvidia"), ln.rows.get("ours")
         r = ratio(us.oop if us else None, nv.oop if nv else None)
         if r is None:
             continue
@@ -403,9 +422,8 @@ def summarize(group: Dict[str, Run], lines: List[Line]) -> Summary:
         s.ratios.append(r)
         if s.worst is None or r > s.worst[0]:
             s.worst = (r, fmt_size(ln.key[0]))
-    for lib in LIBS:
-        run = group.get(lib)
-        s.avg[lib] = run.log.avg_busbw if run and run.log else None
+    for lib, run in group.items():
+        s.avg[lib] = run.log.avg_busbw if run.log else None
     return s
 
 
@@ -413,6 +431,7 @@ def summarize(group: Dict[str, Run], lines: List[Line]) -> Summary:
 
 def report(out_dir: str) -> int:
     meta, runs = read_runs(out_dir)
+    libs = lib_order([run.lib for run in runs])
     groups: Dict[Tuple[str, str, str], Dict[str, Run]] = {}
     order: List[Tuple[str, str, str]] = []
     for run in runs:
@@ -442,8 +461,8 @@ def report(out_dir: str) -> int:
     facts = [
         f"Machine: {machine}; {placement}.",
         f"Date: {meta.get('date', '?')}; commit {meta.get('commit', '?')}.",
-        "Libraries: " + (", ".join(f"{LIB_NAMES[lib]} reports {fmt_version(versions[lib])}"
-                                   for lib in LIBS if lib in versions) or "?")
+        "Libraries: " + (", ".join(f"{lib_name(lib)} reports {fmt_version(versions[lib])}"
+                                   for lib in libs if lib in versions) or "?")
         + f"; nccl-tests compiled against NVIDIA's nccl.h {meta.get('nccl_h') or fmt_version(headers)}.",
         f"Sizes: {meta.get('sizes', '?')}; -c {meta.get('check', '?')}"
         + (f"; extra: {meta['extra']}" if meta.get("extra") else "") + "; NCCL_NVLS_ENABLE=0.",
@@ -470,19 +489,19 @@ def report(out_dir: str) -> int:
         md.append(f"#### {heading}")
         md.append("")
         notes = []
-        for lib in LIBS:
+        for lib in libs:
             run = group.get(lib)
             if run is None:
                 continue
             if run.skipped:
-                notes.append(f"{LIB_NAMES[lib]}: {run.note or 'not run'}")
+                notes.append(f"{lib_name(lib)}: {run.note or 'not run'}")
                 continue
             probs = run.problems()
             if probs:
-                msg = f"{LIB_NAMES[lib]}: FAILED: " + "; ".join(probs) + f" (log {run.log_name})"
+                msg = f"{lib_name(lib)}: FAILED: " + "; ".join(probs) + f" (log {run.log_name})"
                 notes.append(msg)
                 loud.append(f"{coll} {mode} -R {reg} {msg}")
-        lines = pair_rows(group)
+        lines = pair_rows(group, libs)
         if lines:
             head, body = table_rows(lines, md=False)
             text.append(render_text(head, body))
@@ -495,7 +514,7 @@ def report(out_dir: str) -> int:
         if any(group[lib].problems() for lib in group):
             s.verdict = "FAILED"
         summaries.append(s)
-        avg = "; ".join(f"{LIB_NAMES[lib]} avg busbw {fmt_num(s.avg.get(lib))} GB/s" for lib in LIBS if lib in group
+        avg = "; ".join(f"{lib_name(lib)} avg busbw {fmt_num(s.avg.get(lib))} GB/s" for lib in libs if lib in group
                         and not group[lib].skipped)
         line = avg
         if s.compared:
@@ -517,15 +536,17 @@ def report(out_dir: str) -> int:
         md.append("")
         md.append("#### Summary (out-of-place)")
         md.append("")
+        others = [lib for lib in libs if lib not in LIBS]
         head = ["collective", "mode", "-R", "ours faster", "geomean ours/NVIDIA", "worst ratio",
-                "NVIDIA avg busbw", "ours avg busbw", "runs"]
+                "NVIDIA avg busbw", "ours avg busbw"] + [f"{lib_name(lib)} avg busbw" for lib in others] + ["runs"]
         body = []
         for s in summaries:
             gm = s.geomean()
             body.append([s.coll, s.mode, s.reg, f"{s.faster} of {s.compared}" if s.compared else "-",
                          "-" if gm is None else f"{gm:.2f}",
                          f"{s.worst[0]:.2f} ({s.worst[1]})" if s.worst else "-",
-                         fmt_num(s.avg.get("nvidia")), fmt_num(s.avg.get("ours")), s.verdict])
+                         fmt_num(s.avg.get("nvidia")), fmt_num(s.avg.get("ours"))]
+                        + [fmt_num(s.avg.get(lib)) for lib in others] + [s.verdict])
         text.append(render_text(head, body))
         md.append(render_md(head, body))
 

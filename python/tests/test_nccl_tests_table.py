@@ -259,6 +259,42 @@ def test_several_types_get_a_column_of_their_own(tmp_path) -> None:  # type: ign
     assert "| 1 KiB | half max -1 | 10.00 / 10.00 | 20.00 / 20.00 | **2.00** / **2.00** |" in md
 
 
+def test_other_builds_and_later_rounds_get_columns_and_ratios_of_their_own(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # nccl_tests.sh --lib b=DIR --rounds 2: NVIDIA, ours, b, then each again as NAME-r2, in that run order.
+    times = {"nvidia": 10.0, "ours": 5.0, "b": 4.0, "nvidia-r2": 11.0, "ours-r2": 6.0, "b-r2": 12.0}
+    logs = {f"all_reduce.eager.R0.{lib}.log": nccl_tests_output([row(1024, t, t)]) for lib, t in times.items()}
+    runs = [("all_reduce", "eager", "0", lib, "0", f"all_reduce.eager.R0.{lib}.log") for lib in times]
+    res = run_helper(write_out(tmp_path, runs, logs))
+    assert res.returncode == 0, res.stdout + res.stderr
+    md = (tmp_path / "table.md").read_text()
+    head = next(r for r in md.splitlines() if r.startswith("| size |"))
+    assert head.startswith("| size | NVIDIA us (out / in) | ours us (out / in) | b us (out / in) | NVIDIA-r2 us "
+                           "(out / in) | ours-r2 us (out / in) | b-r2 us (out / in) | ours/NVIDIA (out / in) | "
+                           "b/NVIDIA (out / in) | NVIDIA-r2/NVIDIA (out / in) |"), head
+    # Every ratio against NVIDIA's first run; a slower one bold.
+    assert "| 0.50 / 0.50 | 0.40 / 0.40 | **1.10** / **1.10** | 0.60 / 0.60 | **1.20** / **1.20** |" in md_row(md, "1 KiB")
+    summary = md.split("#### Summary (out-of-place)")[1]
+    assert "| b avg busbw | NVIDIA-r2 avg busbw | ours-r2 avg busbw | b-r2 avg busbw | runs |" in summary, summary
+
+
+def test_without_nvidia_the_other_builds_are_compared_with_ours(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    logs = {f"all_reduce.eager.R0.{lib}.log": nccl_tests_output([row(1024, t, t)]) for lib, t in (("ours", 5.0), ("b", 4.0))}
+    runs = [("all_reduce", "eager", "0", "nvidia", "skip", ""),
+            ("all_reduce", "eager", "0", "ours", "0", "all_reduce.eager.R0.ours.log"),
+            ("all_reduce", "eager", "0", "b", "0", "all_reduce.eager.R0.b.log")]
+    res = run_helper(write_out(tmp_path, runs, logs, meta={"ranks": "4"}))
+    assert res.returncode == 0, res.stdout + res.stderr
+    md = (tmp_path / "table.md").read_text()
+    assert "| size | ours us (out / in) | b us (out / in) | b/ours (out / in) |" in md
+    assert "| 5.00 / 5.00 | 4.00 / 4.00 | 0.80 / 0.80 |" in md_row(md, "1 KiB")
+
+
+def test_a_library_name_shows_its_round() -> None:
+    assert [table.lib_name(x) for x in ("nvidia", "ours", "b_2", "nvidia-r2", "ours-r10", "b_2-r3")] == [
+        "NVIDIA", "ours", "b_2", "NVIDIA-r2", "ours-r10", "b_2-r3"]
+    assert table.lib_order(["b", "ours", "nvidia", "b-r2", "ours"]) == ["nvidia", "ours", "b", "b-r2"]
+
+
 def test_no_runs_tsv_is_a_usage_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     res = run_helper(str(tmp_path))
     assert res.returncode == 2 and "runs.tsv is missing" in res.stderr
@@ -282,7 +318,8 @@ def test_usage_names_the_source_and_no_source_is_refused(tmp_path) -> None:  # t
     env = {k: v for k, v in os.environ.items() if k != "NCCL_TESTS_SRC"}
     res = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0 and "https://github.com/NVIDIA/nccl-tests" in res.stdout
-    for opt in ("--ranks", "--colls", "--modes", "--reg", "--sizes", "--libs", "--quick", "--extra", "--out"):
+    for opt in ("--ranks", "--colls", "--modes", "--reg", "--sizes", "--libs", "--lib NAME=DIR", "--rounds", "--quick",
+                "--extra", "--out"):
         assert opt in res.stdout, opt
     res = subprocess.run(["bash", SCRIPT, "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=60, env=env)
@@ -290,6 +327,22 @@ def test_usage_names_the_source_and_no_source_is_refused(tmp_path) -> None:  # t
     res = subprocess.run(["bash", SCRIPT, "--modes", "lazy", "--out", str(tmp_path)], capture_output=True,
                          text=True, timeout=60, env=env)
     assert res.returncode == 2 and "neither eager nor graph" in res.stderr
+    # Other builds (--lib NAME=DIR) and rounds: checked before anything is built.
+    for args, says in ((["--lib", "B=" + str(tmp_path)], "NAME of lower-case letters"),
+                       (["--lib", str(tmp_path)], "--lib takes NAME=DIR"),
+                       (["--lib", "ours=" + str(tmp_path)], "the name 'ours' is taken"),
+                       (["--lib", "b=" + str(tmp_path)], f"no libnccl.so.2 in {tmp_path}"),
+                       (["--rounds", "0"], "--rounds takes a positive number")):
+        res = subprocess.run(["bash", SCRIPT, *args, "--out", str(tmp_path)], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 2 and says in res.stderr, (args, res.stderr)
+    (tmp_path / "libnccl.so.2").write_text("")
+    res = subprocess.run(["bash", SCRIPT, "--lib", "b=" + str(tmp_path), "--lib", "b=" + str(tmp_path), "--out",
+                          str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2 and "the name 'b' is taken" in res.stderr, res.stderr
+    res = subprocess.run(["bash", SCRIPT, "--lib", "b=" + str(tmp_path), "--rounds", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2 and "NCCL_TESTS_SRC is not set" in res.stderr, res.stderr  # the options passed
 
 
 def test_the_script_tabulates_again_from_its_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
