@@ -299,7 +299,7 @@ class Line:
     rows: Dict[str, Optional[Row]]
 
 
-def pair_rows(runs: Dict[str, Run], libs: Sequence[str] = LIBS) -> List[Line]:
+def pair_rows(runs: Dict[str, Run], libs: Sequence[str]) -> List[Line]:
     """The libraries' rows matched by size, type, op, root (and repetition, for -N), in output order."""
     lines: Dict[Tuple[int, str, str, int, int], Line] = {}
     for lib in libs:
@@ -330,10 +330,10 @@ def table_rows(lines: List[Line], md: bool) -> Tuple[List[str], List[List[str]]]
     libs = list(lines[0].rows) if lines else list(LIBS)
     present = [lib for lib in libs if any(ln.rows[lib] is not None for ln in lines)] or libs
     base = next((lib for lib in LIBS if lib in present), None) if len(present) > 1 else None
-    compared = [lib for lib in present if base is not None and lib != base]
+    compared = [lib for lib in present if lib != base] if base is not None else []
     head = ["size"] + (["type op root"] if with_variant else [])
     head += [f"{lib_name(lib)} us (out / in)" for lib in present]
-    head += [f"{lib_name(lib)}/{lib_name(base)} (out / in)" for lib in compared if base is not None]
+    head += [f"{lib_name(lib)}/{lib_name(base)} (out / in)" for lib in compared]
     head += [f"{lib_name(lib)} algBW GB/s" for lib in present] + [f"{lib_name(lib)} #wrong" for lib in present]
 
     def col(row: Optional[Row], what: str) -> str:
