@@ -243,8 +243,10 @@ static void revoke_case() {
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy of a revoked comm");
 }
 
-// One rank's process of the killed-rank case; returns its exit status.
-static int killed_case_rank(int rank, int id_pipe[2][2]) {
+// One rank's process of the killed-rank case; returns its exit status. Rank 2 dies only once ranks 0 and 1
+// said through ready_pipe that their init returned: a rank's init may return while its peers are still
+// connecting to each other, and a death then fails their init instead (ncclRemoteError), a different case.
+static int killed_case_rank(int rank, int id_pipe[2][2], int ready_pipe[2]) {
   ncclUniqueId id;
   if (rank == 0) {
     if (ncclGetUniqueId(&id) != ncclSuccess) return 3;
@@ -255,7 +257,16 @@ static int killed_case_rank(int rank, int id_pipe[2][2]) {
   }
   ncclComm_t parent = NULL;
   expect(ncclCommInitRank(&parent, 3, id, rank), ncclSuccess, "rank " + std::to_string(rank) + ": ncclCommInitRank(3 ranks)");
-  if (rank == 2) raise(SIGKILL);
+  if (rank == 2) {
+    char byte[2];
+    for (size_t got = 0; got < sizeof(byte);) {
+      ssize_t n = read(ready_pipe[0], byte + got, sizeof(byte) - got);
+      if (n <= 0) return 3;
+      got += (size_t)n;
+    }
+    raise(SIGKILL);
+  }
+  if (write(ready_pipe[1], "r", 1) != 1) return 3;
   std::string me = "rank " + std::to_string(rank) + ": ";
   check(reaches(parent, ncclRemoteError), me + "sees rank 2's death as ncclRemoteError");
   // Rank 0 stops the parent's work first; rank 1 asks for a non-blocking shrink.
@@ -291,12 +302,14 @@ static int killed_case_rank(int rank, int id_pipe[2][2]) {
 
 static void killed_case() {
   int id_pipe[2][2];
+  int ready_pipe[2];
   for (auto& p : id_pipe)
     if (pipe(p) != 0) return check(false, "pipe");
+  if (pipe(ready_pipe) != 0) return check(false, "pipe");
   pid_t pids[3];
   for (int r = 0; r < 3; ++r) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(killed_case_rank(r, id_pipe));
+    if (pids[r] == 0) _exit(killed_case_rank(r, id_pipe, ready_pipe));
   }
   for (int r = 0; r < 3; ++r) {
     int status = 0;
