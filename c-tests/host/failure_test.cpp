@@ -17,6 +17,11 @@
 //   failure_test exit-destroy N  MSCCLPP_ABORT_EXIT_TIMEOUT=2: the survivors destroy their communicator as
 //                              soon as they see the error, then live on past the timeout: no exit, no line
 //   failure_test exit-off N    the setting unset: survivors that never destroy live on past 2 s, no line
+//   failure_test kill-in-init N  SIGKILL of rank N-1 once it has joined the root (in rank 0's process) and
+//                              waits there for ranks 1 to N-2, not started yet: rank 0's init fails at once
+//                              with mscclppRemoteError, its log line naming rank N-1 as the rank that left;
+//                              ranks 1 to N-2, started after the kill, are told the same by the root at once
+//                              (the bootstrap timeout is 20 s: neither waits it out)
 //   failure_test               all of the above with N = 3
 //
 // Exits non-zero on any failure.
@@ -62,6 +67,7 @@ struct Shared {
   std::atomic<int> go;         // set by the parent once it has killed or stopped the victim
   double event_time;           // when it did (CLOCK_MONOTONIC, the same clock in every process)
   double detected[MAX_RANKS];  // seconds from the event until each survivor saw the error
+  std::atomic<int> joined;     // kill-in-init: rank 0's root has logged the victim's arrival
 };
 static Shared* g_shared = nullptr;
 
@@ -530,6 +536,77 @@ static bool living_job(int nranks, bool destroy) {
   return wait_child(pids[dead], SIGKILL) && ok;
 }
 
+// kill-in-init: the bootstrap timeout, long enough that a rank which waits it out fails the promptness checks.
+static const int INIT_TIMEOUT_S = 20;
+static int g_victim = -1;
+
+// Rank 0's log handler in kill-in-init: the log, and word to the parent once the root saw the victim join.
+static void watch_joins(const char* msg) {
+  capture_log(msg);
+  char needle[32];
+  snprintf(needle, sizeof(needle), ": rank %d joined", g_victim);
+  if (msg && strstr(msg, needle)) g_shared->joined = 1;
+}
+
+// A rank of kill-in-init: its init fails with mscclppRemoteError within KILL_LIMIT_S of the kill (or of its
+// own start, for a rank started after it), and its log line says the victim left before all ranks arrived.
+static int init_after_a_leaver(int rank, int nranks, const char* addr, int dead) {
+  g_rank = rank;
+  g_victim = dead;
+  mscclppSetLogHandler(rank == 0 ? watch_joins : capture_log);
+  CHECK(mscclppSetBootstrapConnTimeout(INIT_TIMEOUT_S) == mscclppSuccess, "mscclppSetBootstrapConnTimeout");
+  const double start = now_s();
+  mscclppComm_t comm = nullptr;
+  mscclppResult_t r = mscclppCommInitRank(&comm, nranks, addr, rank);
+  const double took = now_s() - (rank == 0 ? g_shared->event_time : start);
+  CHECK(r == mscclppRemoteError, "init: %d (%s), want mscclppRemoteError", r, mscclppGetErrorString(r));
+  CHECK(comm == nullptr, "a failed init left a communicator");
+  CHECK(took < KILL_LIMIT_S, "init failed %.2f s after the %s", took, rank == 0 ? "kill" : "rank's start");
+  char left[64];
+  snprintf(left, sizeof(left), "rank %d (from", dead);
+  CHECK(!log_line_with({"mscclppCommInitRank", left, "left before all"}).empty(),
+        "no log line of the failed init naming rank %d as the rank that left; the log was:\n%s", dead,
+        whole_log().c_str());
+  // Rank 0's process holds the root: it stays until the ranks started after the kill have been told.
+  double wait_start = now_s();
+  while (rank == 0 && !g_shared->go.load()) {
+    CHECK(now_s() - wait_start < 30, "the parent never said the late ranks were done");
+    usleep(1000);
+  }
+  return 0;
+}
+
+// The victim of kill-in-init: its init waits at the root for ranks that start only after its death.
+static int joining_victim(int rank, int nranks, const char* addr) {
+  g_rank = rank;
+  mscclppSetBootstrapConnTimeout(INIT_TIMEOUT_S);
+  mscclppComm_t comm = nullptr;
+  mscclppCommInitRank(&comm, nranks, addr, rank);
+  fprintf(stderr, "failure_test kill-in-init: rank %d's init returned before it was killed\n", rank);
+  return 1;
+}
+
+static bool kill_in_init_job(int nranks) {
+  char addr[64];
+  new_job(addr, sizeof(addr));
+  g_shared->joined = 0;
+  const int dead = nranks - 1;
+  pid_t first = spawn([=] { return init_after_a_leaver(0, nranks, addr, dead); });
+  pid_t victim_pid = spawn([=] { return joining_victim(dead, nranks, addr); });
+  double start = now_s();
+  while (!g_shared->joined.load() && now_s() - start < 30) usleep(1000);
+  bool ok = g_shared->joined.load() == 1;
+  if (!ok) fprintf(stderr, "failure_test kill-in-init: the root never logged rank %d's arrival\n", dead);
+  g_shared->event_time = now_s();
+  kill(victim_pid, SIGKILL);
+  ok = wait_child(victim_pid, SIGKILL) && ok;
+  std::vector<pid_t> late;
+  for (int r = 1; r < dead; ++r) late.push_back(spawn([=] { return init_after_a_leaver(r, nranks, addr, dead); }));
+  for (pid_t p : late) ok = wait_child(p) && ok;
+  g_shared->go = 1;
+  return wait_child(first) && ok;
+}
+
 static bool run_case(const std::string& name, int nranks) {
   bool ok = false;
   char timeout[16];
@@ -554,6 +631,10 @@ static bool run_case(const std::string& name, int nranks) {
   } else {
     unsetenv("MSCCLPP_DEBUG_FILE");
   }
+  // kill-in-init learns of the victim's arrival from rank 0's INFO line; the other cases keep the default.
+  const char* debug_before = getenv("MSCCLPP_DEBUG");
+  const std::string debug_saved = debug_before ? debug_before : "";
+  if (name == "kill-in-init") setenv("MSCCLPP_DEBUG", "INFO", 1);
   std::vector<std::string> closed = {"connection closed", "reported it (connection closed"};
   std::vector<std::string> silent = {"no heartbeat for", "reported it (no heartbeat for"};
   double start = now_s();
@@ -577,9 +658,20 @@ static bool run_case(const std::string& name, int nranks) {
     ok = living_job(nranks, true);
   } else if (name == "exit-off") {
     ok = living_job(nranks, false);
+  } else if (name == "kill-in-init") {
+    if (nranks < 3) {
+      fprintf(stderr, "failure_test kill-in-init: N must be at least 3 (a rank must be missing at the kill)\n");
+      return false;
+    }
+    ok = kill_in_init_job(nranks);
   } else {
     fprintf(stderr, "failure_test: unknown case %s\n", name.c_str());
     return false;
+  }
+  if (debug_before) {
+    setenv("MSCCLPP_DEBUG", debug_saved.c_str(), 1);
+  } else {
+    unsetenv("MSCCLPP_DEBUG");
   }
   printf("failure_test %s %d: %s (%.1f s)\n", name.c_str(), nranks, ok ? "PASS" : "FAIL", now_s() - start);
   fflush(stdout);
@@ -602,8 +694,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_log_dir = dir_template;
-  const char* cases[] = {"kill-last", "kill-root", "stop", "idle", "abort", "exit-kill", "exit-abort", "exit-destroy",
-                         "exit-off"};
+  const char* cases[] = {"kill-last", "kill-root", "stop",         "idle",     "abort",
+                         "exit-kill", "exit-abort", "exit-destroy", "exit-off", "kill-in-init"};
   bool ok = true;
   if (argc == 3) {
     int n = atoi(argv[2]);
@@ -617,7 +709,7 @@ int main(int argc, char** argv) {
   } else {
     fprintf(stderr,
             "usage: %s [kill-last N | kill-root N | stop N | idle N | abort N | exit-kill N | exit-abort N | "
-            "exit-destroy N | exit-off N]\n",
+            "exit-destroy N | exit-off N | kill-in-init N]\n",
             argv[0]);
     return 2;
   }

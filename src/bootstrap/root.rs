@@ -5,6 +5,11 @@
 //! rank, a duplicate) with a reason, and strangers that send garbage or nothing, with a warning. Handshakes
 //! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If no
 //! new rank arrives for `timeout`, the root tells the waiting ranks and exits.
+//!
+//! A rank that joined and then closed its connection before the table was sent (its process ended, or its
+//! init gave up) fails the job at once: the root tells every waiting rank which rank left and which had not
+//! arrived, rather than leave them waiting out the timeout for a rank that will not come back (a rank never
+//! joins twice). Until the timeout it answers any rank of the job that arrives later with the same reason.
 
 use super::handshake::{Greeted, Label, PendingHandshakes};
 use super::sys::{self, PollEntry};
@@ -65,6 +70,7 @@ impl Root {
                 },
             ),
             idle_deadline: Instant::now() + timeout,
+            failed: None,
         };
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
@@ -120,13 +126,15 @@ struct RootLoop {
     stop: Arc<AtomicBool>,
     magic: u64,
     timeout: Duration,
-    /// Set by the first valid hello; forgotten when every rank has left again.
+    /// Set by the first valid hello.
     nranks: Option<usize>,
     ranks: Vec<Option<Joined>>,
     joined: usize,
     pending: PendingHandshakes,
-    /// When the root gives up unless another rank arrives.
+    /// When the root gives up unless another rank arrives (once the job failed: when it stops answering).
     idle_deadline: Instant,
+    /// Why the job failed before the table was sent: a joined rank left. Later ranks are told so.
+    failed: Option<String>,
 }
 
 impl RootLoop {
@@ -136,11 +144,18 @@ impl RootLoop {
                 self.abort("the root was stopped".into());
                 return;
             }
-            if self.nranks == Some(self.joined) {
+            if self.failed.is_none() && self.nranks == Some(self.joined) {
                 self.send_table();
                 return;
             }
             let now = Instant::now();
+            if now >= self.idle_deadline && self.failed.is_some() {
+                debug!(
+                    "bootstrap root at {}: exiting, {:?} after the job failed",
+                    self.addr, self.timeout
+                );
+                return;
+            }
             if now >= self.idle_deadline {
                 let reason = match self.nranks {
                     None => format!("no rank arrived within {:?}", self.timeout),
@@ -232,6 +247,14 @@ impl RootLoop {
             let _ = wire::write_rejection(&mut p.stream, self.magic, wire::STATUS_REJECTED, &reason);
             return;
         }
+        if let Some(reason) = &self.failed {
+            warn!(
+                "bootstrap root at {}: rank {rank} from {} arrived after the job failed: {reason}",
+                self.addr, p.from
+            );
+            let _ = wire::write_rejection(&mut p.stream, self.magic, wire::STATUS_ABORTED, reason);
+            return;
+        }
         if self.nranks.is_none() {
             self.nranks = Some(nranks);
             self.ranks = (0..nranks).map(|_| None).collect();
@@ -250,26 +273,34 @@ impl RootLoop {
         );
     }
 
-    /// A joined rank's socket became readable: it left (or broke protocol) before the table was sent.
+    /// A joined rank's socket became readable: it left (or broke protocol) before the table was sent, so
+    /// the job cannot complete. Every waiting rank is told why now; later ones until the timeout.
     fn check_joined(&mut self, rank: usize) {
         let Some(j) = &self.ranks[rank] else { return };
         let mut byte = [0u8; 1];
         let why = match sys::recv_now(&j.stream, &mut byte) {
-            Ok(0) => "closed its connection".to_string(),
+            Ok(0) => "closed its connection (did its process end?)".to_string(),
             Ok(_) => "sent unexpected bytes".to_string(),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => e.to_string(),
         };
-        warn!(
-            "bootstrap root at {}: rank {rank} from {} left before the table was sent: {why}",
-            self.addr, j.from
-        );
+        let from = j.from;
         self.ranks[rank] = None;
-        self.joined -= 1;
-        if self.joined == 0 {
-            self.nranks = None;
-            self.ranks.clear();
+        let missing: Vec<usize> = (0..self.ranks.len())
+            .filter(|&r| r != rank && self.ranks[r].is_none())
+            .collect();
+        let mut reason = format!(
+            "rank {rank} (from {from}) left before all {} ranks arrived: {why}",
+            self.ranks.len()
+        );
+        if !missing.is_empty() {
+            reason.push_str(&format!("; {} had not arrived", list_ranks(&missing)));
         }
+        self.abort(reason.clone());
+        self.ranks.iter_mut().for_each(|j| *j = None);
+        self.joined = 0;
+        self.failed = Some(reason);
+        self.idle_deadline = Instant::now() + self.timeout;
     }
 
     fn send_table(&mut self) {

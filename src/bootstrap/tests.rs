@@ -308,10 +308,13 @@ fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
     let took = start.elapsed();
     for res in results {
         let e = res.unwrap_err();
-        // Timed out waiting (NCCL's ncclTimeout), or told by the root that rank 3 never came.
+        // Timed out waiting (NCCL's ncclTimeout), or told by the root that rank 3 never came, or that a
+        // rank which gave up first left while rank 3 had not arrived.
         assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Remote), "{e}");
         assert!(
-            e.message.contains("timed out") || e.message.contains("did not arrive"),
+            e.message.contains("timed out")
+                || e.message.contains("did not arrive")
+                || (e.message.contains("left before all") && e.message.contains("rank 3 had not arrived")),
             "{e}"
         );
     }
@@ -349,6 +352,42 @@ fn stopping_the_root_tells_waiting_ranks() {
     assert_eq!(e.kind, ErrorKind::Remote);
     assert!(e.message.contains("stopped"), "{e}");
     assert!(start.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_rank_that_joined_and_left_fails_the_job_at_once() {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let start = Instant::now();
+    let waiting = thread::spawn(move || Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 3, T).map(|_| ()));
+    thread::sleep(Duration::from_millis(200));
+    // Rank 2 says hello, then its connection closes, as when its process ends; rank 1 has not come yet.
+    let fake_addr = Some("127.0.0.1:9".parse().unwrap());
+    let leaver = stranger(addr, &greeting(Kind::RootHello, PROTOCOL_MAGIC, 2, 3, 0, fake_addr));
+    thread::sleep(Duration::from_millis(200));
+    drop(leaver);
+    let e = waiting.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    for part in [
+        "rank 2 (from",
+        "left before all 3 ranks arrived",
+        "closed its connection",
+        "had not arrived",
+    ] {
+        assert!(e.message.contains(part), "{part}: {e}");
+    }
+    // A rank of the job that comes later is told the same at once, not left to wait out the timeout.
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 1, 3, T).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    assert!(
+        e.message.contains("rank 2 (from") && e.message.contains("left before all"),
+        "{e}"
+    );
+    // One of another job is still turned away for its own reason.
+    let e = Bootstrap::connect(addr, 0x0123_4567, 1, 3, T).err().unwrap();
+    assert!(e.message.contains("wrong magic"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    root.stop();
 }
 
 /// Connects to `addr` and sends `bytes`, returning the stream so it stays open.
