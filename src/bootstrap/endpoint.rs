@@ -120,11 +120,26 @@ impl Bootstrap {
             .map_err(|e| Error::remote(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
         debug!("joined the root at {root}; listening at {listen_addr}");
         let (reply, table) = wire::read_reply(&mut to_root, deadline, nranks * ADDR_LEN).map_err(|r| {
-            refusal_error(
+            // The root went away without a word: it lives in one rank's process (the one that made the
+            // unique id, or rank 0's), which must have ended.
+            let gone = matches!(&r, Refusal::Io(e) if matches!(e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset));
+            let e = refusal_error(
                 r,
                 &format!("rank {rank}: waiting at the root {root} for all {nranks} ranks"),
                 timeout,
-            )
+            );
+            if gone {
+                Error::new(
+                    e.kind,
+                    format!(
+                        "{} (the root runs in the process that made the unique id, or rank 0's: did it end?)",
+                        e.message
+                    ),
+                )
+            } else {
+                e
+            }
         })?;
         drop(to_root);
         let peers = decode_table(&reply, &table, nranks, via)
@@ -186,7 +201,8 @@ impl Bootstrap {
     fn connect_peer(&self, peer: usize, deadline: Instant) -> Result<TcpStream> {
         let (rank, addr, magic) = (self.rank, self.peers[peer], self.shared().magic);
         let what = format!("rank {rank}: connecting to peer {peer} at {addr}");
-        let mut stream = wire::connect_by(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
+        let mut stream =
+            wire::connect_to_listening(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
         let mut hello = Greeting::new(Kind::PeerHello, magic, rank, self.nranks);
         hello.aux = peer as u32;
         stream

@@ -562,6 +562,51 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
 }
 
 #[test]
+fn a_root_that_goes_away_fails_its_waiting_ranks_at_once() {
+    // The test plays the root and closes the connection after the hello, as when its process ends.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root_addr = listener.local_addr().unwrap();
+    let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
+    let (mut stream, _) = listener.accept().unwrap();
+    let mut bytes = [0u8; wire::GREETING_LEN];
+    wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
+    let start = Instant::now();
+    drop(stream);
+    let e = rank1.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    assert!(
+        e.message.contains("waiting at the root") && e.message.contains("did it end?"),
+        "{e}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+}
+
+#[test]
+fn a_peer_whose_listener_is_gone_fails_set_up_at_once() {
+    // The test plays the root and lists, for rank 0, an address where nothing listens any more: what
+    // rank 1 finds when rank 0's process ended after the table was sent.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let root_addr = listener.local_addr().unwrap();
+    let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
+    let (mut stream, _) = listener.accept().unwrap();
+    let mut bytes = [0u8; wire::GREETING_LEN];
+    wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
+    let hello = Greeting::decode(&bytes).unwrap();
+    let mut table = wire::encode_addr(Some(gone)).to_vec();
+    table.extend_from_slice(&wire::encode_addr(hello.addr));
+    let start = Instant::now();
+    wire::write_reply(&mut stream, PROTOCOL_MAGIC, 1, 2, wire::STATUS_OK, &table).unwrap();
+    let e = rank1.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    assert!(
+        e.message.contains("connecting to peer 0") && e.message.contains("its process ended"),
+        "{e}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+}
+
+#[test]
 fn a_closed_peer_fails_recv_and_drop_is_prompt() {
     let root = local_root(PROTOCOL_MAGIC, T);
     let addr = root.local_addr();

@@ -366,6 +366,26 @@ pub fn time_left(deadline: Instant) -> io::Result<Duration> {
 
 /// Connects to `addr`, retrying while nobody listens there yet, until `deadline`.
 pub fn connect_by(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
+    connect_retrying(addr, deadline, true)
+}
+
+/// Connects to a listener known to have been listening (a peer's, whose address came in the root's
+/// table: each rank listens before it says hello): a refusal means it is gone (its process ended or its
+/// init gave up), so it fails at once instead of being retried until `deadline`.
+pub fn connect_to_listening(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> {
+    connect_retrying(addr, deadline, false).map_err(|e| {
+        if e.kind() == io::ErrorKind::ConnectionRefused {
+            io::Error::new(
+                e.kind(),
+                format!("{e}: it listened there when it joined, so its process ended or its init gave up"),
+            )
+        } else {
+            e
+        }
+    })
+}
+
+fn connect_retrying(addr: SocketAddr, deadline: Instant, retry_refused: bool) -> io::Result<TcpStream> {
     let mut backoff = Duration::from_millis(10);
     loop {
         let left = time_left(deadline)?;
@@ -374,7 +394,7 @@ pub fn connect_by(addr: SocketAddr, deadline: Instant) -> io::Result<TcpStream> 
                 stream.set_nodelay(true)?;
                 return Ok(stream);
             }
-            Err(e) if is_transient(&e) => {
+            Err(e) if is_transient(&e) && (retry_refused || e.kind() != io::ErrorKind::ConnectionRefused) => {
                 // Keep the last error for the message if the deadline passes while we sleep.
                 if deadline.saturating_duration_since(Instant::now()) <= backoff {
                     std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
@@ -736,6 +756,19 @@ mod tests {
             took >= Duration::from_millis(250) && took < Duration::from_secs(2),
             "{took:?}"
         );
+    }
+
+    #[test]
+    fn a_listener_that_is_gone_is_refused_at_once() {
+        let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let start = Instant::now();
+        let e = connect_to_listening(addr, Instant::now() + Duration::from_secs(30)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(e.to_string().contains("its process ended"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        // One that listens is reached as by connect_by.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        connect_to_listening(listener.local_addr().unwrap(), Instant::now() + Duration::from_secs(5)).unwrap();
     }
 
     #[test]
