@@ -516,10 +516,7 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
             .collect();
         let mut joined: Vec<Option<(TcpStream, SocketAddr)>> = (0..N).map(|_| None).collect();
         for _ in 0..N {
-            let (mut stream, _) = listener.accept().unwrap();
-            let mut bytes = [0u8; wire::GREETING_LEN];
-            wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
-            let g = Greeting::decode(&bytes).unwrap();
+            let (stream, g) = accept_hello(&listener);
             joined[g.rank as usize] = Some((stream, g.addr.unwrap()));
         }
         let mut held = Vec::new();
@@ -561,24 +558,34 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
     });
 }
 
+/// Asserts that a rank's set-up ended in a remote error within 2 s of `since`, its message holding `parts`.
+fn fails_at_once(rank: thread::JoinHandle<Result<()>>, since: Instant, parts: &[&str]) {
+    let e = rank.join().unwrap().unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    for part in parts {
+        assert!(e.message.contains(part), "{part}: {e}");
+    }
+    assert!(since.elapsed() < Duration::from_secs(2), "{:?}", since.elapsed());
+}
+
+/// For a test that plays the root: the next rank's connection and its hello.
+fn accept_hello(listener: &TcpListener) -> (TcpStream, Greeting) {
+    let (mut stream, _) = listener.accept().unwrap();
+    let mut bytes = [0u8; wire::GREETING_LEN];
+    wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
+    (stream, Greeting::decode(&bytes).unwrap())
+}
+
 #[test]
 fn a_root_that_goes_away_fails_its_waiting_ranks_at_once() {
     // The test plays the root and closes the connection after the hello, as when its process ends.
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root_addr = listener.local_addr().unwrap();
     let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
-    let (mut stream, _) = listener.accept().unwrap();
-    let mut bytes = [0u8; wire::GREETING_LEN];
-    wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
+    let (stream, _) = accept_hello(&listener);
     let start = Instant::now();
     drop(stream);
-    let e = rank1.join().unwrap().unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
-    assert!(
-        e.message.contains("waiting at the root") && e.message.contains("did it end?"),
-        "{e}"
-    );
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    fails_at_once(rank1, start, &["waiting at the root", "did it end?"]);
 }
 
 #[test]
@@ -589,21 +596,12 @@ fn a_peer_whose_listener_is_gone_fails_set_up_at_once() {
     let root_addr = listener.local_addr().unwrap();
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
-    let (mut stream, _) = listener.accept().unwrap();
-    let mut bytes = [0u8; wire::GREETING_LEN];
-    wire::read_exact_by(&mut stream, &mut bytes, Instant::now() + T).unwrap();
-    let hello = Greeting::decode(&bytes).unwrap();
+    let (mut stream, hello) = accept_hello(&listener);
     let mut table = wire::encode_addr(Some(gone)).to_vec();
     table.extend_from_slice(&wire::encode_addr(hello.addr));
     let start = Instant::now();
     wire::write_reply(&mut stream, PROTOCOL_MAGIC, 1, 2, wire::STATUS_OK, &table).unwrap();
-    let e = rank1.join().unwrap().unwrap_err();
-    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
-    assert!(
-        e.message.contains("connecting to peer 0") && e.message.contains("its process ended"),
-        "{e}"
-    );
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    fails_at_once(rank1, start, &["connecting to peer 0", "its process ended"]);
 }
 
 #[test]
