@@ -164,19 +164,29 @@ impl Bootstrap {
             peers,
             _root: None,
         };
+        if let Err(e) = bootstrap.connect_mesh(deadline, timeout) {
+            bootstrap.receiver.leave_failed();
+            return Err(e);
+        }
+        info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
+        Ok(bootstrap)
+    }
+
+    /// Connects to every lower rank and waits for every higher one to connect: the last step of set-up.
+    fn connect_mesh(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+        let rank = self.rank;
         for peer in 0..rank {
-            let stream = bootstrap.connect_peer(peer, deadline)?;
+            let stream = self.connect_peer(peer, deadline)?;
             let writer = stream
                 .try_clone()
                 .map_err(|e| Error::io(format!("rank {rank}: duplicating the socket to peer {peer}"), e))?;
-            bootstrap.shared().outboxes[peer].connect(writer);
-            bootstrap.receiver.add_outgoing(peer, stream);
+            self.shared().outboxes[peer].connect(writer);
+            self.receiver.add_outgoing(peer, stream);
         }
-        bootstrap
-            .shared()
+        self.shared()
             .mailbox
             .wait_all_connected(deadline)
-            .map_err(|missing| match bootstrap.failure() {
+            .map_err(|missing| match self.failure() {
                 Some(f) => Error::new(
                     f.error().kind,
                     format!(
@@ -193,8 +203,7 @@ impl Bootstrap {
                     ),
                 ),
             })?;
-        info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
-        Ok(bootstrap)
+        Ok(())
     }
 
     /// Opens the connection to a lower rank and completes its handshake.

@@ -105,11 +105,13 @@ impl Shared {
     }
 }
 
-/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer and closes the
-/// connections.
+/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (unless the
+/// rank's set-up failed) and closes the connections.
 pub struct Receiver {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Whether closing says goodbye: false once this rank's set-up failed (`leave_failed`).
+    farewell: AtomicBool,
 }
 
 impl Receiver {
@@ -174,6 +176,7 @@ impl Receiver {
         Ok(Receiver {
             shared,
             thread: Some(thread),
+            farewell: AtomicBool::new(true),
         })
     }
 
@@ -183,6 +186,13 @@ impl Receiver {
 
     pub fn shared_arc(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    /// This rank's set-up failed: closing will not say goodbye. A peer that finished its own set-up holds
+    /// a communicator with this rank in it; a goodbye would tell it this rank left in order, so that only
+    /// a call waiting on this rank would fail, whereas a close without one fails its communicator at once.
+    pub fn leave_failed(&self) {
+        self.farewell.store(false, Ordering::SeqCst);
     }
 
     /// Hands a connection this rank opened (and finished the handshake of) to the receive thread.
@@ -213,9 +223,13 @@ impl Drop for Receiver {
             join_unless_current(thread, "failure hook", rank);
         }
         // Close the connections now rather than when the last reference goes, with a goodbye first, so
-        // that peers see an orderly end and not a failure.
+        // that peers see an orderly end and not a failure (after a failed set-up, without one: a failure).
         let deadline = Instant::now() + CLOSE_WAIT;
-        let goodbye = wire::control_frame(Space::Goodbye);
+        let goodbye = if self.farewell.load(Ordering::SeqCst) {
+            wire::control_frame(Space::Goodbye).to_vec()
+        } else {
+            Vec::new()
+        };
         for outbox in &self.shared.outboxes {
             outbox.close_by(&goodbye, deadline);
         }

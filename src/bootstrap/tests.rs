@@ -1025,3 +1025,45 @@ fn registration_records_that_arrived_are_still_taken_after_a_failure() {
         "the dead rank sent none"
     );
 }
+
+#[test]
+fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
+    // Rank 2 connects to rank 0 only, then stays: rank 0's set-up completes (ranks 1 and 2 connected to
+    // it), rank 1's times out waiting for rank 2. Rank 0's communicator holds a rank that has none: it
+    // must fail, not wait on rank 1 as on a rank that left in order.
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let short = Duration::from_millis(1500);
+    thread::scope(|s| {
+        let r0 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 0, 3, short, patient()));
+        let r1 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 1, 3, short, patient()));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut to_root = wire::connect_by(addr, Instant::now() + T).unwrap();
+        let hello = greeting(
+            Kind::RootHello,
+            PROTOCOL_MAGIC,
+            2,
+            3,
+            0,
+            Some(listener.local_addr().unwrap()),
+        );
+        to_root.write_all(&hello).unwrap();
+        let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::ADDR_LEN).unwrap();
+        let rank0 = wire::decode_addr(table[..wire::ADDR_LEN].try_into().unwrap())
+            .unwrap()
+            .unwrap();
+        let mut to_rank0 = wire::connect_by(rank0, Instant::now() + T).unwrap();
+        to_rank0
+            .write_all(&greeting(Kind::PeerHello, PROTOCOL_MAGIC, 2, 3, 0, None))
+            .unwrap();
+        wire::read_reply(&mut to_rank0, Instant::now() + T, 0).unwrap();
+        let b0 = r0.join().unwrap().unwrap();
+        let e = r1.join().unwrap().err().unwrap();
+        assert!(e.message.contains("waiting for rank 2 to connect"), "{e}");
+        let f = failure_within(&b0, Duration::from_secs(2));
+        assert_eq!(f.rank, 1, "{f:?}");
+        assert!(matches!(f.cause, Cause::ConnectionClosed(_)), "{f:?}");
+        assert_eq!(b0.recv(1, 5).unwrap_err().kind, ErrorKind::Remote);
+        drop(to_rank0);
+    });
+}
