@@ -1033,7 +1033,7 @@ fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
     // must fail, not wait on rank 1 as on a rank that left in order.
     let root = local_root(PROTOCOL_MAGIC, T);
     let addr = root.local_addr();
-    let short = Duration::from_millis(1500);
+    let short = Duration::from_secs(3);
     thread::scope(|s| {
         let r0 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 0, 3, short, patient()));
         let r1 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 1, 3, short, patient()));
