@@ -782,8 +782,10 @@ fn a_killed_peer_is_detected_at_once_by_every_rank_and_runs_the_hook_once() {
 #[test]
 fn a_silent_peer_gets_heartbeats_and_is_declared_dead_after_the_timeout() {
     let liveness = Liveness::new(Duration::from_secs(1));
-    let (mut ranks, mut fake) = job_with_fake_last_rank(2, liveness);
+    // Before the fake rank's last word (its handshake), so that the silence measured from here is never
+    // shorter than the one rank 0 sees, however long the set-up takes on a loaded machine.
     let silent_since = Instant::now();
+    let (mut ranks, mut fake) = job_with_fake_last_rank(2, liveness);
     let b0 = ranks.pop().unwrap();
     thread::scope(|s| {
         // A barrier waiting on the silent rank ends when it is declared dead, not later.
