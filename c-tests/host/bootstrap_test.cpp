@@ -170,9 +170,11 @@ static bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-// Init with a 2 s timeout must fail with a remote error after about 2 s, not hang.
-static int expect_timeout(int rank, int nranks, const char* addr) {
+// Init with a 2 s timeout must fail with a remote error after about 2 s, not hang, its log line saying why
+// (`why`: what the root never was, or the rank that never came).
+static int expect_timeout(int rank, int nranks, const char* addr, const char* why) {
   g_rank = rank;
+  mscclppSetLogHandler(capture_log);
   mscclppComm_t comm = nullptr;
   CHECK(mscclppSetBootstrapConnTimeout(2) == mscclppSuccess, "mscclppSetBootstrapConnTimeout(2)");
   double start = now_s();
@@ -180,6 +182,8 @@ static int expect_timeout(int rank, int nranks, const char* addr) {
   double took = now_s() - start;
   CHECK(r == mscclppRemoteError, "init returned %d (%s), want a remote error", r, mscclppGetErrorString(r));
   CHECK(took >= 1.5 && took <= 4.5, "init failed after %.2f s, want about 2 s", took);
+  CHECK(!log_line_with({"mscclppCommInitRank", why}).empty(), "no log line of the failed init saying '%s':\n%s",
+        why, whole_log().c_str());
   return 0;
 }
 
@@ -187,11 +191,14 @@ static bool timeouts() {
   // A rank whose root never comes.
   char addr[64];
   free_local_addr(addr, sizeof(addr));
-  bool ok = wait_all({spawn([=] { return expect_timeout(1, 2, addr); })});
-  // Ranks 0 and 1 of 3, whose rank 2 never comes.
+  bool ok = wait_all({spawn([=] { return expect_timeout(1, 2, addr, "cannot reach the bootstrap root"); })});
+  // Ranks 0 and 1 of 3, whose rank 2 never comes: the root, which gives up 2 s after the first rank came,
+  // tells both which rank is missing.
   free_local_addr(addr, sizeof(addr));
   std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) pids.push_back(spawn([=] { return expect_timeout(r, 3, addr); }));
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(spawn([=] { return expect_timeout(r, 3, addr, "rank 2 did not arrive"); }));
+  }
   return wait_all(pids) && ok;
 }
 

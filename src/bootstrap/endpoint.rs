@@ -23,6 +23,10 @@ use std::time::{Duration, Instant};
 /// Messages up to this size go out in one write together with their header.
 const COALESCE_LIMIT: usize = 64 << 10;
 
+/// How long past its deadline a rank waits for the root's answer: the root's own deadline runs from the
+/// first rank's arrival, a moment after that rank started waiting.
+const ROOT_ANSWER_GRACE: Duration = Duration::from_secs(1);
+
 /// One rank's endpoint of the bootstrap network.
 pub struct Bootstrap {
     rank: usize,
@@ -119,7 +123,10 @@ impl Bootstrap {
             .write_all(&hello.encode())
             .map_err(|e| Error::remote(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
         debug!("joined the root at {root}; listening at {listen_addr}");
-        let (reply, table) = wire::read_reply(&mut to_root, deadline, nranks * ADDR_LEN).map_err(|r| {
+        // The root gives up `timeout` after the first rank arrived and says which ranks are missing;
+        // waiting a little past our own deadline lets that answer, not a bare time-out, end the wait.
+        let answer_by = deadline + ROOT_ANSWER_GRACE;
+        let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * ADDR_LEN).map_err(|r| {
             // The root went away without a word: it lives in one rank's process (the one that made the
             // unique id, or rank 0's), which must have ended.
             let gone = matches!(&r, Refusal::Io(e) if matches!(e.kind(),

@@ -3,8 +3,9 @@
 //!
 //! It learns nranks from the first hello and turns away any hello that disagrees (another job, a wrong
 //! rank, a duplicate) with a reason, and strangers that send garbage or nothing, with a warning. Handshakes
-//! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If no
-//! new rank arrives for `timeout`, the root tells the waiting ranks and exits.
+//! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If not
+//! every rank has arrived `timeout` after the first one did, the root tells the waiting ranks which are
+//! missing and exits.
 //!
 //! A rank that joined and then closed its connection before the table was sent (its process ended, or its
 //! init gave up) fails the job at once: the root tells every waiting rank which rank left and which had not
@@ -131,7 +132,10 @@ struct RootLoop {
     ranks: Vec<Option<Joined>>,
     joined: usize,
     pending: PendingHandshakes,
-    /// When the root gives up unless another rank arrives (once the job failed: when it stops answering).
+    /// When the root gives up: `timeout` after it started, until the first rank arrives; then `timeout`
+    /// after that rank's hello, about when the first rank's own wait ends (each rank waits `timeout` plus
+    /// a grace for the root's answer, so the root's reason, naming the ranks missing, reaches it first).
+    /// Once the job failed: when it stops answering.
     idle_deadline: Instant,
     /// Why the job failed before the table was sent: a joined rank left. Later ranks are told so.
     failed: Option<String>,
@@ -258,6 +262,7 @@ impl RootLoop {
         if self.nranks.is_none() {
             self.nranks = Some(nranks);
             self.ranks = (0..nranks).map(|_| None).collect();
+            self.idle_deadline = Instant::now() + self.timeout;
         }
         let listen = g.addr.expect("checked above");
         self.ranks[rank] = Some(Joined {
@@ -266,7 +271,6 @@ impl RootLoop {
             listen,
         });
         self.joined += 1;
-        self.idle_deadline = Instant::now() + self.timeout;
         info!(
             "bootstrap root at {}: rank {rank} joined from {} ({} of {nranks})",
             self.addr, p.from, self.joined

@@ -308,15 +308,10 @@ fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
     let took = start.elapsed();
     for res in results {
         let e = res.unwrap_err();
-        // Timed out waiting (NCCL's ncclTimeout), or told by the root that rank 3 never came, or that a
-        // rank which gave up first left while rank 3 had not arrived.
-        assert!(matches!(e.kind, ErrorKind::Timeout | ErrorKind::Remote), "{e}");
-        assert!(
-            e.message.contains("timed out")
-                || e.message.contains("did not arrive")
-                || (e.message.contains("left before all") && e.message.contains("rank 3 had not arrived")),
-            "{e}"
-        );
+        // Told by the root, which gives up a timeout after the first rank arrived, that rank 3 never came
+        // (each rank waits a little past its own timeout for that answer).
+        assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+        assert!(e.message.contains("gave up: rank 3 did not arrive within"), "{e}");
     }
     assert!(
         took >= Duration::from_millis(900) && took < timeout + Duration::from_secs(2),
