@@ -8,7 +8,9 @@
 // - revoke: later calls refused, the peer sees it, ncclCommGetAsyncError says ncclSuccess once both
 //   revoked, and a shrink of the revoked communicator works;
 // - shrink after a SIGKILL: 3 processes, one killed; the survivors see ncclRemoteError, shrink it out
-//   (one with NCCL_SHRINK_ABORT, one non-blocking) and their new communicator works, twice over.
+//   (one with NCCL_SHRINK_ABORT, one non-blocking) and their new communicator works, twice over;
+// - a rank SIGKILLed as soon as its own init returned, five times: the others end in ncclRemoteError within
+//   10 s, from their init (still connecting to each other) or from ncclCommGetAsyncError.
 // Prints one line per check and "nccl split test: N passed, N failed".
 #include <nccl.h>
 
@@ -243,18 +245,21 @@ static void revoke_case() {
   expect(ncclCommDestroy(comms[1]), ncclSuccess, "ncclCommDestroy of a revoked comm");
 }
 
+// Rank 0 makes the unique id and writes it to ranks 1 and 2 through id_pipe; they read it.
+static bool share_id(int rank, int id_pipe[2][2], ncclUniqueId* id) {
+  if (rank != 0) return read(id_pipe[rank - 1][0], id, sizeof(*id)) == (ssize_t)sizeof(*id);
+  if (ncclGetUniqueId(id) != ncclSuccess) return false;
+  for (int i = 0; i < 2; ++i)
+    if (write(id_pipe[i][1], id, sizeof(*id)) != (ssize_t)sizeof(*id)) return false;
+  return true;
+}
+
 // One rank's process of the killed-rank case; returns its exit status. Rank 2 dies only once ranks 0 and 1
 // said through ready_pipe that their init returned: a rank's init may return while its peers are still
 // connecting to each other, and a death then fails their init instead (ncclRemoteError), a different case.
 static int killed_case_rank(int rank, int id_pipe[2][2], int ready_pipe[2]) {
   ncclUniqueId id;
-  if (rank == 0) {
-    if (ncclGetUniqueId(&id) != ncclSuccess) return 3;
-    for (int i = 0; i < 2; ++i)
-      if (write(id_pipe[i][1], &id, sizeof(id)) != (ssize_t)sizeof(id)) return 3;
-  } else if (read(id_pipe[rank - 1][0], &id, sizeof(id)) != (ssize_t)sizeof(id)) {
-    return 3;
-  }
+  if (!share_id(rank, id_pipe, &id)) return 3;
   ncclComm_t parent = NULL;
   expect(ncclCommInitRank(&parent, 3, id, rank), ncclSuccess, "rank " + std::to_string(rank) + ": ncclCommInitRank(3 ranks)");
   if (rank == 2) {
@@ -300,7 +305,32 @@ static int killed_case_rank(int rank, int id_pipe[2][2], int ready_pipe[2]) {
   return 0;
 }
 
-static void killed_case() {
+// One rank's process of the init-race case: rank 2 dies the moment its own init returns, while ranks 0
+// and 1 may still be connecting to each other (or not: the race goes either way). Each of them ends in
+// ncclRemoteError well within the bootstrap timeout (30 s), from its init or from ncclCommGetAsyncError.
+static int init_race_rank(int rank, int id_pipe[2][2], int[2]) {
+  ncclUniqueId id;
+  if (!share_id(rank, id_pipe, &id)) return 3;
+  const auto start = std::chrono::steady_clock::now();
+  ncclComm_t comm = NULL;
+  const ncclResult_t got = ncclCommInitRank(&comm, 3, id, rank);
+  if (rank == 2) raise(SIGKILL);
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  if (got == ncclSuccess) {
+    check(reaches(comm, ncclRemoteError), me + "init returned; rank 2's death then fails the comm: ncclRemoteError");
+  } else {
+    expect(got, ncclRemoteError, me + "init failed on rank 2's death");
+    check(comm == NULL, me + "and left no comm");
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(took < 10, me + "within 10 s of its start (" + std::to_string(took) + " s)");
+  if (comm != NULL) check(ncclCommAbort(comm) == ncclSuccess, me + "ncclCommAbort");
+  return 0;
+}
+
+// Runs rank_main(rank, id_pipe, ready_pipe) for ranks 0-2 in processes of their own; rank 2 must end by
+// SIGKILL, the others with status 0.
+static void three_ranks(int (*rank_main)(int, int[2][2], int[2])) {
   int id_pipe[2][2];
   int ready_pipe[2];
   for (auto& p : id_pipe)
@@ -309,7 +339,7 @@ static void killed_case() {
   pid_t pids[3];
   for (int r = 0; r < 3; ++r) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(killed_case_rank(r, id_pipe, ready_pipe));
+    if (pids[r] == 0) _exit(rank_main(r, id_pipe, ready_pipe));
   }
   for (int r = 0; r < 3; ++r) {
     int status = 0;
@@ -319,6 +349,13 @@ static void killed_case() {
     else
       check(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank " + std::to_string(r) + " ended normally");
   }
+}
+
+static void killed_case() { three_ranks(killed_case_rank); }
+
+// Five times, so that both ways the race can go are likely taken.
+static void init_race_case() {
+  for (int i = 0; i < 5; ++i) three_ranks(init_race_rank);
 }
 
 static void run(const char* name, void (*body)()) {
@@ -349,6 +386,7 @@ int main() {
   run("shrink leaving a live rank out", shrink_live_case);
   run("revoke", revoke_case);
   run("shrink after a rank was SIGKILLed", killed_case);
+  run("a rank SIGKILLed as soon as its init returned", init_race_case);
   std::printf("nccl split test: %d passed, %d failed\n", counts->passed, counts->failed);
   return counts->failed ? 1 : 0;
 }
