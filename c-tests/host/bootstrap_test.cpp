@@ -5,6 +5,8 @@
 //   bootstrap_test N id       N ranks meet through a unique id made by the parent
 //   bootstrap_test timeout    ranks whose root or peers never come fail within the timeout
 //   bootstrap_test stranger   strangers and a rank of another job at the root do not break a 4-rank job
+//   bootstrap_test late       a rank arriving after the root gave up on it is told why at once; the root
+//                             thread of a unique id sleeps while it waits (this process's CPU time)
 //   bootstrap_test            all of the above, with 2, 4, 8 and 16 ranks
 //
 // Jobs split over several invocations (e.g. on different hosts), each running some of the ranks:
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -202,6 +205,56 @@ static bool timeouts() {
   return wait_all(pids) && ok;
 }
 
+// A rank of the late case: init by the parent's unique id fails with a remote error within `limit_s`
+// seconds, its log line saying that rank 2 did not arrive.
+static int expect_late_verdict(int rank, const mscclppUniqueId* id, int timeout_s, double limit_s) {
+  g_rank = rank;
+  mscclppSetLogHandler(capture_log);
+  CHECK(mscclppSetBootstrapConnTimeout(timeout_s) == mscclppSuccess, "mscclppSetBootstrapConnTimeout");
+  mscclppComm_t comm = nullptr;
+  double start = now_s();
+  mscclppResult_t r = mscclppCommInitRankFromId(&comm, 3, *id, rank);
+  double took = now_s() - start;
+  CHECK(r == mscclppRemoteError, "init returned %d (%s), want a remote error", r, mscclppGetErrorString(r));
+  CHECK(took <= limit_s, "init failed after %.2f s, want at most %.1f s", took, limit_s);
+  CHECK(!log_line_with({"mscclppCommInitRankFromId", "rank 2 did not arrive"}).empty(),
+        "no log line of the failed init saying that rank 2 did not arrive:\n%s", whole_log().c_str());
+  return 0;
+}
+
+// This process's CPU time so far, user and system (every thread's).
+static double cpu_s() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec * 1e-6 + u.ru_stime.tv_sec + u.ru_stime.tv_usec * 1e-6;
+}
+
+// A root (this process's, of a unique id with a 2 s timeout) gives up on rank 2 of 3, which never came, and
+// tells ranks 0 and 1; rank 2, arriving after that, is told the same at once instead of waiting out its
+// own 10 s. Meanwhile the root thread, whose owner let it go, sleeps in poll: this process spends well
+// under a second of CPU in those 3 s.
+static bool late_rank() {
+  if (mscclppSetBootstrapConnTimeout(2) != mscclppSuccess) return false;
+  mscclppUniqueId id;
+  mscclppResult_t r = mscclppGetUniqueId(&id);
+  mscclppSetBootstrapConnTimeout(30);
+  if (r != mscclppSuccess) {
+    fprintf(stderr, "bootstrap_test: mscclppGetUniqueId: %s\n", mscclppGetErrorString(r));
+    return false;
+  }
+  const double cpu_before = cpu_s();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) pids.push_back(spawn([=] { return expect_late_verdict(rank, &id, 2, 4.5); }));
+  bool ok = wait_all(pids);
+  ok = wait_all({spawn([=] { return expect_late_verdict(2, &id, 10, 1.5); })}) && ok;
+  const double cpu = cpu_s() - cpu_before;
+  if (cpu > 0.5) {
+    fprintf(stderr, "bootstrap_test late: this process (the root's) spent %.2f s of CPU while it waited\n", cpu);
+    ok = false;
+  }
+  return ok;
+}
+
 static int connect_to(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a;
@@ -302,6 +355,8 @@ int main(int argc, char** argv) {
     ok = run_case("timeout", timeouts());
   } else if (argc == 2 && !strcmp(argv[1], "stranger")) {
     ok = run_case("stranger", strangers());
+  } else if (argc == 2 && !strcmp(argv[1], "late")) {
+    ok = run_case("late", late_rank());
   } else if (argc == 6 && (!strcmp(argv[1], "join") || !strcmp(argv[1], "join-id"))) {
     int n = 0, first = 0, count = 0;
     if (!parse_int(argv[2], 1, 1 << 20, &n) || !parse_int(argv[4], 0, n - 1, &first) ||
@@ -319,9 +374,11 @@ int main(int argc, char** argv) {
     }
     ok = run_case("timeout", timeouts()) && ok;
     ok = run_case("stranger", strangers()) && ok;
+    ok = run_case("late", late_rank()) && ok;
   } else {
     fprintf(stderr,
-            "usage: %s [N addr | N id | timeout | stranger | join N IP:PORT FIRST COUNT | join-id N IDFILE FIRST COUNT]\n",
+            "usage: %s [N addr | N id | timeout | stranger | late | join N IP:PORT FIRST COUNT | join-id N IDFILE FIRST "
+            "COUNT]\n",
             argv[0]);
     return 2;
   }

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 /// Messages up to this size go out in one write together with their header.
 const COALESCE_LIMIT: usize = 64 << 10;
 
-/// How long past its deadline a rank waits for the root's answer: the root's own deadline runs from the
-/// first rank's arrival, a moment after that rank started waiting.
+/// How long past a timeout from its hello a rank waits for the root's answer: the root gives up a timeout
+/// after the first hello it got, and says which ranks are missing; the grace lets that answer, not a bare
+/// time-out, end the first rank's wait.
 const ROOT_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// One rank's endpoint of the bootstrap network.
@@ -123,12 +124,12 @@ impl Bootstrap {
             .write_all(&hello.encode())
             .map_err(|e| Error::remote(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
         debug!("joined the root at {root}; listening at {listen_addr}");
-        // The root gives up `timeout` after the first rank arrived and says which ranks are missing;
-        // waiting a little past our own deadline lets that answer, not a bare time-out, end the wait.
-        let answer_by = deadline + ROOT_ANSWER_GRACE;
+        // From the hello, not from `start`: reaching the root may have taken most of the timeout (a root
+        // not up yet), and the root counts its own from the first hello.
+        let answer_by = Instant::now() + timeout + ROOT_ANSWER_GRACE;
         let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * ADDR_LEN).map_err(|r| {
-            // The root went away without a word: it lives in one rank's process (the one that made the
-            // unique id, or rank 0's), which must have ended.
+            // The root closed the connection without a word: it lives in one rank's process (the one that
+            // made the unique id, or rank 0's), which may have ended, or it had given up already.
             let gone = matches!(&r, Refusal::Io(e) if matches!(e.kind(),
                 std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset));
             let e = refusal_error(
@@ -140,7 +141,8 @@ impl Bootstrap {
                 Error::new(
                     e.kind,
                     format!(
-                        "{} (the root runs in the process that made the unique id, or rank 0's: did it end?)",
+                        "{} without an answer (the root runs in the process that made the unique id, or rank 0's: \
+                         that process ended, or the root had already given up or finished)",
                         e.message
                     ),
                 )
@@ -171,10 +173,8 @@ impl Bootstrap {
             peers,
             _root: None,
         };
-        if let Err(e) = bootstrap.connect_mesh(deadline, timeout) {
-            bootstrap.receiver.leave_failed();
-            return Err(e);
-        }
+        bootstrap.connect_mesh(deadline, timeout)?;
+        bootstrap.receiver.set_up_complete();
         info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)
     }

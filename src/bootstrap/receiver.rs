@@ -105,12 +105,12 @@ impl Shared {
     }
 }
 
-/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (unless the
-/// rank's set-up failed) and closes the connections.
+/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (once the rank's
+/// set-up completed) and closes the connections.
 pub struct Receiver {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    /// Whether closing says goodbye: false once this rank's set-up failed (`leave_failed`).
+    /// Whether closing says goodbye: only once this rank's set-up completed (`set_up_complete`).
     farewell: AtomicBool,
 }
 
@@ -176,7 +176,7 @@ impl Receiver {
         Ok(Receiver {
             shared,
             thread: Some(thread),
-            farewell: AtomicBool::new(true),
+            farewell: AtomicBool::new(false),
         })
     }
 
@@ -188,11 +188,12 @@ impl Receiver {
         self.shared.clone()
     }
 
-    /// This rank's set-up failed: closing will not say goodbye. A peer that finished its own set-up holds
-    /// a communicator with this rank in it; a goodbye would tell it this rank left in order, so that only
-    /// a call waiting on this rank would fail, whereas a close without one fails its communicator at once.
-    pub fn leave_failed(&self) {
-        self.farewell.store(false, Ordering::SeqCst);
+    /// This rank's set-up completed: closing from now on says goodbye. Before, it does not: a peer that
+    /// finished its own set-up holds a communicator with this rank in it, and a goodbye would tell it this
+    /// rank left in order (only a call waiting on this rank would fail), whereas a close without one fails
+    /// its communicator at once.
+    pub fn set_up_complete(&self) {
+        self.farewell.store(true, Ordering::SeqCst);
     }
 
     /// Hands a connection this rank opened (and finished the handshake of) to the receive thread.

@@ -5,7 +5,7 @@
 //! rank, a duplicate) with a reason, and strangers that send garbage or nothing, with a warning. Handshakes
 //! are read a piece at a time in one poll loop, so a silent stranger never holds up real ranks. If not
 //! every rank has arrived `timeout` after the first one did, the root tells the waiting ranks which are
-//! missing and exits.
+//! missing; ranks of the job that come later are told the same for another `timeout`, then it exits.
 //!
 //! A rank that joined and then closed its connection before the table was sent (its process ended, or its
 //! init gave up) fails the job at once: the root tells every waiting rank which rank left and which had not
@@ -72,6 +72,7 @@ impl Root {
             ),
             idle_deadline: Instant::now() + timeout,
             failed: None,
+            wake_open: true,
         };
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
@@ -137,8 +138,12 @@ struct RootLoop {
     /// a grace for the root's answer, so the root's reason, naming the ranks missing, reaches it first).
     /// Once the job failed: when it stops answering.
     idle_deadline: Instant,
-    /// Why the job failed before the table was sent: a joined rank left. Later ranks are told so.
+    /// Why the root gave up before the table was sent (a joined rank left, or ranks did not arrive in
+    /// time). Ranks of the job that come later are told so, until `idle_deadline`.
     failed: Option<String>,
+    /// False once the `Root` was dropped: its end of the wake-up socket is closed, which `poll` would
+    /// report as readable on every round.
+    wake_open: bool,
 }
 
 impl RootLoop {
@@ -155,7 +160,7 @@ impl RootLoop {
             let now = Instant::now();
             if now >= self.idle_deadline && self.failed.is_some() {
                 debug!(
-                    "bootstrap root at {}: exiting, {:?} after the job failed",
+                    "bootstrap root at {}: exiting, {:?} after it gave up",
                     self.addr, self.timeout
                 );
                 return;
@@ -168,11 +173,16 @@ impl RootLoop {
                         format!("{} did not arrive within {:?}", list_ranks(&missing), self.timeout)
                     }
                 };
-                self.abort(reason);
-                return;
+                self.give_up(reason);
+                continue;
             }
 
-            let mut entries = vec![PollEntry::readable(&self.wake), PollEntry::readable(&self.listener)];
+            let wake = if self.wake_open {
+                PollEntry::readable(&self.wake)
+            } else {
+                PollEntry::ignored()
+            };
+            let mut entries = vec![wake, PollEntry::readable(&self.listener)];
             entries.extend(self.pending.poll_entries());
             let first_joined = entries.len();
             let joined: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_some()).collect();
@@ -193,7 +203,16 @@ impl RootLoop {
 
             if entries[0].ready {
                 let mut sink = [0u8; 64];
-                while matches!((&self.wake).read(&mut sink), Ok(n) if n > 0) {}
+                loop {
+                    match (&self.wake).read(&mut sink) {
+                        Ok(0) => {
+                            self.wake_open = false;
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
             }
             for (i, &r) in joined.iter().enumerate() {
                 if entries[first_joined + i].ready {
@@ -283,7 +302,7 @@ impl RootLoop {
         let Some(j) = &self.ranks[rank] else { return };
         let mut byte = [0u8; 1];
         let why = match sys::recv_now(&j.stream, &mut byte) {
-            Ok(0) => "closed its connection (did its process end?)".to_string(),
+            Ok(0) => "closed its connection (its process ended, or its init gave up)".to_string(),
             Ok(_) => "sent unexpected bytes".to_string(),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => e.to_string(),
@@ -300,6 +319,12 @@ impl RootLoop {
         if !missing.is_empty() {
             reason.push_str(&format!("; {} had not arrived", list_ranks(&missing)));
         }
+        self.give_up(reason);
+    }
+
+    /// Tells every waiting rank why the job failed, and answers the job's later ranks the same until a
+    /// timeout from now (rather than leave them to wait out theirs for a root that is gone).
+    fn give_up(&mut self, reason: String) {
         self.abort(reason.clone());
         self.ranks.iter_mut().for_each(|j| *j = None);
         self.joined = 0;

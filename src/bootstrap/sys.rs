@@ -27,6 +27,15 @@ impl PollEntry {
         }
     }
 
+    /// An entry `poll` ignores (a negative descriptor), keeping the others' places in the list.
+    pub fn ignored() -> PollEntry {
+        PollEntry {
+            fd: -1,
+            events: 0,
+            ready: false,
+        }
+    }
+
     /// Waits for room to write (or hang-up / error) on `fd`.
     pub fn writable(fd: &impl AsRawFd) -> PollEntry {
         PollEntry {
