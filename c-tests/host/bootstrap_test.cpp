@@ -173,21 +173,28 @@ static bool parse_int(const char* s, int lo, int hi, int* out) {
   return true;
 }
 
-// Init with a 2 s timeout must fail with a remote error after about 2 s, not hang, its log line saying why
-// (`why`: what the root never was, or the rank that never came).
-static int expect_timeout(int rank, int nranks, const char* addr, const char* why) {
+// An init that must fail: with a bootstrap timeout of `timeout_s`, by `addr` or, where it is not null, by
+// `id`, it returns a remote error within [min_s, max_s] seconds, not a hang, its log line saying `why`.
+static int expect_init_refused(int rank, int nranks, const char* addr, const mscclppUniqueId* id, int timeout_s,
+                               double min_s, double max_s, const char* why) {
   g_rank = rank;
   mscclppSetLogHandler(capture_log);
+  CHECK(mscclppSetBootstrapConnTimeout(timeout_s) == mscclppSuccess, "mscclppSetBootstrapConnTimeout(%d)", timeout_s);
   mscclppComm_t comm = nullptr;
-  CHECK(mscclppSetBootstrapConnTimeout(2) == mscclppSuccess, "mscclppSetBootstrapConnTimeout(2)");
   double start = now_s();
-  mscclppResult_t r = mscclppCommInitRank(&comm, nranks, addr, rank);
+  mscclppResult_t r = id ? mscclppCommInitRankFromId(&comm, nranks, *id, rank)
+                         : mscclppCommInitRank(&comm, nranks, addr, rank);
   double took = now_s() - start;
   CHECK(r == mscclppRemoteError, "init returned %d (%s), want a remote error", r, mscclppGetErrorString(r));
-  CHECK(took >= 1.5 && took <= 4.5, "init failed after %.2f s, want about 2 s", took);
-  CHECK(!log_line_with({"mscclppCommInitRank", why}).empty(), "no log line of the failed init saying '%s':\n%s",
-        why, whole_log().c_str());
+  CHECK(took >= min_s && took <= max_s, "init failed after %.2f s, want %.1f to %.1f s", took, min_s, max_s);
+  const char* call = id ? "mscclppCommInitRankFromId" : "mscclppCommInitRank";
+  CHECK(!log_line_with({call, why}).empty(), "no log line of %s saying '%s':\n%s", call, why, whole_log().c_str());
   return 0;
+}
+
+// Init with a 2 s timeout must fail with a remote error after about 2 s.
+static int expect_timeout(int rank, int nranks, const char* addr, const char* why) {
+  return expect_init_refused(rank, nranks, addr, nullptr, 2, 1.5, 4.5, why);
 }
 
 static bool timeouts() {
@@ -203,23 +210,6 @@ static bool timeouts() {
     pids.push_back(spawn([=] { return expect_timeout(r, 3, addr, "rank 2 did not arrive"); }));
   }
   return wait_all(pids) && ok;
-}
-
-// A rank of the late case: init by the parent's unique id fails with a remote error within `limit_s`
-// seconds, its log line saying that rank 2 did not arrive.
-static int expect_late_verdict(int rank, const mscclppUniqueId* id, int timeout_s, double limit_s) {
-  g_rank = rank;
-  mscclppSetLogHandler(capture_log);
-  CHECK(mscclppSetBootstrapConnTimeout(timeout_s) == mscclppSuccess, "mscclppSetBootstrapConnTimeout");
-  mscclppComm_t comm = nullptr;
-  double start = now_s();
-  mscclppResult_t r = mscclppCommInitRankFromId(&comm, 3, *id, rank);
-  double took = now_s() - start;
-  CHECK(r == mscclppRemoteError, "init returned %d (%s), want a remote error", r, mscclppGetErrorString(r));
-  CHECK(took <= limit_s, "init failed after %.2f s, want at most %.1f s", took, limit_s);
-  CHECK(!log_line_with({"mscclppCommInitRankFromId", "rank 2 did not arrive"}).empty(),
-        "no log line of the failed init saying that rank 2 did not arrive:\n%s", whole_log().c_str());
-  return 0;
 }
 
 // This process's CPU time so far, user and system (every thread's).
@@ -244,9 +234,12 @@ static bool late_rank() {
   }
   const double cpu_before = cpu_s();
   std::vector<pid_t> pids;
-  for (int rank = 0; rank < 2; ++rank) pids.push_back(spawn([=] { return expect_late_verdict(rank, &id, 2, 4.5); }));
+  const char* why = "rank 2 did not arrive";
+  for (int rank = 0; rank < 2; ++rank) {
+    pids.push_back(spawn([=] { return expect_init_refused(rank, 3, nullptr, &id, 2, 0, 4.5, why); }));
+  }
   bool ok = wait_all(pids);
-  ok = wait_all({spawn([=] { return expect_late_verdict(2, &id, 10, 1.5); })}) && ok;
+  ok = wait_all({spawn([=] { return expect_init_refused(2, 3, nullptr, &id, 10, 0, 1.5, why); })}) && ok;
   const double cpu = cpu_s() - cpu_before;
   if (cpu > 0.5) {
     fprintf(stderr, "bootstrap_test late: this process (the root's) spent %.2f s of CPU while it waited\n", cpu);

@@ -226,13 +226,14 @@ impl Drop for Receiver {
         // Close the connections now rather than when the last reference goes, with a goodbye first, so
         // that peers see an orderly end and not a failure (after a failed set-up, without one: a failure).
         let deadline = Instant::now() + CLOSE_WAIT;
-        let goodbye = if self.farewell.load(Ordering::SeqCst) {
-            wire::control_frame(Space::Goodbye).to_vec()
+        let goodbye = wire::control_frame(Space::Goodbye);
+        let last: &[u8] = if self.farewell.load(Ordering::SeqCst) {
+            &goodbye
         } else {
-            Vec::new()
+            &[]
         };
         for outbox in &self.shared.outboxes {
-            outbox.close_by(&goodbye, deadline);
+            outbox.close_by(last, deadline);
         }
     }
 }

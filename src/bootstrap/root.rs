@@ -158,20 +158,21 @@ impl RootLoop {
                 return;
             }
             let now = Instant::now();
-            if now >= self.idle_deadline && self.failed.is_some() {
-                debug!(
-                    "bootstrap root at {}: exiting, {:?} after it gave up",
-                    self.addr, self.timeout
-                );
-                return;
-            }
             if now >= self.idle_deadline {
+                if self.failed.is_some() {
+                    debug!(
+                        "bootstrap root at {}: exiting, {:?} after it gave up",
+                        self.addr, self.timeout
+                    );
+                    return;
+                }
                 let reason = match self.nranks {
                     None => format!("no rank arrived within {:?}", self.timeout),
-                    Some(_) => {
-                        let missing: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_none()).collect();
-                        format!("{} did not arrive within {:?}", list_ranks(&missing), self.timeout)
-                    }
+                    Some(_) => format!(
+                        "{} did not arrive within {:?}",
+                        list_ranks(&self.missing()),
+                        self.timeout
+                    ),
                 };
                 self.give_up(reason);
                 continue;
@@ -203,14 +204,10 @@ impl RootLoop {
 
             if entries[0].ready {
                 let mut sink = [0u8; 64];
-                loop {
-                    match (&self.wake).read(&mut sink) {
-                        Ok(0) => {
-                            self.wake_open = false;
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(_) => break,
+                while let Ok(n) = (&self.wake).read(&mut sink) {
+                    if n == 0 {
+                        self.wake_open = false;
+                        break;
                     }
                 }
             }
@@ -307,19 +304,21 @@ impl RootLoop {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             Err(e) => e.to_string(),
         };
-        let from = j.from;
-        self.ranks[rank] = None;
-        let missing: Vec<usize> = (0..self.ranks.len())
-            .filter(|&r| r != rank && self.ranks[r].is_none())
-            .collect();
         let mut reason = format!(
-            "rank {rank} (from {from}) left before all {} ranks arrived: {why}",
+            "rank {rank} (from {}) left before all {} ranks arrived: {why}",
+            j.from,
             self.ranks.len()
         );
+        let missing = self.missing();
         if !missing.is_empty() {
             reason.push_str(&format!("; {} had not arrived", list_ranks(&missing)));
         }
         self.give_up(reason);
+    }
+
+    /// The ranks that have not joined.
+    fn missing(&self) -> Vec<usize> {
+        (0..self.ranks.len()).filter(|&r| self.ranks[r].is_none()).collect()
     }
 
     /// Tells every waiting rank why the job failed, and answers the job's later ranks the same until a
