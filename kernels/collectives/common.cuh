@@ -84,21 +84,33 @@ __device__ __forceinline__ uint64_t collBegin(const CollArgs& a)
   return *reinterpret_cast<volatile uint64_t*>(a.state) + 1;
 }
 
-// The last block to finish records the epoch as done, for the next launch on the stream.
+// The last block to finish records the epoch as done, for the next launch on the stream. Only a zero-copy
+// kernel's fallback (`zcWindow` non-zero) reads the epoch and the count inside the launch, between its
+// windows (zero_copy.cuh): there the count and the epoch are fenced. Every other launch's reader is the next
+// launch on the stream, which sees all this one wrote, so its blocks neither fence nor wait: a fence after
+// stores into a peer's memory waits for them to cross the link. The count still finds the last block, so
+// that no block can start (and take its epoch from the state) after the epoch was stored.
 __device__ __forceinline__ void collEnd(const CollArgs& a, uint64_t epoch)
 {
   __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned long long done = atomicAdd(reinterpret_cast<unsigned long long*>(&a.state[1]), 1ull);
-    if (done == gridDim.x - 1) {
-      a.state[1] = 0;
-      // The count is reset before any block sees the epoch done (a zero-copy kernel's fallback starts its next
-      // window, and its count, as soon as it does).
-      __threadfence();
-      *reinterpret_cast<volatile uint64_t*>(&a.state[0]) = epoch;
-      __threadfence();
-    }
+  if (threadIdx.x != 0) return;
+  volatile uint64_t* state = a.state;
+  if (gridDim.x == 1) {
+    // One block (every packet call up to a few KiB): nothing to count; in a fallback, its own thread 0
+    // is the one that reads the epoch next.
+    state[0] = epoch;
+    return;
+  }
+  const bool inLaunchReaders = a.zcWindow != 0;
+  if (inLaunchReaders) __threadfence();
+  const unsigned long long done = atomicAdd(reinterpret_cast<unsigned long long*>(&a.state[1]), 1ull);
+  if (done == gridDim.x - 1) {
+    state[1] = 0;
+    // The count is reset before any block sees the epoch done (a zero-copy kernel's fallback starts its next
+    // window, and its count, as soon as it does).
+    if (inLaunchReaders) __threadfence();
+    state[0] = epoch;
+    if (inLaunchReaders) __threadfence();
   }
 }
 
