@@ -2,7 +2,8 @@
 # The NCCL face's GPU tests (issue 25), from a tree built by `make`:
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
 #   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
-#   refusals, a killed rank shrunk out) at 2 and 4 ranks;
+#   refusals, a killed rank shrunk out) at 2 and 4 ranks, and main with every call that sends and receives
+#   can carry sent that way (MSCCLPP_COLL_ALGO=sendrecv) at 2 and 3 ranks;
 # - build/tests/nccl-gpu/nccl_rma_test (c-tests/nccl-gpu/nccl_rma_test.cu: the one-sided calls: puts,
 #   signals, waits, graphs, peer pointers, refusals, times, a waiter's signaller killed) at 2 and 4 ranks;
 # - build/tests/nccl-gpu/nccl_grow_test (c-tests/nccl-gpu/nccl_grow_test.cu: ncclCommGetUniqueId and ncclCommGrow,
@@ -21,7 +22,8 @@
 # this script too; alone it prints the lines of each program and ends with `nccl gpu tests: N passed, N failed`.
 # Logs go to $GPU_TEST_LOG_DIR (default build/test-logs). PYTHON names the interpreter (default python3).
 # GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
-# nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
+# nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-sendrecv-2, nccl-sendrecv-3
+# (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
 # nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
 # run, torch_zero_copy), nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
@@ -64,6 +66,15 @@ for n in 2 4; do
   done
   [ "$own_mps" = 1 ] && mps_recover
   run_program "nccl_gpu_test_initall_$n" 240 "$bin" initall "$n"
+  recover "$before"
+done
+
+# main again with MSCCLPP_COLL_ALGO=sendrecv: every call that sends and receives can carry goes that way at
+# every size (chains, the two ranks' halves, gather, scatter, all-to-all), odd rank counts and one GPU too.
+for n in 2 3; do
+  part "nccl-sendrecv-$n" || continue
+  before=$failed
+  MSCCLPP_COLL_ALGO=sendrecv run_program "nccl_gpu_test_sendrecv_$n" 1300 "$bin" main "$n"
   recover "$before"
 done
 

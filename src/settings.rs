@@ -144,9 +144,9 @@ setting!(
     COLL_ALGO,
     "MSCCLPP_COLL_ALGO",
     "auto",
-    Values::Choice(&["auto", "packet", "copy", "zerocopy", "copyengine"]),
+    Values::Choice(&["auto", "packet", "copy", "zerocopy", "copyengine", "sendrecv"]),
     Warn,
-    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers at large sizes (zero_copy_from); `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size; `copyengine` also tries the copy engine for every eager all-gather and broadcast"
+    "the algorithm of every collective: `auto`, by size (the table in src/collective/algorithm.rs), zero-copy on registered buffers at large sizes (zero_copy_from); `packet` or `copy` forces one through the scratch (for measurement); `zerocopy` tries zero-copy at every size; `copyengine` also tries the copy engine for every eager all-gather and broadcast; `sendrecv` sends every call that sends and receives can carry that way, at every size and on any placement (for tests and measurement)"
 );
 setting!(
     COLL_SCRATCH_MB,

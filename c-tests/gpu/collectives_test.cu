@@ -8,7 +8,8 @@
 //
 //   collectives_test <case|all> [nranks] [--port P]
 //
-//   matrix (= matrix_auto, matrix_packet, matrix_copy; MSCCLPP_COLL_ALGO auto, packet, copy): every collective
+//   matrix (= matrix_auto, matrix_packet, matrix_copy, matrix_sendrecv; MSCCLPP_COLL_ALGO auto, packet, copy,
+//       sendrecv: what sends and receives can carry goes that way at every size, on one GPU too): every collective
 //       x type x operator, in place and out of place, counts 0, 1, 3, 7, 1000 and 65537, aligned and not;
 //       integers exact, floating point within a bound; all-reduce results bitwise equal on every rank; nothing
 //       written around the output; out of place, the input untouched
@@ -1656,6 +1657,7 @@ const Group kGroups[] = {
   {"matrix_auto", "matrix", true, 150, "auto", nullptr, false},
   {"matrix_packet", "matrix", true, 150, "packet", nullptr, false},
   {"matrix_copy", "matrix", true, 150, "copy", nullptr, false},
+  {"matrix_sendrecv", "matrix", true, 150, "sendrecv", nullptr, false},
   {"matrix_small", "matrix_small", false, 90, nullptr, nullptr, false},
   {"large", "large", true, 120, nullptr, nullptr, false},
   {"large_windows", "large", true, 90, nullptr, "1", false},

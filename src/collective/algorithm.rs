@@ -46,16 +46,23 @@ pub enum Choice {
     /// As `ZeroCopy`, and every eager all-gather and broadcast tries the copy engine first
     /// (`copy_engine.rs`; `Auto` does from the sizes of `copy_engine_from`).
     CopyEngine,
+    /// Every call that sends and receives can carry (`send_recv_collectives::applies`) goes that way, at
+    /// every size and on any placement (every rank on one GPU too); the others through the scratch as `Auto`
+    /// picks, never zero-copy nor by the copy engine. For tests and measurement: it runs those algorithms
+    /// where the table would not (small sizes, ranks sharing a GPU).
+    SendRecv,
 }
 
 impl Choice {
-    /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`, `copyengine`), as `settings` has checked it.
+    /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`, `copyengine`, `sendrecv`), as `settings` has
+    /// checked it.
     pub fn parse(value: &str) -> Choice {
         match value.to_ascii_lowercase().as_str() {
             "packet" => Choice::Force(Protocol::Packet),
             "copy" => Choice::Force(Protocol::Copy),
             "zerocopy" => Choice::ZeroCopy,
             "copyengine" => Choice::CopyEngine,
+            "sendrecv" => Choice::SendRecv,
             _ => Choice::Auto,
         }
     }
@@ -154,10 +161,12 @@ pub fn copy_engine_from(collective: Collective) -> Option<u64> {
 pub fn choose(collective: Collective, nranks: usize, message: u64, choice: Choice) -> Protocol {
     match choice {
         Choice::Force(p) => p,
-        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine if message <= packet_limit(collective, nranks) => {
+        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine | Choice::SendRecv
+            if message <= packet_limit(collective, nranks) =>
+        {
             Protocol::Packet
         }
-        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine => Protocol::Copy,
+        Choice::Auto | Choice::ZeroCopy | Choice::CopyEngine | Choice::SendRecv => Protocol::Copy,
     }
 }
 

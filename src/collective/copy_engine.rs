@@ -44,7 +44,7 @@ pub fn attempt(collective: Collective, nranks: usize, message: u64, choice: Choi
     match choice {
         Choice::CopyEngine => true,
         Choice::Auto => copy_engine_from(collective).is_some_and(|from| message >= from),
-        Choice::Force(_) | Choice::ZeroCopy => false,
+        Choice::Force(_) | Choice::ZeroCopy | Choice::SendRecv => false,
     }
 }
 

@@ -36,7 +36,8 @@ pub const LARGE: u64 = 64 << 20;
 pub const CHAIN_FROM: u64 = 1 << 20;
 
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
-/// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced. The same on every rank.
+/// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced; with `Choice::SendRecv`
+/// every call these launches can carry, at every size and placement. The same on every rank.
 pub fn applies(
     collective: Collective,
     op: Option<RedOp>,
@@ -45,18 +46,25 @@ pub fn applies(
     message: u64,
     choice: Choice,
 ) -> bool {
-    let two_gpus = nranks == 2 && placement == Placement::SeveralGpus;
+    let any = choice == Choice::SendRecv;
+    let several = placement == Placement::SeveralGpus;
     let reducible = !matches!(op, Some(RedOp::PreMulSum(_)));
     let carried = match collective {
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
-        Collective::Broadcast => nranks == 2 || (placement == Placement::SeveralGpus && message >= CHAIN_FROM),
-        Collective::AllGather => two_gpus && message >= LARGE,
-        Collective::Reduce => {
-            reducible && placement == Placement::SeveralGpus && (nranks == 2 || message >= CHAIN_FROM)
+        Collective::Broadcast => any || nranks == 2 || (several && message >= CHAIN_FROM),
+        Collective::Reduce => reducible && (any || (several && (nranks == 2 || message >= CHAIN_FROM))),
+        // `launches` carries these between two ranks only.
+        Collective::AllGather => nranks == 2 && (any || (several && message >= LARGE)),
+        Collective::AllReduce | Collective::ReduceScatter => {
+            nranks == 2 && reducible && (any || (several && message >= LARGE))
         }
-        Collective::AllReduce | Collective::ReduceScatter => two_gpus && reducible && message >= LARGE,
     };
-    carried && !matches!(choice, Choice::Force(_)) && choose(collective, nranks, message, choice) == Protocol::Copy
+    carried
+        && match choice {
+            Choice::Force(_) => false,
+            Choice::SendRecv => true,
+            _ => choose(collective, nranks, message, choice) == Protocol::Copy,
+        }
 }
 
 /// One launch of the send/receive kernel: its work and, where its receives reduce, the operator and type.
@@ -342,6 +350,63 @@ mod tests {
         assert!(!applies_auto(Collective::Reduce, 4, CHAIN_FROM - 1, several));
         assert!(!applies_auto(Collective::Reduce, 4, LARGE, Placement::OneGpu));
         assert!(!applies(Collective::Reduce, premul, 4, several, LARGE, Choice::Auto));
+    }
+
+    #[test]
+    fn sendrecv_choice_takes_every_call_the_launches_carry() {
+        let (sum, one) = (Some(RedOp::Sum), Placement::OneGpu);
+        let premul = Some(RedOp::PreMulSum(crate::collective::Scalar::Device(0x10)));
+        let forced = |c, op, n, placement, message| applies(c, op, n, placement, message, Choice::SendRecv);
+        for c in [
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllToAll,
+            Collective::Broadcast,
+            Collective::Reduce,
+        ] {
+            for n in [2, 3, 8] {
+                for message in [1, 4096, LARGE] {
+                    assert!(
+                        forced(c, sum, n, one, message),
+                        "{c:?} among {n}, {message} B on one GPU"
+                    );
+                }
+            }
+        }
+        for c in [Collective::AllGather, Collective::AllReduce, Collective::ReduceScatter] {
+            assert!(forced(c, sum, 2, one, 8), "{c:?} between two");
+            assert!(
+                !forced(c, sum, 3, Placement::SeveralGpus, LARGE),
+                "{c:?}: only between two"
+            );
+        }
+        for c in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce] {
+            assert!(
+                !forced(c, premul, 2, one, LARGE),
+                "{c:?}: PreMulSum stays on the scratch"
+            );
+        }
+        // Never zero-copy nor the copy engine, and the scratch's protocol as `Auto` picks it.
+        assert!(!crate::collective::zero_copy::attempt(
+            Collective::AllReduce,
+            sum,
+            4,
+            one,
+            1 << 30,
+            Choice::SendRecv
+        ));
+        assert!(!crate::collective::copy_engine::attempt(
+            Collective::AllGather,
+            2,
+            1 << 30,
+            Choice::SendRecv,
+            false
+        ));
+        assert_eq!(
+            choose(Collective::AllReduce, 4, 1024, Choice::SendRecv),
+            Protocol::Packet
+        );
+        assert_eq!(Choice::parse("SendRecv"), Choice::SendRecv);
     }
 
     fn call(collective: Collective, count: usize, datatype: DataType, root: usize) -> Call {

@@ -66,7 +66,7 @@ pub fn attempt(
     match choice {
         Choice::ZeroCopy | Choice::CopyEngine => true,
         Choice::Auto => zero_copy_from(collective, nranks, placement).is_some_and(|from| message >= from),
-        Choice::Force(_) => false,
+        Choice::Force(_) | Choice::SendRecv => false,
     }
 }
 
