@@ -9,7 +9,9 @@
 //   collectives_test <case|all> [nranks] [--port P]
 //
 //   matrix (= matrix_auto, matrix_packet, matrix_copy, matrix_sendrecv; MSCCLPP_COLL_ALGO auto, packet, copy,
-//       sendrecv: what sends and receives can carry goes that way at every size, on one GPU too): every collective
+//       sendrecv: what sends and receives can carry goes that way at every size, on one GPU too; at destroy the
+//       library's INFO line counts those calls: every call with data between two ranks, among more at least
+//       the broadcasts, which go as a chain): every collective
 //       x type x operator, in place and out of place, counts 0, 1, 3, 7, 1000 and 65537, aligned and not;
 //       integers exact, floating point within a bound; all-reduce results bitwise equal on every rank; nothing
 //       written around the output; out of place, the input untouched
@@ -750,6 +752,10 @@ struct MatrixSpec
   std::vector<uint64_t> counts;
 };
 
+// The matrix's calls with data, and its broadcasts with data (matrix_sendrecv compares them with the calls
+// the library says went as sends and receives: sendRecvCounted).
+long long gMatrixCalls = 0, gMatrixBroadcasts = 0;
+
 std::string caseMatrix(Rank& R, const MatrixSpec& spec)
 {
   Pools P;
@@ -770,6 +776,8 @@ std::string caseMatrix(Rank& R, const MatrixSpec& spec)
             // Half the calls start their buffers off 16-byte boundaries (the kernels' unaligned paths).
             c.sendShift = (int)(k % 2);
             c.recvShift = inPlace ? (int)(k % 2) : (int)((k / 2) % 2);
+            gMatrixCalls += c.count > 0;
+            gMatrixBroadcasts += c.count > 0 && coll == kBroadcast;
             batch.push_back(c);
           }
         }
@@ -1421,6 +1429,20 @@ bool zeroCopyCounted(Rank& R, const char* name)
   });
 }
 
+// After matrix_sendrecv's teardown: the library said how many calls went as sends and receives. Between two
+// ranks every collective goes so; among more, at least the broadcasts (a chain), at most every call.
+bool sendRecvCounted(Rank& R, const char* name)
+{
+  return runCase(R, fmt("%s_counted", name), [&]() -> std::string {
+    const long long n = std::max(zcCallsLogged(" call(s) went as sends and receives"), 0ll);
+    const long long least = R.nranks == 2 ? gMatrixCalls : gMatrixBroadcasts;
+    TC_EXPECT(n >= least && n <= gMatrixCalls, "%lld calls went as sends and receives, not within [%lld, %lld]", n,
+              least, gMatrixCalls);
+    R.info = fmt("%lld of %lld calls with data as sends and receives", n, gMatrixCalls);
+    return "";
+  });
+}
+
 // ------------------------------------------------------------------------------------------------
 // args: bad input on a GPU
 // ------------------------------------------------------------------------------------------------
@@ -1697,8 +1719,10 @@ int groupRankMain(Rank& R, const Group& g)
   const std::string name = g.name;
   const bool zeroCopy = !strncmp(g.name, "zerocopy", 8) || !strncmp(g.name, "copyengine", 10);
   gCopyEngine = !strncmp(g.name, "copyengine", 10);
-  if (zeroCopy) {
-    // The count of zero-copy calls is logged at INFO when the communicator goes.
+  const bool sendRecv = name == "matrix_sendrecv";
+  if (zeroCopy || sendRecv) {
+    // The count of zero-copy calls (and of those sent and received) is logged at INFO when the communicator
+    // goes.
     setenv("MSCCLPP_DEBUG", "INFO", 1);
     gLogRank = R.rank;
     mscclppSetLogHandler(captureLog);
@@ -1715,6 +1739,7 @@ int groupRankMain(Rank& R, const Group& g)
   else if (zeroCopy) rc = zeroCopyBody(R, g.name);
   const bool down = runCase(R, fmt("%s_teardown", g.name), [&] { return teardown(R); });
   if (zeroCopy && down && !zeroCopyCounted(R, g.name)) rc = 1;
+  if (sendRecv && down && !sendRecvCounted(R, g.name)) rc = 1;
   return rc == 0 && down ? 0 : 1;
 }
 

@@ -178,6 +178,7 @@ impl Collectives {
                 for l in &launches {
                     send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
                 }
+                self.send_recv_calls.fetch_add(1, Ordering::Relaxed);
                 return Ok(());
             }
         }

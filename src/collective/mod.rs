@@ -83,6 +83,8 @@ pub struct Collectives {
     solo: Mutex<Option<LoadedKernels>>,
     /// Calls whose data the copy engine moved (eager only, so counted here, once each).
     copy_engine_calls: AtomicU64,
+    /// Calls carried as sends and receives (`send_recv_collectives.rs`), a captured one once.
+    send_recv_calls: AtomicU64,
     /// One rank's signal area and kernels for the one-sided calls (`signal.rs`; it has no scratch).
     one_sided_solo: Mutex<Option<signal::Solo>>,
     /// Set from a suspend to its resume (`suspend.rs`); locked after `ready`.
@@ -129,6 +131,10 @@ impl Collectives {
             match self.copy_engine_calls.swap(0, Ordering::Relaxed) {
                 0 => {}
                 n => log::info!("collectives: {n} call(s) moved their data by the copy engine (registered buffers)"),
+            }
+            match self.send_recv_calls.swap(0, Ordering::Relaxed) {
+                0 => {}
+                n => log::info!("collectives: {n} call(s) went as sends and receives"),
             }
         }
         self.solo.lock().take();
