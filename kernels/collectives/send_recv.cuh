@@ -36,11 +36,13 @@
 #define MSCCLPP_SENDRECV_SEND 0
 #define MSCCLPP_SENDRECV_RECV 1
 #define MSCCLPP_SENDRECV_COPY 2
-// A relay (the middle of a chain's reduce): receives from `peer`, reduces each chunk with this rank's own
-// operand (an op's `src`), and sends the result on to another rank (the op's flags from PEER_SHIFT on)
-// straight into its slot, without a buffer of its own. One block moves a lane as a receive and a send at
-// once: it waits for the chunk (posted) and for the slot it writes (credit), then posts the chunk on and
-// gives the credit back after one barrier. Every relay of a launch sends to one rank.
+// A relay channel (the middle of a chain's reduce, every step of a ring's reduce-scatter): receives from
+// `peer`, reduces each chunk with this rank's own operand (an op's `src`), and sends the result on to another
+// rank (the op's flags from PEER_SHIFT on) straight into its slot, without a buffer of its own. One block
+// moves a lane as a receive and a send at once: it waits for the chunk (posted) and for the slot it writes
+// (credit), then posts the chunk on and gives the credit back after one barrier. Every op of the channel
+// sends to one rank. An op with RELAY_NO_IN receives nothing and sends its `src` (a ring's first step); one
+// with RELAY_NO_OUT sends nothing and writes the reduction, finished, into its `ptr` (a ring's last step).
 #define MSCCLPP_SENDRECV_RELAY 3
 // Counters at the start of a rank's send/receive area, each [rank][lane] of 64 bits: posted (written by the source
 // rank), credit (written by the receiving rank), then this rank's own counts of the chunks it sent to and
@@ -70,6 +72,8 @@
 #define MSCCLPP_SENDRECV_FORWARDED 4
 #define MSCCLPP_SENDRECV_FORWARD 8
 #define MSCCLPP_SENDRECV_PEER_SHIFT 8
+#define MSCCLPP_SENDRECV_RELAY_NO_IN 16
+#define MSCCLPP_SENDRECV_RELAY_NO_OUT 32
 
 // Laid out as src/collective/kernel_args.rs lays them out.
 struct SendRecvOp {
@@ -276,6 +280,13 @@ __device__ void sendRecvCopies(const SendRecvArgs& a, const SendRecvChannel& ch)
 // A relay channel (MSCCLPP_SENDRECV_RELAY): block b moves lanes b, b + blocks, ... of every op, each chunk from
 // `ch.peer`'s slot here, reduced with this rank's operand, into this rank's slot at the rank it sends to. The
 // chunks are numbered as a receive's from ch.peer and as a send's to that rank, each pair's count its own.
+//
+// The ops are a ring's steps, and a lane goes chunk by chunk, each chunk through every step (chunk 0 of
+// steps 0, 1, ..., then chunk 1 of each), not step by step: step 0 only sends, so a lane that sent all of
+// its step-0 chunks first would fill the next rank's slots (a lane holds depth of them) and every rank
+// would then wait for the next one's credit round the ring. Chunk-major, a rank sends one chunk of step 0
+// and then must receive before it sends again. The rank before sends the chunks of this rank's step s + 1
+// as its step s, the same part cut alike, so both sides count them in the same order.
 template <typename R>
 __device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
 {
@@ -288,36 +299,55 @@ __device__ void sendRecvRelay(const SendRecvArgs& a, const SendRecvChannel& ch)
     uint64_t* received = sendRecvCounter(own, MSCCLPP_SENDRECV_RECEIVED, ch.peer, lane);
     uint64_t* sent = sendRecvCounter(own, MSCCLPP_SENDRECV_SENT, to, lane);
     const uint64_t firstIn = *reinterpret_cast<volatile uint64_t*>(received);
+    const uint64_t firstOut = *reinterpret_cast<volatile uint64_t*>(sent);
     uint64_t in = firstIn;
-    uint64_t out = *reinterpret_cast<volatile uint64_t*>(sent);
+    uint64_t out = firstOut;
+    uint64_t chunks = 0;  // the most chunks of this lane in any step
     for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
       const SendRecvOp& op = a.ops[k];
       if (lane >= op.lanes) continue;
       uint64_t begin, end;
       sendRecvLane(op, lane, begin, end);
-      const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
-      for (uint64_t off = begin; off < end; off += op.chunkBytes) {
-        in++;
-        out++;
+      const uint64_t c = end > begin ? (end - begin + op.chunkBytes - 1) / op.chunkBytes : 0;
+      chunks = c > chunks ? c : chunks;
+    }
+    for (uint64_t c = 0; c < chunks; c++) {
+      for (uint32_t k = ch.firstOp; k < ch.firstOp + ch.ops; k++) {
+        const SendRecvOp& op = a.ops[k];
+        if (lane >= op.lanes) continue;
+        uint64_t begin, end;
+        sendRecvLane(op, lane, begin, end);
+        const uint64_t off = begin + c * op.chunkBytes;
+        if (off >= end) continue;
         const uint64_t rest = end - off;
         const uint64_t n = rest < op.chunkBytes ? rest : op.chunkBytes;
-        if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_POSTED, ch.peer, lane), in)) return;
-        const uint64_t freed = out > a.depth ? out - a.depth : 0;
-        if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, to, lane), freed)) return;
-        // The slot at `to` is always aligned; the operand may not be (then unit by unit).
-        sendRecvReceive(sendRecvSlot(a, next, a.rank, lane, out), op.src + off,
-                              sendRecvSlot(a, own, ch.peer, lane, in), n, aligned, R(0));
+        const bool aligned = (op.flags & MSCCLPP_SENDRECV_ALIGNED) != 0;
+        const bool receives = (op.flags & MSCCLPP_SENDRECV_RELAY_NO_IN) == 0;
+        const bool sends = (op.flags & MSCCLPP_SENDRECV_RELAY_NO_OUT) == 0;
+        if (receives && !sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_POSTED, ch.peer, lane), ++in)) return;
+        if (sends) {
+          out++;
+          const uint64_t freed = out > a.depth ? out - a.depth : 0;
+          if (!sendRecvWait(a, sendRecvCounter(own, MSCCLPP_SENDRECV_CREDIT, to, lane), freed)) return;
+        }
+        if (!receives) {
+          sendRecvToSlot(sendRecvSlot(a, next, a.rank, lane, out), op.src + off, n, aligned);
+        } else if (!sends) {
+          sendRecvReceive(op.ptr + off, op.src + off, sendRecvSlot(a, own, ch.peer, lane, in), n, aligned, R(a.nranks));
+        } else {
+          // The slot at `to` is always aligned; the operand may not be (then unit by unit).
+          sendRecvReceive(sendRecvSlot(a, next, a.rank, lane, out), op.src + off,
+                          sendRecvSlot(a, own, ch.peer, lane, in), n, aligned, R(0));
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
-          storeReleaseSys(sendRecvCounter(next, MSCCLPP_SENDRECV_POSTED, a.rank, lane), out);
-          storeReleaseSys(sendRecvCounter(prev, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), in);
+          if (sends) storeReleaseSys(sendRecvCounter(next, MSCCLPP_SENDRECV_POSTED, a.rank, lane), out);
+          if (receives) storeReleaseSys(sendRecvCounter(prev, MSCCLPP_SENDRECV_CREDIT, a.rank, lane), in);
         }
       }
     }
-    if (threadIdx.x == 0 && in != firstIn) {
-      *received = in;
-      *sent = out;
-    }
+    if (threadIdx.x == 0 && in != firstIn) *received = in;
+    if (threadIdx.x == 0 && out != firstOut) *sent = out;
   }
 }
 

@@ -71,6 +71,10 @@ pub const SENDRECV_FORWARDED: u32 = 4;
 /// `SendRecvOpArgs::flags`: a send that passes on what a receive of the same launch lands in the same buffer,
 /// each chunk once it has landed; the receive's peer is in the bits from `SENDRECV_PEER_SHIFT` on.
 pub const SENDRECV_FORWARD: u32 = 8;
+/// `SendRecvOpArgs::flags` of a relay: it receives nothing and sends its `src` (a ring's first step), or it
+/// sends nothing and writes the finished reduction into its `ptr` (a ring's last step).
+pub const SENDRECV_RELAY_NO_IN: u32 = 16;
+pub const SENDRECV_RELAY_NO_OUT: u32 = 32;
 /// Where `SendRecvOpArgs::flags` holds a second peer: a forward's source, a relay's destination.
 pub const SENDRECV_PEER_SHIFT: u32 = 8;
 /// Threads of each block of the send/receive kernel: fewer than the collectives' so that a whole
@@ -211,6 +215,8 @@ mod tests {
             ("MSCCLPP_SENDRECV_RECV", SENDRECV_RECV as u64),
             ("MSCCLPP_SENDRECV_COPY", SENDRECV_COPY as u64),
             ("MSCCLPP_SENDRECV_RELAY", SENDRECV_RELAY as u64),
+            ("MSCCLPP_SENDRECV_RELAY_NO_IN", SENDRECV_RELAY_NO_IN as u64),
+            ("MSCCLPP_SENDRECV_RELAY_NO_OUT", SENDRECV_RELAY_NO_OUT as u64),
             ("MSCCLPP_SENDRECV_ALIGNED", SENDRECV_ALIGNED as u64),
             ("MSCCLPP_SENDRECV_GUARDED", SENDRECV_GUARDED as u64),
             ("MSCCLPP_SENDRECV_FORWARDED", SENDRECV_FORWARDED as u64),

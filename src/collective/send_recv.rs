@@ -18,7 +18,8 @@
 use super::kernel_args::{
     MAX_RANKS, MAX_SENDRECV_OPS, SENDRECV_ALIGNED, SENDRECV_COPY, SENDRECV_COUNTER_BYTES, SENDRECV_FORWARD,
     SENDRECV_FORWARDED, SENDRECV_GUARDED, SENDRECV_MAX_LANES, SENDRECV_PEER_SHIFT, SENDRECV_RECV, SENDRECV_RELAY,
-    SENDRECV_SEND, SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs, SendRecvOpArgs,
+    SENDRECV_RELAY_NO_IN, SENDRECV_RELAY_NO_OUT, SENDRECV_SEND, SENDRECV_THREADS, SendRecvArgs, SendRecvChannelArgs,
+    SendRecvOpArgs,
 };
 use super::kernels::LoadedKernel;
 use super::{Collectives, DataType, Ready, RedOp};
@@ -93,12 +94,24 @@ pub enum Pairing {
     /// A send that passes on, chunk by chunk as each lands, what the receive from `from` writes into the
     /// same buffer (`SENDRECV_FORWARD`): the middle of a broadcast's chain.
     Forward { from: usize },
-    /// A receive (with `reduce_with`, and no buffer of its own) whose reduced chunks go on to rank `to`
-    /// straight into its slots (`SENDRECV_RELAY`): the middle of a reduce's chain. Its launch reduces.
-    Relay { to: usize },
+    /// A step of a relay channel (`SENDRECV_RELAY`), from the op's peer to rank `to`: it receives each chunk,
+    /// reduces it with `reduce_with` and writes the result straight into `to`'s slot (the middle of a
+    /// reduce's chain, a ring's middle steps; no buffer of its own). With `receives` false it sends
+    /// `reduce_with` alone (a ring's first step); with `sends` false it writes the finished reduction into
+    /// `buffer` (a ring's last step). Its launch reduces; every relay of a launch sends to one rank.
+    Relay { to: usize, receives: bool, sends: bool },
 }
 
 impl Pairing {
+    /// A relay that receives and sends on to `to`.
+    pub fn relay(to: usize) -> Pairing {
+        Pairing::Relay {
+            to,
+            receives: true,
+            sends: true,
+        }
+    }
+
     /// Its bits of `SendRecvOpArgs::flags`.
     fn flags(self) -> u32 {
         match self {
@@ -106,7 +119,11 @@ impl Pairing {
             Pairing::Guarded => SENDRECV_GUARDED,
             Pairing::Forwarded => SENDRECV_FORWARDED,
             Pairing::Forward { from } => SENDRECV_FORWARD | (from as u32) << SENDRECV_PEER_SHIFT,
-            Pairing::Relay { to } => (to as u32) << SENDRECV_PEER_SHIFT,
+            Pairing::Relay { to, receives, sends } => {
+                (to as u32) << SENDRECV_PEER_SHIFT
+                    | if receives { 0 } else { SENDRECV_RELAY_NO_IN }
+                    | if sends { 0 } else { SENDRECV_RELAY_NO_OUT }
+            }
         }
     }
 }
@@ -1085,7 +1102,7 @@ mod tests {
         // The middle of a reduce's chain: a relay channel of its own, the rank it sends to in the flags.
         let mut relay = moved(Recv, 2, 0, 64);
         relay.reduce_with = 0x3000;
-        relay.pairing = Pairing::Relay { to: 0 };
+        relay.pairing = Pairing::relay(0);
         let c = channels(&[relay], &[], &shape(), 128).unwrap();
         assert_eq!((c[0].kind, c[0].peer), (ChannelKind::Relay, 2));
         let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
@@ -1094,7 +1111,7 @@ mod tests {
             (a.ops[0].ptr, a.ops[0].src, a.ops[0].flags),
             (0, 0x3000, SENDRECV_ALIGNED)
         );
-        relay.pairing = Pairing::Relay { to: 3 };
+        relay.pairing = Pairing::relay(3);
         let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
         assert_eq!(a.ops[0].flags, SENDRECV_ALIGNED | (3 << SENDRECV_PEER_SHIFT));
         assert_eq!(

@@ -10,15 +10,18 @@
 //!   the root: the first rank sends its input, each middle rank receives the sum so far, adds its own input
 //!   and sends the result on straight into the next rank's slots (`Pairing::Relay`), and the root's receive
 //!   adds its own input as the chunks arrive;
-//! - between two GPUs, all-gather from `LARGE` bytes (each rank sends its piece to the other), reduce-scatter
-//!   (each sends the other's half and reduces its own) and all-reduce from `LARGE` as a reduce-scatter of two
-//!   halves then an all-gather of them, two launches.
+//! - between two GPUs, from `LARGE` bytes, all-gather (each rank sends its piece to the other),
+//!   reduce-scatter (each sends the other's half and reduces its own) and all-reduce as a reduce-scatter
+//!   then an all-gather of the reduced parts, two launches;
+//! - among more ranks, those three as rings, only where `MSCCLPP_COLL_ALGO=sendrecv` asks (tested on one GPU;
+//!   not yet measured against the table's algorithms on a GPU per rank): the all-gather's ranks send their
+//!   piece to the next and pass each piece they receive on as it lands, the reduce-scatter relays each
+//!   part's sum so far (one channel from the rank before to the next), an all-reduce is both.
 //!
-//! All-reduce and reduce-scatter among more ranks stay on the scratch algorithms (a ring of relays is the
-//! next step), as does PreMulSum.
+//! PreMulSum stays on the scratch algorithms.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
-use super::send_recv::{Moved, Pairing, Reducing, SendRecvKind, SendRecvOp, Work};
+use super::send_recv::{Moved, Pairing, Reducing, SelfCopy, SendRecvKind, SendRecvOp, Work};
 use super::{Call, Collective, DataType, RedOp};
 use crate::error::Result;
 use crate::gpu::DevicePtr;
@@ -53,10 +56,11 @@ pub fn applies(
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
         Collective::Broadcast => any || nranks == 2 || (several && message >= CHAIN_FROM),
         Collective::Reduce => reducible && (any || (several && (nranks == 2 || message >= CHAIN_FROM))),
-        // `launches` carries these between two ranks only.
-        Collective::AllGather => nranks == 2 && (any || (several && message >= LARGE)),
+        // Among more ranks these go as rings only when asked (`Choice::SendRecv`): the table keeps them on
+        // the scratch and zero-copy algorithms until the rings are measured on a GPU per rank.
+        Collective::AllGather => any || (nranks == 2 && several && message >= LARGE),
         Collective::AllReduce | Collective::ReduceScatter => {
-            nranks == 2 && reducible && (any || (several && message >= LARGE))
+            reducible && (any || (nranks == 2 && several && message >= LARGE))
         }
     };
     carried
@@ -94,7 +98,25 @@ pub fn launches(
     // The other rank, for the calls carried only between two.
     let peer = (rank + 1) % nranks;
     match call.collective {
-        Collective::AllGather => moving(ops(call, rank, nranks, send, recv, piece)),
+        Collective::AllGather => {
+            let parts: Vec<(u64, u64)> = (0..nranks as u64).map(|r| (r * piece, piece)).collect();
+            Ok(vec![all_gather_ring(call, rank, nranks, send, recv, &parts)])
+        }
+        // Among more than two, rings: a reduce-scatter, then an all-gather of the reduced parts.
+        Collective::ReduceScatter if nranks > 2 => {
+            let parts: Vec<(u64, u64)> = (0..nranks as u64).map(|r| (r * piece, piece)).collect();
+            Ok(vec![reduce_scatter_ring(
+                call, rank, nranks, send, &parts, recv, reducing,
+            )])
+        }
+        Collective::AllReduce if nranks > 2 => {
+            let parts = split_at_elements(piece, call.datatype.size() as u64, nranks);
+            let own = recv + parts[rank].0;
+            Ok(vec![
+                reduce_scatter_ring(call, rank, nranks, send, &parts, own, reducing),
+                all_gather_ring(call, rank, nranks, own, recv, &parts),
+            ])
+        }
         // In place, piece p of the buffer leaves for rank p while rank p's piece arrives into it: each
         // arriving chunk waits until its place has been sent (`Pairing::Guarded`).
         Collective::AllToAll if send == recv => {
@@ -135,7 +157,7 @@ pub fn launches(
                 launch(&[moved(call, SendRecvKind::Send, next, send, piece, 0)], None)
             } else {
                 let mut relay = moved(call, SendRecvKind::Recv, prev, 0, piece, send);
-                relay.pairing = Pairing::Relay { to: next };
+                relay.pairing = Pairing::relay(next);
                 launch(&[relay], reducing)
             }])
         }
@@ -175,6 +197,108 @@ pub fn launches(
     }
 }
 
+/// `bytes` cut into `n` parts at 16-byte boundaries (a multiple of every type's size), the first ones 16
+/// bytes larger where the units do not divide, the last one taking what is left of a unit (whole
+/// elements): (offset, bytes) of each. Every part then starts on a 16-byte unit of the buffer, so that the
+/// rings' ops keep `SENDRECV_ALIGNED` where the buffers are aligned (an element's cut, 8 bytes off among
+/// 3 ranks at 64 MiB of floats, sent every chunk unit by unit, byte by byte into the next rank's slot).
+fn split_at_elements(bytes: u64, size: u64, n: usize) -> Vec<(u64, u64)> {
+    debug_assert!(16u64.is_multiple_of(size) && bytes.is_multiple_of(size));
+    let (units, n64) = (bytes / 16, n as u64);
+    let mut offset = 0;
+    (0..n64)
+        .map(|i| {
+            let mut part = (units / n64 + u64::from(i < units % n64)) * 16;
+            if i == n64 - 1 {
+                part += bytes % 16;
+            }
+            let at = offset;
+            offset += part;
+            (at, part)
+        })
+        .collect()
+}
+
+/// A ring's all-gather of `parts` (offset and bytes of each rank's part of `recv`, in rank order): this
+/// rank sends its part (read from `own`, copied to its place where that differs) to the next rank, and
+/// passes each part it receives from the rank before on as it lands, but the last (whose ring ends here).
+/// Step s brings the part of rank - s, so every rank sends the next the parts in the order it receives them.
+fn all_gather_ring(
+    call: &Call,
+    rank: usize,
+    nranks: usize,
+    own: DevicePtr,
+    recv: DevicePtr,
+    parts: &[(u64, u64)],
+) -> Launch {
+    let (prev, next) = ((rank + nranks - 1) % nranks, (rank + 1) % nranks);
+    let at = |r: usize| recv + parts[r].0;
+    let mut remote = vec![moved(call, SendRecvKind::Send, next, own, parts[rank].1, 0)];
+    for step in 1..nranks {
+        let from = (rank + nranks - step) % nranks;
+        let mut received = moved(call, SendRecvKind::Recv, prev, at(from), parts[from].1, 0);
+        if step < nranks - 1 {
+            received.pairing = Pairing::Forwarded;
+            let mut sent = moved(call, SendRecvKind::Send, next, at(from), parts[from].1, 0);
+            sent.pairing = Pairing::Forward { from: prev };
+            remote.extend([received, sent]);
+        } else {
+            remote.push(received);
+        }
+    }
+    let mut l = launch(&remote, None);
+    if own != at(rank) && parts[rank].1 > 0 {
+        l.work.copies.push(SelfCopy {
+            dst: at(rank),
+            src: own,
+            bytes: parts[rank].1,
+        });
+    }
+    l
+}
+
+/// A ring's reduce-scatter of `send` cut into `parts` (offset and bytes of each rank's part, in rank order)
+/// into `out`, this rank's part of the result: one relay channel from the rank before to the next. Step 0
+/// sends this rank's input of the part of rank - 1; step s receives the sum so far of the part of
+/// rank - 1 - s, adds this rank's input and sends it on; the last step receives this rank's own part, adds
+/// its input and finishes it into `out` (an average divides by every rank).
+///
+/// The kernel's relay goes chunk-major (`sendRecvRelay`, send_recv.cuh): a ring that went step by step would
+/// fill the next rank's slots in step 0, which only sends, and wait round the ring for credits.
+fn reduce_scatter_ring(
+    call: &Call,
+    rank: usize,
+    nranks: usize,
+    send: DevicePtr,
+    parts: &[(u64, u64)],
+    out: DevicePtr,
+    reducing: Reducing,
+) -> Launch {
+    let (prev, next) = ((rank + nranks - 1) % nranks, (rank + 1) % nranks);
+    let remote: Vec<Moved> = (0..nranks)
+        .map(|step| {
+            let part = (rank + 2 * nranks - 1 - step) % nranks;
+            let (receives, sends) = (step > 0, step < nranks - 1);
+            let buffer = if sends { 0 } else { out };
+            let mut m = moved(
+                call,
+                SendRecvKind::Recv,
+                prev,
+                buffer,
+                parts[part].1,
+                send + parts[part].0,
+            );
+            m.pairing = Pairing::Relay {
+                to: next,
+                receives,
+                sends,
+            };
+            m
+        })
+        .collect();
+    launch(&remote, reducing)
+}
+
 fn moved(call: &Call, kind: SendRecvKind, peer: usize, buffer: DevicePtr, bytes: u64, reduce_with: DevicePtr) -> Moved {
     Moved {
         kind,
@@ -207,8 +331,13 @@ fn launch(remote: &[Moved], reducing: Reducing) -> Launch {
 /// fits one launch.
 pub fn most_channels(collective: Collective, nranks: usize) -> usize {
     match collective {
-        Collective::AllToAll | Collective::AllGather => 2 * (nranks - 1) + 1,
-        Collective::AllReduce | Collective::ReduceScatter => 2,
+        Collective::AllToAll => 2 * (nranks - 1) + 1,
+        // A ring: a send on, a receive, and the copy to itself.
+        Collective::AllGather => 3,
+        // Two ranks: a send and a receive. More: a ring's relay channel, then its all-gather's send, receive
+        // and (an all-reduce's part being in place) no copy.
+        Collective::AllReduce | Collective::ReduceScatter if nranks == 2 => 2,
+        Collective::AllReduce | Collective::ReduceScatter => 3,
         Collective::Gather | Collective::Scatter => nranks,
         // A send, a receive or a relay: one channel on every rank of the chain.
         Collective::Reduce => 1,
@@ -250,12 +379,6 @@ pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: Devic
                 ops.push(op(SendRecvKind::Recv, peer, at(recv, peer)));
             }
         }
-        Collective::AllGather => {
-            for peer in 0..nranks {
-                ops.push(op(SendRecvKind::Send, peer, send));
-                ops.push(op(SendRecvKind::Recv, peer, at(recv, peer)));
-            }
-        }
         // A chain from the root: each rank receives from the one before and, but the last, sends on from
         // its own buffer (the root also copies its input to its output where they differ).
         Collective::Broadcast => {
@@ -273,10 +396,14 @@ pub fn ops(call: &Call, rank: usize, nranks: usize, send: DevicePtr, recv: Devic
                 }
             }
         }
-        Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {}
+        Collective::AllGather | Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce => {}
     }
     ops
 }
+
+#[cfg(test)]
+#[path = "send_recv_model.rs"]
+mod model;
 
 #[cfg(test)]
 mod tests {
@@ -319,7 +446,8 @@ mod tests {
             "zero-copy on one GPU"
         );
         assert!(applies_auto(Collective::Broadcast, 2, big, Placement::OneGpu));
-        // Two GPUs' all-gather and reductions; not on one GPU, not among more ranks, not PreMulSum.
+        // Across GPUs all-gather and the reductions, among any ranks (chains and rings); not on one GPU, not
+        // PreMulSum.
         for c in [
             Collective::AllGather,
             Collective::AllReduce,
@@ -330,7 +458,7 @@ mod tests {
             assert_eq!(
                 applies_auto(c, 3, LARGE, several),
                 c == Collective::Reduce,
-                "{c:?}: a chain's reduce"
+                "{c:?}: a chain's reduce; the rings only when asked"
             );
             assert!(!applies_auto(c, 2, LARGE, Placement::OneGpu), "{c:?}");
             assert!(
@@ -374,11 +502,9 @@ mod tests {
             }
         }
         for c in [Collective::AllGather, Collective::AllReduce, Collective::ReduceScatter] {
-            assert!(forced(c, sum, 2, one, 8), "{c:?} between two");
-            assert!(
-                !forced(c, sum, 3, Placement::SeveralGpus, LARGE),
-                "{c:?}: only between two"
-            );
+            for n in [2, 3, 8] {
+                assert!(forced(c, sum, n, one, 8), "{c:?} among {n}");
+            }
         }
         for c in [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce] {
             assert!(
@@ -518,11 +644,156 @@ mod tests {
         };
         let sum = Some((RedOp::Sum, f32s));
         assert_eq!(chain(2), (vec![(Send, 3, send, 0, Pairing::Alone)], None));
-        assert_eq!(chain(3), (vec![(Recv, 2, 0, send, Pairing::Relay { to: 0 })], sum));
-        assert_eq!(chain(0), (vec![(Recv, 3, 0, send, Pairing::Relay { to: 1 })], sum));
+        assert_eq!(chain(3), (vec![(Recv, 2, 0, send, Pairing::relay(0))], sum));
+        assert_eq!(chain(0), (vec![(Recv, 3, 0, send, Pairing::relay(1))], sum));
         assert_eq!(chain(1), (vec![(Recv, 0, recv, send, Pairing::Alone)], sum));
         for rank in 0..4 {
             assert!(chain(rank).0.len() <= most_channels(Collective::Reduce, 4));
+        }
+        // An all-gather's ring among 4, rank 1: its piece to 2, then pieces 0, 3, 2 from 0 into their
+        // places, the first two passed on to 2 as they land; its own piece copied to its place.
+        let ag = call(Collective::AllGather, 4, f32s, 0);
+        let l = launches(&ag, 1, 4, send, recv, 16).unwrap();
+        let m = &l[0].work.remote;
+        assert_eq!(
+            m.iter()
+                .map(|m| (m.kind, m.peer, m.buffer, m.pairing))
+                .collect::<Vec<_>>(),
+            [
+                (Send, 2, send, Pairing::Alone),
+                (Recv, 0, recv, Pairing::Forwarded),
+                (Send, 2, recv, Pairing::Forward { from: 0 }),
+                (Recv, 0, recv + 48, Pairing::Forwarded),
+                (Send, 2, recv + 48, Pairing::Forward { from: 0 }),
+                (Recv, 0, recv + 32, Pairing::Alone),
+            ]
+        );
+        assert_eq!((l[0].work.copies[0].dst, l[0].work.copies[0].src), (recv + 16, send));
+        // Every rank sends to the next the pieces in the order the next receives them from it.
+        for rank in 0..4 {
+            let (next, l) = ((rank + 1) % 4, launches(&ag, rank, 4, send, recv, 16).unwrap());
+            let theirs = launches(&ag, next, 4, send, recv, 16).unwrap();
+            let sent: Vec<u64> = l[0]
+                .work
+                .remote
+                .iter()
+                .filter(|m| m.kind == Send)
+                .map(|m| m.buffer)
+                .collect();
+            let received: Vec<u64> = theirs[0]
+                .work
+                .remote
+                .iter()
+                .filter(|m| m.kind == Recv)
+                .map(|m| m.buffer)
+                .collect();
+            let offset = |b: u64| if b == send { rank as u64 * 16 } else { b - recv };
+            assert_eq!(
+                sent.iter().map(|&b| offset(b)).collect::<Vec<_>>(),
+                received.iter().map(|&b| b - recv).collect::<Vec<_>>()
+            );
+            assert!(
+                l[0].work
+                    .remote
+                    .iter()
+                    .filter(|m| m.kind == Send)
+                    .all(|m| m.peer == next)
+            );
+        }
+    }
+
+    #[test]
+    fn rings_reduce_each_part_around_every_rank_once() {
+        let (send, recv, f32s) = (0x1000_0000u64, 0x2000_0000u64, DataType::Float32);
+        // Parts start on 16-byte units; the last takes the rest of a unit.
+        assert_eq!(split_at_elements(104, 4, 4), [(0, 32), (32, 32), (64, 16), (80, 24)]);
+        assert_eq!(split_at_elements(40, 4, 4), [(0, 16), (16, 16), (32, 0), (32, 8)]);
+        assert_eq!(split_at_elements(8, 4, 4), [(0, 0), (0, 0), (0, 0), (0, 8)]);
+        assert_eq!(split_at_elements(56, 8, 3), [(0, 16), (16, 16), (32, 24)]);
+        let big = split_at_elements(64 << 20, 4, 3);
+        assert!(big.iter().all(|&(at, _)| at % 16 == 0), "{big:?}");
+        assert_eq!(big.iter().map(|p| p.1).sum::<u64>(), 64 << 20);
+        // A reduce-scatter among 4, rank 1 (16 bytes a part): one relay channel from 0 to 2; part 0 first
+        // (its input, nothing received), then 3 and 2 relayed, its own part 1 last, finished into recv.
+        let mut rs = call(Collective::ReduceScatter, 4, f32s, 0);
+        rs.op = Some(RedOp::Sum);
+        let steps = |rank: usize| {
+            let l = launches(&rs, rank, 4, send, recv, 16).unwrap();
+            assert_eq!((l.len(), l[0].reducing), (1, Some((RedOp::Sum, f32s))));
+            l[0].work.remote.clone()
+        };
+        let relay = |receives, sends| Pairing::Relay { to: 2, receives, sends };
+        assert_eq!(
+            steps(1)
+                .iter()
+                .map(|m| (m.kind, m.peer, m.buffer, m.reduce_with, m.pairing))
+                .collect::<Vec<_>>(),
+            [
+                (Recv, 0, 0, send, relay(false, true)),
+                (Recv, 0, 0, send + 48, relay(true, true)),
+                (Recv, 0, 0, send + 32, relay(true, true)),
+                (Recv, 0, recv, send + 16, relay(true, false)),
+            ]
+        );
+        // What each rank sends the next, step by step, is what the next receives, in the same order.
+        let part = |m: &Moved| (m.reduce_with - send) / 16;
+        for rank in 0..4 {
+            let sent: Vec<u64> = steps(rank)
+                .iter()
+                .filter(|m| matches!(m.pairing, Pairing::Relay { sends: true, .. }))
+                .map(part)
+                .collect();
+            let received: Vec<u64> = steps((rank + 1) % 4)
+                .iter()
+                .filter(|m| matches!(m.pairing, Pairing::Relay { receives: true, .. }))
+                .map(part)
+                .collect();
+            assert_eq!(sent, received, "rank {rank}");
+            assert_eq!(
+                steps(rank).last().unwrap().reduce_with,
+                send + rank as u64 * 16,
+                "its own part last"
+            );
+        }
+        // An all-reduce among 4 of 26 floats: the reduce-scatter of parts of 8, 8, 4 and 6 elements (16-byte
+        // units, the rest last), then the all-gather of each rank's reduced part, in place in recv.
+        let mut ar = call(Collective::AllReduce, 26, f32s, 0);
+        ar.op = Some(RedOp::Sum);
+        let l = launches(&ar, 2, 4, send, recv, 104).unwrap();
+        assert_eq!(l.len(), 2);
+        let last = l[0].work.remote.last().unwrap();
+        assert_eq!((last.buffer, last.reduce_with, last.bytes), (recv + 64, send + 64, 16));
+        assert_eq!(l[1].reducing, None);
+        assert!(l[1].work.copies.is_empty(), "its part is already in place");
+        assert_eq!(
+            l[1].work
+                .remote
+                .iter()
+                .map(|m| (m.kind, m.peer, m.buffer, m.bytes))
+                .collect::<Vec<_>>(),
+            [
+                (Send, 3, recv + 64, 16),
+                (Recv, 1, recv + 32, 32),
+                (Send, 3, recv + 32, 32),
+                (Recv, 1, recv, 32),
+                (Send, 3, recv, 32),
+                (Recv, 1, recv + 80, 24),
+            ]
+        );
+        for c in [Collective::AllReduce, Collective::ReduceScatter] {
+            for rank in 0..4 {
+                let mut k = call(c, 8, f32s, 0);
+                k.op = Some(RedOp::Sum);
+                for l in launches(&k, rank, 4, send, recv, 32).unwrap() {
+                    let channels = l
+                        .work
+                        .remote
+                        .iter()
+                        .map(|m| (m.kind, m.peer))
+                        .collect::<std::collections::HashSet<_>>();
+                    assert!(channels.len() + usize::from(!l.work.copies.is_empty()) <= most_channels(c, 4));
+                }
+            }
         }
     }
 
