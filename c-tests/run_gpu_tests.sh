@@ -10,7 +10,7 @@
 #
 # GPU_TEST_PARTS (space-separated; unset or empty: every part) runs some parts only, so that the full run can
 # be split over separate calls, e.g. `make gpu-test GPU_TEST_PARTS="two-gpu exit-endless"`, then
-# "collectives", "sanitizer", "nccl-2 nccl-4 nccl-rma nccl-suspend nccl-pg-sequence nccl-grow
+# "collectives", "sanitizer", "nccl-2 nccl-4 nccl-sendrecv nccl-rma nccl-suspend nccl-pg-sequence nccl-grow
 # nccl-collconfig", "nccl-torch nccl-sanitizer" (the parts' times have not been measured apart). The parts:
 #   two-gpu          p2p_methods 2 and 4 (and 8), allgather_test 2 (and 8), bad_triggers 2, legacy_allgather 2,
 #                    same_process_test, rank_failure all 2 and 4 on both headers, memcheck of p2p_methods 2
