@@ -13,6 +13,12 @@ require_gpus() {
   if command -v nvidia-smi >/dev/null 2>&1; then
     n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   fi
+  # nvidia-smi lists every GPU; the programs see those CUDA_VISIBLE_DEVICES names, where it is set.
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "$n_gpus" -gt 0 ]; then
+    local visible
+    visible=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    [ "$visible" -lt "$n_gpus" ] && n_gpus=$visible
+  fi
   local need=2 hint=""
   if [ "${2:-}" = shared ]; then
     case "${MSCCLPP_TEST_MIN_GPUS:-2}" in
@@ -58,6 +64,18 @@ mps_start() {
   if nvidia-cuda-mps-control -d; then
     mps_on=1
     echo "note: $1 under MPS (daemon started; pipes in $CUDA_MPS_PIPE_DIRECTORY): the ranks' kernels run side by side"
+    # The daemon keeps the caller's CUDA_VISIBLE_DEVICES, and its server numbers those GPUs from 0; a
+    # client's CUDA_VISIBLE_DEVICES then counts within them (clients asking for GPUs 2,3 of a daemon started
+    # on 2,3 found "no CUDA-capable device"). So the clients get 0..n-1 while MPS is on; mps_stop gives the
+    # caller's list back.
+    mps_caller_visible=${CUDA_VISIBLE_DEVICES-}
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+      local n
+      n=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
+      export CUDA_VISIBLE_DEVICES
+      echo "note: MPS clients use CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES (the server's numbering of $mps_caller_visible)"
+    fi
   else
     echo "note: $1 without MPS (nvidia-cuda-mps-control -d failed): ranks sharing a GPU take turns"
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
@@ -71,6 +89,7 @@ mps_stop() {
   for _ in $(seq 50); do pgrep -f "nvidia-cuda-mps-(control|server)" >/dev/null 2>&1 || break; sleep 0.2; done
   rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  [ -n "${mps_caller_visible:-}" ] && export CUDA_VISIBLE_DEVICES="$mps_caller_visible"
   mps_on=0
 }
 
