@@ -48,6 +48,10 @@ Options:
   --libs LIST      nvidia,ours (default both)
   --lib NAME=DIR   one more library to run after those: the libnccl.so.2 in DIR (another build of ours, to
                    compare builds in one lease), shown as NAME (lower-case letters, digits, _); repeatable
+  --with NAME=VAR=VALUE[,VAR=VALUE...]
+                   ours once more, shown as NAME, with those MSCCLPP_* or NCCL_* settings (e.g.
+                   --with rings=MSCCLPP_COLL_ALGO=sendrecv: an algorithm against the table's choice in one
+                   lease); repeatable
   --rounds N       run every library N times, in turn for each collective (A B A B ...), so that the
                    tables show each run's spread; later rounds are shown as NAME-r2, NAME-r3, ... (default 1)
   --extra "ARGS"   passed to every *_perf, e.g. --extra "-d all -o all"
@@ -91,6 +95,7 @@ graph_args=""
 check=1
 libs="nvidia,ours"
 more_libs=()
+more_with=()
 rounds=1
 extra=""
 quick=0
@@ -114,6 +119,7 @@ while [ $# -gt 0 ]; do
     --check) need_arg "$@"; check=$2; shift ;;
     --libs) need_arg "$@"; libs=$2; shift ;;
     --lib) need_arg "$@"; more_libs+=("$2"); shift ;;
+    --with) need_arg "$@"; more_with+=("$2"); shift ;;
     --rounds) need_arg "$@"; rounds=$2; shift ;;
     --extra) need_arg "$@"; extra=$2; shift ;;
     --quick) quick=1 ;;
@@ -167,6 +173,23 @@ for spec in "${more_libs[@]}"; do
   dir=$(from_caller "$dir")
   [ -f "$dir/libnccl.so.2" ] || die "--lib $name: no libnccl.so.2 in $dir"
   more_dir[$name]=$dir
+  lib_list+=("$name")
+done
+# Ours again with settings of its own: NAME -> "VAR=VALUE,VAR=VALUE".
+declare -A more_env=()
+for spec in "${more_with[@]}"; do
+  name=${spec%%=*}
+  settings=${spec#*=}
+  [[ $spec == *=*=* && $name =~ ^[a-z][a-z0-9_]*$ ]] ||
+    die "--with takes NAME=VAR=VALUE[,VAR=VALUE...] with NAME of lower-case letters, digits and _, not '$spec'"
+  [[ $name != nvidia && $name != ours && -z ${more_dir[$name]:-} && -z ${more_env[$name]:-} ]] ||
+    die "--with: the name '$name' is taken"
+  IFS=, read -r -a pairs <<<"$settings"
+  for pair in "${pairs[@]}"; do
+    [[ $pair =~ ^(MSCCLPP|NCCL)_[A-Z0-9_]+=.+$ ]] ||
+      die "--with $name: '$pair' is not VAR=VALUE of an MSCCLPP_* or NCCL_* setting"
+  done
+  more_env[$name]=$settings
   lib_list+=("$name")
 done
 ((${#coll_list[@]} && ${#mode_list[@]} && ${#reg_list[@]} && ${#lib_list[@]})) || die "an empty list of collectives, modes, -R values or libraries"
@@ -310,6 +333,7 @@ export NCCL_NVLS_ENABLE=0 # never NVLink multicast, on either library
 sysdirs="$mpi_lib:$cuda_home/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 declare -A libdir=([nvidia]="$nvidia_lib" [ours]="$ours_lib")
 for name in "${!more_dir[@]}"; do libdir[$name]=${more_dir[$name]}; done
+for name in "${!more_env[@]}"; do libdir[$name]=$ours_lib; done
 
 # Which file each library's runs load (the binaries carry no rpath: LD_LIBRARY_PATH decides).
 for l in "${lib_list[@]}"; do
@@ -386,13 +410,18 @@ for reg in "${reg_list[@]}"; do
           args=($sizes $margs -c "$check" -R "$reg" $extra)
           cmd=(timeout -k 10 "$run_timeout" "$mpirun" -np "$ranks" --allow-run-as-root --oversubscribe --bind-to none
             -x "LD_LIBRARY_PATH=${libdir[$lib]}:$sysdirs" -x NCCL_NVLS_ENABLE=0 "${fwd[@]}")
+          settings=${more_env[$lib]:-}
+          if [ -n "$settings" ]; then
+            IFS=, read -r -a pairs <<<"$settings"
+            for pair in "${pairs[@]}"; do cmd+=(-x "$pair"); done
+          fi
           if [ "$shared" = 1 ]; then
             # shellcheck disable=SC2016 # expanded by each rank's shell
             cmd+=(bash -c 'r=${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}; export NCCL_TESTS_DEVICE=$((r % '"$gpus"')); exec "$0" "$@"')
           fi
           cmd+=("$nt/bin/${coll}_perf" "${args[@]}")
           {
-            echo "# nccl_tests.sh: $coll $mode -R $reg on the libnccl.so.2 of $label (${libdir[$lib]})"
+            echo "# nccl_tests.sh: $coll $mode -R $reg on the libnccl.so.2 of $label (${libdir[$lib]})${settings:+ with $settings}"
             echo "# nccl_tests.sh: ${cmd[*]}"
           } >"$log"
           start=$(date +%s.%N)

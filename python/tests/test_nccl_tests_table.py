@@ -318,8 +318,8 @@ def test_usage_names_the_source_and_no_source_is_refused(tmp_path) -> None:  # t
     env = {k: v for k, v in os.environ.items() if k != "NCCL_TESTS_SRC"}
     res = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0 and "https://github.com/NVIDIA/nccl-tests" in res.stdout
-    for opt in ("--ranks", "--colls", "--modes", "--reg", "--sizes", "--libs", "--lib NAME=DIR", "--rounds", "--quick",
-                "--extra", "--out"):
+    for opt in ("--ranks", "--colls", "--modes", "--reg", "--sizes", "--libs", "--lib NAME=DIR", "--with NAME=VAR=VALUE",
+                "--rounds", "--quick", "--extra", "--out"):
         assert opt in res.stdout, opt
     res = subprocess.run(["bash", SCRIPT, "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=60, env=env)
@@ -332,7 +332,16 @@ def test_usage_names_the_source_and_no_source_is_refused(tmp_path) -> None:  # t
                        (["--lib", str(tmp_path)], "--lib takes NAME=DIR"),
                        (["--lib", "ours=" + str(tmp_path)], "the name 'ours' is taken"),
                        (["--lib", "b=" + str(tmp_path)], f"no libnccl.so.2 in {tmp_path}"),
-                       (["--rounds", "0"], "--rounds takes a positive number")):
+                       (["--rounds", "0"], "--rounds takes a positive number"),
+                       # Ours again with settings (--with NAME=VAR=VALUE,...).
+                       (["--with", "rings"], "--with takes NAME=VAR=VALUE"),
+                       (["--with", "Rings=MSCCLPP_COLL_ALGO=sendrecv"], "NAME of lower-case letters"),
+                       (["--with", "ours=MSCCLPP_COLL_ALGO=sendrecv"], "the name 'ours' is taken"),
+                       (["--with", "rings=PATH=/tmp"], "'PATH=/tmp' is not VAR=VALUE of an MSCCLPP_* or NCCL_*"),
+                       (["--with", "rings=MSCCLPP_COLL_ALGO=sendrecv,MSCCLPP_SENDRECV_LANES="],
+                        "'MSCCLPP_SENDRECV_LANES=' is not VAR=VALUE"),
+                       (["--with", "r=MSCCLPP_COLL_ALGO=copy", "--with", "r=MSCCLPP_COLL_ALGO=packet"],
+                        "the name 'r' is taken")):
         res = subprocess.run(["bash", SCRIPT, *args, "--out", str(tmp_path)], capture_output=True, text=True,
                              timeout=60, env=env)
         assert res.returncode == 2 and says in res.stderr, (args, res.stderr)
@@ -341,6 +350,10 @@ def test_usage_names_the_source_and_no_source_is_refused(tmp_path) -> None:  # t
                           str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 2 and "the name 'b' is taken" in res.stderr, res.stderr
     res = subprocess.run(["bash", SCRIPT, "--lib", "b=" + str(tmp_path), "--rounds", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 2 and "NCCL_TESTS_SRC is not set" in res.stderr, res.stderr  # the options passed
+    res = subprocess.run(["bash", SCRIPT, "--with", "rings=MSCCLPP_COLL_ALGO=sendrecv,MSCCLPP_SENDRECV_DEPTH=4",
+                          "--lib", "c=" + str(tmp_path), "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 2 and "NCCL_TESTS_SRC is not set" in res.stderr, res.stderr  # the options passed
 
