@@ -197,6 +197,8 @@ static int expect_timeout(int rank, int nranks, const char* addr, const char* wh
   return expect_init_refused(rank, nranks, addr, nullptr, 2, 1.5, 4.5, why);
 }
 
+static int connect_to(int port);
+
 static bool timeouts() {
   // A rank whose root never comes.
   char addr[64];
@@ -209,6 +211,28 @@ static bool timeouts() {
   for (int r = 0; r < 2; ++r) {
     pids.push_back(spawn([=] { return expect_timeout(r, 3, addr, "rank 2 did not arrive"); }));
   }
+  ok = wait_all(pids) && ok;
+  // The same, but a process connects to the root as soon as it listens, sends half a hello and ends (a rank
+  // that died as it started): the others are told that a connection ended before its hello, not only that
+  // rank 2 never came.
+  free_local_addr(addr, sizeof(addr));
+  pids.clear();
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(spawn([=] { return expect_timeout(r, 3, addr, "connections that ended before their hello"); }));
+  }
+  pids.push_back(spawn([=] {
+    const int port = atoi(strrchr(addr, ':') + 1);
+    for (int i = 0; i < 300; ++i) {
+      const int fd = connect_to(port);
+      if (fd >= 0) {
+        if (write(fd, "MSCCLPP!", 8) != 8) return 1;
+        _exit(0); // the socket closes as the process ends
+      }
+      usleep(10 * 1000);
+    }
+    fprintf(stderr, "bootstrap_test: the root at %s never listened\n", addr);
+    return 1;
+  }));
   return wait_all(pids) && ok;
 }
 

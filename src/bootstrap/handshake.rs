@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 /// Connections still in their handshake beyond this many are closed at once (a flood of strangers).
 const MAX_PENDING: usize = 256;
+/// The most connections that ended in their handshake `take_lost` keeps (the latest).
+const MAX_LOST: usize = 4;
 
 /// How a caller words its log lines about these connections, so each keeps its own.
 pub struct Label {
@@ -46,6 +48,8 @@ pub struct PendingHandshakes {
     /// How long a new connection has to send its greeting.
     timeout: Duration,
     label: Label,
+    /// The latest connections that ended before their greeting was whole: who and why.
+    lost: Vec<String>,
 }
 
 impl PendingHandshakes {
@@ -54,7 +58,14 @@ impl PendingHandshakes {
             pending: Vec::new(),
             timeout,
             label,
+            lost: Vec::new(),
         }
+    }
+
+    /// The connections that ended before their greeting was whole since the last call (the latest
+    /// `MAX_LOST`), each as "from ADDR: why": a rank whose process ended as it started looks like that.
+    pub fn take_lost(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.lost)
     }
 
     /// Closes every connection still in its handshake.
@@ -133,18 +144,26 @@ impl PendingHandshakes {
                     Err(e) => {
                         let p = self.pending.swap_remove(i);
                         warn!("{}turned away {}{}: {e}", label.prefix, label.stranger, p.from);
+                        lose(&mut self.lost, p.from, e.to_string());
                         continue;
                     }
                 }
             }
             if now >= p.deadline {
                 let p = self.pending.swap_remove(i);
-                warn!(
-                    "{}turned away {}{}: no {} within {:?}",
-                    label.prefix, label.stranger, p.from, label.greeting, self.timeout
-                );
+                let why = format!("no {} within {:?}", label.greeting, self.timeout);
+                warn!("{}turned away {}{}: {why}", label.prefix, label.stranger, p.from);
+                lose(&mut self.lost, p.from, why);
             }
         }
         greeted
     }
+}
+
+/// Keeps a connection that ended in its handshake among the latest `MAX_LOST`.
+fn lose(lost: &mut Vec<String>, from: SocketAddr, why: String) {
+    if lost.len() == MAX_LOST {
+        lost.remove(0);
+    }
+    lost.push(format!("from {from}: {why}"));
 }

@@ -73,6 +73,7 @@ impl Root {
             idle_deadline: Instant::now() + timeout,
             failed: None,
             wake_open: true,
+            lost: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
@@ -144,6 +145,9 @@ struct RootLoop {
     /// False once the `Root` was dropped: its end of the wake-up socket is closed, which `poll` would
     /// report as readable on every round.
     wake_open: bool,
+    /// The latest connections that ended before their hello was whole (`PendingHandshakes::take_lost`):
+    /// a rank whose process ended as it started looks like that, not like one that never started.
+    lost: Vec<String>,
 }
 
 impl RootLoop {
@@ -166,7 +170,7 @@ impl RootLoop {
                     );
                     return;
                 }
-                let reason = match self.nranks {
+                let mut reason = match self.nranks {
                     None => format!("no rank arrived within {:?}", self.timeout),
                     Some(_) => format!(
                         "{} did not arrive within {:?}",
@@ -174,6 +178,13 @@ impl RootLoop {
                         self.timeout
                     ),
                 };
+                if !self.lost.is_empty() {
+                    reason.push_str(&format!(
+                        "; connections that ended before their hello (a rank whose process ended as it \
+                         started?): {}",
+                        self.lost.join("; ")
+                    ));
+                }
                 self.give_up(reason);
                 continue;
             }
@@ -217,6 +228,12 @@ impl RootLoop {
                 }
             }
             let greeted = self.pending.advance(&entries[2..first_joined], Instant::now());
+            for l in self.pending.take_lost() {
+                if self.lost.len() == 2 {
+                    self.lost.remove(0);
+                }
+                self.lost.push(l);
+            }
             for p in greeted {
                 self.admit(p);
             }

@@ -321,6 +321,26 @@ fn a_rank_that_never_comes_fails_the_others_within_the_timeout() {
 }
 
 #[test]
+fn a_rank_that_ends_before_its_hello_is_named_as_such() {
+    let timeout = Duration::from_secs(1);
+    let root = local_root(PROTOCOL_MAGIC, timeout);
+    let addr = root.local_addr();
+    // Rank 1 of 2 connects and ends after half a greeting (its process closing the socket, as at its death).
+    let mut half = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut half, &[0x4d; 8]).unwrap();
+    drop(half);
+    let e = Bootstrap::connect(addr, PROTOCOL_MAGIC, 0, 2, timeout).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::Remote, "{e}");
+    assert!(e.message.contains("gave up: rank 1 did not arrive within"), "{e}");
+    assert!(
+        e.message.contains("connections that ended before their hello")
+            && e.message.contains("closed before finishing its greeting"),
+        "{e}"
+    );
+    root.join();
+}
+
+#[test]
 fn a_root_that_never_comes_fails_within_the_timeout() {
     let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let timeout = Duration::from_millis(700);
