@@ -110,7 +110,7 @@ pub fn launches(
             )])
         }
         Collective::AllReduce if nranks > 2 => {
-            let parts = split_at_elements(piece, call.datatype.size() as u64, nranks);
+            let parts = split_on_units(piece, call.datatype.size() as u64, nranks);
             let own = recv + parts[rank].0;
             Ok(vec![
                 reduce_scatter_ring(call, rank, nranks, send, &parts, own, reducing),
@@ -202,7 +202,7 @@ pub fn launches(
 /// elements): (offset, bytes) of each. Every part then starts on a 16-byte unit of the buffer, so that the
 /// rings' ops keep `SENDRECV_ALIGNED` where the buffers are aligned (an element's cut, 8 bytes off among
 /// 3 ranks at 64 MiB of floats, sent every chunk unit by unit, byte by byte into the next rank's slot).
-fn split_at_elements(bytes: u64, size: u64, n: usize) -> Vec<(u64, u64)> {
+fn split_on_units(bytes: u64, size: u64, n: usize) -> Vec<(u64, u64)> {
     debug_assert!(16u64.is_multiple_of(size) && bytes.is_multiple_of(size));
     let (units, n64) = (bytes / 16, n as u64);
     let mut offset = 0;
@@ -706,11 +706,11 @@ mod tests {
     fn rings_reduce_each_part_around_every_rank_once() {
         let (send, recv, f32s) = (0x1000_0000u64, 0x2000_0000u64, DataType::Float32);
         // Parts start on 16-byte units; the last takes the rest of a unit.
-        assert_eq!(split_at_elements(104, 4, 4), [(0, 32), (32, 32), (64, 16), (80, 24)]);
-        assert_eq!(split_at_elements(40, 4, 4), [(0, 16), (16, 16), (32, 0), (32, 8)]);
-        assert_eq!(split_at_elements(8, 4, 4), [(0, 0), (0, 0), (0, 0), (0, 8)]);
-        assert_eq!(split_at_elements(56, 8, 3), [(0, 16), (16, 16), (32, 24)]);
-        let big = split_at_elements(64 << 20, 4, 3);
+        assert_eq!(split_on_units(104, 4, 4), [(0, 32), (32, 32), (64, 16), (80, 24)]);
+        assert_eq!(split_on_units(40, 4, 4), [(0, 16), (16, 16), (32, 0), (32, 8)]);
+        assert_eq!(split_on_units(8, 4, 4), [(0, 0), (0, 0), (0, 0), (0, 8)]);
+        assert_eq!(split_on_units(56, 8, 3), [(0, 16), (16, 16), (32, 24)]);
+        let big = split_on_units(64 << 20, 4, 3);
         assert!(big.iter().all(|&(at, _)| at % 16 == 0), "{big:?}");
         assert_eq!(big.iter().map(|p| p.1).sum::<u64>(), 64 << 20);
         // A reduce-scatter among 4, rank 1 (16 bytes a part): one relay channel from 0 to 2; part 0 first
