@@ -28,6 +28,8 @@ The markdown version goes to OUT/table.md, every raw output to OUT. NCCL_NVLS_EN
 
 Environment:
   NCCL_TESTS_SRC  required: a checkout of https://github.com/NVIDIA/nccl-tests (left untouched)
+  NCCL_TESTS_BUILD
+                  where the copy is built (default build/nccl-tests)
   NCCL_HOME       NVIDIA's NCCL, holding include/nccl.h and lib/libnccl.so.2 (default: the nvidia-nccl
                   wheel beside torch: python3's nvidia/nccl)
   CUDA_HOME       default /usr/local/cuda
@@ -292,7 +294,7 @@ fi
 gencode=${NVCC_GENCODE:-}
 
 # --- The build: a copy of the source under build/nccl-tests/src, binaries in build/nccl-tests/bin --------
-nt=$root/build/nccl-tests
+nt=$(from_caller "${NCCL_TESTS_BUILD:-$root/build/nccl-tests}")
 shim=$nt/nccl-home # NVIDIA's include/ and lib/libnccl.so (the wheel has only libnccl.so.2, -lnccl needs it)
 build_log=$out/build.log
 tree_sum=$(cd "$src" && find . \( -path ./build -o -path ./.git \) -prune -o -type f -print0 | sort -z |
