@@ -1,6 +1,11 @@
 # Sourced by the GPU runners (c-tests/run_gpu_tests.sh, c-tests/run_nccl_gpu_tests.sh, examples-c/run_examples.sh,
 # examples-c/bench/run_bench.sh, python/run_gpu_tests.sh), from the repository root.
 
+# visible_gpus: how many GPUs CUDA_VISIBLE_DEVICES names (indices or UUIDs, comma-separated).
+visible_gpus() {
+  tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .
+}
+
 # require_gpus LABEL [shared]: sets n_gpus and shared_gpu; with fewer than two GPUs, says LABEL was skipped and
 # why, and exits 0 (counting nothing as passed).
 #
@@ -16,7 +21,7 @@ require_gpus() {
   # nvidia-smi lists every GPU; the programs see those CUDA_VISIBLE_DEVICES names, where it is set.
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ "$n_gpus" -gt 0 ]; then
     local visible
-    visible=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+    visible=$(visible_gpus)
     [ "$visible" -lt "$n_gpus" ] && n_gpus=$visible
   fi
   local need=2 hint=""
@@ -70,9 +75,7 @@ mps_start() {
     # caller's list back.
     mps_caller_visible=${CUDA_VISIBLE_DEVICES-}
     if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-      local n
-      n=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
-      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1)))
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $(($(visible_gpus) - 1)))
       export CUDA_VISIBLE_DEVICES
       echo "note: MPS clients use CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES (the server's numbering of $mps_caller_visible)"
     fi

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// Connections still in their handshake beyond this many are closed at once (a flood of strangers).
 const MAX_PENDING: usize = 256;
 /// The most connections that ended in their handshake `take_lost` keeps (the latest).
-const MAX_LOST: usize = 4;
+const MAX_LOST: usize = 2;
 
 /// How a caller words its log lines about these connections, so each keeps its own.
 pub struct Label {

@@ -73,7 +73,6 @@ impl Root {
             idle_deadline: Instant::now() + timeout,
             failed: None,
             wake_open: true,
-            lost: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("mscclpp-bootstrap-root".into())
@@ -145,9 +144,6 @@ struct RootLoop {
     /// False once the `Root` was dropped: its end of the wake-up socket is closed, which `poll` would
     /// report as readable on every round.
     wake_open: bool,
-    /// The latest connections that ended before their hello was whole (`PendingHandshakes::take_lost`):
-    /// a rank whose process ended as it started looks like that, not like one that never started.
-    lost: Vec<String>,
 }
 
 impl RootLoop {
@@ -178,11 +174,13 @@ impl RootLoop {
                         self.timeout
                     ),
                 };
-                if !self.lost.is_empty() {
+                // A rank whose process ended as it started looks like that, not like one never started.
+                let lost = self.pending.take_lost();
+                if !lost.is_empty() {
                     reason.push_str(&format!(
                         "; connections that ended before their hello (a rank whose process ended as it \
                          started?): {}",
-                        self.lost.join("; ")
+                        lost.join("; ")
                     ));
                 }
                 self.give_up(reason);
@@ -228,12 +226,6 @@ impl RootLoop {
                 }
             }
             let greeted = self.pending.advance(&entries[2..first_joined], Instant::now());
-            for l in self.pending.take_lost() {
-                if self.lost.len() == 2 {
-                    self.lost.remove(0);
-                }
-                self.lost.push(l);
-            }
             for p in greeted {
                 self.admit(p);
             }

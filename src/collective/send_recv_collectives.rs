@@ -97,18 +97,20 @@ pub fn launches(
     let reducing = call.op.map(|op| (op, call.datatype));
     // The other rank, for the calls carried only between two.
     let peer = (rank + 1) % nranks;
+    // Rank r's piece of the rings' all-gather and reduce-scatter: (offset, bytes).
+    let pieces = || -> Vec<(u64, u64)> { (0..nranks as u64).map(|r| (r * piece, piece)).collect() };
     match call.collective {
-        Collective::AllGather => {
-            let parts: Vec<(u64, u64)> = (0..nranks as u64).map(|r| (r * piece, piece)).collect();
-            Ok(vec![all_gather_ring(call, rank, nranks, send, recv, &parts)])
-        }
+        Collective::AllGather => Ok(vec![all_gather_ring(call, rank, nranks, send, recv, &pieces())]),
         // Among more than two, rings: a reduce-scatter, then an all-gather of the reduced parts.
-        Collective::ReduceScatter if nranks > 2 => {
-            let parts: Vec<(u64, u64)> = (0..nranks as u64).map(|r| (r * piece, piece)).collect();
-            Ok(vec![reduce_scatter_ring(
-                call, rank, nranks, send, &parts, recv, reducing,
-            )])
-        }
+        Collective::ReduceScatter if nranks > 2 => Ok(vec![reduce_scatter_ring(
+            call,
+            rank,
+            nranks,
+            send,
+            &pieces(),
+            recv,
+            reducing,
+        )]),
         Collective::AllReduce if nranks > 2 => {
             let parts = split_on_units(piece, call.datatype.size() as u64, nranks);
             let own = recv + parts[rank].0;
