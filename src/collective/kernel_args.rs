@@ -50,7 +50,7 @@ pub const STATE_ZC_CALLS: usize = 3;
 /// The most lanes of the channel from one rank to another: a send is cut into up to this many contiguous
 /// parts, each streamed through its own lane (by its own block where the launch has blocks enough). How many
 /// a communicator has, and the bytes of their slots, is its `send_recv::Shape`.
-pub const SENDRECV_MAX_LANES: usize = 32;
+pub const SENDRECV_MAX_LANES: usize = 64;
 /// Sends and receives to or from other ranks one launch carries (one group of one rank): they all run at
 /// once, so a group that holds more cannot be split into launches without risking a deadlock.
 pub const MAX_SENDRECV_OPS: usize = 64;
@@ -228,7 +228,7 @@ mod tests {
                 "send_recv.cuh must define {name} as {value}"
             );
         }
-        assert_eq!(SENDRECV_COUNTER_BYTES, 24576);
+        assert_eq!(SENDRECV_COUNTER_BYTES, 49152);
         assert!(kernel.contains(
             "#define MSCCLPP_SENDRECV_COUNTER_BYTES (6 * MSCCLPP_COLL_MAX_RANKS * MSCCLPP_SENDRECV_MAX_LANES * 8)\n"
         ));
