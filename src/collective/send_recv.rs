@@ -800,7 +800,13 @@ mod tests {
 
     #[test]
     fn lanes_cover_every_byte_once_from_aligned_starts() {
-        for shape in [shape(), Shape::new(16, 32, 4, 1024), Shape::new(2, 1, 2, 16)] {
+        for shape in [
+            shape(),
+            Shape::new(16, 32, 4, 1024),
+            Shape::new(2, 1, 2, 16),
+            Shape::new(2, 64, 2, 512),
+            Shape::new(4, 48, 2, 512),
+        ] {
             let slot = shape.slot_bytes;
             let sizes = [
                 1u64,
@@ -1123,8 +1129,14 @@ mod tests {
 
     #[test]
     fn the_area_holds_every_slot_the_kernel_addresses() {
-        for nranks in [1usize, 2, 16] {
-            for s in [shape(), Shape::new(nranks, 32, 4, 64), Shape::new(nranks, 3, 2, 16)] {
+        for nranks in [1usize, 2, 4, 16] {
+            for s in [
+                shape(),
+                Shape::new(nranks, 32, 4, 64),
+                Shape::new(nranks, 3, 2, 16),
+                Shape::new(nranks, 64, 2, 512),
+                Shape::new(nranks, 48, 2, 512),
+            ] {
                 // send_recv.cuh's sendRecvSlot for the last source, lane and slot, plus a slot.
                 let (lanes, depth) = (s.lanes as u64, s.depth as u64);
                 let last = SENDRECV_COUNTER_BYTES
@@ -1134,5 +1146,11 @@ mod tests {
             }
         }
         assert_eq!(shape().area_bytes(2), (64 << 20) + SENDRECV_COUNTER_BYTES);
+        // 64 lanes: the area stays within its cap, the slots shrinking from four ranks.
+        assert_eq!(
+            Shape::new(2, 64, 2, 512).area_bytes(2),
+            (128 << 20) + SENDRECV_COUNTER_BYTES
+        );
+        assert_eq!(Shape::new(4, 64, 2, 512).slot_bytes, 256 << 10);
     }
 }
