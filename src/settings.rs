@@ -159,7 +159,7 @@ setting!(
 setting!(
     SENDRECV_LANES,
     "MSCCLPP_SENDRECV_LANES",
-    "32",
+    "48",
     Values::Int { min: 1, max: 64 },
     Warn,
     "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; the same on every rank"

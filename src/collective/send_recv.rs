@@ -335,7 +335,7 @@ impl Shape {
         use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES};
         Shape::new(
             nranks,
-            SENDRECV_LANES.int().unwrap_or(32) as u32,
+            SENDRECV_LANES.int().unwrap_or(48) as u32,
             SENDRECV_DEPTH.int().unwrap_or(2) as u32,
             SENDRECV_CHUNK_KB.int().unwrap_or(512) as u64,
         )

@@ -712,11 +712,11 @@ fn rings_finish_and_move_every_byte_once() {
 
 #[test]
 fn rings_finish_at_their_real_sizes() {
-    // 64 MiB and a little more among 3 to 8, the default shape (32 lanes, depth 2, 512 KiB) and deeper: no
-    // bytes, only the counters.
+    // 64 MiB and a little more among 3 to 8, the default shape (48 lanes, depth 2, 512 KiB), deeper, and the
+    // most lanes: no bytes, only the counters.
     for nranks in [3usize, 4, 8] {
-        for depth in [2u32, 4] {
-            let shape = Shape::new(nranks, 32, depth, 512);
+        for (lanes, depth) in [(48u32, 2u32), (48, 4), (64, 2)] {
+            let shape = Shape::new(nranks, lanes, depth, 512);
             for bytes in [64u64 << 20, (64 << 20) + 4 * 7] {
                 for blocks in [
                     vec![64u32; nranks],
