@@ -159,10 +159,10 @@ setting!(
 setting!(
     SENDRECV_LANES,
     "MSCCLPP_SENDRECV_LANES",
-    "48",
+    "64",
     Values::Int { min: 1, max: 64 },
     Warn,
-    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; the same on every rank"
+    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; unset, 64 between two ranks and 32 among more; the same on every rank"
 );
 setting!(
     SENDRECV_DEPTH,
@@ -448,6 +448,10 @@ impl Setting {
     /// `Source::process().flag(self)`.
     pub fn flag(&'static self) -> Result<bool> {
         Source::process().flag(self)
+    }
+    /// Whether the process environment sets it (to anything but blanks).
+    pub fn is_set(&'static self) -> bool {
+        Source::process().raw(self).is_some()
     }
     /// `Source::process().int(self)`.
     pub fn int<T: TryFrom<i64>>(&'static self) -> Result<T> {

@@ -312,6 +312,9 @@ const MIN_LANE_BYTES: u64 = 16 << 10;
 const MIN_CHUNK_BYTES: u64 = 16 << 10;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
 const AREA_CAP: u64 = 128 << 20;
+/// Lanes where `MSCCLPP_SENDRECV_LANES` is unset: between two ranks, and among more (`Shape::from_settings`).
+const DEFAULT_LANES: u32 = 64;
+const DEFAULT_LANES_MANY_RANKS: u32 = 32;
 
 impl Shape {
     /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
@@ -333,9 +336,19 @@ impl Shape {
     /// The shape the settings ask for.
     pub fn from_settings(nranks: usize) -> Shape {
         use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES};
+        // Unset: 64 lanes between two ranks (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Large sizes on two
+        // GPUs": at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at 64, gather and
+        // reduce within 2 % of NVIDIA's where 32 lanes were 4-8 % behind); among more ranks 32, the lanes the
+        // four-GPU chains were measured with (every source's lanes share a rank's area: 64 would halve the
+        // slots there).
+        let lanes = if SENDRECV_LANES.is_set() || nranks <= 2 {
+            SENDRECV_LANES.int().unwrap_or(DEFAULT_LANES)
+        } else {
+            DEFAULT_LANES_MANY_RANKS
+        };
         Shape::new(
             nranks,
-            SENDRECV_LANES.int().unwrap_or(48) as u32,
+            lanes,
             SENDRECV_DEPTH.int().unwrap_or(2) as u32,
             SENDRECV_CHUNK_KB.int().unwrap_or(512) as u64,
         )
