@@ -449,10 +449,6 @@ impl Setting {
     pub fn flag(&'static self) -> Result<bool> {
         Source::process().flag(self)
     }
-    /// Whether the process environment sets it (to anything but blanks).
-    pub fn is_set(&'static self) -> bool {
-        Source::process().raw(self).is_some()
-    }
     /// `Source::process().int(self)`.
     pub fn int<T: TryFrom<i64>>(&'static self) -> Result<T> {
         Source::process().int(self)

@@ -27,6 +27,7 @@ use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext};
+use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES, Source};
 
 /// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_send_recv`).
 const KERNEL_BASE: &str = "send_recv";
@@ -335,22 +336,26 @@ impl Shape {
 
     /// The shape the settings ask for.
     pub fn from_settings(nranks: usize) -> Shape {
-        use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES};
+        Shape::from_source(nranks, &Source::process())
+    }
+
+    /// The shape `source`'s settings ask for (`from_settings`).
+    fn from_source(nranks: usize, source: &Source) -> Shape {
         // Unset: 64 lanes between two ranks (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Large sizes on two
         // GPUs": at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at 64, gather and
-        // reduce within 2 % of NVIDIA's where 32 lanes were 4-8 % behind); among more ranks 32, the lanes the
+        // reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind); among more ranks 32, the lanes the
         // four-GPU chains were measured with (every source's lanes share a rank's area: 64 would halve the
         // slots there).
-        let lanes = if SENDRECV_LANES.is_set() || nranks <= 2 {
-            SENDRECV_LANES.int().unwrap_or(DEFAULT_LANES)
+        let lanes = if source.raw(&SENDRECV_LANES).is_some() || nranks <= 2 {
+            source.int(&SENDRECV_LANES).unwrap_or(DEFAULT_LANES)
         } else {
             DEFAULT_LANES_MANY_RANKS
         };
         Shape::new(
             nranks,
             lanes,
-            SENDRECV_DEPTH.int().unwrap_or(2) as u32,
-            SENDRECV_CHUNK_KB.int().unwrap_or(512) as u64,
+            source.int(&SENDRECV_DEPTH).unwrap_or(2),
+            source.int(&SENDRECV_CHUNK_KB).unwrap_or(512),
         )
     }
 
@@ -806,7 +811,7 @@ mod tests {
         );
     }
 
-    /// The shape of two ranks at the settings' defaults.
+    /// A shape of two ranks with 32 lanes, the cuts the tests below work out by hand.
     fn shape() -> Shape {
         Shape::new(2, 32, 2, 512)
     }
@@ -892,6 +897,36 @@ mod tests {
             }
         }
         assert!(s.buffered_bytes() >= 1 << 20);
+    }
+
+    #[test]
+    fn the_lanes_default_to_64_between_two_ranks_and_32_among_more() {
+        let shape_with = |nranks: usize, vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            Shape::from_source(
+                nranks,
+                &Source::from_fn(move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())),
+            )
+        };
+        assert_eq!(shape_with(2, &[]), Shape::new(2, 64, 2, 512));
+        assert_eq!(
+            shape_with(2, &[]).slot_bytes,
+            512 << 10,
+            "two ranks' 64 lanes keep whole slots"
+        );
+        assert_eq!(shape_with(1, &[]).lanes, 64);
+        for nranks in [3, 4, 8, 16] {
+            assert_eq!(shape_with(nranks, &[]), Shape::new(nranks, 32, 2, 512), "{nranks}");
+        }
+        // Set, the variable wins at every size of communicator, and a blank one counts as unset.
+        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", "64")]).lanes, 64);
+        assert_eq!(shape_with(2, &[("MSCCLPP_SENDRECV_LANES", "16")]).lanes, 16);
+        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 32);
+        let s = shape_with(
+            2,
+            &[("MSCCLPP_SENDRECV_DEPTH", "4"), ("MSCCLPP_SENDRECV_CHUNK_KB", "256")],
+        );
+        assert_eq!((s.lanes, s.depth, s.slot_bytes), (64, 4, 256 << 10));
     }
 
     #[test]
