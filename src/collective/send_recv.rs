@@ -160,6 +160,9 @@ pub struct Work {
     pub copies: Vec<SelfCopy>,
     /// The calls to and from other ranks, in call order: the kernel's.
     pub remote: Vec<Moved>,
+    /// The most lanes each call is cut into, where fewer than the shape's (`None`: the shape's). Only a
+    /// collective sets it, the same on every rank, so that both ends of each transfer cut it alike.
+    pub most_lanes: Option<u32>,
 }
 
 /// "1st", "2nd", ...
@@ -557,6 +560,31 @@ pub fn kernel_args(
     (args, block)
 }
 
+/// The kernel's argument for `work`'s calls to other ranks and `copies` (those of its copies the launch
+/// carries), and the launch's blocks: `channels` and `kernel_args` with each call cut into at most
+/// `work.most_lanes` lanes, the slots laid out as `shape` has them.
+#[allow(clippy::too_many_arguments)]
+pub fn plan(
+    work: &Work,
+    copies: &[SelfCopy],
+    shape: &Shape,
+    max_blocks: u32,
+    areas: &[DevicePtr; MAX_RANKS],
+    abort_flag: DevicePtr,
+    rank: usize,
+    nranks: usize,
+) -> Result<(SendRecvArgs, u32)> {
+    let cut = Shape {
+        lanes: work.most_lanes.map_or(shape.lanes, |n| n.clamp(1, shape.lanes)),
+        ..*shape
+    };
+    let channels = channels(&work.remote, copies, &cut, max_blocks)?;
+    let (mut args, blocks) = kernel_args(&work.remote, copies, &channels, &cut, areas, abort_flag, rank, nranks);
+    // Where a slot lies depends on the shape's lanes, whatever lanes a call uses (send_recv.cuh).
+    args.lanes = shape.lanes;
+    Ok((args, blocks))
+}
+
 impl Collectives {
     /// Runs one rank's sends and receives of one group on one communicator and stream (`ops`, in call
     /// order; a single call outside a group is a group of one): checks them, copies what this rank sends to
@@ -662,17 +690,16 @@ pub(super) fn launch(
     let copies: Vec<SelfCopy> = work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
     let in_launch = copies.len().min(MAX_SENDRECV_OPS - work.remote.len());
     let (copies, on_stream) = copies.split_at(in_launch);
-    let channels = channels(&work.remote, copies, &shape, max_blocks)?;
-    let (args, blocks) = kernel_args(
-        &work.remote,
+    let (args, blocks) = plan(
+        work,
         copies,
-        &channels,
         &shape,
+        max_blocks,
         &ready.scratch.send_recv,
         ready.abort.device_ptr(),
         rank,
         nranks,
-    );
+    )?;
     copy_on_stream(on_stream, stream)?;
     // SAFETY: the argument is `SendRecvArgs`'s layout (kernel_args.rs); every buffer was checked to hold the
     // bytes its call moves; the send/receive areas and the abort word live in `ready` until `clear`, which comes

@@ -77,10 +77,35 @@ pub struct Launch {
     pub reducing: Reducing,
 }
 
+/// The most lanes a call of an all-to-all or an all-gather is cut into. Every rank of those sends, receives
+/// and copies to itself at once, three channels of a block per lane; between two H200s (2026-11-28,
+/// docs/PERFORMANCE.md "Two GPUs at every size") they were faster at 32 lanes than at 64 at every size:
+/// all-to-all in a graph 15.6 against 19.7 us at 4 MiB, 21 against 26 at 8 MiB, 1493 against 1532 eager at
+/// 1 GiB; all-gather 1492 against 1544 at 1 GiB. Fewer blocks for the copy to itself did not help.
+pub const SELF_COPYING_LANES: u32 = 32;
+
 /// The launches that carry `call` on `rank` (in order, on the call's stream): `piece` bytes per rank (the
 /// whole buffer of an all-reduce, a broadcast or a reduce), `send` and `recv` this rank's buffers (0 where
 /// it has none). For a call `applies` accepted.
 pub fn launches(
+    call: &Call,
+    rank: usize,
+    nranks: usize,
+    send: DevicePtr,
+    recv: DevicePtr,
+    piece: u64,
+) -> Result<Vec<Launch>> {
+    let mut launches = carrying(call, rank, nranks, send, recv, piece)?;
+    if matches!(call.collective, Collective::AllToAll | Collective::AllGather) {
+        for l in &mut launches {
+            l.work.most_lanes = Some(SELF_COPYING_LANES);
+        }
+    }
+    Ok(launches)
+}
+
+/// `launches`, each call cut into the shape's lanes.
+fn carrying(
     call: &Call,
     rank: usize,
     nranks: usize,
@@ -323,6 +348,7 @@ fn launch(remote: &[Moved], reducing: Reducing) -> Launch {
             buffers: remote.clone(),
             copies: Vec::new(),
             remote,
+            most_lanes: None,
         },
         reducing,
     }
@@ -557,6 +583,54 @@ mod tests {
             .iter()
             .map(|m| (m.kind, m.peer, m.buffer, m.bytes, m.reduce_with))
             .collect()
+    }
+
+    #[test]
+    fn all_to_all_and_all_gather_cut_their_calls_into_fewer_lanes() {
+        use crate::collective::kernel_args::MAX_RANKS;
+        use crate::collective::send_recv::{Shape, plan};
+        let (send, recv, piece) = (0x1000_0000u64, 0x8000_0000u64, 512u64 << 20);
+        let shape = Shape::new(2, 64, 2, 512);
+        // (the most lanes of any op, the layout's lanes) of each rank's launches of `c` between two ranks.
+        let lanes_of = |c: Collective| -> Vec<(u32, u32)> {
+            (0..2)
+                .flat_map(|rank| {
+                    let l = launches(
+                        &call(c, (piece / 4) as usize, DataType::Float32, 0),
+                        rank,
+                        2,
+                        send,
+                        recv,
+                        piece,
+                    );
+                    l.unwrap().into_iter().map(move |l| {
+                        let copies: Vec<SelfCopy> = l.work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
+                        let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, 2).unwrap();
+                        let ops = &args.ops[..l.work.remote.len() + copies.len()];
+                        (ops.iter().map(|o| o.lanes).max().unwrap(), args.lanes)
+                    })
+                })
+                .collect()
+        };
+        for c in [Collective::AllToAll, Collective::AllGather] {
+            let l = lanes_of(c);
+            assert!(
+                !l.is_empty() && l.iter().all(|&x| x == (SELF_COPYING_LANES, 64)),
+                "{c:?}: {l:?}"
+            );
+        }
+        // The others keep the shape's lanes, and the slots keep its layout everywhere.
+        for c in [
+            Collective::Broadcast,
+            Collective::Gather,
+            Collective::Scatter,
+            Collective::AllReduce,
+        ] {
+            let l = lanes_of(c);
+            assert!(!l.is_empty() && l.iter().all(|&x| x == (64, 64)), "{c:?}: {l:?}");
+        }
+        // A plain group of sends and receives is never capped.
+        assert_eq!(Work::sort(&[], 0, 2).unwrap().most_lanes, None);
     }
 
     #[test]

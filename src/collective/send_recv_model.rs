@@ -12,7 +12,7 @@ use crate::collective::kernel_args::{
     SENDRECV_MAX_LANES, SENDRECV_PEER_SHIFT, SENDRECV_RECV, SENDRECV_RELAY, SENDRECV_RELAY_NO_IN,
     SENDRECV_RELAY_NO_OUT, SENDRECV_SEND, SendRecvArgs, SendRecvOpArgs,
 };
-use crate::collective::send_recv::{SelfCopy, Shape, channels, kernel_args};
+use crate::collective::send_recv::{SelfCopy, Shape, plan};
 use crate::collective::{Call, Collective, DataType, RedOp};
 use std::collections::HashMap;
 
@@ -481,17 +481,17 @@ fn run(
         let ((send, _), (recv, _)) = layout(rank);
         for launch in launches(call, rank, nranks, send, recv, piece).unwrap() {
             let copies: Vec<SelfCopy> = launch.work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
-            let ch = channels(&launch.work.remote, &copies, &shape, max_blocks).map_err(|e| e.message)?;
-            let (args, blocks) = kernel_args(
-                &launch.work.remote,
+            let (args, blocks) = plan(
+                &launch.work,
                 &copies,
-                &ch,
                 &shape,
+                max_blocks,
                 &[0; MAX_RANKS],
                 0,
                 rank,
                 nranks,
-            );
+            )
+            .map_err(|e| e.message)?;
             assert!(blocks <= max_blocks);
             for op in &args.ops[..launch.work.remote.len() + copies.len()] {
                 let aligned = op.ptr % 16 == 0 && op.src % 16 == 0;
