@@ -344,8 +344,8 @@ impl Shape {
 
     /// The shape `source`'s settings ask for (`from_settings`).
     fn from_source(nranks: usize, source: &Source) -> Shape {
-        // Unset: 64 lanes between two ranks (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Large sizes on two
-        // GPUs": at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at 64, gather and
+        // Unset: 64 lanes between two ranks (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Two GPUs at every
+        // size": at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at 64, gather and
         // reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind); among more ranks 32, the lanes the
         // four-GPU chains were measured with (every source's lanes share a rank's area: 64 would halve the
         // slots there).

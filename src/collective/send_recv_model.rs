@@ -712,10 +712,10 @@ fn rings_finish_and_move_every_byte_once() {
 
 #[test]
 fn rings_finish_at_their_real_sizes() {
-    // 64 MiB and a little more among 3 to 8, the default shape (48 lanes, depth 2, 512 KiB), deeper, and the
-    // most lanes: no bytes, only the counters.
+    // 64 MiB and a little more among 3 to 8, the default shape among more than two (32 lanes, depth 2, 512
+    // KiB), deeper, and the most lanes: no bytes, only the counters.
     for nranks in [3usize, 4, 8] {
-        for (lanes, depth) in [(48u32, 2u32), (48, 4), (64, 2)] {
+        for (lanes, depth) in [(32u32, 2u32), (32, 4), (64, 2)] {
             let shape = Shape::new(nranks, lanes, depth, 512);
             for bytes in [64u64 << 20, (64 << 20) + 4 * 7] {
                 for blocks in [
@@ -733,6 +733,19 @@ fn rings_finish_at_their_real_sizes() {
                     }
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn two_ranks_all_gather_moves_every_byte_in_fewer_lanes_than_the_shape() {
+    // A part of 64 lanes of 16 KiB and a little more: cut into 32 lanes (SELF_COPYING_LANES) of two slots of
+    // the 64-lane layout's each, with blocks for every lane and for fewer.
+    let shape = Shape::new(2, 64, 2, 16);
+    let count = (64u64 << 14) / 4 + 5;
+    for blocks in [vec![128u32, 128], vec![20, 7]] {
+        for place in [Place::Apart, Place::InPlace] {
+            check(Collective::AllGather, 2, count, shape, &blocks, place, true);
         }
     }
 }
