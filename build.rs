@@ -12,7 +12,10 @@
 //! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
 //!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
 //!    PTX, cached by content under `target/kernel-cache/`; `src/collective/kernels.rs` embeds them.
-//! 4. Gives the shared library its soname: `libmscclpp.so.0`, or `libnccl.so.2` when built with the
+//! 4. Hands the commit the library is built from to the compiler (`MSCCLPP_BUILD_COMMIT`, `unknown` outside
+//!    a git checkout): the library keeps it as `MSCCLPP_BUILD_COMMIT=<hash>` in its read-only data, where
+//!    a benchmark finds which build it measured, and logs it at INFO.
+//! 5. Gives the shared library its soname: `libmscclpp.so.0`, or `libnccl.so.2` when built with the
 //!    `nccl-abi` feature (NCCL's face alone; the Makefile builds it into `target/nccl` after the main
 //!    library, so that the kernels come from the same cache and are compiled once).
 
@@ -65,6 +68,8 @@ fn main() {
     compile_cxx(&cxx_dir, &out_dir);
 
     compile_collective_kernels(&root);
+
+    embed_build_commit(&root);
 
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as
     // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so. Programs and PyTorch built
@@ -445,4 +450,34 @@ fn compile_collective_kernels(root: &Path) {
     }
     text.push_str("];\n");
     write_if_changed(&list, &text);
+}
+
+/// `MSCCLPP_BUILD_COMMIT` for the crate: HEAD's commit (12 hex digits), or `unknown` where git or the
+/// checkout is missing. The script runs again when HEAD moves: on a commit to its branch, or another
+/// checkout (only files that exist are watched: a missing one would make cargo run it every time).
+fn embed_build_commit(root: &Path) {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?.trim().to_string();
+        (out.status.success() && !text.is_empty()).then_some(text)
+    };
+    let mut watched = vec![git(&["rev-parse", "--git-path", "HEAD"])];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        watched.push(git(&["rev-parse", "--git-path", &branch]));
+        watched.push(git(&["rev-parse", "--git-path", "packed-refs"]));
+    }
+    for path in watched.into_iter().flatten().map(|p| root.join(p)) {
+        if path.is_file() {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+    }
+    let commit = git(&["rev-parse", "--short=12", "HEAD"])
+        .filter(|c| c.bytes().all(|b| b.is_ascii_hexdigit()))
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=MSCCLPP_BUILD_COMMIT={commit}");
 }

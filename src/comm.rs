@@ -167,9 +167,11 @@ impl Communicator {
             ..Default::default()
         };
         log::info!(
-            "communicator ready: rank {} of {}",
+            "communicator ready: rank {} of {} (libmscclpp {}, built from commit {})",
             bootstrap.rank(),
-            bootstrap.nranks()
+            bootstrap.nranks(),
+            env!("CARGO_PKG_VERSION"),
+            crate::BUILD_COMMIT
         );
         crate::settings::log_in_effect();
         Communicator {

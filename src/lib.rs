@@ -35,6 +35,15 @@
 // the crate, and a reader checks each block against its comment.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+/// The commit this library was built from (`build.rs`; `unknown` outside a git checkout).
+pub const BUILD_COMMIT: &str = env!("MSCCLPP_BUILD_COMMIT");
+
+/// `BUILD_COMMIT` as the library's read-only data holds it, `MSCCLPP_BUILD_COMMIT=<hash>;` (the `;` ends it
+/// where other text follows in the binary), so that a benchmark can tell from the file which build it
+/// measures (`examples-c/bench/nccl_tests.sh`).
+#[used]
+static BUILD_COMMIT_TAG: &str = concat!("MSCCLPP_BUILD_COMMIT=", env!("MSCCLPP_BUILD_COMMIT"), ";");
+
 pub mod abi;
 pub mod bootstrap;
 pub mod codec;
@@ -54,3 +63,16 @@ pub mod registration;
 pub mod settings;
 pub mod transport;
 pub mod types;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_build_commit_is_a_hash_or_unknown() {
+        let c = super::BUILD_COMMIT;
+        assert!(
+            c == "unknown" || (c.len() == 12 && c.bytes().all(|b| b.is_ascii_hexdigit())),
+            "{c}"
+        );
+        assert_eq!(super::BUILD_COMMIT_TAG, format!("MSCCLPP_BUILD_COMMIT={c};"));
+    }
+}

@@ -376,11 +376,23 @@ if [ "$commit" != unknown ] && [ -n "$(git -C "$root" status --porcelain --untra
   commit+=" (with local changes)"
 fi
 
+# The commit each of our libraries was built from, as it keeps it (src/lib.rs, BUILD_COMMIT_TAG): the tree's
+# commit above need not be the build's (a library carried from elsewhere, or built before the last commit).
+built=""
+for l in "${lib_list[@]}"; do
+  [[ $l == nvidia || -n ${more_env[$l]:-} ]] && continue
+  b=$(grep -a -o -m 1 'MSCCLPP_BUILD_COMMIT=[0-9a-z]*;' "${libdir[$l]}/libnccl.so.2" 2>/dev/null | head -n 1)
+  b=${b#MSCCLPP_BUILD_COMMIT=}
+  built+="${built:+, }$l ${b%;}"
+  [ -n "$b" ] || built+="unknown"
+done
+
 manifest=$out/runs.tsv
 {
   printf 'meta\tmachine\t%s\n' "$machine"
   printf 'meta\tdate\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
   printf 'meta\tcommit\t%s\n' "$commit"
+  printf 'meta\tbuilt\t%s\n' "$built"
   printf 'meta\tcommand\t%s\n' "$cmdline"
   printf 'meta\tranks\t%s\n' "$ranks"
   printf 'meta\tgpus\t%s\n' "$gpus"

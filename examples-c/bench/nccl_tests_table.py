@@ -12,7 +12,7 @@ goes to OUT/table.md, for docs/PERFORMANCE.md.
     examples-c/bench/nccl_tests_table.py --out build/nccl-tests-logs
 
 runs.tsv, tab-separated, one record a line:
-    meta  KEY  VALUE                       (machine, date, commit, command, ranks, gpus, nccl_h, ...)
+    meta  KEY  VALUE                       (machine, date, commit, built, command, ranks, gpus, nccl_h, ...)
     run   COLL MODE REG LIB RC SECONDS LOG ARGS NOTE
 RC is the exit status of mpirun, or "skip" for a run not made (NOTE says why); LOG is relative to OUT.
 
@@ -460,7 +460,8 @@ def report(out_dir: str) -> int:
     title = f"nccl-tests: NVIDIA's libnccl.so.2 against ours, {ranks} ranks, {machine}"
     facts = [
         f"Machine: {machine}; {placement}.",
-        f"Date: {meta.get('date', '?')}; commit {meta.get('commit', '?')}.",
+        f"Date: {meta.get('date', '?')}; commit {meta.get('commit', '?')}"
+        + (f"; our libraries built from: {meta['built']}" if meta.get("built") else "") + ".",
         "Libraries: " + (", ".join(f"{lib_name(lib)} reports {fmt_version(versions[lib])}"
                                    for lib in libs if lib in versions) or "?")
         + f"; nccl-tests compiled against NVIDIA's nccl.h {meta.get('nccl_h') or fmt_version(headers)}.",

@@ -9,6 +9,7 @@ is the script's own work: which library each run loads, which settings reach it,
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -142,6 +143,14 @@ def test_runs_load_their_library_and_settings_and_the_table_compares_them(tmp_pa
     assert "with MSCCLPP" not in (out / "sendrecv.eager.R0.ours.log").read_text()
     # The table: NVIDIA 10 us, ours 8 (0.80), ours with the setting 5 (0.50), at both sizes.
     md = (out / "table.md").read_text()
+    # It names the build of ours it measured, from the commit the library keeps (src/lib.rs), whatever the
+    # tree's commit: NVIDIA's has none, and the --with runs are ours again.
+    with open(OURS, "rb") as f:
+        tag = re.search(rb"MSCCLPP_BUILD_COMMIT=([0-9a-z]*);", f.read())
+    assert tag, "build/lib/nccl/libnccl.so.2 keeps no MSCCLPP_BUILD_COMMIT"
+    built = tag.group(1).decode()
+    assert re.fullmatch(r"[0-9a-f]{12}|unknown", built), built
+    assert f"; our libraries built from: ours {built}." in md, md
     rows = [line for line in md.splitlines() if line.startswith("| 1 KiB |") or line.startswith("| 4 KiB |")]
     assert len(rows) == 4, md
     for line in rows:
