@@ -12,8 +12,8 @@
 //! 3. Compiles the library's own collective kernels (`kernels/collectives/`) with nvcc into one fatbin per
 //!    element type (and one for the kernels that only move bytes), in parallel, for sm_80 and sm_90 with
 //!    PTX, cached by content under `target/kernel-cache/`; `src/collective/kernels.rs` embeds them.
-//! 4. Hands the commit the library is built from to the compiler (`MSCCLPP_BUILD_COMMIT`, `unknown` outside
-//!    a git checkout): the library keeps it as `MSCCLPP_BUILD_COMMIT=<hash>` in its read-only data, where
+//! 4. Hands the commit the library is built from to the compiler (`LIB_BUILD_COMMIT`, `unknown` outside
+//!    a git checkout): the library keeps it as `libmscclpp build commit <hash>;` in its read-only data, where
 //!    a benchmark finds which build it measured, and logs it at INFO.
 //! 5. Gives the shared library its soname: `libmscclpp.so.0`, or `libnccl.so.2` when built with the
 //!    `nccl-abi` feature (NCCL's face alone; the Makefile builds it into `target/nccl` after the main
@@ -452,7 +452,7 @@ fn compile_collective_kernels(root: &Path) {
     write_if_changed(&list, &text);
 }
 
-/// `MSCCLPP_BUILD_COMMIT` for the crate: HEAD's commit (12 hex digits), or `unknown` where git or the
+/// `LIB_BUILD_COMMIT` for the crate (no `MSCCLPP_` name: those are the run-time settings): HEAD's commit (12 hex digits), or `unknown` where git or the
 /// checkout is missing. The script runs again when HEAD moves: on a commit to its branch, or another
 /// checkout (only files that exist are watched: a missing one would make cargo run it every time).
 fn embed_build_commit(root: &Path) {
@@ -479,5 +479,5 @@ fn embed_build_commit(root: &Path) {
     let commit = git(&["rev-parse", "--short=12", "HEAD"])
         .filter(|c| c.bytes().all(|b| b.is_ascii_hexdigit()))
         .unwrap_or_else(|| "unknown".to_string());
-    println!("cargo:rustc-env=MSCCLPP_BUILD_COMMIT={commit}");
+    println!("cargo:rustc-env=LIB_BUILD_COMMIT={commit}");
 }

@@ -36,13 +36,13 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 /// The commit this library was built from (`build.rs`; `unknown` outside a git checkout).
-pub const BUILD_COMMIT: &str = env!("MSCCLPP_BUILD_COMMIT");
+pub const BUILD_COMMIT: &str = env!("LIB_BUILD_COMMIT");
 
-/// `BUILD_COMMIT` as the library's read-only data holds it, `MSCCLPP_BUILD_COMMIT=<hash>;` (the `;` ends it
+/// `BUILD_COMMIT` as the library's read-only data holds it, `libmscclpp build commit <hash>;` (the `;` ends it
 /// where other text follows in the binary), so that a benchmark can tell from the file which build it
 /// measures (`examples-c/bench/nccl_tests.sh`).
 #[used]
-static BUILD_COMMIT_TAG: &str = concat!("MSCCLPP_BUILD_COMMIT=", env!("MSCCLPP_BUILD_COMMIT"), ";");
+static BUILD_COMMIT_TAG: &str = concat!("libmscclpp build commit ", env!("LIB_BUILD_COMMIT"), ";");
 
 pub mod abi;
 pub mod bootstrap;
@@ -73,6 +73,6 @@ mod tests {
             c == "unknown" || (c.len() == 12 && c.bytes().all(|b| b.is_ascii_hexdigit())),
             "{c}"
         );
-        assert_eq!(super::BUILD_COMMIT_TAG, format!("MSCCLPP_BUILD_COMMIT={c};"));
+        assert_eq!(super::BUILD_COMMIT_TAG, format!("libmscclpp build commit {c};"));
     }
 }

@@ -381,8 +381,8 @@ fi
 built=""
 for l in "${lib_list[@]}"; do
   [[ $l == nvidia || -n ${more_env[$l]:-} ]] && continue
-  b=$(grep -a -o -m 1 'MSCCLPP_BUILD_COMMIT=[0-9a-z]*;' "${libdir[$l]}/libnccl.so.2" 2>/dev/null | head -n 1)
-  b=${b#MSCCLPP_BUILD_COMMIT=}
+  b=$(grep -a -o -m 1 'libmscclpp build commit [0-9a-z]*;' "${libdir[$l]}/libnccl.so.2" 2>/dev/null | head -n 1)
+  b=${b#libmscclpp build commit }
   built+="${built:+, }$l ${b%;}"
   [ -n "$b" ] || built+="unknown"
 done

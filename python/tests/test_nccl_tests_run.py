@@ -146,8 +146,8 @@ def test_runs_load_their_library_and_settings_and_the_table_compares_them(tmp_pa
     # It names the build of ours it measured, from the commit the library keeps (src/lib.rs), whatever the
     # tree's commit: NVIDIA's has none, and the --with runs are ours again.
     with open(OURS, "rb") as f:
-        tag = re.search(rb"MSCCLPP_BUILD_COMMIT=([0-9a-z]*);", f.read())
-    assert tag, "build/lib/nccl/libnccl.so.2 keeps no MSCCLPP_BUILD_COMMIT"
+        tag = re.search(rb"libmscclpp build commit ([0-9a-z]*);", f.read())
+    assert tag, "build/lib/nccl/libnccl.so.2 keeps no build commit"
     built = tag.group(1).decode()
     assert re.fullmatch(r"[0-9a-f]{12}|unknown", built), built
     assert f"; our libraries built from: ours {built}." in md, md
