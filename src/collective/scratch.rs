@@ -167,8 +167,12 @@ impl Scratch {
             data_bytes >> 20
         );
         log::info!(
-            "send/receive: {} lanes per pair of ranks, {} slots of {} KiB each",
+            "send/receive: {} lanes per pair of ranks (an all-to-all's and an all-gather's calls in at most {}), {} \
+             slots of {} KiB each",
             send_recv_shape.lanes,
+            send_recv_shape
+                .lanes
+                .min(super::send_recv_collectives::SELF_COPYING_LANES),
             send_recv_shape.depth,
             send_recv_shape.slot_bytes >> 10
         );
