@@ -379,12 +379,18 @@ fi
 # The commit each of our libraries was built from, as it keeps it (src/lib.rs, BUILD_COMMIT_TAG): the tree's
 # commit above need not be the build's (a library carried from elsewhere, or built before the last commit).
 built=""
+tree_head=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || true)
 for l in "${lib_list[@]}"; do
   [[ $l == nvidia || -n ${more_env[$l]:-} ]] && continue
   b=$(grep -a -o -m 1 'libmscclpp build commit [0-9a-z]*;' "${libdir[$l]}/libnccl.so.2" 2>/dev/null | head -n 1)
   b=${b#libmscclpp build commit }
-  built+="${built:+, }$l ${b%;}"
-  [ -n "$b" ] || built+="unknown"
+  b=${b%;}
+  built+="${built:+, }$l ${b:-unknown}"
+  # build/lib/nccl built from another commit than the tree's is measured as it is, but said: a table of
+  # record should come from a build of the commit it names.
+  if [[ $l == ours && -n $tree_head && $b != "$tree_head" ]]; then
+    echo "note: ours ($ours_lib) was built from commit ${b:-unknown}, the tree is at ${tree_head:0:7}: run make to measure the tree"
+  fi
 done
 
 manifest=$out/runs.tsv

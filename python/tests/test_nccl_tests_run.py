@@ -151,6 +151,11 @@ def test_runs_load_their_library_and_settings_and_the_table_compares_them(tmp_pa
     built = tag.group(1).decode()
     assert re.fullmatch(r"[0-9a-f]{12}|unknown", built), built
     assert f"; our libraries built from: ours {built}." in md, md
+    # A build of another commit than the tree's is said (make has not run since the last commit, say).
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        note = f"note: ours ({os.path.dirname(OURS)}) was built from commit {built}, the tree is at"
+        assert (note in r.stdout) == (built != head.stdout.strip()), r.stdout
     rows = [line for line in md.splitlines() if line.startswith("| 1 KiB |") or line.startswith("| 4 KiB |")]
     assert len(rows) == 4, md
     for line in rows:
