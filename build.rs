@@ -452,9 +452,10 @@ fn compile_collective_kernels(root: &Path) {
     write_if_changed(&list, &text);
 }
 
-/// `LIB_BUILD_COMMIT` for the crate (no `MSCCLPP_` name: those are the run-time settings): HEAD's commit (12 hex digits), or `unknown` where git or the
-/// checkout is missing. The script runs again when HEAD moves: on a commit to its branch, or another
-/// checkout (only files that exist are watched: a missing one would make cargo run it every time).
+/// `LIB_BUILD_COMMIT` for the crate (no `MSCCLPP_` name: those are the run-time settings): HEAD's commit
+/// (12 hex digits), or `unknown` where git or the checkout is missing. The script runs again when HEAD
+/// moves: on a commit to its branch, or another checkout (only files that exist are watched: a missing one
+/// would make cargo run it every time).
 fn embed_build_commit(root: &Path) {
     let git = |args: &[&str]| -> Option<String> {
         let out = std::process::Command::new("git")

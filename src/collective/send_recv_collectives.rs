@@ -95,24 +95,6 @@ pub fn launches(
     recv: DevicePtr,
     piece: u64,
 ) -> Result<Vec<Launch>> {
-    let mut launches = carrying(call, rank, nranks, send, recv, piece)?;
-    if matches!(call.collective, Collective::AllToAll | Collective::AllGather) {
-        for l in &mut launches {
-            l.work.most_lanes = Some(SELF_COPYING_LANES);
-        }
-    }
-    Ok(launches)
-}
-
-/// `launches`, each call cut into the shape's lanes.
-fn carrying(
-    call: &Call,
-    rank: usize,
-    nranks: usize,
-    send: DevicePtr,
-    recv: DevicePtr,
-    piece: u64,
-) -> Result<Vec<Launch>> {
     let moving = |ops: Vec<SendRecvOp>| -> Result<Vec<Launch>> {
         Ok(vec![Launch {
             work: Work::sort(&ops, rank, nranks)?,
@@ -124,7 +106,7 @@ fn carrying(
     let peer = (rank + 1) % nranks;
     // Rank r's piece of the rings' all-gather and reduce-scatter: (offset, bytes).
     let pieces = || -> Vec<(u64, u64)> { (0..nranks as u64).map(|r| (r * piece, piece)).collect() };
-    match call.collective {
+    let mut launches = match call.collective {
         Collective::AllGather => Ok(vec![all_gather_ring(call, rank, nranks, send, recv, &pieces())]),
         // Among more than two, rings: a reduce-scatter, then an all-gather of the reduced parts.
         Collective::ReduceScatter if nranks > 2 => Ok(vec![reduce_scatter_ring(
@@ -221,7 +203,13 @@ fn carrying(
         Collective::Gather | Collective::Scatter | Collective::AllToAll => {
             moving(ops(call, rank, nranks, send, recv, piece))
         }
+    }?;
+    if matches!(call.collective, Collective::AllToAll | Collective::AllGather) {
+        for l in &mut launches {
+            l.work.most_lanes = Some(SELF_COPYING_LANES);
+        }
     }
+    Ok(launches)
 }
 
 /// `bytes` cut into `n` parts at 16-byte boundaries (a multiple of every type's size), the first ones 16
