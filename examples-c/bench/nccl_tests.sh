@@ -370,6 +370,10 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     awk '{ n = $1; $1 = ""; sub(/^ /, ""); printf "%s%d x %s", (NR > 1 ? ", " : ""), n, $0 }')
   driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
   machine+="${driver:+ (driver $driver)}"
+  # The same model measures differently from host to host (docs/PERFORMANCE.md): the clocks and power limit
+  # the GPUs run under go into the table's header, each distinct set once.
+  limits=$(nvidia-smi --query-gpu=clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader,nounits 2>/dev/null |
+    sort -u | awk -F', *' 'NF == 3 { printf "%s%s MHz SM, %s MHz memory, %s W", (NR > 1 ? "; " : ""), $1, $2, $3 }')
 fi
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$commit" != unknown ] && [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
@@ -396,6 +400,7 @@ done
 manifest=$out/runs.tsv
 {
   printf 'meta\tmachine\t%s\n' "$machine"
+  printf 'meta\tlimits\t%s\n' "${limits:-}"
   printf 'meta\tdate\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
   printf 'meta\tcommit\t%s\n' "$commit"
   printf 'meta\tbuilt\t%s\n' "$built"
