@@ -374,6 +374,8 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   # the GPUs run under go into the table's header, each distinct set once.
   limits=$(nvidia-smi --query-gpu=clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader,nounits 2>/dev/null |
     sort -u | awk -F', *' 'NF == 3 { printf "%s%s MHz SM, %s MHz memory, %s W", (NR > 1 ? "; " : ""), $1, $2, $3 }')
+  # And which GPUs these were (the start of each UUID), to match a table with others from the same host.
+  uuids=$(nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null | cut -c1-12 | paste -sd ' ' -)
 fi
 commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$commit" != unknown ] && [ -n "$(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
@@ -401,6 +403,7 @@ manifest=$out/runs.tsv
 {
   printf 'meta\tmachine\t%s\n' "$machine"
   printf 'meta\tlimits\t%s\n' "${limits:-}"
+  printf 'meta\tuuids\t%s\n' "${uuids:-}"
   printf 'meta\tdate\t%s\n' "$(date -u '+%Y-%m-%d %H:%M UTC')"
   printf 'meta\tcommit\t%s\n' "$commit"
   printf 'meta\tbuilt\t%s\n' "$built"

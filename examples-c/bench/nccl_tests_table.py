@@ -460,7 +460,8 @@ def report(out_dir: str) -> int:
     title = f"nccl-tests: NVIDIA's libnccl.so.2 against ours, {ranks} ranks, {machine}"
     facts = [
         f"Machine: {machine}; {placement}"
-        + (f"; clocks and power at most: {meta['limits']}" if meta.get("limits") else "") + ".",
+        + (f"; clocks and power at most: {meta['limits']}" if meta.get("limits") else "")
+        + (f"; GPUs {meta['uuids']}" if meta.get("uuids") else "") + ".",
         f"Date: {meta.get('date', '?')}; commit {meta.get('commit', '?')}"
         + (f"; our libraries built from: {meta['built']}" if meta.get("built") else "") + ".",
         "Libraries: " + (", ".join(f"{lib_name(lib)} reports {fmt_version(versions[lib])}"

@@ -85,6 +85,7 @@ case "$*" in
   -L) echo "GPU 0: stand-in (UUID: GPU-0)"; echo "GPU 1: stand-in (UUID: GPU-1)" ;;
   *compute_cap*) echo "9.0"; echo "9.0" ;;
   *clocks.max.sm*) echo "1980, 3201, 700.00"; echo "1980, 3201, 700.00" ;;
+  *uuid*) echo "GPU-0a1b2c3d-0000"; echo "GPU-4e5f6a7b-1111" ;;
   *driver_version*) echo "580.00" ;;
   *name*) echo "Stand-in GPU"; echo "Stand-in GPU" ;;
 esac
@@ -152,8 +153,9 @@ def test_runs_load_their_library_and_settings_and_the_table_compares_them(tmp_pa
     built = tag.group(1).decode()
     assert re.fullmatch(r"[0-9a-f]{12}|unknown", built), built
     assert f"; our libraries built from: ours {built}." in md, md
-    # The GPUs' clock and power limits head the table (the same model differs from host to host), each set once.
-    assert "; clocks and power at most: 1980 MHz SM, 3201 MHz memory, 700.00 W." in md, md
+    # The GPUs' clock and power limits (each set once) and their UUIDs' start head the table: the same model
+    # measures differently from host to host.
+    assert "; clocks and power at most: 1980 MHz SM, 3201 MHz memory, 700.00 W; GPUs GPU-0a1b2c3d GPU-4e5f6a7b." in md, md
     # A build of another commit than the tree's is said (make has not run since the last commit, say).
     head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
     if head.returncode == 0:
