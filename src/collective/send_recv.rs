@@ -957,6 +957,22 @@ mod tests {
     }
 
     #[test]
+    fn the_lanes_setting_takes_every_lane_the_layout_has() {
+        // The setting's range and the counters' layout are two constants: a build that widens one must widen
+        // the other, or a larger MSCCLPP_SENDRECV_LANES is refused (with a warning) and measures the default.
+        assert_eq!(
+            SENDRECV_LANES.values,
+            crate::settings::Values::Int {
+                min: 1,
+                max: SENDRECV_MAX_LANES as i64
+            }
+        );
+        let most = SENDRECV_MAX_LANES.to_string();
+        let source = Source::from_fn(move |name| (name == "MSCCLPP_SENDRECV_LANES").then(|| most.clone()));
+        assert_eq!(Shape::from_source(4, &source).lanes as usize, SENDRECV_MAX_LANES);
+    }
+
+    #[test]
     fn shapes_fit_the_area_cap_and_keep_their_bounds() {
         assert_eq!(
             shape(),
