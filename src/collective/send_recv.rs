@@ -273,6 +273,11 @@ impl Work {
         Ok(work)
     }
 
+    /// The copies to this rank itself that move bytes (one onto its own place has nothing to do), for a launch.
+    pub fn moving_copies(&self) -> Vec<SelfCopy> {
+        self.copies.iter().filter(|c| c.dst != c.src).copied().collect()
+    }
+
     /// Queues the copies of the sends to this rank.
     fn copy_to_self(&self, stream: AppStream) -> Result<()> {
         copy_on_stream(&self.copies, stream)
@@ -687,7 +692,7 @@ pub(super) fn launch(
     let shape = ready.scratch.send_recv_shape;
     // The copies to this rank itself run in the launch, beside the transfers, as far as the argument holds
     // them; the rest go on the stream before it.
-    let copies: Vec<SelfCopy> = work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
+    let copies = work.moving_copies();
     let in_launch = copies.len().min(MAX_SENDRECV_OPS - work.remote.len());
     let (copies, on_stream) = copies.split_at(in_launch);
     let (args, blocks) = plan(

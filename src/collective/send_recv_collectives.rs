@@ -592,7 +592,7 @@ mod tests {
                         piece,
                     );
                     l.unwrap().into_iter().map(move |l| {
-                        let copies: Vec<SelfCopy> = l.work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
+                        let copies = l.work.moving_copies();
                         let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, 2).unwrap();
                         let ops = &args.ops[..l.work.remote.len() + copies.len()];
                         (ops.iter().map(|o| o.lanes).max().unwrap(), args.lanes)

@@ -12,7 +12,7 @@ use crate::collective::kernel_args::{
     SENDRECV_MAX_LANES, SENDRECV_PEER_SHIFT, SENDRECV_RECV, SENDRECV_RELAY, SENDRECV_RELAY_NO_IN,
     SENDRECV_RELAY_NO_OUT, SENDRECV_SEND, SendRecvArgs, SendRecvOpArgs,
 };
-use crate::collective::send_recv::{SelfCopy, Shape, plan};
+use crate::collective::send_recv::{Shape, plan};
 use crate::collective::{Call, Collective, DataType, RedOp};
 use std::collections::HashMap;
 
@@ -480,7 +480,7 @@ fn run(
         let mut l = Vec::new();
         let ((send, _), (recv, _)) = layout(rank);
         for launch in launches(call, rank, nranks, send, recv, piece).unwrap() {
-            let copies: Vec<SelfCopy> = launch.work.copies.iter().filter(|c| c.dst != c.src).copied().collect();
+            let copies = launch.work.moving_copies();
             let (args, blocks) = plan(
                 &launch.work,
                 &copies,
