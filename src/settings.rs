@@ -162,7 +162,7 @@ setting!(
     "64",
     Values::Int { min: 1, max: 64 },
     Warn,
-    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; unset, 64 between two ranks and 32 among more; the same on every rank"
+    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; unset, 64 among up to four ranks and 32 among more; the same on every rank"
 );
 setting!(
     SENDRECV_DEPTH,

@@ -321,9 +321,12 @@ const MIN_LANE_BYTES: u64 = 16 << 10;
 const MIN_CHUNK_BYTES: u64 = 16 << 10;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
 const AREA_CAP: u64 = 128 << 20;
-/// Lanes where `MSCCLPP_SENDRECV_LANES` is unset: between two ranks, and among more (`Shape::from_settings`).
+/// Lanes where `MSCCLPP_SENDRECV_LANES` is unset (`Shape::from_settings`): among up to `FEW_RANKS` ranks, and
+/// among more.
 const DEFAULT_LANES: u32 = 64;
 const DEFAULT_LANES_MANY_RANKS: u32 = 32;
+/// The most ranks that get `DEFAULT_LANES`: the largest communicator 64 lanes were measured on.
+const FEW_RANKS: usize = 4;
 
 impl Shape {
     /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
@@ -349,12 +352,14 @@ impl Shape {
 
     /// The shape `source`'s settings ask for (`from_settings`).
     fn from_source(nranks: usize, source: &Source) -> Shape {
-        // Unset: 64 lanes between two ranks (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Two GPUs at every
-        // size": at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at 64, gather and
-        // reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind); among more ranks 32, the lanes the
-        // four-GPU chains were measured with (every source's lanes share a rank's area: 64 would halve the
-        // slots there).
-        let lanes = if source.raw(&SENDRECV_LANES).is_some() || nranks <= 2 {
+        // Unset: 64 lanes among up to four ranks. Between two (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Two
+        // GPUs at every size"): at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at
+        // 64, gather and reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind. Among four (4 x H200,
+        // "Four GPUs: rings and 64 lanes"): every source's lanes share a rank's area, so 64 lanes get half the
+        // slot of 32 (256 KiB), and still the chains, send/recv, hypercube and the rings were 2-5 % faster
+        // from 16 MiB, the chains 19-26 % at 1 MiB. Among more ranks 32 (the slots would shrink further; not
+        // measured).
+        let lanes = if source.raw(&SENDRECV_LANES).is_some() || nranks <= FEW_RANKS {
             source.int(&SENDRECV_LANES).unwrap_or(DEFAULT_LANES)
         } else {
             DEFAULT_LANES_MANY_RANKS
@@ -932,7 +937,7 @@ mod tests {
     }
 
     #[test]
-    fn the_lanes_default_to_64_between_two_ranks_and_32_among_more() {
+    fn the_lanes_default_to_64_among_up_to_four_ranks_and_32_among_more() {
         let shape_with = |nranks: usize, vars: &[(&str, &str)]| {
             let vars: Vec<(String, String)> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
             Shape::from_source(
@@ -947,13 +952,23 @@ mod tests {
             "two ranks' 64 lanes keep whole slots"
         );
         assert_eq!(shape_with(1, &[]).lanes, 64);
-        for nranks in [3, 4, 8, 16] {
+        for nranks in [3, 4] {
+            assert_eq!(shape_with(nranks, &[]), Shape::new(nranks, 64, 2, 512), "{nranks}");
+        }
+        assert_eq!(
+            shape_with(4, &[]).slot_bytes,
+            256 << 10,
+            "four sources' 64 lanes share the area's cap"
+        );
+        for nranks in [5, 8, 16] {
             assert_eq!(shape_with(nranks, &[]), Shape::new(nranks, 32, 2, 512), "{nranks}");
         }
         // Set, the variable wins at every size of communicator, and a blank one counts as unset.
-        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", "64")]).lanes, 64);
+        assert_eq!(shape_with(8, &[("MSCCLPP_SENDRECV_LANES", "64")]).lanes, 64);
         assert_eq!(shape_with(2, &[("MSCCLPP_SENDRECV_LANES", "16")]).lanes, 16);
-        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 32);
+        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", "16")]).lanes, 16);
+        assert_eq!(shape_with(8, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 32);
+        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 64);
         let s = shape_with(
             2,
             &[("MSCCLPP_SENDRECV_DEPTH", "4"), ("MSCCLPP_SENDRECV_CHUNK_KB", "256")],

@@ -13,10 +13,11 @@
 //! - between two GPUs, from `LARGE` bytes, all-gather (each rank sends its piece to the other),
 //!   reduce-scatter (each sends the other's half and reduces its own) and all-reduce as a reduce-scatter
 //!   then an all-gather of the reduced parts, two launches;
-//! - among more ranks, those three as rings, only where `MSCCLPP_COLL_ALGO=sendrecv` asks (tested on one GPU;
-//!   not yet measured against the table's algorithms on a GPU per rank): the all-gather's ranks send their
-//!   piece to the next and pass each piece they receive on as it lands, the reduce-scatter relays each
-//!   part's sum so far (one channel from the rank before to the next), an all-reduce is both.
+//! - among more ranks across GPUs, those three as rings: all-reduce and reduce-scatter from `RINGS_FROM`,
+//!   all-gather from `RING_ALL_GATHER_FROM` (at every size where `MSCCLPP_COLL_ALGO=sendrecv` asks): the
+//!   all-gather's ranks send their piece to the next and pass each piece they receive on as it lands, the
+//!   reduce-scatter relays each part's sum so far (one channel from the rank before to the next), an
+//!   all-reduce is both.
 //!
 //! PreMulSum stays on the scratch algorithms.
 
@@ -38,6 +39,16 @@ pub const LARGE: u64 = 64 << 20;
 /// scratch algorithms keep the calls (not measured against the chains).
 pub const CHAIN_FROM: u64 = 1 << 20;
 
+/// The smallest all-reduce or reduce-scatter among more than two ranks on several GPUs that goes as a ring. On
+/// four H200s (docs/PERFORMANCE.md "Four GPUs: rings and 64 lanes", 2026-11-28) the rings took 0.82-0.88 of
+/// the scratch algorithms' time from 64 MiB (all-reduce 4523 against 5540 us at 1 GiB, NVIDIA's 4542) and
+/// 1.02-1.09 at 32 MiB; at 16 MiB 1.35.
+pub const RINGS_FROM: u64 = 64 << 20;
+
+/// The smallest all-gather among more than two ranks on several GPUs that goes as a ring: the same four H200s,
+/// 0.89 of the scratch algorithm's time at 32 MiB, 0.72-0.78 from 64 MiB, 1.06 at 16 MiB.
+pub const RING_ALL_GATHER_FROM: u64 = 32 << 20;
+
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
 /// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced; with `Choice::SendRecv`
 /// every call these launches can carry, at every size and placement. The same on every rank.
@@ -56,11 +67,10 @@ pub fn applies(
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
         Collective::Broadcast => any || nranks == 2 || (several && message >= CHAIN_FROM),
         Collective::Reduce => reducible && (any || (several && (nranks == 2 || message >= CHAIN_FROM))),
-        // Among more ranks these go as rings only when asked (`Choice::SendRecv`): the table keeps them on
-        // the scratch and zero-copy algorithms until the rings are measured on a GPU per rank.
-        Collective::AllGather => any || (nranks == 2 && several && message >= LARGE),
+        // Among more ranks, rings.
+        Collective::AllGather => any || (several && message >= if nranks == 2 { LARGE } else { RING_ALL_GATHER_FROM }),
         Collective::AllReduce | Collective::ReduceScatter => {
-            reducible && (any || (nranks == 2 && several && message >= LARGE))
+            reducible && (any || (several && message >= if nranks == 2 { LARGE } else { RINGS_FROM }))
         }
     };
     carried
@@ -471,11 +481,13 @@ mod tests {
             Collective::Reduce,
         ] {
             assert!(applies_auto(c, 2, LARGE, several), "{c:?}");
-            assert_eq!(
-                applies_auto(c, 3, LARGE, several),
-                c == Collective::Reduce,
-                "{c:?}: a chain's reduce; the rings only when asked"
-            );
+            for n in [3, 4, 8] {
+                assert!(
+                    applies_auto(c, n, RINGS_FROM, several),
+                    "{c:?} among {n}: a chain or a ring"
+                );
+                assert!(!applies_auto(c, n, RINGS_FROM, Placement::OneGpu), "{c:?} among {n}");
+            }
             assert!(!applies_auto(c, 2, LARGE, Placement::OneGpu), "{c:?}");
             assert!(
                 !applies(c, None, 2, several, LARGE, Choice::Force(Protocol::Copy)),
@@ -488,6 +500,17 @@ mod tests {
         // from above its packets.
         assert!(!applies_auto(Collective::AllReduce, 2, LARGE - 16, several));
         assert!(!applies_auto(Collective::AllGather, 2, 16 << 20, several));
+        // Among more, the rings from their own sizes.
+        assert!(!applies_auto(Collective::AllReduce, 4, RINGS_FROM - 16, several));
+        assert!(!applies_auto(Collective::ReduceScatter, 4, RINGS_FROM - 16, several));
+        assert!(applies_auto(Collective::AllGather, 4, RING_ALL_GATHER_FROM, several));
+        assert!(!applies_auto(
+            Collective::AllGather,
+            4,
+            RING_ALL_GATHER_FROM - 16,
+            several
+        ));
+        assert!(!applies_auto(Collective::AllGather, 2, RING_ALL_GATHER_FROM, several));
         assert!(applies_auto(Collective::Reduce, 2, 1 << 20, several));
         assert!(!applies_auto(Collective::Reduce, 2, 4096, several));
         assert!(applies_auto(Collective::Reduce, 4, CHAIN_FROM, several));
