@@ -123,18 +123,12 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
     match (placement, collective) {
         (_, Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::AllToAll) => None,
         (Placement::OneGpu, _) => Some((16 << 20).max(above_packets)),
-        // Two GPUs' large calls go as sends and receives (`send_recv_collectives.rs`) on any buffer: the
-        // zero-copy launch's fallback, taken whenever a rank did not register, ran its windows one after
-        // another (2 x H200, 2026-11-27, at 1 GiB: all-reduce 1.16 times NVIDIA's time, all-gather 1.20 in
-        // graphs, reduce-scatter 1.08).
-        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather)
-            if nranks == 2 =>
-        {
-            None
-        }
-        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => {
-            Some((64 << 20).max(above_packets))
-        }
+        // Across GPUs large calls go as sends and receives (`send_recv_collectives.rs`: two ranks' halves,
+        // more ranks' rings) on any buffer: the zero-copy launch's fallback, taken whenever a rank did not
+        // register, ran its windows one after another (2 x H200, 2026-11-27, at 1 GiB: all-reduce 1.16 times
+        // NVIDIA's time, all-gather 1.20 in graphs, reduce-scatter 1.08; 4 x H200, 2026-11-28: all-reduce
+        // 1.22, all-gather 1.23-1.30, reduce-scatter 1.16, where the rings take 1.00, 0.95 and 0.94).
+        (Placement::SeveralGpus, Collective::AllReduce | Collective::ReduceScatter | Collective::AllGather) => None,
         // Across GPUs a broadcast goes as a chain of sends and receives (`send_recv_collectives.rs`): at the
         // link's speed on any buffer (2 x H200, 2026-11-27: 1 GiB between two as fast as NVIDIA's
         // send/recv), where the zero-copy launch's root wrote every peer's copy over its own links, and its

@@ -6,7 +6,7 @@
 //! - broadcast between two ranks, and across GPUs among more from `CHAIN_FROM`, as a chain from the root
 //!   (root, root + 1, ...): each rank but the last passes each chunk on as soon as it has landed
 //!   (`Pairing::Forward`), so that every link carries the message once and the hops overlap;
-//! - reduce across GPUs, between two above its packets and among more from `CHAIN_FROM`, as a chain ending at
+//! - reduce across GPUs, between two above its packets and among more from `reduce_chain_from`, as a chain ending at
 //!   the root: the first rank sends its input, each middle rank receives the sum so far, adds its own input
 //!   and sends the result on straight into the next rank's slots (`Pairing::Relay`), and the root's receive
 //!   adds its own input as the chunks arrive;
@@ -49,6 +49,14 @@ pub const RINGS_FROM: u64 = 64 << 20;
 /// 0.89 of the scratch algorithm's time at 32 MiB, 0.72-0.78 from 64 MiB, 1.06 at 16 MiB.
 pub const RING_ALL_GATHER_FROM: u64 = 32 << 20;
 
+/// The smallest reduce among `nranks` (more than two) on several GPUs that goes as a chain: from 256 KiB among
+/// up to four, where the packets' one shot was slower (4 x H200, 2026-11-28: the chain took 0.74 of its time
+/// at 256 KiB in graphs, 0.55 at 512 KiB; 0.87 and 0.62 eager; at 128 KiB 0.94 in graphs but 1.20 eager);
+/// among more from `CHAIN_FROM` (each rank is one more hop of a chunk's latency; not measured).
+pub fn reduce_chain_from(nranks: usize) -> u64 {
+    if nranks <= 4 { 256 << 10 } else { CHAIN_FROM }
+}
+
 /// Whether a call goes as sends and receives: where the table would pick copies (and for two GPUs' all-reduce,
 /// all-gather and reduce-scatter from `LARGE`), and the algorithm is not forced; with `Choice::SendRecv`
 /// every call these launches can carry, at every size and placement. The same on every rank.
@@ -66,7 +74,7 @@ pub fn applies(
     let carried = match collective {
         Collective::Gather | Collective::Scatter | Collective::AllToAll => true,
         Collective::Broadcast => any || nranks == 2 || (several && message >= CHAIN_FROM),
-        Collective::Reduce => reducible && (any || (several && (nranks == 2 || message >= CHAIN_FROM))),
+        Collective::Reduce => reducible && (any || (several && (nranks == 2 || message >= reduce_chain_from(nranks)))),
         // Among more ranks, rings.
         Collective::AllGather => any || (several && message >= if nranks == 2 { LARGE } else { RING_ALL_GATHER_FROM }),
         Collective::AllReduce | Collective::ReduceScatter => {
@@ -77,6 +85,8 @@ pub fn applies(
         && match choice {
             Choice::Force(_) => false,
             Choice::SendRecv => true,
+            // A chain's reduce takes over from the packets below their limit too.
+            _ if collective == Collective::Reduce && nranks > 2 => true,
             _ => choose(collective, nranks, message, choice) == Protocol::Copy,
         }
 }
@@ -514,7 +524,14 @@ mod tests {
         assert!(applies_auto(Collective::Reduce, 2, 1 << 20, several));
         assert!(!applies_auto(Collective::Reduce, 2, 4096, several));
         assert!(applies_auto(Collective::Reduce, 4, CHAIN_FROM, several));
-        assert!(!applies_auto(Collective::Reduce, 4, CHAIN_FROM - 1, several));
+        assert!(
+            applies_auto(Collective::Reduce, 4, 256 << 10, several),
+            "below the packets' limit"
+        );
+        assert!(!applies_auto(Collective::Reduce, 4, (256 << 10) - 16, several));
+        assert!(applies_auto(Collective::Reduce, 3, 256 << 10, several));
+        assert!(!applies_auto(Collective::Reduce, 8, 256 << 10, several));
+        assert!(applies_auto(Collective::Reduce, 8, CHAIN_FROM, several));
         assert!(!applies_auto(Collective::Reduce, 4, LARGE, Placement::OneGpu));
         assert!(!applies(Collective::Reduce, premul, 4, several, LARGE, Choice::Auto));
     }
