@@ -143,9 +143,15 @@ pub fn zero_copy_from(collective: Collective, nranks: usize, placement: Placemen
 /// (two of the bootstrap's all-gathers, about 50 us), so only large calls can win, alike on one GPU and
 /// across GPUs (docs/PERFORMANCE.md, 2026-11-27): on one H100 under MPS all-gather 109 us at 16 MiB against
 /// 49 for the kernels, 121 against 141 at 64 MiB; on two H100s even at 16 MiB, 125 against 156 at 64 MiB.
-pub fn copy_engine_from(collective: Collective) -> Option<u64> {
+/// Across GPUs between two ranks only: among four H200s (2026-11-28, `-R 2`) a registered all-gather by the
+/// copy engine took 1.47-1.77 times NVIDIA's time from 64 MiB (3680 us at 1 GiB) where the ring takes 0.95
+/// of it, and a broadcast's root would copy the message once per peer over its own links, where the chain
+/// sends it once.
+pub fn copy_engine_from(collective: Collective, nranks: usize, placement: Placement) -> Option<u64> {
     match collective {
-        Collective::AllGather | Collective::Broadcast => Some(64 << 20),
+        Collective::AllGather | Collective::Broadcast if nranks == 2 || placement == Placement::OneGpu => {
+            Some(64 << 20)
+        }
         _ => None,
     }
 }

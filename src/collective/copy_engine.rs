@@ -24,7 +24,7 @@
 //! than those kernels: docs/ZERO_COPY.md.)
 
 use super::Collective;
-use super::algorithm::{Choice, copy_engine_from};
+use super::algorithm::{Choice, Placement, copy_engine_from};
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
 use crate::gpu::{AppStream, DevicePtr, Event, GpuContext, Stream};
@@ -37,13 +37,20 @@ pub const FENCE_KERNEL: &str = "ce_fence";
 
 /// Whether an eager call tries the copy engine: all-gather and broadcast, from `copy_engine_from`'s size
 /// (`Choice::CopyEngine`: at every size), never while the stream is captured.
-pub fn attempt(collective: Collective, nranks: usize, message: u64, choice: Choice, capturing: bool) -> bool {
+pub fn attempt(
+    collective: Collective,
+    nranks: usize,
+    placement: Placement,
+    message: u64,
+    choice: Choice,
+    capturing: bool,
+) -> bool {
     if !matches!(collective, Collective::AllGather | Collective::Broadcast) || nranks < 2 || message == 0 || capturing {
         return false;
     }
     match choice {
         Choice::CopyEngine => true,
-        Choice::Auto => copy_engine_from(collective).is_some_and(|from| message >= from),
+        Choice::Auto => copy_engine_from(collective, nranks, placement).is_some_and(|from| message >= from),
         Choice::Force(_) | Choice::ZeroCopy | Choice::SendRecv => false,
     }
 }
@@ -186,22 +193,61 @@ mod tests {
     #[test]
     fn eager_all_gathers_and_broadcasts_only() {
         let big = 1 << 30;
-        assert!(attempt(Collective::AllGather, 2, big, Choice::Auto, false));
-        assert!(attempt(Collective::Broadcast, 8, big, Choice::Auto, false));
-        assert!(!attempt(Collective::AllGather, 2, big, Choice::Auto, true), "captured");
+        let several = Placement::SeveralGpus;
+        assert!(attempt(Collective::AllGather, 2, several, big, Choice::Auto, false));
+        // Across GPUs among more than two, the chains and rings instead; on one GPU at any count.
+        assert!(!attempt(Collective::Broadcast, 8, several, big, Choice::Auto, false));
+        assert!(!attempt(Collective::AllGather, 4, several, big, Choice::Auto, false));
+        assert!(attempt(
+            Collective::Broadcast,
+            8,
+            Placement::OneGpu,
+            big,
+            Choice::Auto,
+            false
+        ));
+        assert!(attempt(
+            Collective::AllGather,
+            4,
+            several,
+            big,
+            Choice::CopyEngine,
+            false
+        ));
         assert!(
-            !attempt(Collective::AllGather, 2, 1 << 20, Choice::Auto, false),
+            !attempt(Collective::AllGather, 2, several, big, Choice::Auto, true),
+            "captured"
+        );
+        assert!(
+            !attempt(Collective::AllGather, 2, several, 1 << 20, Choice::Auto, false),
             "small"
         );
-        assert!(attempt(Collective::AllGather, 2, 1, Choice::CopyEngine, false));
-        assert!(!attempt(Collective::AllGather, 2, 0, Choice::CopyEngine, false));
-        assert!(!attempt(Collective::AllGather, 1, big, Choice::CopyEngine, false));
+        assert!(attempt(Collective::AllGather, 2, several, 1, Choice::CopyEngine, false));
+        assert!(!attempt(
+            Collective::AllGather,
+            2,
+            several,
+            0,
+            Choice::CopyEngine,
+            false
+        ));
+        assert!(!attempt(
+            Collective::AllGather,
+            1,
+            several,
+            big,
+            Choice::CopyEngine,
+            false
+        ));
         for choice in [
             Choice::ZeroCopy,
             Choice::Force(Protocol::Copy),
             Choice::Force(Protocol::Packet),
         ] {
-            assert!(!attempt(Collective::AllGather, 2, big, choice, false), "{choice:?}");
+            assert!(
+                !attempt(Collective::AllGather, 2, several, big, choice, false),
+                "{choice:?}"
+            );
         }
         for c in [
             Collective::AllReduce,
@@ -211,7 +257,7 @@ mod tests {
             Collective::Gather,
             Collective::Scatter,
         ] {
-            assert!(!attempt(c, 2, big, Choice::CopyEngine, false), "{c:?}");
+            assert!(!attempt(c, 2, several, big, Choice::CopyEngine, false), "{c:?}");
         }
     }
 

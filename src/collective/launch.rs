@@ -145,7 +145,7 @@ impl Collectives {
         } else {
             algorithm::Placement::SeveralGpus
         };
-        if copy_engine::attempt(call.collective, nranks, message, ready.choice, capturing)
+        if copy_engine::attempt(call.collective, nranks, placement, message, ready.choice, capturing)
             && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
         {
             self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);

@@ -580,6 +580,7 @@ mod tests {
         assert!(!crate::collective::copy_engine::attempt(
             Collective::AllGather,
             2,
+            one,
             1 << 30,
             Choice::SendRecv,
             false
