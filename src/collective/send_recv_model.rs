@@ -1,5 +1,5 @@
 //! A host model of the send/receive kernel (`kernels/collectives/send_recv.cuh`) run on what the host lays
-//! out for it (`send_recv::kernel_args`), for the rings of `send_recv_collectives.rs`: every rank's blocks
+//! out for it (`send_recv::kernel_args`), for the rings and chains of `send_recv_collectives.rs`: every rank's blocks
 //! walk their lanes, ops and chunks as the kernel's loops do, wait on the same counters (posted, credit,
 //! landed) and publish the same values, and move the bytes through slots of the areas. A chunk is one
 //! atomic step (a block waits for everything before it publishes anything, so this loses no deadlock), and
@@ -604,7 +604,7 @@ fn call(collective: Collective, count: usize) -> Call {
         recv: 0,
         count,
         datatype: DataType::Uint32,
-        op: (collective != Collective::AllGather).then_some(RedOp::Sum),
+        op: (!matches!(collective, Collective::AllGather | Collective::Broadcast)).then_some(RedOp::Sum),
         root: 0,
     }
 }
@@ -660,6 +660,10 @@ fn check(
     let Some(outputs) = outputs else { return };
     let value = |r: usize, i: u64| (r as u32 + 1).wrapping_mul(0x9E37_79B9) ^ (i as u32).wrapping_mul(0x85EB_CA6B);
     for (r, out) in outputs.iter().enumerate() {
+        // A reduce's result is the root's (rank 0, `call`) alone.
+        if collective == Collective::Reduce && r != 0 {
+            continue;
+        }
         let got: Vec<u32> = out
             .chunks(4)
             .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
@@ -669,6 +673,7 @@ fn check(
             Collective::ReduceScatter => (0..count)
                 .map(|i| (0..nranks).fold(0u32, |s, q| s.wrapping_add(value(q, r as u64 * count + i))))
                 .collect(),
+            Collective::Broadcast => (0..count).map(|i| value(0, i)).collect(),
             _ => (0..count)
                 .map(|i| (0..nranks).fold(0u32, |s, q| s.wrapping_add(value(q, i))))
                 .collect(),
@@ -712,8 +717,8 @@ fn rings_finish_and_move_every_byte_once() {
 
 #[test]
 fn rings_finish_at_their_real_sizes() {
-    // 64 MiB and a little more among 3 to 8, the default shape among more than two (32 lanes, depth 2, 512
-    // KiB), deeper, and the most lanes: no bytes, only the counters.
+    // 64 MiB (`RINGS_FROM`) and a little more among 3 to 8, the default shapes (64 lanes among up to four, 32
+    // among more; depth 2, slots of up to 512 KiB) and deeper: no bytes, only the counters.
     for nranks in [3usize, 4, 8] {
         for (lanes, depth) in [(32u32, 2u32), (32, 4), (64, 2)] {
             let shape = Shape::new(nranks, lanes, depth, 512);
@@ -730,6 +735,48 @@ fn rings_finish_at_their_real_sizes() {
                             _ => bytes / 4 / nranks as u64,
                         };
                         check(c, nranks, count, shape, &blocks, Place::Apart, false);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn chains_finish_and_move_every_byte_once() {
+    // Broadcast from the root through every rank, reduce ending at it: small shapes, parts of a few chunks.
+    let mut cases = 0;
+    for nranks in [3usize, 4, 5] {
+        for depth in [2u32, 4] {
+            for (lanes, chunk_kib) in [(1u32, 16u64), (3, 32)] {
+                let shape = Shape::new(nranks, lanes, depth, chunk_kib);
+                for count in [4096u64 * lanes as u64 * 3 + 12, 4096 * 5 + 3, 700, 3] {
+                    for blocks in [vec![64u32; nranks], (0..nranks).map(|r| 2 + (r as u32 % 2)).collect()] {
+                        for c in [Collective::Broadcast, Collective::Reduce] {
+                            for place in [Place::Apart, Place::InPlace] {
+                                check(c, nranks, count, shape, &blocks, place, true);
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 0);
+}
+
+#[test]
+fn chains_finish_at_their_real_sizes() {
+    // From where a reduce among four goes as a chain (256 KiB) to 64 MiB, at the default shapes (64 lanes
+    // among up to four, 32 among more) with blocks for every lane and for a few: no bytes, only the counters.
+    for nranks in [3usize, 4, 8] {
+        for lanes in [32u32, 64] {
+            let shape = Shape::new(nranks, lanes, 2, 512);
+            for bytes in [256u64 << 10, 1 << 20, 64 << 20] {
+                for blocks in [vec![128u32; nranks], vec![3; nranks]] {
+                    for c in [Collective::Broadcast, Collective::Reduce] {
+                        check(c, nranks, bytes / 4, shape, &blocks, Place::Apart, false);
                     }
                 }
             }
