@@ -684,24 +684,22 @@ fn check(
     }
 }
 
-#[test]
-fn rings_finish_and_move_every_byte_once() {
+/// Runs `collectives` among 3 to 5 ranks at depths 2 and 4 on each of `shapes` (lanes, KiB a slot), for each of
+/// `counts(lanes)`, out of place and in place, with blocks for every lane and with `few(rank)`: how many ran.
+fn small_cases(
+    collectives: &[Collective],
+    shapes: &[(u32, u64)],
+    counts: impl Fn(u64) -> Vec<u64>,
+    few: impl Fn(usize) -> u32,
+) -> usize {
     let mut cases = 0;
-    // (Debug builds walk every byte: 3, 5 and 8 ranks, depths 2 and 4 keep this under half a minute.)
     for nranks in [3usize, 4, 5] {
         for depth in [2u32, 4] {
-            for (lanes, chunk_kib) in [(1u32, 16u64), (2, 16), (3, 32)] {
+            for &(lanes, chunk_kib) in shapes {
                 let shape = Shape::new(nranks, lanes, depth, chunk_kib);
-                // Parts of a few chunks a lane, not a multiple of the chunk, and a last lane shorter.
-                for count in [
-                    4096u64 * lanes as u64 * 3 + 12,
-                    4096 * 5 + 3,
-                    4096 * lanes as u64 * 2 - 1,
-                    700,
-                    3,
-                ] {
-                    for blocks in [vec![64u32; nranks], (0..nranks).map(|r| 3 + (r as u32 % 2)).collect()] {
-                        for c in [Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce] {
+                for count in counts(lanes as u64) {
+                    for blocks in [vec![64u32; nranks], (0..nranks).map(&few).collect()] {
+                        for &c in collectives {
                             for place in [Place::Apart, Place::InPlace] {
                                 check(c, nranks, count, shape, &blocks, place, true);
                                 cases += 1;
@@ -712,6 +710,19 @@ fn rings_finish_and_move_every_byte_once() {
             }
         }
     }
+    cases
+}
+
+#[test]
+fn rings_finish_and_move_every_byte_once() {
+    // (Debug builds walk every byte: 3 to 5 ranks, depths 2 and 4 keep this under half a minute.)
+    // Parts of a few chunks a lane, not a multiple of the chunk, and a last lane shorter.
+    let cases = small_cases(
+        &[Collective::AllGather, Collective::ReduceScatter, Collective::AllReduce],
+        &[(1, 16), (2, 16), (3, 32)],
+        |lanes| vec![4096 * lanes * 3 + 12, 4096 * 5 + 3, 4096 * lanes * 2 - 1, 700, 3],
+        |r| 3 + (r as u32 % 2),
+    );
     assert!(cases > 0);
 }
 
@@ -744,25 +755,13 @@ fn rings_finish_at_their_real_sizes() {
 
 #[test]
 fn chains_finish_and_move_every_byte_once() {
-    // Broadcast from the root through every rank, reduce ending at it: small shapes, parts of a few chunks.
-    let mut cases = 0;
-    for nranks in [3usize, 4, 5] {
-        for depth in [2u32, 4] {
-            for (lanes, chunk_kib) in [(1u32, 16u64), (3, 32)] {
-                let shape = Shape::new(nranks, lanes, depth, chunk_kib);
-                for count in [4096u64 * lanes as u64 * 3 + 12, 4096 * 5 + 3, 700, 3] {
-                    for blocks in [vec![64u32; nranks], (0..nranks).map(|r| 2 + (r as u32 % 2)).collect()] {
-                        for c in [Collective::Broadcast, Collective::Reduce] {
-                            for place in [Place::Apart, Place::InPlace] {
-                                check(c, nranks, count, shape, &blocks, place, true);
-                                cases += 1;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    // Broadcast from the root through every rank, reduce ending at it; a middle rank needs two blocks.
+    let cases = small_cases(
+        &[Collective::Broadcast, Collective::Reduce],
+        &[(1, 16), (3, 32)],
+        |lanes| vec![4096 * lanes * 3 + 12, 4096 * 5 + 3, 700, 3],
+        |r| 2 + (r as u32 % 2),
+    );
     assert!(cases > 0);
 }
 
