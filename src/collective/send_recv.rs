@@ -355,10 +355,10 @@ impl Shape {
         // Unset: 64 lanes among up to four ranks. Between two (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Two
         // GPUs at every size"): at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at
         // 64, gather and reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind. Among four (4 x H200,
-        // "Four GPUs: rings and 64 lanes"): every source's lanes share a rank's area, so 64 lanes get half the
-        // slot of 32 (256 KiB), and still the chains, send/recv, hypercube and the rings were 2-5 % faster
-        // from 16 MiB, the chains 19-26 % at 1 MiB. Among more ranks 32 (the slots would shrink further; not
-        // measured).
+        // "Four GPUs: rings, 64 lanes and the table's choices across GPUs"): every source's lanes share a
+        // rank's area, so 64 lanes get half the slot of 32 (256 KiB), and still the chains, send/recv,
+        // hypercube and the rings were 2-5 % faster from 16 MiB, the chains 19-26 % at 1 MiB. Among more
+        // ranks 32 (the slots would shrink further; not measured).
         let lanes = if source.raw(&SENDRECV_LANES).is_some() || nranks <= FEW_RANKS {
             source.int(&SENDRECV_LANES).unwrap_or(DEFAULT_LANES)
         } else {

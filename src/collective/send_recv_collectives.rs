@@ -6,10 +6,10 @@
 //! - broadcast between two ranks, and across GPUs among more from `CHAIN_FROM`, as a chain from the root
 //!   (root, root + 1, ...): each rank but the last passes each chunk on as soon as it has landed
 //!   (`Pairing::Forward`), so that every link carries the message once and the hops overlap;
-//! - reduce across GPUs, between two above its packets and among more from `reduce_chain_from`, as a chain ending at
-//!   the root: the first rank sends its input, each middle rank receives the sum so far, adds its own input
-//!   and sends the result on straight into the next rank's slots (`Pairing::Relay`), and the root's receive
-//!   adds its own input as the chunks arrive;
+//! - reduce across GPUs, between two above its packets and among more from `reduce_chain_from`, as a chain
+//!   ending at the root: the first rank sends its input, each middle rank receives the sum so far, adds its
+//!   own input and sends the result on straight into the next rank's slots (`Pairing::Relay`), and the root's
+//!   receive adds its own input as the chunks arrive;
 //! - between two GPUs, from `LARGE` bytes, all-gather (each rank sends its piece to the other),
 //!   reduce-scatter (each sends the other's half and reduces its own) and all-reduce as a reduce-scatter
 //!   then an all-gather of the reduced parts, two launches;
@@ -32,17 +32,17 @@ use crate::gpu::DevicePtr;
 /// time at 16 MiB, all-gather 0.68), above it they fell behind (all-reduce 1.16 at 1 GiB).
 pub const LARGE: u64 = 64 << 20;
 
-/// The smallest broadcast or reduce among more than two ranks on several GPUs that goes as a chain. On four
-/// H200s (docs/PERFORMANCE.md, 2026-11-28) the chains lead NVIDIA's from 4 to 16 MiB (0.90-0.96 of its
-/// time) and reach 352 (broadcast) and 337 GB/s (reduce) at 1 GiB against its 361 and 364; at 1 MiB they
-/// take 1.17-1.25 times its time, still less than the scratch algorithms did there (1.48-1.62); below, the
-/// scratch algorithms keep the calls (not measured against the chains).
+/// The smallest broadcast among more than two ranks on several GPUs, and reduce among more than four
+/// (`reduce_chain_from`), that goes as a chain. On four H200s (docs/PERFORMANCE.md, 2026-11-28) the chains lead
+/// NVIDIA's from 4 to 16 MiB (0.90-0.96 of its time) and reach 352 (broadcast) and 337 GB/s (reduce) at 1 GiB
+/// against its 361 and 364; at 1 MiB they take 1.17-1.25 times its time, still less than the scratch algorithms did
+/// there (1.48-1.62); below, the scratch algorithms keep the calls (not measured against the chains).
 pub const CHAIN_FROM: u64 = 1 << 20;
 
-/// The smallest all-reduce or reduce-scatter among more than two ranks on several GPUs that goes as a ring. On
-/// four H200s (docs/PERFORMANCE.md "Four GPUs: rings and 64 lanes", 2026-11-28) the rings took 0.82-0.88 of
-/// the scratch algorithms' time from 64 MiB (all-reduce 4523 against 5540 us at 1 GiB, NVIDIA's 4542) and
-/// 1.02-1.09 at 32 MiB; at 16 MiB 1.35.
+/// The smallest all-reduce or reduce-scatter among more than two ranks on several GPUs that goes as a ring. On four
+/// H200s (docs/PERFORMANCE.md "Four GPUs: rings, 64 lanes and the table's choices across GPUs", 2026-11-28) the
+/// rings took 0.82-0.88 of the scratch algorithms' time from 64 MiB (all-reduce 4523 against 5540 us at 1 GiB,
+/// NVIDIA's 4542) and 1.02-1.09 at 32 MiB; at 16 MiB 1.35.
 pub const RINGS_FROM: u64 = 64 << 20;
 
 /// The smallest all-gather among more than two ranks on several GPUs that goes as a ring: the same four H200s,

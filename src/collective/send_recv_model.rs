@@ -1,6 +1,6 @@
 //! A host model of the send/receive kernel (`kernels/collectives/send_recv.cuh`) run on what the host lays
-//! out for it (`send_recv::kernel_args`), for the rings and chains of `send_recv_collectives.rs`: every rank's blocks
-//! walk their lanes, ops and chunks as the kernel's loops do, wait on the same counters (posted, credit,
+//! out for it (`send_recv::kernel_args`), for the rings and chains of `send_recv_collectives.rs`: every rank's
+//! blocks walk their lanes, ops and chunks as the kernel's loops do, wait on the same counters (posted, credit,
 //! landed) and publish the same values, and move the bytes through slots of the areas. A chunk is one
 //! atomic step (a block waits for everything before it publishes anything, so this loses no deadlock), and
 //! a rank's next launch starts once every block of its launch has ended. It finds deadlocks (no block can go
