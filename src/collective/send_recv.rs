@@ -160,9 +160,23 @@ pub struct Work {
     pub copies: Vec<SelfCopy>,
     /// The calls to and from other ranks, in call order: the kernel's.
     pub remote: Vec<Moved>,
-    /// The most lanes each call is cut into, where fewer than the shape's (`None`: the shape's). Only a
-    /// collective sets it, the same on every rank, so that both ends of each transfer cut it alike.
+    /// How each call is cut, where a collective cuts it otherwise than plain sends and receives do.
+    pub cut: Cut,
+}
+
+/// How a collective cuts each of its calls where not as `Shape::split` cuts plain sends and receives. Only a
+/// collective sets it, the same on every rank, so that both ends of each transfer cut it alike.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cut {
+    /// The most lanes, where fewer than the shape's (`None`: the shape's).
     pub most_lanes: Option<u32>,
+    /// The fewest bytes of a lane (`None`: `MIN_LANE_BYTES`): fewer, longer lanes.
+    pub least_lane_bytes: Option<u64>,
+    /// A chain's: each lane in at least this many chunks, where that makes them smaller than plain sends'
+    /// and no smaller than `CHAIN_LEAST_CHUNK_BYTES`. Each rank of a chain past the first passes a chunk on
+    /// once it has landed, so every hop adds a chunk's time to the call's; smaller chunks shorten it, and
+    /// cost a handshake each.
+    pub least_chunks: Option<u32>,
 }
 
 /// "1st", "2nd", ...
@@ -319,6 +333,11 @@ pub struct Split {
 const MIN_LANE_BYTES: u64 = 16 << 10;
 /// The fewest bytes of a chunk, below the whole lane: smaller chunks pay more handshakes than they overlap.
 const MIN_CHUNK_BYTES: u64 = 16 << 10;
+/// The fewest bytes of a chain's chunk cut smaller than plain sends' (`Cut::least_chunks`): among four
+/// H200s (2026-11-28, docs/PERFORMANCE.md "Chains' chunks and all-to-all's lanes among four GPUs") 128 KiB
+/// chunks made a reduce at 64 MiB 11 % faster than 256 KiB, and 64 KiB chunks were slower than either at
+/// every size from 16 MiB.
+pub const CHAIN_LEAST_CHUNK_BYTES: u64 = 128 << 10;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
 const AREA_CAP: u64 = 128 << 20;
 /// Lanes where `MSCCLPP_SENDRECV_LANES` is unset (`Shape::from_settings`): among up to `FEW_RANKS` ranks, and
@@ -389,16 +408,27 @@ impl Shape {
     /// lanes' slots is written whole before its receiver need start (a send and a receive outside a group,
     /// in either order on both ranks, do not deadlock up to that size: `buffered_bytes`).
     pub fn split(&self, bytes: u64) -> Split {
-        let lanes = bytes.div_ceil(MIN_LANE_BYTES).clamp(1, self.lanes as u64);
+        self.split_as(bytes, &Cut::default())
+    }
+
+    /// How a collective's call of `bytes` is cut (`split`, then `cut`'s own limits).
+    pub fn split_as(&self, bytes: u64, cut: &Cut) -> Split {
+        let most_lanes = cut.most_lanes.map_or(self.lanes, |n| n.clamp(1, self.lanes));
+        let lanes = bytes
+            .div_ceil(cut.least_lane_bytes.unwrap_or(MIN_LANE_BYTES).max(16))
+            .clamp(1, most_lanes as u64);
         let lane_units = bytes.div_ceil(16).div_ceil(lanes);
         let lane_bytes = lane_units * 16;
-        let chunk_bytes = lane_bytes
+        let mut chunk_bytes = lane_bytes
             .div_ceil(self.depth as u64)
             .max(MIN_CHUNK_BYTES)
             .min(lane_bytes)
-            .min(self.slot_bytes)
-            .div_ceil(16)
-            * 16;
+            .min(self.slot_bytes);
+        if let Some(parts) = cut.least_chunks {
+            // Never larger than plain sends' chunk: a chain cuts finer, never coarser.
+            chunk_bytes = chunk_bytes.min(lane_bytes.div_ceil(parts.max(1) as u64).max(CHAIN_LEAST_CHUNK_BYTES));
+        }
+        let chunk_bytes = chunk_bytes.div_ceil(16) * 16;
         Split {
             lanes: lanes as u32,
             lane_units,
@@ -449,7 +479,13 @@ pub struct Channel {
 
 /// The channels of a launch of `remote` and `copies`, in order of their first call and the copies last,
 /// with blocks for each within `max_blocks` (`fit_blocks`).
-pub fn channels(remote: &[Moved], copies: &[SelfCopy], shape: &Shape, max_blocks: u32) -> Result<Vec<Channel>> {
+pub fn channels(
+    remote: &[Moved],
+    copies: &[SelfCopy],
+    shape: &Shape,
+    cut: &Cut,
+    max_blocks: u32,
+) -> Result<Vec<Channel>> {
     let mut channels: Vec<Channel> = Vec::new();
     for (i, m) in remote.iter().enumerate() {
         let kind = ChannelKind::of(m);
@@ -478,7 +514,13 @@ pub fn channels(remote: &[Moved], copies: &[SelfCopy], shape: &Shape, max_blocks
     // A block per lane of the channel's widest call: more would have nothing to do.
     let wanted: Vec<u32> = channels
         .iter()
-        .map(|c| c.ops.iter().map(|&i| shape.split(bytes(c, i)).lanes).max().unwrap_or(1))
+        .map(|c| {
+            c.ops
+                .iter()
+                .map(|&i| shape.split_as(bytes(c, i), cut).lanes)
+                .max()
+                .unwrap_or(1)
+        })
         .collect();
     for (c, blocks) in channels.iter_mut().zip(fit_blocks(&wanted, max_blocks)?) {
         c.blocks = blocks;
@@ -514,6 +556,7 @@ pub fn kernel_args(
     copies: &[SelfCopy],
     channels: &[Channel],
     shape: &Shape,
+    cut: &Cut,
     areas: &[DevicePtr; MAX_RANKS],
     abort_flag: DevicePtr,
     rank: usize,
@@ -549,7 +592,7 @@ pub fn kernel_args(
                     (m.buffer, m.reduce_with, m.bytes, m.pairing)
                 }
             };
-            let split = shape.split(bytes);
+            let split = shape.split_as(bytes, cut);
             args.ops[op] = SendRecvOpArgs {
                 ptr,
                 bytes,
@@ -572,7 +615,7 @@ pub fn kernel_args(
 
 /// The kernel's argument for `work`'s calls to other ranks and `copies` (those of its copies the launch
 /// carries), and the launch's blocks: `channels` and `kernel_args` with each call cut into at most
-/// `work.most_lanes` lanes, the slots laid out as `shape` has them.
+/// `work.cut`, the slots laid out as `shape` has them.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     work: &Work,
@@ -584,15 +627,18 @@ pub fn plan(
     rank: usize,
     nranks: usize,
 ) -> Result<(SendRecvArgs, u32)> {
-    let cut = Shape {
-        lanes: work.most_lanes.map_or(shape.lanes, |n| n.clamp(1, shape.lanes)),
-        ..*shape
-    };
-    let channels = channels(&work.remote, copies, &cut, max_blocks)?;
-    let (mut args, blocks) = kernel_args(&work.remote, copies, &channels, &cut, areas, abort_flag, rank, nranks);
-    // Where a slot lies depends on the shape's lanes, whatever lanes a call uses (send_recv.cuh).
-    args.lanes = shape.lanes;
-    Ok((args, blocks))
+    let channels = channels(&work.remote, copies, shape, &work.cut, max_blocks)?;
+    Ok(kernel_args(
+        &work.remote,
+        copies,
+        &channels,
+        shape,
+        &work.cut,
+        areas,
+        abort_flag,
+        rank,
+        nranks,
+    ))
 }
 
 impl Collectives {
@@ -1082,10 +1128,10 @@ mod tests {
         let receiver: Vec<Moved> = sizes.iter().map(|&b| moved(Recv, 0, 0x9000, b)).collect();
         let areas = [0; MAX_RANKS];
         for budget in [3u32, 4, 7, 128] {
-            let s = channels(&sender, &[], &shape(), budget).unwrap();
-            let r = channels(&receiver, &[], &shape(), 128).unwrap();
-            let (sa, sb) = kernel_args(&sender, &[], &s, &shape(), &areas, 0, 0, 3);
-            let (ra, rb) = kernel_args(&receiver, &[], &r, &shape(), &areas, 0, 1, 3);
+            let s = channels(&sender, &[], &shape(), &Cut::default(), budget).unwrap();
+            let r = channels(&receiver, &[], &shape(), &Cut::default(), 128).unwrap();
+            let (sa, sb) = kernel_args(&sender, &[], &s, &shape(), &Cut::default(), &areas, 0, 0, 3);
+            let (ra, rb) = kernel_args(&receiver, &[], &r, &shape(), &Cut::default(), &areas, 0, 1, 3);
             assert!(sb <= budget && rb <= 128);
             let to1 = s
                 .iter()
@@ -1142,10 +1188,10 @@ mod tests {
             src: 0x6004,
             bytes: 2 * MIN_LANE_BYTES,
         }];
-        let c = channels(&remote, &copies, &shape(), 128).unwrap();
+        let c = channels(&remote, &copies, &shape(), &Cut::default(), 128).unwrap();
         assert_eq!(c.iter().map(|c| c.blocks).collect::<Vec<_>>(), [5, 1, 1, 2]);
         assert_eq!((c[3].kind, &c[3].ops), (ChannelKind::Copy, &vec![0]));
-        let (a, blocks) = kernel_args(&remote, &copies, &c, &shape(), &areas, 0xdead, 0, 3);
+        let (a, blocks) = kernel_args(&remote, &copies, &c, &shape(), &Cut::default(), &areas, 0xdead, 0, 3);
         assert_eq!(blocks, 9);
         assert_eq!(a.channel_count, 4);
         assert_eq!(
@@ -1157,7 +1203,7 @@ mod tests {
             (0x5000, 0x6004, 0, 2)
         );
         assert!(a.ops[..4].iter().all(|o| o.src == 0));
-        let (a, blocks) = kernel_args(&remote, &[], &c[..3], &shape(), &areas, 0xdead, 0, 3);
+        let (a, blocks) = kernel_args(&remote, &[], &c[..3], &shape(), &Cut::default(), &areas, 0xdead, 0, 3);
         assert_eq!(blocks, 7);
         assert_eq!((a.rank, a.nranks, a.abort_flag), (0, 3, 0xdead));
         assert_eq!((a.lanes, a.depth, a.slot_bytes), (32, 2, 512 << 10));
@@ -1208,8 +1254,8 @@ mod tests {
         let mut guarded = moved(Send, 2, 0x2000, 64);
         guarded.pairing = Pairing::Guarded;
         let remote = [received, sent, guarded];
-        let c = channels(&remote, &[], &shape(), 128).unwrap();
-        let (a, _) = kernel_args(&remote, &[], &c, &shape(), &[0; MAX_RANKS], 0, 0, 4);
+        let c = channels(&remote, &[], &shape(), &Cut::default(), 128).unwrap();
+        let (a, _) = kernel_args(&remote, &[], &c, &shape(), &Cut::default(), &[0; MAX_RANKS], 0, 0, 4);
         let flags: Vec<u32> = a.ops[..3].iter().map(|o| o.flags).collect();
         assert_eq!(
             flags,
@@ -1223,16 +1269,16 @@ mod tests {
         let mut relay = moved(Recv, 2, 0, 64);
         relay.reduce_with = 0x3000;
         relay.pairing = Pairing::relay(0);
-        let c = channels(&[relay], &[], &shape(), 128).unwrap();
+        let c = channels(&[relay], &[], &shape(), &Cut::default(), 128).unwrap();
         assert_eq!((c[0].kind, c[0].peer), (ChannelKind::Relay, 2));
-        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
+        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &Cut::default(), &[0; MAX_RANKS], 0, 1, 4);
         assert_eq!((a.channels[0].kind, a.channels[0].peer), (SENDRECV_RELAY, 2));
         assert_eq!(
             (a.ops[0].ptr, a.ops[0].src, a.ops[0].flags),
             (0, 0x3000, SENDRECV_ALIGNED)
         );
         relay.pairing = Pairing::relay(3);
-        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &[0; MAX_RANKS], 0, 1, 4);
+        let (a, _) = kernel_args(&[relay], &[], &c, &shape(), &Cut::default(), &[0; MAX_RANKS], 0, 1, 4);
         assert_eq!(a.ops[0].flags, SENDRECV_ALIGNED | (3 << SENDRECV_PEER_SHIFT));
         assert_eq!(
             SENDRECV_FORWARD | (15 << SENDRECV_PEER_SHIFT),

@@ -22,7 +22,7 @@
 //! PreMulSum stays on the scratch algorithms.
 
 use super::algorithm::{Choice, Placement, Protocol, choose};
-use super::send_recv::{Moved, Pairing, Reducing, SelfCopy, SendRecvKind, SendRecvOp, Work};
+use super::send_recv::{Cut, Moved, Pairing, Reducing, SelfCopy, SendRecvKind, SendRecvOp, Work};
 use super::{Call, Collective, DataType, RedOp};
 use crate::error::Result;
 use crate::gpu::DevicePtr;
@@ -103,6 +103,21 @@ pub struct Launch {
 /// all-to-all in a graph 15.6 against 19.7 us at 4 MiB, 21 against 26 at 8 MiB, 1493 against 1532 eager at
 /// 1 GiB; all-gather 1492 against 1544 at 1 GiB. Fewer blocks for the copy to itself did not help.
 pub const SELF_COPYING_LANES: u32 = 32;
+
+/// The fewest bytes of an all-to-all's lane: among four H200s (2026-11-28, docs/PERFORMANCE.md "Chains' chunks
+/// and all-to-all's lanes among four GPUs") a 4 MiB all-to-all (1 MiB to each rank) took 20.9 us in a graph at
+/// 16 lanes and 24.1 at 32 (NVIDIA's 21.6); from 64 MiB, 16 lanes were slower. At 64 KiB a lane, a call cuts
+/// 1 MiB into 16 lanes and 2 MiB or more into 32, as between two H200s, where 32 led from 2 MiB.
+pub const ALL_TO_ALL_LEAST_LANE_BYTES: u64 = 64 << 10;
+
+/// The fewest chunks of a lane of a reduce's and of a broadcast's chain among more than two ranks
+/// (`Cut::least_chunks`). Among four H200s (2026-11-28, docs/PERFORMANCE.md "Chains' chunks and all-to-all's
+/// lanes among four GPUs"), against the 256 KiB chunks of plain sends there: a reduce of 64 MiB took 209 us
+/// in 128 KiB chunks (1 MiB lanes, 8 chunks each) against 234, of 256 MiB 811 against 827 (32 chunks), but
+/// of 1 GiB 3186 against 3134 (so not 128 KiB at 512 KiB a lane and up: 32 chunks). A broadcast gained 2 % at
+/// 64 MiB in 128 KiB chunks and lost 4 % at 256 MiB (so 16 chunks).
+pub const REDUCE_CHAIN_CHUNKS: u32 = 32;
+pub const BROADCAST_CHAIN_CHUNKS: u32 = 16;
 
 /// The launches that carry `call` on `rank` (in order, on the call's stream): `piece` bytes per rank (the
 /// whole buffer of an all-reduce, a broadcast or a reduce), `send` and `recv` this rank's buffers (0 where
@@ -224,10 +239,29 @@ pub fn launches(
             moving(ops(call, rank, nranks, send, recv, piece))
         }
     }?;
-    if matches!(call.collective, Collective::AllToAll | Collective::AllGather) {
-        for l in &mut launches {
-            l.work.most_lanes = Some(SELF_COPYING_LANES);
-        }
+    let cut = match call.collective {
+        Collective::AllToAll => Cut {
+            most_lanes: Some(SELF_COPYING_LANES),
+            least_lane_bytes: Some(ALL_TO_ALL_LEAST_LANE_BYTES),
+            ..Cut::default()
+        },
+        Collective::AllGather => Cut {
+            most_lanes: Some(SELF_COPYING_LANES),
+            ..Cut::default()
+        },
+        // Between two there is no hop to shorten.
+        Collective::Reduce if nranks > 2 => Cut {
+            least_chunks: Some(REDUCE_CHAIN_CHUNKS),
+            ..Cut::default()
+        },
+        Collective::Broadcast if nranks > 2 => Cut {
+            least_chunks: Some(BROADCAST_CHAIN_CHUNKS),
+            ..Cut::default()
+        },
+        _ => Cut::default(),
+    };
+    for l in &mut launches {
+        l.work.cut = cut;
     }
     Ok(launches)
 }
@@ -356,7 +390,7 @@ fn launch(remote: &[Moved], reducing: Reducing) -> Launch {
             buffers: remote.clone(),
             copies: Vec::new(),
             remote,
-            most_lanes: None,
+            cut: Cut::default(),
         },
         reducing,
     }
@@ -444,7 +478,7 @@ mod model;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::send_recv::Work;
+    use crate::collective::send_recv::{CHAIN_LEAST_CHUNK_BYTES, Shape, Work, plan};
     use SendRecvKind::{Recv, Send};
 
     /// (kind, peer, buffer) of each op.
@@ -617,7 +651,6 @@ mod tests {
     #[test]
     fn all_to_all_and_all_gather_cut_their_calls_into_fewer_lanes() {
         use crate::collective::kernel_args::MAX_RANKS;
-        use crate::collective::send_recv::{Shape, plan};
         let (send, recv, piece) = (0x1000_0000u64, 0x8000_0000u64, 512u64 << 20);
         let shape = Shape::new(2, 64, 2, 512);
         // (the most lanes of any op, the layout's lanes) of each rank's launches of `c` between two ranks.
@@ -659,7 +692,76 @@ mod tests {
             assert!(!l.is_empty() && l.iter().all(|&x| x == (64, 64)), "{c:?}: {l:?}");
         }
         // A plain group of sends and receives is never capped.
-        assert_eq!(Work::sort(&[], 0, 2).unwrap().most_lanes, None);
+        assert_eq!(Work::sort(&[], 0, 2).unwrap().cut, Cut::default());
+    }
+
+    /// (lanes, chunk bytes) of every op of every rank's launches of `c` among `nranks` at `shape`, `piece`
+    /// bytes per rank (apart: the send buffer below the receive buffer).
+    fn cuts_of(c: Collective, nranks: usize, piece: u64, shape: Shape) -> Vec<(u32, u64)> {
+        use crate::collective::kernel_args::MAX_RANKS;
+        let (send, recv) = (0x1000_0000u64, 0x10_0000_0000u64);
+        let count = (piece / 4) as usize;
+        (0..nranks)
+            .flat_map(|rank| {
+                let l = launches(&call(c, count, DataType::Float32, 1), rank, nranks, send, recv, piece).unwrap();
+                l.into_iter().flat_map(move |l| {
+                    let copies = l.work.moving_copies();
+                    let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, nranks).unwrap();
+                    let n = l.work.remote.len() + copies.len();
+                    args.ops[..n]
+                        .iter()
+                        .map(|o| (o.lanes, o.chunk_bytes))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chains_among_more_than_two_cut_finer_chunks() {
+        // Among four at the default shape (64 lanes, slots of 256 KiB): a 64 MiB chain's lanes of 1 MiB go in
+        // chunks of 128 KiB (CHAIN_LEAST_CHUNK_BYTES), not the slot's 256 KiB.
+        let four = Shape::new(4, 64, 2, 512);
+        assert_eq!(four.slot_bytes, 256 << 10);
+        let chunks = |c, nranks, piece, shape| -> Vec<u64> {
+            let mut v: Vec<u64> = cuts_of(c, nranks, piece, shape).iter().map(|&(_, b)| b).collect();
+            v.dedup();
+            v
+        };
+        for c in [Collective::Reduce, Collective::Broadcast] {
+            assert_eq!(chunks(c, 4, 64 << 20, four), [CHAIN_LEAST_CHUNK_BYTES], "{c:?}");
+            // At 1 GiB (16 MiB lanes) the slot bounds them, as plain sends'.
+            assert_eq!(chunks(c, 4, 1 << 30, four), [four.slot_bytes], "{c:?}");
+            // Lanes of 64 KiB (4 MiB): plain sends' chunks (a chain never cuts coarser).
+            assert_eq!(chunks(c, 4, 4 << 20, four), [32 << 10], "{c:?}");
+            // Between two there is no hop to shorten: plain sends' chunks, half a lane of 1 MiB.
+            assert_eq!(chunks(c, 2, 64 << 20, Shape::new(2, 64, 2, 512)), [512 << 10], "{c:?}");
+        }
+        // At 256 MiB (lanes of 4 MiB) a reduce's chain cuts 32 chunks a lane, a broadcast's 16.
+        assert_eq!(chunks(Collective::Reduce, 4, 256 << 20, four), [128 << 10]);
+        assert_eq!(chunks(Collective::Broadcast, 4, 256 << 20, four), [256 << 10]);
+        // The other collectives keep plain sends' chunks.
+        assert_eq!(chunks(Collective::Scatter, 4, 64 << 20, four), [four.slot_bytes]);
+    }
+
+    #[test]
+    fn all_to_all_lanes_carry_at_least_64_kib() {
+        let lanes = |nranks: usize, piece: u64| -> Vec<u32> {
+            let shape = Shape::new(nranks, 64, 2, 512);
+            let mut v: Vec<u32> = cuts_of(Collective::AllToAll, nranks, piece, shape)
+                .iter()
+                .map(|&(l, _)| l)
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        // 1 MiB to each rank among four: 16 lanes; 2 MiB and more: 32 (SELF_COPYING_LANES).
+        assert_eq!(lanes(4, 1 << 20), [16]);
+        assert_eq!(lanes(4, 2 << 20), [SELF_COPYING_LANES]);
+        assert_eq!(lanes(2, 4 << 20), [SELF_COPYING_LANES]);
+        assert_eq!(lanes(4, 256 << 10), [4]);
+        assert_eq!(ALL_TO_ALL_LEAST_LANE_BYTES, 64 << 10);
     }
 
     #[test]

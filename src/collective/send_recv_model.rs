@@ -766,6 +766,23 @@ fn chains_finish_and_move_every_byte_once() {
 }
 
 #[test]
+fn chains_cut_finer_move_every_byte_once() {
+    // Lanes of 4 MiB and a little more, one among three and two among four: a chain cuts them finer than plain
+    // sends (a reduce in 32 chunks of 128 KiB a lane, a broadcast in 16 of 256 KiB; slots of 512 KiB), every
+    // byte checked, with a block for every lane and with fewer.
+    for (nranks, lanes) in [(3usize, 1u32), (4, 2)] {
+        let shape = Shape::new(nranks, lanes, 2, 512);
+        assert_eq!(shape.slot_bytes, 512 << 10);
+        let count = (lanes as u64 * (4 << 20) + 48) / 4;
+        for blocks in [vec![8u32; nranks], vec![3; nranks]] {
+            for c in [Collective::Broadcast, Collective::Reduce] {
+                check(c, nranks, count, shape, &blocks, Place::Apart, true);
+            }
+        }
+    }
+}
+
+#[test]
 fn chains_finish_at_their_real_sizes() {
     // From where a reduce among four goes as a chain (256 KiB) to 64 MiB, at the default shapes (64 lanes
     // among up to four, 32 among more) with blocks for every lane and for a few: no bytes, only the counters.
