@@ -568,6 +568,7 @@ pub fn kernel_args(
         rank: rank as u32,
         nranks: nranks as u32,
         channel_count: channels.len() as u32,
+        // Where a slot lies depends on the layout's lanes, whatever lanes a call is cut into (send_recv.cuh).
         lanes: shape.lanes,
         depth: shape.depth,
         slot_bytes: shape.slot_bytes,
@@ -614,8 +615,8 @@ pub fn kernel_args(
 }
 
 /// The kernel's argument for `work`'s calls to other ranks and `copies` (those of its copies the launch
-/// carries), and the launch's blocks: `channels` and `kernel_args` with each call cut into at most
-/// `work.cut`, the slots laid out as `shape` has them.
+/// carries), and the launch's blocks: `channels` and `kernel_args` with each call cut as `work.cut` says,
+/// the slots laid out as `shape` has them.
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
     work: &Work,
