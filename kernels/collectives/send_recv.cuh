@@ -159,12 +159,19 @@ struct SendRecvReduce {
   }
 };
 
-// Units [0, units) of 16 bytes, four in flight per thread: the loads of a group (`load(u)`) are issued
+// 16-byte units a thread has in flight: a copy loads one stream, a reducing receive (and a relay) two, the
+// chunk and its own operand. Between two H200s (docs/PERFORMANCE.md, "Chains' chunks and all-to-all's lanes
+// among four GPUs") a reducing receive went faster with twice the threads a block, so its loads in flight
+// bound it in part; 8 units a thread give it those loads without halving the blocks a GPU holds: reduce
+// 0.7 % faster from 256 MiB, all-reduce and reduce-scatter 1-3 % below 1 GiB.
+constexpr uint32_t kSendRecvGroup = 4;
+constexpr uint32_t kSendRecvReducingGroup = 8;
+
+// Units [0, units) of 16 bytes, kGroup in flight per thread: the loads of a group (`load(u)`) are issued
 // before its stores (`store(u, loaded)`), so that a thread waits on one round trip per group.
-template <typename Load, typename Store>
+template <uint32_t kGroup, typename Load, typename Store>
 __device__ __forceinline__ void sendRecvGroups(uint64_t units, const Load& load, const Store& store)
 {
-  constexpr uint32_t kGroup = 4;
   const uint64_t step = static_cast<uint64_t>(blockDim.x) * kGroup;
   uint64_t u = threadIdx.x;
   for (; u + (kGroup - 1) * blockDim.x < units; u += step) {
@@ -205,11 +212,11 @@ __device__ __forceinline__ void sendRecvReceive(char* dst, const char* own, cons
   const uint4* mine = reinterpret_cast<const uint4*>(own);
   uint4* out = reinterpret_cast<uint4*>(dst);
   if constexpr (R::kReduces) {
-    sendRecvGroups(
+    sendRecvGroups<kSendRecvReducingGroup>(
       units, [&](uint64_t u) { return SendRecvUnits{__ldcg(in + u), mine[u]}; },
       [&](uint64_t u, const SendRecvUnits& v) { out[u] = reduce(v.own, v.slot); });
   } else {
-    sendRecvGroups(
+    sendRecvGroups<kSendRecvGroup>(
       units, [&](uint64_t u) { return __ldcg(in + u); }, [&](uint64_t u, const uint4& v) { out[u] = v; });
   }
 }
@@ -226,7 +233,7 @@ __device__ __forceinline__ void sendRecvToSlot(char* dst, const char* src, uint6
   }
   const uint4* in = reinterpret_cast<const uint4*>(src);
   uint4* out = reinterpret_cast<uint4*>(dst);
-  sendRecvGroups(
+  sendRecvGroups<kSendRecvGroup>(
     units, [&](uint64_t u) { return in[u]; }, [&](uint64_t u, const uint4& v) { out[u] = v; });
 }
 
