@@ -478,6 +478,7 @@ mod model;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::kernel_args::SendRecvArgs;
     use crate::collective::send_recv::{CHAIN_LEAST_CHUNK_BYTES, Shape, Work, plan};
     use SendRecvKind::{Recv, Send};
 
@@ -648,30 +649,40 @@ mod tests {
             .collect()
     }
 
+    /// Each launch's kernel argument and its number of ops, of every rank's launches of `c` among `nranks` at
+    /// `shape` (`plan`), `piece` bytes per rank from `root` (apart: the send buffer below the receive buffer).
+    fn planned(c: Collective, nranks: usize, piece: u64, root: usize, shape: Shape) -> Vec<(SendRecvArgs, usize)> {
+        use crate::collective::kernel_args::MAX_RANKS;
+        let (send, recv) = (0x1000_0000u64, 0x10_0000_0000u64);
+        let count = (piece / 4) as usize;
+        (0..nranks)
+            .flat_map(|rank| {
+                let l = launches(
+                    &call(c, count, DataType::Float32, root),
+                    rank,
+                    nranks,
+                    send,
+                    recv,
+                    piece,
+                )
+                .unwrap();
+                l.into_iter().map(move |l| {
+                    let copies = l.work.moving_copies();
+                    let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, nranks).unwrap();
+                    (args, l.work.remote.len() + copies.len())
+                })
+            })
+            .collect()
+    }
+
     #[test]
     fn all_to_all_and_all_gather_cut_their_calls_into_fewer_lanes() {
-        use crate::collective::kernel_args::MAX_RANKS;
-        let (send, recv, piece) = (0x1000_0000u64, 0x8000_0000u64, 512u64 << 20);
         let shape = Shape::new(2, 64, 2, 512);
         // (the most lanes of any op, the layout's lanes) of each rank's launches of `c` between two ranks.
         let lanes_of = |c: Collective| -> Vec<(u32, u32)> {
-            (0..2)
-                .flat_map(|rank| {
-                    let l = launches(
-                        &call(c, (piece / 4) as usize, DataType::Float32, 0),
-                        rank,
-                        2,
-                        send,
-                        recv,
-                        piece,
-                    );
-                    l.unwrap().into_iter().map(move |l| {
-                        let copies = l.work.moving_copies();
-                        let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, 2).unwrap();
-                        let ops = &args.ops[..l.work.remote.len() + copies.len()];
-                        (ops.iter().map(|o| o.lanes).max().unwrap(), args.lanes)
-                    })
-                })
+            planned(c, 2, 512 << 20, 0, shape)
+                .iter()
+                .map(|(args, n)| (args.ops[..*n].iter().map(|o| o.lanes).max().unwrap(), args.lanes))
                 .collect()
         };
         for c in [Collective::AllToAll, Collective::AllGather] {
@@ -696,24 +707,11 @@ mod tests {
     }
 
     /// (lanes, chunk bytes) of every op of every rank's launches of `c` among `nranks` at `shape`, `piece`
-    /// bytes per rank (apart: the send buffer below the receive buffer).
+    /// bytes per rank.
     fn cuts_of(c: Collective, nranks: usize, piece: u64, shape: Shape) -> Vec<(u32, u64)> {
-        use crate::collective::kernel_args::MAX_RANKS;
-        let (send, recv) = (0x1000_0000u64, 0x10_0000_0000u64);
-        let count = (piece / 4) as usize;
-        (0..nranks)
-            .flat_map(|rank| {
-                let l = launches(&call(c, count, DataType::Float32, 1), rank, nranks, send, recv, piece).unwrap();
-                l.into_iter().flat_map(move |l| {
-                    let copies = l.work.moving_copies();
-                    let (args, _) = plan(&l.work, &copies, &shape, 264, &[0; MAX_RANKS], 0, rank, nranks).unwrap();
-                    let n = l.work.remote.len() + copies.len();
-                    args.ops[..n]
-                        .iter()
-                        .map(|o| (o.lanes, o.chunk_bytes))
-                        .collect::<Vec<_>>()
-                })
-            })
+        planned(c, nranks, piece, 1, shape)
+            .iter()
+            .flat_map(|(args, n)| args.ops[..*n].iter().map(|o| (o.lanes, o.chunk_bytes)))
             .collect()
     }
 
