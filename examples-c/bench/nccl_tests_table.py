@@ -454,10 +454,13 @@ def report(out_dir: str) -> int:
     machine = meta.get("machine", "unknown machine")
     ranks, gpus = meta.get("ranks", "?"), meta.get("gpus", "?")
     shared = ranks.isdigit() and gpus.isdigit() and int(ranks) > int(gpus)
-    placement = (f"{ranks} MPI processes on {gpus} GPUs, rank r on GPU r % {gpus}" if shared
+    placement = (f"{ranks} MPI processes on {gpus} GPU{'' if gpus == '1' else 's'}, rank r on GPU r % {gpus}" if shared
                  else f"{ranks} MPI processes, one GPU each")
     command = meta.get("command", "?")
-    title = f"nccl-tests: NVIDIA's libnccl.so.2 against ours, {ranks} ranks, {machine}"
+    # Ranks sharing a GPU (or --libs ours) run ours alone: no ratio to speak of, and the title says so.
+    compared = any(run.lib == "nvidia" and not run.skipped for run in runs)
+    title = (f"nccl-tests: NVIDIA's libnccl.so.2 against ours, {ranks} ranks, {machine}" if compared
+             else f"nccl-tests: our libnccl.so.2 alone, {ranks} ranks, {machine}")
     facts = [
         f"Machine: {machine}; {placement}"
         + (f"; clocks and power at most: {meta['limits']}" if meta.get("limits") else "")
@@ -469,8 +472,9 @@ def report(out_dir: str) -> int:
         + f"; nccl-tests compiled against NVIDIA's nccl.h {meta.get('nccl_h') or fmt_version(headers)}.",
         f"Sizes: {meta.get('sizes', '?')}; -c {meta.get('check', '?')}"
         + (f"; extra: {meta['extra']}" if meta.get("extra") else "") + "; NCCL_NVLS_ENABLE=0.",
-        "Times in us as nccl-tests prints them (the mean over ranks); ratio = ours / NVIDIA time, below 1: ours"
-        " faster; algBW in GB/s; each cell is out-of-place / in-place.",
+        "Times in us as nccl-tests prints them (the mean over ranks)"
+        + ("; ratio = ours / NVIDIA time, below 1: ours faster" if compared else "")
+        + "; algBW in GB/s; each cell is out-of-place / in-place.",
     ]
     text.append(f"== {title}")
     text += facts
@@ -478,7 +482,8 @@ def report(out_dir: str) -> int:
     md.append(f"### {title}")
     md.append("")
     md += [f"- {f}" for f in facts]
-    md[-1] += " Bold ratio: ours slower."
+    if compared:
+        md[-1] += " Bold ratio: ours slower."
     md.append(f"- Command: `{command}`")
 
     for key in order:
@@ -540,15 +545,16 @@ def report(out_dir: str) -> int:
         md.append("#### Summary (out-of-place)")
         md.append("")
         others = [lib for lib in libs if lib not in LIBS]
-        head = ["collective", "mode", "-R", "ours faster", "geomean ours/NVIDIA", "worst ratio",
-                "NVIDIA avg busbw", "ours avg busbw"] + [f"{lib_name(lib)} avg busbw" for lib in others] + ["runs"]
+        # NVIDIA's columns only where its library ran.
+        versus = ["ours faster", "geomean ours/NVIDIA", "worst ratio", "NVIDIA avg busbw"] if compared else []
+        head = (["collective", "mode", "-R"] + versus + ["ours avg busbw"]
+                + [f"{lib_name(lib)} avg busbw" for lib in others] + ["runs"])
         body = []
         for s in summaries:
             gm = s.geomean()
-            body.append([s.coll, s.mode, s.reg, f"{s.faster} of {s.compared}" if s.compared else "-",
-                         "-" if gm is None else f"{gm:.2f}",
-                         f"{s.worst[0]:.2f} ({s.worst[1]})" if s.worst else "-",
-                         fmt_num(s.avg.get("nvidia")), fmt_num(s.avg.get("ours"))]
+            cells = [f"{s.faster} of {s.compared}" if s.compared else "-", "-" if gm is None else f"{gm:.2f}",
+                     f"{s.worst[0]:.2f} ({s.worst[1]})" if s.worst else "-", fmt_num(s.avg.get("nvidia"))]
+            body.append([s.coll, s.mode, s.reg] + (cells if compared else []) + [fmt_num(s.avg.get("ours"))]
                         + [fmt_num(s.avg.get(lib)) for lib in others] + [s.verdict])
         text.append(render_text(head, body))
         md.append(render_md(head, body))

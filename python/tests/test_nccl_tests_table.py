@@ -234,6 +234,9 @@ def test_a_skipped_library_is_a_note_not_a_failure(tmp_path) -> None:  # type: i
     md = (tmp_path / "table.md").read_text()
     assert "4 MPI processes on 2 GPUs, rank r on GPU r % 2" in md
     assert "NVIDIA: not run: 4 ranks on 2 GPUs" in md
+    # The title and the facts do not speak of a comparison that did not run.
+    assert "### nccl-tests: our libnccl.so.2 alone, 4 ranks" in md
+    assert "against ours" not in md and "ratio" not in md
     # NVIDIA's columns and the ratio are left out; ours stay.
     assert "| size | ours us (out / in) | ours algBW GB/s | ours #wrong |" in md
     assert md_row(md, "1 KiB") == "| 1 KiB | 5.00 / 6.00 | 0.20 / 0.17 | 0 / 0 |"
