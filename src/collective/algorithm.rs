@@ -323,20 +323,9 @@ pub fn grid(collective: Collective, protocol: Protocol, nranks: usize, bytes: u6
 mod tests {
     use super::*;
 
-    const ALL: [Collective; 8] = [
-        Collective::AllReduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::Gather,
-        Collective::Scatter,
-        Collective::AllToAll,
-    ];
-
     #[test]
     fn small_messages_go_in_packets_and_the_setting_forces_either() {
-        for c in ALL {
+        for c in Collective::ALL {
             for n in [2, 3, 8, 16] {
                 let limit = packet_limit(c, n);
                 assert_eq!(choose(c, n, 1, Choice::Auto), Protocol::Packet);
@@ -357,7 +346,7 @@ mod tests {
     #[test]
     fn every_window_fits_the_scratch() {
         let data = 32u64 << 20;
-        for c in ALL {
+        for c in Collective::ALL {
             for p in [Protocol::Packet, Protocol::Copy] {
                 for n in [1usize, 2, 3, 4, 8, 16] {
                     let w = window_bytes(c, p, n, data);
@@ -390,7 +379,7 @@ mod tests {
 
     #[test]
     fn grids_stay_within_the_flags_and_warps() {
-        for c in ALL {
+        for c in Collective::ALL {
             for p in [Protocol::Packet, Protocol::Copy] {
                 for bytes in [1u64, 8, 100, 4096, 1 << 20, 1 << 30] {
                     let (blocks, threads) = grid(c, p, 2, bytes, MAX_BLOCKS);
@@ -421,7 +410,7 @@ mod tests {
 
     #[test]
     fn estimates_grow_with_size_and_cost_nothing_for_nothing() {
-        for c in ALL {
+        for c in Collective::ALL {
             assert_eq!(estimate_us(c, 2, 0), 0.0);
             assert_eq!(
                 estimate_us(c, 1, 1 << 20),

@@ -24,6 +24,18 @@ pub enum Collective {
 }
 
 impl Collective {
+    /// Every collective, in declaration order (for tests that go through them all).
+    pub const ALL: [Collective; 8] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::Gather,
+        Collective::Scatter,
+        Collective::AllToAll,
+    ];
+
     /// Whether the collective has a root (which ranks read or keep data depends on it).
     pub fn rooted(self) -> bool {
         matches!(

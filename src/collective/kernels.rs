@@ -162,16 +162,7 @@ mod tests {
             println!("skipped: this build has no collective kernels (nvcc was not found at build time)");
             return;
         }
-        for c in [
-            Collective::AllReduce,
-            Collective::AllGather,
-            Collective::ReduceScatter,
-            Collective::Broadcast,
-            Collective::Reduce,
-            Collective::Gather,
-            Collective::Scatter,
-            Collective::AllToAll,
-        ] {
+        for c in Collective::ALL {
             for p in [Protocol::Packet, Protocol::Copy] {
                 let base = kernel_base(c, p);
                 let reduces = matches!(
