@@ -60,7 +60,7 @@ run_example ping_pong 80 "$bin_dir/01-ping-pong/gpu_ping_pong" --port $((base_po
 run_example ping_pong_same_gpu 80 "$bin_dir/01-ping-pong/gpu_ping_pong" --same-gpu --port $((base_port + 2))
 run_example ping_pong_mp 90 "$bin_dir/02-bootstrap/gpu_ping_pong_mp" --port $((base_port + 3))
 run_example ping_pong_mp_unique_id 90 "$bin_dir/02-bootstrap/gpu_ping_pong_mp" --unique-id
-run_example bidir_put 120 "$bin_dir/04-bidir-put/bidir_put" --port $((base_port + 4))
+run_example bidir_put 120 "$bin_dir/03-bidir-put/bidir_put" --port $((base_port + 4))
 run_example mesh_2 90 "$bin_dir/mesh/mesh" 2 --port $((base_port + 5))
 run_example mesh_4 90 "$bin_dir/mesh/mesh" 4 --port $((base_port + 6))
 if want_8_ranks; then
