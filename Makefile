@@ -41,9 +41,6 @@ SOVERSION := 0
 PREFIX ?= /usr/local
 
 CARGO ?= cargo
-ifeq ($(origin CXX),default)
-CXX := g++
-endif
 CXXFLAGS ?= -O2 -g
 NVCCFLAGS ?= -O2 -lineinfo
 CUDA_ARCH ?= -arch=sm_90
@@ -60,7 +57,11 @@ NVCC_READY :=
 SETUP_DEPS_FLAGS :=
 endif
 CUDA_LIBDIR := $(abspath $(dir $(NVCC))../lib64)
-export CARGO NVCC CXX
+# cargo sees the environment a plain `cargo build` sees: build.rs finds nvcc itself (.toolchain/ first, as
+# above) and the cc crate its C++ compiler, so that neither a `make` after a plain `cargo build` (or `pip
+# install ./python`) nor the reverse rebuilds anything. An NVCC or CXX given on make's command line or in the
+# environment reaches cargo too (make exports those itself).
+export CARGO
 
 # ---- the library ----
 HEADERS := build/include/mscclpp.h build/include/mscclppfifo.h
@@ -122,12 +123,11 @@ deps: ## install the Debian packages the build lacks
 # ---- the library ----
 # cargo decides what is stale; files are copied only when they changed, so that make rebuilds programs
 # only when the library or the headers really changed. build.rs writes the headers the same way.
-# build.rs says when it compiles the collectives' kernels where cargo's standard error is a terminal or a pipe;
-# into a file (make > log) it cannot, so the first build says it here.
+# scripts/with-build-progress.sh shows build.rs's progress lines (the collectives' CUDA kernels, compiled on
+# the first build: a line per unit) as they come, which cargo alone would hide.
+BUILD_PROGRESS := scripts/with-build-progress.sh
 $(LIB_SO): FORCE | deps $(NVCC_READY)
-	@[[ -d target/kernel-cache || -t 2 || -p /dev/stderr ]] || \
-	  echo "cargo build: the first build also compiles the collectives' CUDA kernels (about 70 s on 2 cores)" >&2
-	+$(CARGO) build --release
+	+$(BUILD_PROGRESS) $(CARGO) build --release
 	@mkdir -p $(@D)
 	@cmp -s target/release/libmscclpp.so $@ || cp -f target/release/libmscclpp.so $@
 	@cmp -s target/release/libmscclpp.a $(LIB_A) || cp -f target/release/libmscclpp.a $(LIB_A)
@@ -146,7 +146,7 @@ build/lib/libmscclpp.so: | build/lib/libmscclpp.so.$(SOVERSION)
 # NCCL's face: the same crate without mscclpp.h's exports and with nccl.h's, in its own target directory.
 # After the main library, so that build.rs finds the kernels in target/kernel-cache and compiles none.
 $(NCCL_SO): FORCE | $(LIB_SO)
-	+$(CARGO) build --release --no-default-features --features nccl-abi --target-dir target/nccl
+	+$(BUILD_PROGRESS) $(CARGO) build --release --no-default-features --features nccl-abi --target-dir target/nccl
 	@mkdir -p $(@D)
 	@cmp -s target/nccl/release/libmscclpp.so $@ || cp -f target/nccl/release/libmscclpp.so $@
 
@@ -249,7 +249,8 @@ include c-tests/legacy-abi/legacy.mk
 
 # ---- the Python package ----
 # A project-local virtual environment (scripts/setup-python.sh) into which the package is installed the way
-# a user installs it, `pip install ./python` (its setup.py runs cargo, which finds the library up to date).
+# a user installs it, `pip install ./python`; LIBMSCCLPP_FROM_MAKE tells its setup.py that build/lib was just
+# built (by the prerequisites below), so that it takes those files as they are.
 PY_VENV := build/python-venv
 PY_READY := $(PY_VENV)/.ready
 PY_INSTALLED := $(PY_VENV)/.mscclpp-installed
@@ -280,9 +281,9 @@ $(PY_FASTCALL): python/mscclpp/_fastcall.c
 $(PY_READY): scripts/setup-python.sh | deps
 	@scripts/setup-python.sh
 
-$(PY_INSTALLED): $(PY_READY) $(LIB_SO) $(HEADERS) $(PY_SOURCES) $(NCCL_SO)
-	$(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-input --no-build-isolation \
-	  --no-deps --force-reinstall ./python
+$(PY_INSTALLED): $(PY_READY) $(LIB_SO) $(HEADERS) $(PY_SOURCES) $(NCCL_SO) | $(LIB_LINKS)
+	LIBMSCCLPP_FROM_MAKE=1 $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-input \
+	  --no-build-isolation --no-deps --force-reinstall ./python
 	@touch $@
 
 # ---- running ----

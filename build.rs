@@ -287,12 +287,23 @@ fn find_nvcc(root: &Path) -> Option<PathBuf> {
     .find(|p| p.is_file())
 }
 
-/// A line of progress for whoever runs the build. Cargo shows a build script's output only when it fails, so
-/// the line goes to cargo's own standard error, where that is a terminal (clearing cargo's progress bar
-/// first) or a pipe; never to a file, which opening again would write at the wrong offset.
+/// A line of progress for whoever runs the build. Cargo shows a build script's output only when it fails (or
+/// with `-vv`), so the line goes
+/// - to the file `LIBMSCCLPP_BUILD_PROGRESS` names, where that is set: the Makefile sets it and prints the
+///   file as it grows (`scripts/with-build-progress.sh`), so that `make` shows each line when it is written,
+///   whether make's output is a terminal, a pipe or a log file. The variable is not declared to cargo
+///   (`rerun-if-env-changed`): whether it is set changes nothing that is built;
+/// - else to cargo's own standard error, where that is a terminal (clearing cargo's progress bar first) or a
+///   pipe; never to a file, which opening again would write at the wrong offset.
 fn progress(line: &str) {
     use std::io::Write;
     use std::os::unix::fs::FileTypeExt;
+    if let Some(file) = std::env::var_os("LIBMSCCLPP_BUILD_PROGRESS").filter(|v| !v.is_empty()) {
+        if let Ok(mut f) = fs::OpenOptions::new().append(true).create(true).open(&file) {
+            let _ = writeln!(f, "{line}");
+        }
+        return;
+    }
     let path = format!("/proc/{}/fd/2", std::os::unix::process::parent_id());
     let Ok(meta) = fs::metadata(&path) else {
         return;
@@ -305,6 +316,19 @@ fn progress(line: &str) {
         let clear = if kind.is_char_device() { "\r\x1b[2K" } else { "" };
         let _ = writeln!(f, "{clear}{line}");
     }
+}
+
+/// How long the kernels' compile may go without a progress line: a unit can take longer than this, so a
+/// line saying which units are still compiling comes at least this often.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The units still compiling, for a progress line: `f8e4m3, f8e5m2`.
+fn unit_names(running: &[(String, std::process::Child, std::time::Instant)]) -> String {
+    running
+        .iter()
+        .map(|(name, _, _)| name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Compiles `kernels/collectives/` into fatbins and writes `collective_kernels.rs` into OUT_DIR: a list of
@@ -385,14 +409,17 @@ fn compile_collective_kernels(root: &Path) {
     let started = std::time::Instant::now();
     if to_compile > 0 {
         progress(&format!(
-            "mscclpp build: compiling the collectives' CUDA kernels with nvcc ({to_compile} units, {jobs} at a time; \
-             about 70 s on 2 cores, then cached in target/kernel-cache/)"
+            "mscclpp build: compiling the collectives' CUDA kernels with nvcc: {to_compile} of {} units, {jobs} at \
+             a time (about 4 minutes on 2 cores; then cached in target/kernel-cache/)",
+            units.len()
         ));
     }
     let mut missing = units
         .iter()
         .filter(|(name, _)| !cache.join(format!("{name}.fatbin")).is_file());
-    let mut running: Vec<(String, std::process::Child)> = Vec::new();
+    let mut running: Vec<(String, std::process::Child, std::time::Instant)> = Vec::new();
+    let mut done = 0;
+    let mut last_line = std::time::Instant::now();
     loop {
         while running.len() < jobs
             && let Some((name, text)) = missing.next()
@@ -407,23 +434,31 @@ fn compile_collective_kernels(root: &Path) {
                 .arg(&partial)
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot run {}: {e}", nvcc.display()));
-            running.push((name.clone(), child));
+            running.push((name.clone(), child, std::time::Instant::now()));
         }
         if running.is_empty() {
             break;
         }
-        // The first unit to end.
+        // The first unit to end; while none does, a line at least every PROGRESS_EVERY.
         let (i, status) = loop {
-            let ended = running.iter_mut().enumerate().find_map(|(i, (name, child))| {
+            let ended = running.iter_mut().enumerate().find_map(|(i, (name, child, _))| {
                 let status = child.try_wait().unwrap_or_else(|e| panic!("nvcc for {name}: {e}"));
                 status.map(|s| (i, s))
             });
-            match ended {
-                Some(e) => break e,
-                None => std::thread::sleep(std::time::Duration::from_millis(50)),
+            if let Some(e) = ended {
+                break e;
             }
+            if last_line.elapsed() >= PROGRESS_EVERY {
+                progress(&format!(
+                    "mscclpp build: kernels: {done} of {to_compile} units done, compiling {} ({:.0} s so far)",
+                    unit_names(&running),
+                    started.elapsed().as_secs_f64()
+                ));
+                last_line = std::time::Instant::now();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         };
-        let (name, _) = running.swap_remove(i);
+        let (name, _, unit_started) = running.swap_remove(i);
         assert!(
             status.success(),
             "nvcc failed on the {name} collective kernels ({status})"
@@ -431,6 +466,13 @@ fn compile_collective_kernels(root: &Path) {
         let partial = cache.join(format!("{name}.fatbin.partial"));
         fs::rename(&partial, cache.join(format!("{name}.fatbin")))
             .unwrap_or_else(|e| panic!("cannot rename {}: {e}", partial.display()));
+        done += 1;
+        progress(&format!(
+            "mscclpp build: kernels: {name} compiled in {:.0} s ({done} of {to_compile} units, {:.0} s so far)",
+            unit_started.elapsed().as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        ));
+        last_line = std::time::Instant::now();
     }
 
     if to_compile > 0 {

@@ -1,19 +1,24 @@
-"""Builds the mscclpp wheel: the Python package plus the library it drives.
+"""Builds the mscclpp wheel: the Python package plus the libraries it drives.
 
-The package calls libmscclpp's C interface through ctypes; the library is built by its own build (cargo)
-and bundled as is:
+The package calls libmscclpp's C interface through ctypes; the wheel carries exactly what ``make`` builds into
+``build/``: ``libmscclpp.so.0`` with the collectives' CUDA kernels embedded, NCCL's face ``libnccl.so.2``
+(found by ``python -m mscclpp.nccl_path``) and the headers ``mscclpp.h`` and ``mscclppfifo.h``. Never a wheel
+without its kernels or without ``libnccl.so.2``:
 
-- in a checkout (this folder beside the repository's Cargo.toml) with cargo on the PATH, ``cargo build
-  --release`` runs at the repository root (cargo rebuilds only what changed) and the wheel takes
-  ``target/release/libmscclpp.so`` and the headers build.rs writes into ``build/include``;
-- without cargo, an existing ``build/lib/libmscclpp.so.0`` and ``build/include`` (made by ``make``
-  elsewhere) are taken;
-- otherwise the build stops and says what is missing.
+- run by ``make`` (which sets ``LIBMSCCLPP_FROM_MAKE=1`` after building them), the files of ``build/`` are
+  taken as they are;
+- in a checkout where ``make`` has built them before, ``make lib`` brings them up to date first (cargo
+  rebuilds only what changed: a second or two when nothing did);
+- in a checkout where nothing was built yet (a fresh clone), the build stops and says to run ``make`` first:
+  the first build installs CUDA's compiler and compiles the kernels, minutes that pip would spend without a
+  word;
+- without make or cargo (a ``build/`` made elsewhere), its files are taken as they are.
 
-The library goes into the package as ``mscclpp/_lib/libmscclpp.so.0`` and the headers into
-``mscclpp/_include/``. Where ``make`` has built the NCCL face (``build/lib/nccl/libnccl.so.2``), it goes in as
-``mscclpp/_lib/nccl/libnccl.so.2``, found by ``python -m mscclpp.nccl_path``; the wheel is made without it
-otherwise (the build says so).
+Whatever the way, the files are checked (both libraries, the headers, and CUDA fatbins inside
+``libmscclpp.so.0``) before anything is packed, and the build stops naming what is missing.
+
+The libraries go into the package as ``mscclpp/_lib/libmscclpp.so.0`` and ``mscclpp/_lib/nccl/libnccl.so.2``,
+the headers into ``mscclpp/_include/``.
 
 One small CPython extension is compiled too, ``mscclpp._fastcall`` (``mscclpp/_fastcall.c``: the
 collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.10, where
@@ -31,6 +36,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
@@ -43,28 +49,60 @@ except ImportError:  # pragma: no cover
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 HEADERS = ("mscclpp.h", "mscclppfifo.h")
+BUILD = REPO / "build"
+LIBRARY = BUILD / "lib" / "libmscclpp.so.0"
+NCCL_LIBRARY = BUILD / "lib" / "nccl" / "libnccl.so.2"
+INCLUDE = BUILD / "include"
+# A CUDA fatbin's header starts with this magic (0xBA55ED50, little-endian): libmscclpp embeds one per kernel
+# unit, and none when it was built without nvcc.
+FATBIN_MAGIC = b"\x50\xed\x55\xba"
 
 
-def _library_and_headers() -> tuple[Path, Path]:
-    """(the shared library, the folder with the generated headers), building them if cargo is here."""
-    cargo = os.environ.get("CARGO", "cargo")
-    include = REPO / "build" / "include"
-    if (REPO / "Cargo.toml").is_file() and shutil.which(cargo):
-        print(f"mscclpp: cargo build --release in {REPO}")
-        subprocess.run([cargo, "build", "--release"], cwd=REPO, check=True)
-        lib = REPO / "target" / "release" / "libmscclpp.so"
-    else:
-        lib = REPO / "build" / "lib" / "libmscclpp.so.0"
-        if not lib.is_file():
-            raise SystemExit(
-                "mscclpp: cannot build the library: cargo (the Rust toolchain, https://rustup.rs) is not on the PATH "
-                f"and there is no prebuilt {lib} (run make in the repository)"
+def _stop(why: str) -> NoReturn:
+    raise SystemExit(f"mscclpp: {why}")
+
+
+def _missing() -> list[str]:
+    """What of build/ the wheel needs is not there (paths relative to the repository)."""
+    wanted = [LIBRARY, NCCL_LIBRARY] + [INCLUDE / h for h in HEADERS]
+    return [str(p.relative_to(REPO)) for p in wanted if not p.is_file()]
+
+
+def _make_lib() -> None:
+    """``make lib`` at the repository root, as a build of its own: a make that runs pip (``make`` itself)
+    sets LIBMSCCLPP_FROM_MAKE and never gets here, so its jobserver and flags are not passed on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    print("mscclpp: make lib (brings build/lib up to date)")
+    r = subprocess.run(["make", "--no-print-directory", "lib"], cwd=REPO, env=env)
+    if r.returncode != 0:
+        _stop(f"make lib failed in {REPO} (exit status {r.returncode}); run make there and see its output")
+
+
+def _library_and_headers() -> tuple[Path, Path, Path]:
+    """(libmscclpp.so.0, libnccl.so.2, the folder with the generated headers), as make builds them."""
+    in_checkout = (REPO / "Makefile").is_file() and (REPO / "Cargo.toml").is_file()
+    from_make = os.environ.get("LIBMSCCLPP_FROM_MAKE") == "1"
+    if not from_make and in_checkout:
+        missing = _missing()
+        if missing:
+            _stop(
+                f"{', '.join(missing)} not built yet: run `make` in {REPO} first (the first build installs CUDA's "
+                "compiler and compiles the collectives' kernels, about 7 minutes on 2 cores), then pip install "
+                "./python again. The wheel carries libmscclpp.so.0 with its kernels and libnccl.so.2, as make "
+                "builds them."
             )
-        print(f"mscclpp: cargo not found; bundling the prebuilt {lib}")
-    missing = [h for h in HEADERS if not (include / h).is_file()]
-    if not lib.is_file() or missing:
-        raise SystemExit(f"mscclpp: the library build did not produce {lib} and {include}/{{{','.join(HEADERS)}}}")
-    return lib, include
+        if shutil.which("make") and shutil.which(os.environ.get("CARGO", "cargo")):
+            _make_lib()
+    missing = _missing()
+    if missing:
+        _stop(f"{', '.join(missing)} missing: run `make` in {REPO}, then pip install ./python again")
+    if FATBIN_MAGIC not in LIBRARY.read_bytes():
+        _stop(
+            f"{LIBRARY} has no CUDA kernels (it was built without nvcc): run `make` in {REPO}, which installs "
+            "CUDA's compiler, then pip install ./python again"
+        )
+    print(f"mscclpp: bundling {LIBRARY}, {NCCL_LIBRARY} and {INCLUDE}/{{{','.join(HEADERS)}}}")
+    return LIBRARY, NCCL_LIBRARY, INCLUDE
 
 
 class BuildPyWithLibrary(build_py):
@@ -72,21 +110,16 @@ class BuildPyWithLibrary(build_py):
 
     def run(self) -> None:
         super().run()
-        lib, include = _library_and_headers()
+        lib, nccl, include = _library_and_headers()
         pkg = Path(self.build_lib) / "mscclpp"
-        (pkg / "_lib").mkdir(parents=True, exist_ok=True)
+        (pkg / "_lib" / "nccl").mkdir(parents=True, exist_ok=True)
         (pkg / "_include").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lib, pkg / "_lib" / "libmscclpp.so.0")
         os.chmod(pkg / "_lib" / "libmscclpp.so.0", 0o755)
+        shutil.copyfile(nccl, pkg / "_lib" / "nccl" / "libnccl.so.2")
+        os.chmod(pkg / "_lib" / "nccl" / "libnccl.so.2", 0o755)
         for h in HEADERS:
             shutil.copyfile(include / h, pkg / "_include" / h)
-        nccl = REPO / "build" / "lib" / "nccl" / "libnccl.so.2"
-        if nccl.is_file():
-            (pkg / "_lib" / "nccl").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(nccl, pkg / "_lib" / "nccl" / "libnccl.so.2")
-            os.chmod(pkg / "_lib" / "nccl" / "libnccl.so.2", 0o755)
-        else:
-            print(f"mscclpp: {nccl} not built (make builds it): the package goes without the NCCL face")
 
 
 class PlatformWheel(bdist_wheel):
