@@ -297,7 +297,7 @@ endif
 test: all ## build, then run every test this machine can run (GPU tests: see gpu-test)
 	@LEGACY_HEADER='$(LEGACY_HEADER)' scripts/run-tests.sh
 
-gpu-test: $(RUN_DEPS) ## run the GPU tests of c-tests/ (2 GPUs; GPU_TEST_PARTS picks parts; see README)
+gpu-test: $(RUN_DEPS) ## run the GPU tests of c-tests/ (2 GPUs; GPU_TEST_PARTS picks parts; see docs/testing.md)
 	@bash c-tests/run_gpu_tests.sh
 
 gpu-test-quick: $(RUN_DEPS) ## every GPU test program once, smallest configuration (2 GPUs, under 6 minutes)

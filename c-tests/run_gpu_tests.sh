@@ -106,7 +106,7 @@ for n in $collective_ranks; do
   run_collectives "collectives_kill_$n" 180 "$bin_dir/collectives_test" kill "$n"
   # Each exit case ends processes with kernels running: under MPS the server may then refuse new clients
   # (cudaErrorInitializationError) for longer than a case waits (seen: over 30 s at 4 ranks and more), so
-  # each case gets a fresh server (README, "When a rank fails").
+  # each case gets a fresh server (docs/failures.md, "A process that ends").
   for c in exit_in_flight exit_after_kill exit_after_fault; do
     mps_recover >/dev/null
     run_collectives "collectives_${c}_$n" 150 "$bin_dir/collectives_test" "$c" "$n"

@@ -1,7 +1,7 @@
 /*
  * nccl.h of libmscclpp's NCCL face (build/lib/nccl/libnccl.so.2): the C interface of NCCL 2.32.3 (its
  * functions, values and layouts), so that programs written for NCCL compile and run unchanged against
- * this library. Written for this library from the facts of the interface; the README's "NCCL's API" says
+ * this library. Written for this library from the facts of the interface; docs/nccl.md says
  * which functions are carried out and which return ncclInvalidUsage for now.
  *
  * C11 or later, C++11 or later; needs no CUDA header (cudaStream_t is declared as cuda_runtime.h does).

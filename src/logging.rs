@@ -93,7 +93,7 @@ pub fn parse_level(value: Option<&str>) -> LevelFilter {
 
 /// The subsystem of a log target: `mscclpp::bootstrap::socket` -> `BOOTSTRAP`. The C boundary's lines
 /// (`abi`, `mscclpp_abi`) keep the name they had before those modules were split out, `FFI`: applications
-/// and the README match on it.
+/// and the documents (docs/mscclpp.md, "Logging") match on it.
 fn subsystem(target: &str) -> String {
     let mut parts = target.split("::");
     let first = parts.next().unwrap_or("");

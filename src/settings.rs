@@ -4,11 +4,11 @@
 //! The process environment is read once, at the first use of any setting, and kept: a setting means the
 //! same thing for the whole life of the process. A bad value is either warned about (the warning names the
 //! variable and the value, and the default applies) or, where running on could corrupt data or silently
-//! talk past peers, an error naming the variable (`OnBadValue`). The README's settings table lists every
+//! talk past peers, an error naming the variable (`OnBadValue`). docs/settings.md's table lists every
 //! setting; a test below fails when the table and this one differ, or when code elsewhere reads the
 //! environment.
 //!
-//! To add a setting: declare a `pub static` here, add it to `ALL`, add a row to the README's table, and
+//! To add a setting: declare a `pub static` here, add it to `ALL`, add a row to docs/settings.md's table, and
 //! read it through `Setting::flag` / `int` / `choice` / `text` (or a `Source` in tests).
 //!
 //! Our settings carry the `MSCCLPP_` prefix. The few `NCCL_*` variables the NCCL face (`crate::nccl`)
@@ -289,7 +289,7 @@ setting!(
     "read by the Python package at import (the library only logs it): `0` turns off the collectives' compiled fast path (`mscclpp._fastcall`), every call then going through ctypes; `1`: on where it was built"
 );
 
-/// Every setting, in the order the README lists them.
+/// Every setting, in the order docs/settings.md lists them.
 pub static ALL: &[&Setting] = &[
     &DEBUG,
     &DEBUG_FILE,
@@ -584,17 +584,17 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_table_lists_every_setting_and_the_code_reads_no_other() {
+    fn the_settings_table_lists_every_setting_and_the_code_reads_no_other() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-        let table: HashSet<String> = readme
+        let doc = std::fs::read_to_string(root.join("docs/settings.md")).unwrap();
+        let table: HashSet<String> = doc
             .lines()
             .filter_map(|l| l.strip_prefix("| `"))
             .filter(|l| l.starts_with("MSCCLPP_") || l.starts_with("NCCL_"))
             .map(|l| l[..l.find('`').unwrap()].to_string())
             .collect();
         let declared: HashSet<String> = ALL.iter().map(|s| s.name.to_string()).collect();
-        assert_eq!(table, declared, "the README's settings table and settings::ALL differ");
+        assert_eq!(table, declared, "docs/settings.md's table and settings::ALL differ");
 
         // The header's macros (`MSCCLPP_PROXY_FIFO_SIZE`, feature macros) are named in comments; they are
         // not settings.

@@ -2095,7 +2095,7 @@ int runExit(int nranks, int port, ExitMode mode)
   }
   const int victim = mode == kExitAfterKill ? nranks - 1 : -1;
   // The previous case's processes ended with kernels running: under MPS the server may refuse new clients
-  // until it has cleaned up after them (README, "When a rank fails").
+  // until it has cleaned up after them (docs/failures.md, "A process that ends").
   const std::string gpu = waitForGpuClients(30 * scale);
   if (!gpu.empty()) {
     printf("FAIL %s: the GPU took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());

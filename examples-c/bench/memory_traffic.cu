@@ -1,6 +1,6 @@
 // How fast SM kernels move memory between two processes that share one GPU (two ranks under MPS), laid out
 // as the zero-copy kernels could lay it out, against the copy engine: the probe behind the zero-copy
-// kernels' layout (docs/PERFORMANCE.md, zero-copy). Two processes (fork before CUDA), each a rank with an
+// kernels' layout (docs/PERFORMANCE-HISTORY.md, zero-copy). Two processes (fork before CUDA), each a rank with an
 // input and an output of `bytes`, each mapping the other's through CUDA IPC. Cases (N = bytes, traffic =
 // bytes read and written by both ranks together):
 //   ce_pull      the copy engine copies the peer's input into this rank's output (4 N)

@@ -49,7 +49,7 @@ from bench_ranks import free_port, supervise  # beside this file
 # again): multicast objects must never be created on these machines.
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"  # SymmetricMemory likewise
-# Kernels load when a context is made, not at their first launch (README.md, "Lazy module loading"): a rank
+# Kernels load when a context is made, not at their first launch (docs/mscclpp.md, "Lazy module loading"): a rank
 # must not sit in a lazy load, which waits for its GPU, while that GPU runs a collective waiting for a peer.
 # The caller's setting wins.
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")

@@ -57,7 +57,7 @@ import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-# Kernels load when a context is made, not at their first launch (README.md, "Lazy module loading"): a rank
+# Kernels load when a context is made, not at their first launch (docs/mscclpp.md, "Lazy module loading"): a rank
 # must not sit in a lazy load, which waits for its GPU, while that GPU runs a collective waiting for a peer.
 os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 

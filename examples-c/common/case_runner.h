@@ -542,7 +542,7 @@ inline std::string initRank(Rank& R)
 {
   // Kernels load when the process starts, not at their first launch: a lazy first launch takes a driver
   // lock, and waits for the GPU, while an earlier kernel may be waiting on the proxy, whose next CUDA call
-  // needs that lock (a deadlock; README.md, "Lazy module loading"). The runner's environment wins.
+  // needs that lock (a deadlock; docs/mscclpp.md, "Lazy module loading"). The runner's environment wins.
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   TC_CUDA(cudaGetDeviceCount(&R.nGpus));
   TC_EXPECT(R.nGpus > 0, "no CUDA device visible");

@@ -3,7 +3,7 @@
  * types and layouts), so that a program that calls them compiles against this library and runs on it.
  * Written for this library from the facts of the interface.
  *
- * What each call does here (README, "NCCL's API"): the teams, ncclCommQueryProperties and the peer
+ * What each call does here (docs/nccl.md, "The host side of the device API"): the teams, ncclCommQueryProperties and the peer
  * pointers of a window are answered; what needs NCCL's device kernels (ncclDevCommCreate, the barrier,
  * GIN and LL all-to-all requirements) or NVLink multicast (the multimem pointers, CFT) returns
  * ncclInvalidUsage with a log line saying so. This library never uses NVLink multicast.

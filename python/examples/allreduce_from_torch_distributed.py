@@ -107,7 +107,7 @@ def set_environment() -> None:
     # NCCL must never use NVLink multicast (NVLS) on these machines; NCCL reads this when its first
     # communicator is made, inside torch.distributed.
     os.environ["NCCL_NVLS_ENABLE"] = "0"
-    # Kernels load when the context is made, not at their first launch (see the README, "Lazy module
+    # Kernels load when the context is made, not at their first launch (see docs/mscclpp.md, "Lazy module
     # loading"): a lazy load in one rank must not wait for a GPU busy with a collective that waits for it.
     os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 

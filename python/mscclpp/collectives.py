@@ -5,7 +5,7 @@ Every rank of the communicator makes the same calls in the same order. A call qu
 and returns at once (it never waits for the GPU), so it can be captured in a CUDA graph
 (``torch.cuda.graph``) and replayed. No registration and no ``connect``/``setup`` are needed: any
 contiguous CUDA buffer of the communicator's GPU will do; the first call sets the collectives up on every
-rank (see the README, section "Collectives")::
+rank (see docs/collectives.md)::
 
     import mscclpp, torch
     with mscclpp.Communicator(2, rank, unique_id=uid, device=gpu) as comm:

@@ -1,6 +1,6 @@
 """Where this package's NCCL library is: ``python -m mscclpp.nccl_path`` prints the path of the
-``libnccl.so.2`` built from the same tree as the package's ``libmscclpp`` (the NCCL face, README section
-"NCCL's API"), for preloading it under PyTorch::
+``libnccl.so.2`` built from the same tree as the package's ``libmscclpp`` (the NCCL face, docs/nccl.md,
+"Loading it"), for preloading it under PyTorch::
 
     LD_PRELOAD=$(python -m mscclpp.nccl_path) torchrun --nproc-per-node 2 train.py
 

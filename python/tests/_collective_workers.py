@@ -509,5 +509,5 @@ def call_cost(rank: int, address: str, calls: int) -> Dict[str, Any]:
 
 
 def env_for_tests() -> Dict[str, str]:
-    """What every rank's environment gets: kernels loaded eagerly (see the README's "Lazy module loading")."""
+    """What every rank's environment gets: kernels loaded eagerly (see docs/mscclpp.md, "Lazy module loading")."""
     return {"CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "EAGER")}

@@ -87,7 +87,7 @@ def _kernels() -> Any:
 
 def _prepare(rank: int, framework: str) -> int:
     """Picks this rank's GPU and makes the framework use it; skips when something needed is missing."""
-    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # see the README: kernels that wait on each other
+    os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")  # docs/mscclpp.md: kernels that wait on each other
     try:
         import cupy  # noqa: F401
     except ImportError:
