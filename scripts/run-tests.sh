@@ -10,12 +10,13 @@
 # as its runner reports it (a runner's last "N passed, N failed[, N skipped]" line; a runner that prints none
 # counts as one test, by its exit status). GPU tests need two GPUs; here they are only compiled (by `make`),
 # and counted as skipped when fewer than two are present. The legacy-ABI test needs MSCCL++ 0.1.0's header
-# (LEGACY_HEADER, which `make test` passes on); without it, it is counted as skipped.
+# (LEGACY_HEADER, which `make test` passes on; CONTRIBUTING.md says where it comes from); without it, it is
+# counted as skipped.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
-LEGACY_HEADER=${LEGACY_HEADER:-../shared/reference/mscclpp-0.1.0.h}
+LEGACY_HEADER=${LEGACY_HEADER:-.legacy/mscclpp-0.1.0.h}
 logs=build/test-logs
 mkdir -p "$logs"
 passed=0
@@ -55,7 +56,12 @@ note_skips() {
   else
     local more=""
     ((n > 4)) && more=$'\n      ... and '$((n - 4))' more reasons in its log'
-    skip_notes+=("$1: $2 skipped:"$'\n'"$(printf '%s\n' "$3" | head -n 4 | cut -c1-150 | sed 's/^/      /')$more")
+    # Each reason whole, wrapped at spaces (never cut inside a word), its further lines indented deeper.
+    local reasons="" reason
+    while IFS= read -r reason; do
+      reasons+=$'\n'"$(printf '%s\n' "$reason" | fold -s -w 104 | sed -e 's/ *$//' -e '1s/^/      /' -e '2,$s/^/        /')"
+    done < <(printf '%s\n' "$3" | head -n 4)
+    skip_notes+=("$1: $2 skipped:$reasons$more")
   fi
 }
 
@@ -160,7 +166,7 @@ if [[ -f $LEGACY_HEADER ]]; then
     failures+=("legacy-abi (not built)")
   fi
 else
-  skip_group legacy-abi 1 "MSCCL++ 0.1.0's mscclpp.h is not at LEGACY_HEADER=$LEGACY_HEADER (not part of this repository): run make test LEGACY_HEADER=path/to/that/mscclpp.h"
+  skip_group legacy-abi 1 "no MSCCL++ 0.1.0 mscclpp.h at LEGACY_HEADER=$LEGACY_HEADER (not part of this repository; CONTRIBUTING.md, \"The legacy header\", says where to get one)"
 fi
 
 # 6. The Python package's tests (pytest in build/python-venv, against the package installed there by make);

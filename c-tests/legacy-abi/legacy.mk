@@ -3,8 +3,9 @@
 # CUDA_ORDER are defined: prerequisites are expanded when the rule is read). Paths are relative to the
 # repository root.
 #
-# The 0.1.0 header is not part of this repository: it is copied at build time from LEGACY_HEADER (MSCCL++
-# 0.1.0's mscclpp.h; `make LEGACY_HEADER=path/to/mscclpp.h`) into build/legacy-include/mscclpp.h. Without it
+# The 0.1.0 header is not part of this repository (CONTRIBUTING.md, "The legacy header", says where it comes
+# from): it is copied at build time from LEGACY_HEADER (by default .legacy/mscclpp-0.1.0.h, a git-ignored
+# place for it; or `make LEGACY_HEADER=path/to/mscclpp.h`) into build/legacy-include/mscclpp.h. Without it
 # the target is skipped with a message, and `make test` counts the legacy-ABI test as skipped. The header includes
 # <mscclppfifo.h>, which comes from c-tests/legacy-abi/include (written from the documented wire format).
 #
@@ -13,7 +14,7 @@
 #                         build/bench/legacy/{pingpong,bidir_put}: the benchmarks, with the legacy device
 #                         code (its FIFO push) on our proxy, run by run_bench.sh beside ours
 
-LEGACY_HEADER ?= ../shared/reference/mscclpp-0.1.0.h
+LEGACY_HEADER ?= .legacy/mscclpp-0.1.0.h
 LEGACY_INCLUDE_DIR := build/legacy-include
 LEGACY_ABI_BIN := build/tests/gpu/legacy_allgather
 LEGACY_ABI_SRC := c-tests/legacy-abi/legacy_allgather.cu
@@ -29,7 +30,7 @@ LEGACY_NVCCFLAGS ?= $(if $(CUDA_ARCH),$(CUDA_ARCH),-arch=sm_90) -std=c++17 $(NVC
 
 ifeq ($(wildcard $(LEGACY_HEADER)),)
 legacy-abi: ## the programs built on MSCCL++ 0.1.0's header (LEGACY_HEADER)
-	@echo "legacy-abi: skipped (legacy header $(LEGACY_HEADER) not found; make LEGACY_HEADER=path/to/mscclpp.h)"
+	@echo "legacy-abi: skipped: no MSCCL++ 0.1.0 mscclpp.h at LEGACY_HEADER=$(LEGACY_HEADER) (CONTRIBUTING.md, \"The legacy header\", says where to get one)"
 else
 LEGACY_BENCHES := build/bench/legacy/pingpong build/bench/legacy/bidir_put
 # GPU tests whose source also builds on the 0.1.0 header: the same test with the legacy device code.
