@@ -99,6 +99,38 @@ if [ -x "$bin_dir/bootstrap_test" ]; then
   cross_host
 fi
 
+# mscclpp.h and mscclppfifo.h are C++ (as the 0.1.0 header was): included from C, each one's first error is
+# its own #error saying so, not a syntax error further down.
+headers_from_c() {
+  local header first cc="${CC:-cc}"
+  for header in mscclpp.h mscclppfifo.h; do
+    if ! command -v "$cc" >/dev/null 2>&1; then
+      skipped=$((skipped + 1))
+      echo "SKIP $header from C: no C compiler ($cc)"
+      continue
+    fi
+    ran=$((ran + 1))
+    if printf '#include <%s>\n' "$header" | "$cc" -std=c11 -fsyntax-only -I "$repo/build/include" -x c - \
+        >"$out" 2>&1; then
+      failed=$((failed + 1))
+      echo "FAIL $header from C: it compiled as C, though it is a C++ header"
+      continue
+    fi
+    first=$(grep -m 1 'error' "$out")
+    if [[ $first == *"#error"*"$header is a C++ header"* ]]; then
+      passed=$((passed + 1))
+      echo "PASS $header from C: stops at its #error ($first)"
+    else
+      failed=$((failed + 1))
+      echo "FAIL $header from C: the first error is not the header's #error"
+      sed 's/^/    /' "$out" | head -n 10
+    fi
+  done
+}
+if [ -f "$repo/build/include/mscclpp.h" ]; then
+  headers_from_c
+fi
+
 if [ "$ran" -eq 0 ]; then
   echo "no host tests found in $bin_dir (build them with make first)"
 fi

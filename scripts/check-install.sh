@@ -7,7 +7,7 @@
 # - installs the shared libraries stripped, each linked to a .debug file that holds its debug information,
 #   exporting the same names as the libraries in build/, and the static library without debug information;
 # - writes .pc files that name PREFIX, through which a program of each API compiles, links and runs
-#   (nccl.pc's run path included);
+#   (each one's run path included);
 # and that uninstall leaves the staging tree exactly as it was before install (files put there beforehand,
 # as a user's, stay).
 # Ends with "install tests: N passed, N failed".
@@ -149,8 +149,12 @@ check "nccl.pc's Libs set the run path to PREFIX/lib/mscclpp-nccl" \
 check "the program runs on the installed libnccl.so.2, found through that run path alone" \
   bash -c "env -u LD_LIBRARY_PATH '$stage/nccl_app' && env -u LD_LIBRARY_PATH ldd '$stage/nccl_app' | grep -q '=> $base/lib/mscclpp-nccl/libnccl.so.2'"
 # shellcheck disable=SC2046
-check "a program of mscclpp.h builds through mscclpp.pc and runs on the installed libmscclpp.so.0" \
-  bash -c "g++ -std=c++11 -Wall -Werror $(pc_field "$mscclpp_pc" Cflags "$dest") '$stage/mscclpp_app.cpp' -o '$stage/mscclpp_app' $(pc_field "$mscclpp_pc" Libs "$dest") && LD_LIBRARY_PATH='$base/lib' '$stage/mscclpp_app'"
+check "a program of mscclpp.h builds through mscclpp.pc" \
+  bash -c "g++ -std=c++11 -Wall -Werror $(pc_field "$mscclpp_pc" Cflags "$dest") '$stage/mscclpp_app.cpp' -o '$stage/mscclpp_app' $(pc_field "$mscclpp_pc" Libs "$dest")"
+check "mscclpp.pc's Libs set the run path to PREFIX/lib" \
+  bash -c "[[ ' $(pc_field "$mscclpp_pc" Libs "") ' == *' -Wl,-rpath,$prefix/lib '* ]]"
+check "the program runs on the installed libmscclpp.so.0, found through that run path alone" \
+  bash -c "env -u LD_LIBRARY_PATH '$stage/mscclpp_app' && env -u LD_LIBRARY_PATH ldd '$stage/mscclpp_app' | grep -q '=> $base/lib/libmscclpp.so.0'"
 # shellcheck disable=SC2046
 check "and statically, with libmscclpp.a and mscclpp.pc's Libs.private" \
   bash -c "g++ -std=c++11 $(pc_field "$mscclpp_pc" Cflags "$dest") '$stage/mscclpp_app.cpp' -o '$stage/mscclpp_static' '$base/lib/libmscclpp.a' $(pc_field "$mscclpp_pc" Libs.private "$dest") && ! readelf -d '$stage/mscclpp_static' | grep -q libmscclpp && '$stage/mscclpp_static'"

@@ -42,11 +42,12 @@ pub fn from_core(r: mscclppResult_t) -> ncclResult_t {
 pub fn describe(result: i32) -> &'static CStr {
     match result {
         0 => c"no error",
-        1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
-        2 => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        // Why a call failed was logged at WARN (the default level) and is kept for ncclGetLastError.
+        1 => c"unhandled cuda error (see the WARN line logged for it, or ncclGetLastError)",
+        2 => c"unhandled system error (see the WARN line logged for it, or ncclGetLastError)",
         3 => c"internal error - please report this issue to the libmscclpp developers",
-        4 => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
-        5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        4 => c"invalid argument (the WARN line logged for it, or ncclGetLastError, names the argument)",
+        5 => c"invalid usage (the WARN line logged for it, or ncclGetLastError, says why)",
         6 => c"remote process exited or there was a network error",
         7 => c"NCCL operation in progress",
         8 => c"operation timed out (a peer did not answer within the deadline)",
@@ -161,6 +162,15 @@ mod tests {
         }
         assert_eq!(describe(9).to_str().unwrap(), "unknown result code");
         assert_eq!(describe(-1).to_str().unwrap(), "unknown result code");
+        // NVIDIA's strings send the reader to NCCL_DEBUG; here the failing call has already logged why at
+        // WARN, the default, so a string points at that line and at ncclGetLastError instead.
+        for text in &all {
+            let text = text.to_str().unwrap();
+            assert!(!text.contains("NCCL_DEBUG"), "{text}");
+        }
+        for code in [1, 2, 4, 5] {
+            assert!(describe(code).to_str().unwrap().contains("ncclGetLastError"));
+        }
     }
 
     #[test]
