@@ -59,7 +59,9 @@ fn main() {
     for (template, header) in HEADERS {
         let text = render(&root, template, &structs, &api);
         let path = out_dir.join(header);
-        write_if_changed(&path, &text);
+        if write_if_changed(&path, &text) {
+            stamp_as_of_script_start(&path);
+        }
         // Regenerate if the output is removed (for example by `make clean`) while target/ survives.
         println!("cargo:rerun-if-changed={INCLUDE_OUT}/{header}");
     }
@@ -218,14 +220,35 @@ fn without_file_note(text: &str) -> &str {
 }
 
 /// Replaces `path` only when its contents change, so that the Makefile does not rebuild every C and CUDA
-/// program after each cargo run; the rename keeps concurrent cargo runs from seeing half a header.
-fn write_if_changed(path: &Path, text: &str) {
+/// program after each cargo run; the rename keeps concurrent cargo runs from seeing half a header. Says
+/// whether it wrote.
+fn write_if_changed(path: &Path, text: &str) -> bool {
     if fs::read_to_string(path).is_ok_and(|old| old == text) {
-        return;
+        return false;
     }
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     fs::write(&tmp, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", tmp.display()));
     fs::rename(&tmp, path).unwrap_or_else(|e| panic!("cannot rename onto {}: {e}", path.display()));
+    true
+}
+
+/// A header this script writes is also watched (`rerun-if-changed`, so that a removed one is made again).
+/// Written now, it would look changed after the script started, and cargo would run the script, and rebuild
+/// the crate, once more at the next build (the first `make test` after a fresh `make` did). So it gets the
+/// time cargo started the script: that of `invoked.timestamp`, which cargo writes beside OUT_DIR just
+/// before it runs the script. Still later than every program built before this run, so make rebuilds those
+/// that include it. Where that file is not found, the header keeps the time it was written.
+fn stamp_as_of_script_start(path: &Path) {
+    let started = std::env::var_os("OUT_DIR")
+        .map(PathBuf::from)
+        .and_then(|out| out.parent().map(|dir| dir.join("invoked.timestamp")))
+        .and_then(|stamp| fs::metadata(stamp).ok())
+        .and_then(|meta| meta.modified().ok());
+    if let Some(time) = started
+        && let Ok(file) = fs::File::options().write(true).open(path)
+    {
+        let _ = file.set_modified(time);
+    }
 }
 
 /// Compiles `src/cxx/*.cpp` into the library (they see the generated headers) and links the C++ runtime.
