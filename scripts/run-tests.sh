@@ -6,7 +6,7 @@
 # A group's whole output goes to build/test-logs/<group>.log: the WARN and ERROR lines that tests provoke on
 # purpose stay there. A group that fails also prints its FAIL lines (or, where it has none, its last lines).
 #
-# Counts: each Rust test, each check of the layout test, each C, Python, README, install and legacy-ABI test
+# Counts: each Rust test, each check of the layout test, each C, Python, documentation, install and legacy-ABI test
 # as its runner reports it (a runner's last "N passed, N failed[, N skipped]" line; a runner that prints none
 # counts as one test, by its exit status). GPU tests need two GPUs; here they are only compiled (by `make`),
 # and counted as skipped when fewer than two are present. The legacy-ABI test needs MSCCL++ 0.1.0's header
@@ -179,7 +179,7 @@ else
   failures+=("python tests (not built)")
 fi
 
-# 7. What the README promises (files, run bits, make targets, settings, the wheel's tag), the source tree's
+# 7. What the documents promise (files, run bits, links, make targets, settings, the wheel's tag), the source tree's
 # layers (scripts/check-layers.py: no import from the core to a face, none between the faces, no loop), and
 # make install.
 run_group "readme" python3 scripts/check-readme.py
