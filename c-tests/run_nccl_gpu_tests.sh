@@ -23,8 +23,8 @@
 # Logs go to $GPU_TEST_LOG_DIR (default build/test-logs). PYTHON names the interpreter (default python3).
 # GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
 # nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-sendrecv-2, nccl-sendrecv-3
-# (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4, nccl-pg-sequence,
-# nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
+# (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4,
+# nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
 # run, torch_zero_copy), nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
 set -u
@@ -92,6 +92,19 @@ for n in 2 4; do
   part "nccl-suspend-$n" || continue
   before=$failed
   run_program "nccl_suspend_test_$n" 700 build/tests/nccl-gpu/nccl_suspend_test "$n"
+  recover "$before"
+done
+# Windows and suspensions together (c-tests/nccl-gpu/nccl_window_suspend_test.cu: vLLM's sleep mode before a
+# symmetric all-reduce, and a window registered before a suspend and used after the resume), 20 cycles each,
+# at 4 and 8 ranks (8 where want_8_ranks says so, or under MPS, where 8 ranks on fewer GPUs run side by side).
+for n in 4 8; do
+  part "nccl-window-suspend-$n" || continue
+  if [ "$n" = 8 ] && ! want_8_ranks && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    echo "SKIP nccl_window_suspend_test_8: 8 ranks need 8 GPUs, MPS, or MSCCLPP_TEST_8_RANKS=1 ($n_gpus GPUs, no MPS)"
+    continue
+  fi
+  before=$failed
+  run_program "nccl_window_suspend_test_$n" 900 build/tests/nccl-gpu/nccl_window_suspend_test "$n"
   recover "$before"
 done
 if part nccl-pg-sequence; then

@@ -62,7 +62,8 @@
 //       code, ncclGetLastError names the dead rank; the survivors then ncclCommShrink the dead rank out
 //       (NCCL_SHRINK_ABORT), run an all-reduce on their new communicator checked against the host
 //       reference, destroy it, and ncclCommAbort the old one
-//   initall: ncclCommInitAll in one process with one device, and with every GPU where there are several
+//   initall: ncclCommInitAll in one process with one device, with a device that does not exist (refused at
+//       once, ncclInvalidArgument naming it and the count), and with every GPU where there are several
 //       (all-reduces on each in one group)
 //
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
@@ -2192,6 +2193,27 @@ std::string caseInitAllDevices(Rank& R, int ndev)
   return why;
 }
 
+// A device that does not exist (cupy's test_send_recv on a machine of one GPU passes {0, 1}):
+// ncclInvalidArgument at once, naming the device and the count, and no communicator made.
+std::string caseInitAllMissingDevice(Rank& R)
+{
+  std::vector<int> devs = {0, R.nGpus};
+  std::vector<ncclComm_t> comms(2, nullptr);
+  const double t0 = nowSec();
+  ncclResult_t r = ncclCommInitAll(comms.data(), 2, devs.data());
+  const double took = nowSec() - t0;
+  const std::string e = lastError(nullptr);
+  TC_EXPECT(r == ncclInvalidArgument, "ncclCommInitAll(2, {0, %d}) with %d GPU(s) returned %s, expected "
+            "ncclInvalidArgument", R.nGpus, R.nGpus, resultName(r));
+  TC_EXPECT(took < 2.0, "ncclCommInitAll with a missing device took %.1f s to fail", took);
+  TC_EXPECT(e.find(fmt("device %d", R.nGpus)) != std::string::npos &&
+                e.find(fmt("%d CUDA device", R.nGpus)) != std::string::npos,
+            "the last error does not name the device and the count: %s", e.c_str());
+  TC_EXPECT(comms[0] == nullptr && comms[1] == nullptr, "a communicator was handed out");
+  R.info = fmt("%.0f ms", took * 1e3);
+  return "";
+}
+
 int initAllRank(Rank& R)
 {
   std::string why = setUpRank(R);
@@ -2200,6 +2222,7 @@ int initAllRank(Rank& R)
     return 1;
   }
   runCase(R, "initall_one_device", [&] { return caseInitAllOne(R); });
+  runCase(R, "initall_missing_device", [&] { return caseInitAllMissingDevice(R); });
   if (R.nGpus > 1) {
     const int ndev = std::min(R.nGpus, 8);
     runCase(R, fmt("initall_%d_devices_allreduce_in_one_group", ndev), [&] { return caseInitAllDevices(R, ndev); });

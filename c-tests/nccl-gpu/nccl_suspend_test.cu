@@ -23,7 +23,7 @@
 //   captured in a CUDA graph after the resume, replayed 3 times; second_suspend_resume and
 //   flags_0_suspends_without_releasing: again, with NCCL_SUSPEND_MEM and with 0, the collectives checked after
 //   each; timing: 5 suspend/resume cycles, the median microseconds of each call (and of the first all-reduce
-//   after a resume, which loads the kernels again, against a later one) on the PASS line; destroy.
+//   after a resume, against a later one) on the PASS line; destroy.
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline; each rank also has an alarm.
@@ -409,7 +409,7 @@ std::string caseSuspendResumeAgain(Rank& R, int flags, uint32_t salt)
   return together(R, collectives(R, salt, "after the resume"), "after the collectives");
 }
 
-// kCycles suspend/resume cycles; each followed by a first small all-reduce (which loads the kernels again)
+// kCycles suspend/resume cycles; each followed by a first small all-reduce
 // and a second, timed to the end of the stream.
 std::string caseTiming(Rank& R)
 {

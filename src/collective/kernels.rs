@@ -72,6 +72,43 @@ pub struct LoadedKernels {
     modules: HashMap<&'static str, Module>,
 }
 
+/// Every unit of collective kernels, loaded into a context with each of its kernels: what a set-up loads
+/// before it meets the peers (`Collectives::set_up`), and what a suspend keeps.
+///
+/// Why all of them, and then: loading a module waits for the GPU, and under MPS for the kernels of every
+/// client of it. A rank that loaded a unit at its first use, while the peers sharing its GPU had launched
+/// the same call and spun waiting for it, waited for them for ever (four ranks on one H200, resumed and
+/// then all-reducing at different moments: three spun, the fourth sat in `cuModuleLoadData`). A set-up
+/// ends in an exchange with every peer, so a unit loaded before it is loaded before any peer's kernel of
+/// this communicator can wait on this rank.
+pub struct Units {
+    modules: HashMap<&'static str, Module>,
+}
+
+impl Units {
+    /// Loads every embedded unit and every kernel in it (none where the library was built without them:
+    /// the first launch then says so).
+    pub fn load(gpu: &GpuContext) -> Result<Units> {
+        let started = std::time::Instant::now();
+        let mut modules = HashMap::new();
+        let (mut bytes, mut kernels) = (0usize, 0usize);
+        for (unit, image) in embedded::FATBINS {
+            let module = Module::load(gpu, image, &format!("collective ({unit})"))?;
+            kernels += module.load_every_kernel()?;
+            bytes += image.len();
+            modules.insert(*unit, module);
+        }
+        if !modules.is_empty() {
+            log::info!(
+                "collective kernels loaded: {} units, {kernels} kernels, {bytes} bytes of images, in {:.1} ms",
+                modules.len(),
+                started.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(Units { modules })
+    }
+}
+
 impl LoadedKernels {
     pub fn new(gpu: GpuContext, multiprocessors: u32, gpu_sharers: usize) -> LoadedKernels {
         LoadedKernels {
@@ -81,6 +118,19 @@ impl LoadedKernels {
             kernels: HashMap::new(),
             modules: HashMap::new(),
         }
+    }
+
+    /// The kernels of a communicator's collectives, from units loaded before the set-up's exchange.
+    pub fn from_units(gpu: GpuContext, multiprocessors: u32, gpu_sharers: usize, units: Units) -> LoadedKernels {
+        LoadedKernels {
+            modules: units.modules,
+            ..LoadedKernels::new(gpu, multiprocessors, gpu_sharers)
+        }
+    }
+
+    /// The units, for a suspend to keep (the kernels found in them are found again after the resume).
+    pub fn into_units(self) -> Units {
+        Units { modules: self.modules }
     }
 
     /// Whether `get` would load a module first (which a graph capture must allow: `RelaxedCapture`, entered

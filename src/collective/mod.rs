@@ -214,15 +214,17 @@ impl Collectives {
             0 => u32::MAX,
             n => n,
         };
+        // Every kernel is loaded before the exchange in `Scratch::set_up` (`kernels::Units`); a suspend
+        // keeps them.
+        let (units, side_streams) = match kept {
+            Some(k) => (k.units, k.side_streams),
+            None => (kernels::Units::load(gpu)?, SideStreams::new(gpu)),
+        };
         let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit)?;
         log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
         self.zero_copy.set_up(gpu, bootstrap.rank(), bootstrap.nranks())?;
-        let side_streams = match kept {
-            Some(k) => k.side_streams,
-            None => SideStreams::new(gpu),
-        };
         Ok(Ready {
-            kernels: LoadedKernels::new(*gpu, scratch.multiprocessors, scratch.gpu_sharers),
+            kernels: LoadedKernels::from_units(*gpu, scratch.multiprocessors, scratch.gpu_sharers, units),
             side_streams,
             scratch,
             abort,

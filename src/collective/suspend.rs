@@ -4,9 +4,10 @@
 //!
 //! What a suspend releases: this rank's scratch (one allocation: its two slots and the areas that follow
 //! them, send and receive's among them) and the mappings of the peers' scratch (which is what lets a peer's
-//! memory go once every rank that mapped it has suspended), the kernels' state words, and the loaded
-//! kernel modules (one rank's too, with its signal area of the one-sided calls, made again at its next
-//! one). What it keeps, because it holds no device memory of ours or must outlive the suspension: the abort
+//! memory go once every rank that mapped it has suspended), the kernels' state words, and one rank's loaded
+//! kernels with its signal area of the one-sided calls (made again at its next one). What it keeps, because
+//! it holds no device memory of ours or must outlive the suspension, or because making it again would not
+//! be safe: the loaded kernels of a communicator of several ranks (`kernels::Units`), the abort
 //! word (pinned host memory, so that an abort still ends every wait), this rank's registrations and their
 //! export to the peers, the peers' registered buffers mapped here for zero-copy with their table (pinned
 //! host memory; the buffers are the peers' own, which their registrations keep alive anyway), and the copy
@@ -26,6 +27,7 @@
 use super::Collectives;
 use super::copy_engine::SideStreams;
 use super::kernel_args::STATE_ZC_CALLS;
+use super::kernels::Units;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::gpu::GpuContext;
@@ -34,6 +36,9 @@ use crate::gpu::GpuContext;
 /// this rank's. (The peers' registered buffers mapped here stay where they are, with `ZeroCopy`.)
 pub(super) struct Kept {
     pub side_streams: SideStreams,
+    /// The loaded kernels: loading them again at the resume could not be done before every peer's
+    /// kernels may run (`kernels::Units`), and they hold no memory a suspend is asked to release.
+    pub units: Units,
 }
 
 /// A suspension, until the resume.
@@ -46,8 +51,8 @@ pub(super) struct Suspension {
 }
 
 /// The device memory a communicator's collectives hold (what NCCL's memory statistics report), counted
-/// from the allocations themselves. The kernel modules' code is released by a suspend too, but not
-/// counted: the driver does not say how much device memory a loaded module takes.
+/// from the allocations themselves. The loaded kernels' code is not counted: the driver does not say how
+/// much device memory a loaded module takes (a suspend keeps it, see the module's doc).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMemory {
     /// Bytes held now that a suspend releases: the scratch and the state words, or one rank's signal area
@@ -131,7 +136,7 @@ impl Collectives {
 
     /// Resumes suspended collectives: collective, every rank calls it. Their memory is made again as at the
     /// set-up (zeroed, the handles exchanged over the bootstrap) wherever this rank had set them up before,
-    /// whatever the suspend released; the kernels load again at their first call. `gpu` gives the
+    /// whatever the suspend released; the kernels loaded before are kept. `gpu` gives the
     /// communicator's context; `abort_communicator` is called when the set-up fails after the peers may
     /// have started theirs, so that they are not left waiting for this rank. A failed resume leaves the
     /// collectives suspended.
@@ -207,12 +212,11 @@ impl Collectives {
     }
 }
 
-/// Frees what a suspend releases of `ready` (the kernels before the scratch they name, as `Ready` drops
-/// them) and keeps the rest.
+/// Frees what a suspend releases of `ready` (the scratch) and keeps the rest (the loaded kernels among it).
 fn release(ready: super::Ready) -> Kept {
-    drop(ready.kernels);
     drop(ready.scratch);
     Kept {
         side_streams: ready.side_streams,
+        units: ready.kernels.into_units(),
     }
 }

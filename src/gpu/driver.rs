@@ -144,6 +144,16 @@ impl GpuContext {
         GpuContext::current().ok()
     }
 
+    /// How many CUDA devices this process sees (`cuDeviceGetCount`): what a device ordinal an
+    /// application passes is checked against before any rank waits for another.
+    pub fn device_count() -> Result<i32> {
+        ensure_driver()?;
+        let mut n: i32 = 0;
+        // SAFETY: out-pointer to a local; the driver is initialized.
+        check(unsafe { sys::cuDeviceGetCount(&mut n) }, || "cuDeviceGetCount".into())?;
+        Ok(n)
+    }
+
     /// Makes device `ordinal`'s primary context current on the calling thread, as `cudaSetDevice` does,
     /// and returns it (`ncclCommInitAll`, which makes one rank per listed device). The primary context is
     /// retained for the rest of the process, as the CUDA runtime retains it.

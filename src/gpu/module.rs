@@ -38,6 +38,31 @@ impl Module {
     }
 
     /// The kernel named `name` (an `extern "C"` entry point).
+    /// Loads every kernel of the module now, where the driver would load each at its first use
+    /// (`CUDA_MODULE_LOADING=LAZY`, the default): a load waits for the GPU, and a kernel of a peer that
+    /// shares this GPU (under MPS) may be spinning on it, waiting for this rank's launch. Gives the number
+    /// of kernels.
+    pub fn load_every_kernel(&self) -> Result<usize> {
+        self.ctx.make_current()?;
+        let mut count: std::ffi::c_uint = 0;
+        check(
+            // SAFETY: out-pointer to a local; the module is loaded.
+            unsafe { sys::cuModuleGetFunctionCount(&mut count, self.raw as CUmodule) },
+            || "cuModuleGetFunctionCount".into(),
+        )?;
+        let mut functions: Vec<CUfunction> = vec![std::ptr::null_mut(); count as usize];
+        check(
+            // SAFETY: `functions` has room for `count` handles; the module is loaded.
+            unsafe { sys::cuModuleEnumerateFunctions(functions.as_mut_ptr(), count, self.raw as CUmodule) },
+            || "cuModuleEnumerateFunctions".into(),
+        )?;
+        for f in &functions {
+            // SAFETY: a function handle of this loaded module; loading one that is loaded does nothing.
+            check(unsafe { sys::cuFuncLoad(*f) }, || "cuFuncLoad".into())?;
+        }
+        Ok(functions.len())
+    }
+
     pub fn kernel(&self, name: &str) -> Result<Kernel> {
         let c_name = CString::new(name).map_err(|_| Error::internal(format!("kernel name {name:?} has a NUL")))?;
         let mut raw: CUfunction = std::ptr::null_mut();

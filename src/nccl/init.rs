@@ -294,6 +294,16 @@ nccl_export! {
                 return Err(Error::invalid_argument(format!("devlist holds {bad}; devices are not negative")));
             }
             ensure_driver()?;
+            // Every device is checked before any rank starts: a rank whose device does not exist would
+            // never reach the bootstrap, and the others would wait for it until the timeout.
+            let count = GpuContext::device_count()?;
+            if let Some((rank, bad)) = devices.iter().enumerate().find(|&(_, &d)| d >= count) {
+                return Err(Error::invalid_argument(format!(
+                    "devlist[{rank}] is device {bad}, and this process sees {count} CUDA device(s) (0 to {}); \
+                     CUDA_VISIBLE_DEVICES decides which",
+                    count - 1
+                )));
+            }
             let n = devices.len();
             let id = UniqueId::create(BOOTSTRAP_TIMEOUT)?;
             type Made = Result<(Communicator, Option<Arc<fallback::Comm>>)>;

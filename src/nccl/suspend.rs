@@ -78,7 +78,8 @@ pub fn resume(c: &NcclComm) -> Result<()> {
 ///
 /// Nothing is held before the collectives are set up (at the initialisation, where there is a GPU); one
 /// rank, which needs no scratch, holds only its one-sided calls' signal area once one of them made it. The
-/// kernel modules are released by a suspend but not counted.
+/// loaded kernels are kept by a suspend (loading them again at the resume could wait for ever on a peer's
+/// kernel sharing the GPU: `crate::collective::kernels::Units`), and not counted.
 pub fn mem_stat(c: &NcclComm, stat: c_int) -> Result<u64> {
     ensure_arg!(
         (NCCL_STAT_GPU_MEM_SUSPEND..=NCCL_STAT_GPU_MEM_TOTAL).contains(&stat),
