@@ -127,6 +127,8 @@ impl Log for Logger {
         }
         let rank = CURRENT_RANK.with(|r| r.get());
         let line = format_line(record.level(), rank, record.target(), &record.args().to_string());
+        #[cfg(test)]
+        tap::keep(record.level(), &line);
         emit(&line);
     }
 
@@ -233,6 +235,38 @@ pub unsafe fn default_handler_c(msg: *const c_char) {
     // SAFETY: the caller promises a NUL-terminated string.
     let text = unsafe { CStr::from_ptr(msg) }.to_string_lossy();
     default_handler(&text);
+}
+
+/// The unit tests' view of what was logged: every line at WARN or above, kept (the last few thousand) so
+/// that a test can check that a failure was said where it happened. Tests of one process share it, so a
+/// test looks for lines only its own job can have written (its ranks' ports, its peers' numbers).
+#[cfg(test)]
+pub mod tap {
+    use log::Level;
+    use parking_lot::Mutex;
+
+    static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    const KEPT: usize = 4096;
+
+    pub(super) fn keep(level: Level, line: &str) {
+        if level <= Level::Warn {
+            let mut lines = LINES.lock();
+            if lines.len() == KEPT {
+                lines.remove(0);
+            }
+            lines.push(line.to_string());
+        }
+    }
+
+    /// The kept lines that contain every one of `parts`.
+    pub fn warned(parts: &[&str]) -> Vec<String> {
+        LINES
+            .lock()
+            .iter()
+            .filter(|l| parts.iter().all(|p| l.contains(p)))
+            .cloned()
+            .collect()
+    }
 }
 
 #[cfg(test)]

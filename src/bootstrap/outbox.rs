@@ -116,6 +116,11 @@ impl Outbox {
         Ok(())
     }
 
+    /// Whether the connection is open (made, and not closed yet).
+    pub fn is_open(&self) -> bool {
+        self.out.lock().stream.is_some()
+    }
+
     /// Sends `last` and everything queued before it, waiting for room in the socket until `deadline` at
     /// the latest (a stopped peer never makes room), then closes the connection both ways.
     pub fn close_by(&self, last: &[u8], deadline: Instant) {

@@ -14,7 +14,7 @@ use super::outbox::Outbox;
 use super::sys::{self, PollEntry};
 use super::wire::{self, FRAME_HEADER_LEN, Greeting, Key, Kind, Notice, PROTOCOL_VERSION, Space};
 use crate::error::{Error, Result};
-use log::{debug, trace, warn};
+use log::{debug, info, trace, warn};
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -227,11 +227,19 @@ impl Drop for Receiver {
         // that peers see an orderly end and not a failure (after a failed set-up, without one: a failure).
         let deadline = Instant::now() + CLOSE_WAIT;
         let goodbye = wire::control_frame(Space::Goodbye);
-        let last: &[u8] = if self.farewell.load(Ordering::SeqCst) {
-            &goodbye
-        } else {
-            &[]
-        };
+        let farewell = self.farewell.load(Ordering::SeqCst);
+        let last: &[u8] = if farewell { &goodbye } else { &[] };
+        // The rank that ends its connections says so (a peer sees only that they closed): in order, or, where
+        // its set-up did not complete, as a failure its peers will report.
+        let peers = self.shared.outboxes.iter().filter(|o| o.is_open()).count();
+        if peers > 0 && farewell {
+            info!("rank {rank}: closing its connections to {peers} peer(s), with a goodbye (its communicator ends)");
+        } else if peers > 0 {
+            warn!(
+                "rank {rank}: closing its connections to {peers} peer(s) without a goodbye: its communicator's \
+                 set-up did not complete, so the peers that finished theirs fail"
+            );
+        }
         for outbox in &self.shared.outboxes {
             outbox.close_by(last, deadline);
         }
@@ -374,6 +382,13 @@ impl Loop {
             let now = Instant::now();
             if let Some(silence) = liveness.overdue(r.last_heard, now) {
                 // Shutting the socket down also ends a send blocked on it (a stopped peer does not read).
+                // This rank ends the connection, so it says why, whether or not this is its first failure.
+                warn!(
+                    "rank {}: closing the connection to peer {}: nothing from it for {:.1} s (MSCCLPP_PEER_TIMEOUT)",
+                    self.shared.rank,
+                    r.peer,
+                    silence.as_secs_f64()
+                );
                 let _ = r.stream.shutdown(Shutdown::Both);
                 self.shared.fail(PeerFailure {
                     rank: r.peer,

@@ -838,6 +838,9 @@ fn a_silent_peer_gets_heartbeats_and_is_declared_dead_after_the_timeout() {
         assert!(e.message.contains("rank 1 failed (no heartbeat for"), "{e}");
         assert!(ended - f.detected < Duration::from_millis(500));
     });
+    // The rank that closed the connection said why, at WARN.
+    let said = crate::logging::tap::warned(&["rank 0: closing the connection to peer 1: nothing from it for"]);
+    assert!(!said.is_empty(), "no WARN line for the connection rank 0 closed");
 }
 
 #[test]
@@ -1083,4 +1086,40 @@ fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
         assert_eq!(b0.recv(1, 5).unwrap_err().kind, ErrorKind::Remote);
         drop(to_rank0);
     });
+}
+
+#[test]
+fn a_rank_whose_set_up_fails_says_it_closes_its_connections_without_a_goodbye() {
+    let timeout = Duration::from_secs(1);
+    let root = local_root(PROTOCOL_MAGIC, timeout);
+    let addr = root.local_addr();
+    // Rank 2 of 3 reaches the root but never connects to its peers: ranks 0 and 1 connect to each other,
+    // wait for it, and give up.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut to_root = wire::connect_by(addr, Instant::now() + T).unwrap();
+    let hello = greeting(
+        Kind::RootHello,
+        PROTOCOL_MAGIC,
+        2,
+        3,
+        0,
+        Some(listener.local_addr().unwrap()),
+    );
+    to_root.write_all(&hello).unwrap();
+    for result in on_ranks(2, |r| {
+        Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 3, timeout).map(|_| ())
+    }) {
+        assert!(result.is_err(), "a set-up without rank 2 succeeded");
+    }
+    // Each ended its connection to the other without a goodbye, and said so at WARN.
+    for rank in [0, 1] {
+        let said = crate::logging::tap::warned(&[&format!(
+            "rank {rank}: closing its connections to 1 peer(s) without a goodbye"
+        )]);
+        assert!(
+            !said.is_empty(),
+            "rank {rank} closed its connection without a WARN line"
+        );
+    }
+    drop(to_root);
 }
