@@ -9,6 +9,9 @@
 # - build/tests/nccl-gpu/nccl_grow_test (c-tests/nccl-gpu/nccl_grow_test.cu: ncclCommGetUniqueId and ncclCommGrow,
 #   2 ranks grown to 4, collectives checked on the grown communicator, the parent, and a shrink back to 2);
 # - python/examples/torch_zero_copy.py: PyTorch's registered memory (allocator hook, MemPool) going zero-copy;
+# - python/examples/torch_suspend_window.py: a client's sleep mode from PyTorch processes (suspend, resume, a
+#   symmetric window, an all-reduce, the ranks out of step) at 4 ranks with three seeds;
+# - build/tests/nccl-gpu/nccl_window_suspend_test: the same steps from C, 20 cycles, at 4 and 8 ranks;
 # - python/examples/torch_on_our_nccl.py: PyTorch, unchanged, on our libnccl.so.2 by LD_PRELOAD, checked
 #   against gloo, at 2 and 4 ranks, then its --kill mode (a rank SIGKILLs itself; every other process must end
 #   within a bounded time) at 4 ranks (skipped, and said so, where torch cannot be imported);
@@ -24,8 +27,9 @@
 # GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
 # nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-sendrecv-2, nccl-sendrecv-3
 # (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4,
-# nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4, nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill
-# run, torch_zero_copy), nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
+# nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4,
+# nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill run, torch_suspend_window at 4 ranks, torch_zero_copy),
+# nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
 set -u
 
@@ -150,6 +154,13 @@ else
   before=$failed
   run_program torch_on_our_nccl_kill_4 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 4 --kill
   recover "$before"
+  # A client's sleep mode from PyTorch processes (python/examples/torch_suspend_window.py: suspend, resume, a
+  # symmetric window of the caching allocator, an all-reduce, the ranks out of step), at 4 ranks, seeds 1-3.
+  for seed in 1 2 3; do
+    before=$failed
+    run_program "torch_suspend_window_4_seed$seed" 200 "$py" python/examples/torch_suspend_window.py --nranks 4 --seed "$seed"
+    recover "$before"
+  done
   # Registered memory from PyTorch (the allocator hook, and a MemPool over ncclMemAlloc): the collectives go
   # zero-copy, which the library's INFO count at destroy shows, and their results are exact.
   before=$failed
