@@ -245,7 +245,7 @@ impl Communicator {
 
     /// Starts the `ExitWatch` after `failure`, if `MSCCLPP_ABORT_EXIT_TIMEOUT` is set.
     fn watch_exit(&self, failure: &crate::bootstrap::PeerFailure) {
-        let seconds: u64 = crate::settings::ABORT_EXIT_TIMEOUT.int().unwrap_or(0);
+        let seconds: u64 = crate::settings::ABORT_EXIT_TIMEOUT.int();
         if seconds == 0 {
             return;
         }

@@ -193,9 +193,9 @@ static OURS: AtomicBool = AtomicBool::new(false);
 /// Sets the level from `MSCCLPP_DEBUG`, or `NCCL_DEBUG` for the NCCL face where ours is unset.
 fn set_level_from(env: &crate::settings::Source, nccl_face: bool) {
     let level = if nccl_face && env.raw(&crate::settings::DEBUG).is_none() {
-        nccl_level(env.choice(&crate::settings::NCCL_DEBUG).unwrap_or("WARN"))
+        nccl_level(env.choice(&crate::settings::NCCL_DEBUG))
     } else {
-        env.choice(&crate::settings::DEBUG).unwrap_or("WARN")
+        env.choice(&crate::settings::DEBUG)
     };
     log::set_max_level(parse_level(Some(level)));
 }

@@ -9,7 +9,13 @@
 //! environment.
 //!
 //! To add a setting: declare a `pub static` here, add it to `ALL`, add a row to docs/settings.md's table, and
-//! read it through `Setting::flag` / `int` / `choice` / `text` (or a `Source` in tests).
+//! read it through `Setting::flag` / `int` / `choice` (a setting that warns), `checked_int` / `checked_choice`
+//! (one whose bad value is an error), `text` / `text_value` (or a `Source` in tests).
+//!
+//! A setting's default is written once, in its declaration: the accessors return it where the variable is
+//! unset or (for a setting that warns) bad, so that no caller writes a default of its own; a test below fails
+//! where one does (a fallback after an accessor that can return none), and where docs/settings.md's default
+//! column says another.
 //!
 //! Our settings carry the `MSCCLPP_` prefix. The few `NCCL_*` variables the NCCL face (`crate::nccl`)
 //! honours are declared here too, under their NCCL names, since programs written for NCCL set them.
@@ -41,12 +47,23 @@ pub enum OnBadValue {
     Error,
 }
 
+/// A default that depends on the number of ranks of the communicator: above `ranks`, `value`; up to it,
+/// the setting's `default`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Above {
+    pub ranks: usize,
+    pub value: &'static str,
+}
+
 /// One environment setting.
 #[derive(Debug)]
 pub struct Setting {
     pub name: &'static str,
-    /// The value in effect when the variable is unset or empty (`""`: none).
+    /// The value in effect when the variable is unset or empty (`""`: none); where `above` is given, among up
+    /// to `above.ranks` ranks.
     pub default: &'static str,
+    /// The default among more ranks, where it differs (read with `Source::int_among`).
+    pub above: Option<Above>,
     pub values: Values,
     pub on_bad: OnBadValue,
     pub doc: &'static str,
@@ -57,6 +74,22 @@ macro_rules! setting {
         pub static $id: Setting = Setting {
             name: $name,
             default: $default,
+            above: None,
+            values: $values,
+            on_bad: OnBadValue::$on_bad,
+            doc: $doc,
+        };
+    };
+    // A default that depends on the number of ranks: `$default` up to `$ranks`, `$above` among more.
+    ($id:ident, $name:literal, $default:literal, above $ranks:literal: $above:literal, $values:expr, $on_bad:ident,
+     $doc:literal) => {
+        pub static $id: Setting = Setting {
+            name: $name,
+            default: $default,
+            above: Some(Above {
+                ranks: $ranks,
+                value: $above,
+            }),
             values: $values,
             on_bad: OnBadValue::$on_bad,
             doc: $doc,
@@ -156,13 +189,15 @@ setting!(
     Warn,
     "MiB of data in each of the two slots of a communicator's scratch buffer, which peers write collectives' data into; larger calls are cut into windows of it"
 );
+// The lanes' default among up to four ranks and among more: why, at `send_recv::Shape::from_source`.
 setting!(
     SENDRECV_LANES,
     "MSCCLPP_SENDRECV_LANES",
     "64",
+    above 4: "32",
     Values::Int { min: 1, max: 64 },
     Warn,
-    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; unset, 64 among up to four ranks and 32 among more; the same on every rank"
+    "lanes from each rank to each other for send and receive (and the collectives built on them): a large send is cut into this many parts streamed at once, each by its own block; the same on every rank"
 );
 setting!(
     SENDRECV_DEPTH,
@@ -371,54 +406,54 @@ impl<'a> Source<'a> {
             .filter(|v| !v.is_empty())
     }
 
-    /// Applies the setting's policy to a value that does not parse: a warning and the default, or an
-    /// error naming the variable.
-    fn bad<T>(&self, s: &'static Setting, value: &str, why: &str, default: T) -> Result<T> {
-        match s.on_bad {
+    /// Applies `policy` to a value of `s` that does not parse: a warning and `default` (`shown` in the
+    /// warning), or an error naming the variable.
+    fn bad<T>(
+        &self,
+        s: &'static Setting,
+        policy: OnBadValue,
+        value: &str,
+        why: &str,
+        (default, shown): (T, &str),
+    ) -> Result<T> {
+        match policy {
             OnBadValue::Error => Err(Error::invalid_argument(format!("{}=\"{value}\" is {why}", s.name))),
             OnBadValue::Warn => {
                 if WARNED.lock().insert(s.name) {
-                    log::warn!("{}=\"{value}\" is {why}; using the default {:?}", s.name, s.default);
+                    log::warn!("{}=\"{value}\" is {why}; using the default {shown:?}", s.name);
                 }
                 Ok(default)
             }
         }
     }
 
-    /// A `Values::Flag` setting.
-    pub fn flag(&self, s: &'static Setting) -> Result<bool> {
+    fn parse_flag(&self, s: &'static Setting, policy: OnBadValue) -> Result<bool> {
         debug_assert_eq!(s.values, Values::Flag, "{}", s.name);
         let default = s.default == "1";
         match self.raw(s).as_deref() {
             None => Ok(default),
             Some("1") => Ok(true),
             Some("0") => Ok(false),
-            Some(v) => self.bad(s, v, "not 1 or 0", default),
+            Some(v) => self.bad(s, policy, v, "not 1 or 0", (default, s.default)),
         }
     }
 
-    /// A `Values::Int` setting, in range and converted to `T`.
-    pub fn int<T: TryFrom<i64>>(&self, s: &'static Setting) -> Result<T> {
+    /// The number set for `s`, in its range, else `default` (one of its declared defaults).
+    fn parse_int(&self, s: &'static Setting, policy: OnBadValue, default: &'static str) -> Result<i64> {
         let Values::Int { min, max } = s.values else {
             panic!("{} is not a number setting", s.name);
         };
-        let convert =
-            |v: i64| T::try_from(v).map_err(|_| Error::internal(format!("{}: {v} does not fit its type", s.name)));
-        let default: i64 = s.default.parse().expect("declared defaults parse");
+        let n: i64 = default.parse().expect("declared defaults parse");
         match self.raw(s) {
-            None => convert(default),
+            None => Ok(n),
             Some(v) => match v.parse::<i64>() {
-                Ok(n) if (min..=max).contains(&n) => convert(n),
-                _ => {
-                    let n = self.bad(s, &v, &format!("not a number in [{min}, {max}]"), default)?;
-                    convert(n)
-                }
+                Ok(set) if (min..=max).contains(&set) => Ok(set),
+                _ => self.bad(s, policy, &v, &format!("not a number in [{min}, {max}]"), (n, default)),
             },
         }
     }
 
-    /// A `Values::Choice` setting: the declared word (in its declared case).
-    pub fn choice(&self, s: &'static Setting) -> Result<&'static str> {
+    fn parse_choice(&self, s: &'static Setting, policy: OnBadValue) -> Result<&'static str> {
         let Values::Choice(words) = s.values else {
             panic!("{} is not a choice setting", s.name);
         };
@@ -431,35 +466,156 @@ impl<'a> Source<'a> {
             None => Ok(default),
             Some(v) => match words.iter().copied().find(|w| w.eq_ignore_ascii_case(&v)) {
                 Some(w) => Ok(w),
-                None => self.bad(s, &v, &format!("not one of {}", words.join(", ")), default),
+                None => self.bad(
+                    s,
+                    policy,
+                    &v,
+                    &format!("not one of {}", words.join(", ")),
+                    (default, s.default),
+                ),
             },
         }
     }
 
-    /// A `Values::Text` setting; `None` when unset and without a default.
+    /// A `Values::Flag` setting that warns (`OnBadValue::Warn`): the value set, else the declared default
+    /// (where it is unset, or bad: after a warning).
+    pub fn flag(&self, s: &'static Setting) -> bool {
+        read_as(s, OnBadValue::Warn);
+        warned(self.parse_flag(s, OnBadValue::Warn))
+    }
+
+    /// A `Values::Int` setting that warns, as `flag` does, converted to `T` (which its range fits).
+    pub fn int<T: TryFrom<i64>>(&self, s: &'static Setting) -> T {
+        debug_assert!(
+            s.above.is_none(),
+            "{}: its default depends on the ranks (int_among)",
+            s.name
+        );
+        self.warned_int(s, s.default)
+    }
+
+    /// A `Values::Int` setting that warns, among `nranks` ranks: the value set, else the declared default
+    /// for `nranks` (`Setting::above`).
+    pub fn int_among<T: TryFrom<i64>>(&self, s: &'static Setting, nranks: usize) -> T {
+        self.warned_int(s, s.default_among(nranks))
+    }
+
+    fn warned_int<T: TryFrom<i64>>(&self, s: &'static Setting, default: &'static str) -> T {
+        read_as(s, OnBadValue::Warn);
+        let n = warned(self.parse_int(s, OnBadValue::Warn, default));
+        T::try_from(n).unwrap_or_else(|_| panic!("{}: {n} does not fit the type it is read as", s.name))
+    }
+
+    /// A `Values::Choice` setting that warns, as `flag` does: the declared word (in its declared case).
+    pub fn choice(&self, s: &'static Setting) -> &'static str {
+        read_as(s, OnBadValue::Warn);
+        warned(self.parse_choice(s, OnBadValue::Warn))
+    }
+
+    /// A `Values::Int` setting whose bad value is an error (`OnBadValue::Error`): the value set, else the
+    /// declared default; a bad value, an error naming the variable.
+    pub fn checked_int<T: TryFrom<i64>>(&self, s: &'static Setting) -> Result<T> {
+        read_as(s, OnBadValue::Error);
+        debug_assert!(s.above.is_none(), "{}", s.name);
+        let n = self.parse_int(s, OnBadValue::Error, s.default)?;
+        T::try_from(n).map_err(|_| Error::internal(format!("{}: {n} does not fit its type", s.name)))
+    }
+
+    /// A `Values::Choice` setting whose bad value is an error, as `checked_int`.
+    pub fn checked_choice(&self, s: &'static Setting) -> Result<&'static str> {
+        read_as(s, OnBadValue::Error);
+        self.parse_choice(s, OnBadValue::Error)
+    }
+
+    /// A `Values::Text` setting declared without a default: `None` where unset (its reader says what that
+    /// means).
     pub fn text(&self, s: &'static Setting) -> Option<String> {
         debug_assert_eq!(s.values, Values::Text, "{}", s.name);
+        debug_assert!(
+            s.default.is_empty(),
+            "{}: it has a default; read it with text_value",
+            s.name
+        );
         self.raw(s)
-            .or_else(|| (!s.default.is_empty()).then(|| s.default.to_string()))
+    }
+
+    /// A `Values::Text` setting declared with a default: the value set, else the default.
+    pub fn text_value(&self, s: &'static Setting) -> String {
+        debug_assert_eq!(s.values, Values::Text, "{}", s.name);
+        debug_assert!(
+            !s.default.is_empty(),
+            "{}: it has no default; read it with text",
+            s.name
+        );
+        self.raw(s).unwrap_or_else(|| s.default.to_string())
     }
 }
 
+/// Debug builds: `s` is read with an accessor of its policy: `flag`, `int`, `int_among` or `choice` where a bad
+/// value warns, `checked_*` where it is an error (a test checks every reader in src/).
+fn read_as(s: &Setting, policy: OnBadValue) {
+    debug_assert_eq!(
+        s.on_bad, policy,
+        "{} is read with an accessor of another policy",
+        s.name
+    );
+}
+
+/// The value of a setting that warns: its reading never fails (a bad value yields the default).
+fn warned<T>(read: Result<T>) -> T {
+    read.unwrap_or_else(|e| unreachable!("a setting that warns read as an error: {}", e.message))
+}
+
 impl Setting {
+    /// The default among `nranks` ranks.
+    pub fn default_among(&self, nranks: usize) -> &'static str {
+        match self.above {
+            Some(above) if nranks > above.ranks => above.value,
+            _ => self.default,
+        }
+    }
+
+    /// The default as the INFO log and docs/settings.md's table state it (`64`, or `64 up to 4 ranks, 32
+    /// above`); `None` where there is none.
+    pub fn default_text(&self) -> Option<String> {
+        match self.above {
+            _ if self.default.is_empty() => None,
+            None => Some(self.default.to_string()),
+            Some(Above { ranks, value }) => Some(format!("{} up to {ranks} ranks, {value} above", self.default)),
+        }
+    }
+
     /// `Source::process().flag(self)`.
-    pub fn flag(&'static self) -> Result<bool> {
+    pub fn flag(&'static self) -> bool {
         Source::process().flag(self)
     }
     /// `Source::process().int(self)`.
-    pub fn int<T: TryFrom<i64>>(&'static self) -> Result<T> {
+    pub fn int<T: TryFrom<i64>>(&'static self) -> T {
         Source::process().int(self)
     }
+    /// `Source::process().int_among(self, nranks)`.
+    pub fn int_among<T: TryFrom<i64>>(&'static self, nranks: usize) -> T {
+        Source::process().int_among(self, nranks)
+    }
     /// `Source::process().choice(self)`.
-    pub fn choice(&'static self) -> Result<&'static str> {
+    pub fn choice(&'static self) -> &'static str {
         Source::process().choice(self)
+    }
+    /// `Source::process().checked_int(self)`.
+    pub fn checked_int<T: TryFrom<i64>>(&'static self) -> Result<T> {
+        Source::process().checked_int(self)
+    }
+    /// `Source::process().checked_choice(self)`.
+    pub fn checked_choice(&'static self) -> Result<&'static str> {
+        Source::process().checked_choice(self)
     }
     /// `Source::process().text(self)`.
     pub fn text(&'static self) -> Option<String> {
         Source::process().text(self)
+    }
+    /// `Source::process().text_value(self)`.
+    pub fn text_value(&'static self) -> String {
+        Source::process().text_value(self)
     }
 }
 
@@ -468,14 +624,20 @@ pub fn log_in_effect() {
     if !log::log_enabled!(log::Level::Info) {
         return;
     }
-    let env = Source::process();
-    for s in ALL {
-        match env.raw(s) {
-            Some(v) => log::info!("{}={v} (set)", s.name),
-            None if s.default.is_empty() => log::info!("{} unset", s.name),
-            None => log::info!("{}={} (default)", s.name, s.default),
-        }
+    for line in in_effect(&Source::process()) {
+        log::info!("{line}");
     }
+}
+
+/// A line per setting: `NAME=value (set)`, `NAME=default (default)` or `NAME unset`.
+fn in_effect(env: &Source) -> Vec<String> {
+    ALL.iter()
+        .map(|s| match (env.raw(s), s.default_text()) {
+            (Some(v), _) => format!("{}={v} (set)", s.name),
+            (None, None) => format!("{} unset", s.name),
+            (None, Some(default)) => format!("{}={default} (default)", s.name),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -489,11 +651,12 @@ mod tests {
     #[test]
     fn defaults_apply_when_unset_or_empty() {
         let env = source(&[("MSCCLPP_IB_PORT", "  ")]);
-        assert_eq!(env.int::<u8>(&IB_PORT).unwrap(), 1);
-        assert_eq!(env.int::<i32>(&IB_GID_INDEX).unwrap(), -1);
-        assert!(env.flag(&P2P_FAST_FLAGS).unwrap());
-        assert_eq!(env.choice(&P2P_FLAG).unwrap(), "copy");
-        assert_eq!(env.text(&IBV_SO).as_deref(), Some("libibverbs.so.1"));
+        assert_eq!(env.checked_int::<u8>(&IB_PORT).unwrap(), 1);
+        assert_eq!(env.checked_int::<i32>(&IB_GID_INDEX).unwrap(), -1);
+        assert!(env.flag(&P2P_FAST_FLAGS));
+        assert_eq!(env.choice(&P2P_FLAG), "copy");
+        assert_eq!(env.int::<u64>(&PEER_TIMEOUT), 30);
+        assert_eq!(env.text_value(&IBV_SO), "libibverbs.so.1");
         assert_eq!(env.text(&PROXY_CPUS), None);
     }
 
@@ -505,10 +668,10 @@ mod tests {
             ("MSCCLPP_P2P_FLAG", "EPOCH"),
             ("MSCCLPP_DEBUG", "info"),
         ]);
-        assert_eq!(env.int::<u8>(&IB_PORT).unwrap(), 2);
-        assert!(!env.flag(&P2P_FAST_FLAGS).unwrap());
-        assert_eq!(env.choice(&P2P_FLAG).unwrap(), "epoch");
-        assert_eq!(env.choice(&DEBUG).unwrap(), "INFO");
+        assert_eq!(env.checked_int::<u8>(&IB_PORT).unwrap(), 2);
+        assert!(!env.flag(&P2P_FAST_FLAGS));
+        assert_eq!(env.choice(&P2P_FLAG), "epoch");
+        assert_eq!(env.choice(&DEBUG), "INFO");
     }
 
     #[test]
@@ -519,11 +682,16 @@ mod tests {
             ("MSCCLPP_PEER_TIMEOUT", "soon"),
             ("MSCCLPP_P2P_FAST_FLAGS", "yes"),
         ]);
-        let e = env.int::<u8>(&IB_PORT).unwrap_err();
+        let e = env.checked_int::<u8>(&IB_PORT).unwrap_err();
         assert!(e.message.contains("MSCCLPP_IB_PORT=\"0\""), "{}", e.message);
-        assert!(env.choice(&IB_FLAG).unwrap_err().message.contains("MSCCLPP_IB_FLAG"));
-        assert_eq!(env.int::<u64>(&PEER_TIMEOUT).unwrap(), 30);
-        assert!(env.flag(&P2P_FAST_FLAGS).unwrap());
+        assert!(
+            env.checked_choice(&IB_FLAG)
+                .unwrap_err()
+                .message
+                .contains("MSCCLPP_IB_FLAG")
+        );
+        assert_eq!(env.int::<u64>(&PEER_TIMEOUT), 30);
+        assert!(env.flag(&P2P_FAST_FLAGS));
     }
 
     #[test]
@@ -538,18 +706,40 @@ mod tests {
             assert!(names.insert(s.name), "{} declared twice", s.name);
             assert!(!s.doc.is_empty(), "{} has no documentation", s.name);
             let env = Source::from_fn(|_| None);
+            let warns = s.on_bad == OnBadValue::Warn;
             match s.values {
                 Values::Flag => assert!(matches!(s.default, "0" | "1"), "{}", s.name),
                 Values::Int { min, max } => {
-                    let d: i64 = s.default.parse().unwrap();
-                    assert!((min..=max).contains(&d), "{}", s.name);
-                    env.int::<i64>(s).unwrap();
+                    for d in std::iter::once(s.default).chain(s.above.map(|a| a.value)) {
+                        let d: i64 = d.parse().unwrap();
+                        assert!((min..=max).contains(&d), "{}", s.name);
+                    }
+                    if let Some(above) = s.above {
+                        assert!(warns && above.ranks >= 1, "{}", s.name);
+                        assert_eq!(env.int_among::<i64>(s, above.ranks), s.default.parse::<i64>().unwrap());
+                        assert_eq!(
+                            env.int_among::<i64>(s, above.ranks + 1),
+                            above.value.parse::<i64>().unwrap()
+                        );
+                    } else if warns {
+                        env.int::<i64>(s);
+                    } else {
+                        env.checked_int::<i64>(s).unwrap();
+                    }
+                }
+                Values::Choice(_) if warns => {
+                    env.choice(s);
                 }
                 Values::Choice(_) => {
-                    env.choice(s).unwrap();
+                    env.checked_choice(s).unwrap();
                 }
                 Values::Text => {}
             }
+            assert!(
+                s.above.is_none() || matches!(s.values, Values::Int { .. }),
+                "{}",
+                s.name
+            );
         }
     }
 
@@ -632,5 +822,201 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_info_log_names_each_setting_with_its_value_or_its_default() {
+        let lines = in_effect(&source(&[("MSCCLPP_PEER_TIMEOUT", "5")]));
+        assert_eq!(lines.len(), ALL.len());
+        for line in [
+            "MSCCLPP_PEER_TIMEOUT=5 (set)",
+            "MSCCLPP_COLL_SCRATCH_MB=64 (default)",
+            "MSCCLPP_SENDRECV_LANES=64 up to 4 ranks, 32 above (default)",
+            "MSCCLPP_DEBUG_FILE unset",
+        ] {
+            assert!(lines.iter().any(|l| l == line), "no line {line:?} in {lines:#?}");
+        }
+    }
+
+    #[test]
+    fn docs_settings_md_states_every_declared_default_and_what_a_bad_value_does() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let doc = std::fs::read_to_string(root.join("docs/settings.md")).unwrap();
+        let mut rows = 0;
+        for line in doc.lines() {
+            let Some(row) = line.strip_prefix("| `") else {
+                continue;
+            };
+            let cells: Vec<&str> = row.splitn(4, " | ").map(str::trim).collect();
+            let Some(s) = ALL.iter().find(|s| cells[0].strip_suffix('`') == Some(s.name)) else {
+                continue;
+            };
+            rows += 1;
+            let bad = match s.on_bad {
+                OnBadValue::Warn => "warn",
+                OnBadValue::Error => "error",
+            };
+            assert_eq!(cells[2], bad, "{}: docs/settings.md's bad value column", s.name);
+            match s.default_text() {
+                Some(default) => assert_eq!(
+                    cells[1].replace('`', ""),
+                    default,
+                    "{}: docs/settings.md's default column and the declared default differ",
+                    s.name
+                ),
+                None => assert!(
+                    !cells[1].starts_with('`'),
+                    "{} is declared without a default, yet docs/settings.md's default column gives one: {}",
+                    s.name,
+                    cells[1]
+                ),
+            }
+        }
+        assert_eq!(rows, ALL.len());
+    }
+
+    /// The settings declared in this file by the name of their `static` (`setting!(ID, "NAME", ...)`).
+    fn declared_ids() -> HashMap<String, &'static Setting> {
+        let mut ids = HashMap::new();
+        for part in include_str!("settings.rs").split("setting!(").skip(1) {
+            let mut words = part.split(',').map(str::trim);
+            if let (Some(id), Some(name)) = (words.next(), words.next())
+                && let Some(s) = ALL.iter().find(|s| name.trim_matches('"') == s.name)
+            {
+                ids.insert(id.to_string(), *s);
+            }
+        }
+        assert_eq!(ids.len(), ALL.len(), "{:?}", ids.keys());
+        ids
+    }
+
+    /// What may read a setting, and what it can be read as.
+    const ACCESSORS: [&str; 9] = [
+        "flag",
+        "int",
+        "int_among",
+        "choice",
+        "checked_int",
+        "checked_choice",
+        "text",
+        "text_value",
+        "raw",
+    ];
+    /// What after a reading would put a default of the reader's own beside the declared one.
+    const FALLBACKS: [&str; 6] = [
+        ".unwrap_or(",
+        ".unwrap_or_else(",
+        ".unwrap_or_default(",
+        ".ok()",
+        ".or(",
+        ".or_else(",
+    ];
+
+    /// Where `text` reads a declared setting (`X.int()`, `env.int(&X)`, `env.int::<u8>(&crate::settings::X)`)
+    /// with an accessor that does not fit its declaration, or with a fallback of its own after an accessor
+    /// that can return none where the setting has a default: a line for each, and how many reads it found.
+    fn misreads(text: &str, ids: &HashMap<String, &'static Setting>) -> (Vec<String>, usize) {
+        let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let (mut found, mut reads) = (Vec::new(), 0);
+        for accessor in ACCESSORS {
+            for call in [format!(".{accessor}("), format!(".{accessor}::<")] {
+                for (at, _) in text.match_indices(&call) {
+                    let before = text[..at].trim_end();
+                    let receiver = &before[before.trim_end_matches(ident).len()..];
+                    let open = at + text[at..].find('(').expect("the call's parenthesis");
+                    let arg = text[open + 1..].trim_start().trim_start_matches('&');
+                    let arg = &arg[..arg.find(|c: char| !ident(c) && c != ':').unwrap_or(arg.len())];
+                    let id = if ids.contains_key(receiver) {
+                        receiver
+                    } else {
+                        arg.rsplit("::").next().unwrap_or(arg)
+                    };
+                    let Some(s) = ids.get(id) else {
+                        continue;
+                    };
+                    reads += 1;
+                    let mut depth = 0;
+                    let close = open
+                        + text[open..]
+                            .find(|c| {
+                                depth += match c {
+                                    '(' => 1,
+                                    ')' => -1,
+                                    _ => 0,
+                                };
+                                depth == 0
+                            })
+                            .expect("the call's closing parenthesis");
+                    let after = text[close + 1..].trim_start();
+                    let line = text[..at].matches('\n').count() + 1;
+                    let warns = s.on_bad == OnBadValue::Warn;
+                    let fits = match accessor {
+                        "flag" | "choice" => warns,
+                        "int" => warns && s.above.is_none(),
+                        "int_among" => warns && s.above.is_some(),
+                        "checked_int" | "checked_choice" => !warns,
+                        "text" => s.default.is_empty(),
+                        "text_value" => !s.default.is_empty(),
+                        _ => true,
+                    };
+                    if !fits {
+                        found.push(format!(
+                            "line {line}: {id} is read with {accessor}, which its declaration does not fit"
+                        ));
+                    }
+                    if !s.default.is_empty()
+                        && let Some(fallback) = FALLBACKS.iter().find(|f| after.starts_with(**f))
+                    {
+                        found.push(format!(
+                            "line {line}: {id} is read with a default of its own ({fallback}...) beside the declared {:?}",
+                            s.default
+                        ));
+                    }
+                }
+            }
+        }
+        (found, reads)
+    }
+
+    #[test]
+    fn every_reader_takes_the_declared_default_and_writes_none_of_its_own() {
+        let ids = declared_ids();
+        // What the scan finds, on made-up readers.
+        for (reader, wrong) in [
+            ("let s: u64 = crate::settings::PEER_TIMEOUT.int().unwrap_or(30);", true),
+            ("env.checked_int(&IB_PORT).unwrap_or(1)", true),
+            ("env.checked_int::<u8>(\n    &crate::settings::IB_PORT,\n)\n.ok()", true),
+            ("crate::settings::IBV_SO\n    .text()", true),
+            ("env.int(&IB_CQ_SIZE)", true),
+            ("source.int(&SENDRECV_LANES)", true),
+            ("env.raw(&COLL_ALGO).unwrap_or_else(|| \"auto\".into())", true),
+            ("env.checked_int(&IB_PORT)?", false),
+            ("crate::settings::PEER_TIMEOUT.int()", false),
+            ("source.int_among(&SENDRECV_LANES, nranks)", false),
+            ("SOCKET_IFNAME.text().unwrap_or_default()", false),
+            ("env.raw(&crate::settings::DEBUG).is_none()", false),
+        ] {
+            let (found, reads) = misreads(reader, &ids);
+            assert_eq!(reads, 1, "{reader}");
+            assert_eq!(!found.is_empty(), wrong, "{reader}: {found:?}");
+        }
+
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut files = Vec::new();
+        sources(&root.join("src"), &mut files);
+        let (mut found, mut reads) = (Vec::new(), 0);
+        for (path, text) in &files {
+            // This file's tests hold made-up readers (above).
+            let text = match text.find("\n#[cfg(test)]\nmod tests {") {
+                Some(end) if path.ends_with("settings.rs") => &text[..end],
+                _ => text.as_str(),
+            };
+            let (mut here, n) = misreads(text, &ids);
+            reads += n;
+            found.extend(here.drain(..).map(|f| format!("{}: {f}", path.display())));
+        }
+        assert!(found.is_empty(), "{found:#?}");
+        // Every setting's readers outside the tests: the scan sees them (or it proves nothing).
+        assert!(reads >= 30, "the scan found {reads} reads of settings in src/");
     }
 }

@@ -36,7 +36,7 @@ impl Liveness {
 
     /// `MSCCLPP_PEER_TIMEOUT`.
     pub fn from_settings() -> Liveness {
-        let seconds: u64 = crate::settings::PEER_TIMEOUT.int().unwrap_or(30);
+        let seconds: u64 = crate::settings::PEER_TIMEOUT.int();
         Liveness::new(Duration::from_secs(seconds))
     }
 

@@ -200,8 +200,8 @@ impl Collectives {
     /// Sets the collectives up (collectively): at the first call or `prepare`, and at a resume, which passes
     /// what the suspend kept (`suspend.rs`).
     fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext, kept: Option<suspend::Kept>) -> Result<Ready> {
-        let data_mb: u64 = crate::settings::COLL_SCRATCH_MB.int().unwrap_or(64);
-        let choice = Choice::parse(crate::settings::COLL_ALGO.choice().unwrap_or("auto"));
+        let data_mb: u64 = crate::settings::COLL_SCRATCH_MB.int();
+        let choice = Choice::parse(crate::settings::COLL_ALGO.choice());
         let abort = self
             .abort
             .get_or_try_init(|| {

@@ -340,12 +340,6 @@ const MIN_CHUNK_BYTES: u64 = 16 << 10;
 pub const CHAIN_LEAST_CHUNK_BYTES: u64 = 128 << 10;
 /// The most bytes of every source's lanes together in one rank's area: with many ranks the slots shrink.
 const AREA_CAP: u64 = 128 << 20;
-/// Lanes where `MSCCLPP_SENDRECV_LANES` is unset (`Shape::from_settings`): among up to `FEW_RANKS` ranks, and
-/// among more.
-const DEFAULT_LANES: u32 = 64;
-const DEFAULT_LANES_MANY_RANKS: u32 = 32;
-/// The most ranks that get `DEFAULT_LANES`: the largest communicator 64 lanes were measured on.
-const FEW_RANKS: usize = 4;
 
 impl Shape {
     /// The shape for `nranks` ranks from the settings `MSCCLPP_SENDRECV_LANES`, `_DEPTH` and `_CHUNK_KB`
@@ -371,23 +365,19 @@ impl Shape {
 
     /// The shape `source`'s settings ask for (`from_settings`).
     fn from_source(nranks: usize, source: &Source) -> Shape {
-        // Unset: 64 lanes among up to four ranks. Between two (2 x H200, 2026-11-28, docs/PERFORMANCE.md "Two
-        // GPUs at every size"): at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter fastest at
-        // 64, gather and reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind. Among four (4 x H200,
-        // "Four GPUs: rings, 64 lanes and the table's choices across GPUs"): every source's lanes share a
-        // rank's area, so 64 lanes get half the slot of 32 (256 KiB), and still the chains, send/recv,
+        // The lanes' default (the settings' table's, `SENDRECV_LANES`): 64 lanes among up to four ranks, the
+        // largest communicator 64 were measured on. Between two (2 x H200, 2026-11-28, docs/PERFORMANCE.md
+        // "Two GPUs at every size"): at 1 GiB send/recv, scatter, broadcast, all-reduce and reduce-scatter
+        // fastest at 64, gather and reduce within 2 % of NVIDIA's where 32 lanes were 5-8 % behind. Among four
+        // (4 x H200, "Four GPUs: rings, 64 lanes and the table's choices across GPUs"): every source's lanes
+        // share a rank's area, so 64 lanes get half the slot of 32 (256 KiB), and still the chains, send/recv,
         // hypercube and the rings were 2-5 % faster from 16 MiB, the chains 19-26 % at 1 MiB. Among more
         // ranks 32 (the slots would shrink further; not measured).
-        let lanes = if source.raw(&SENDRECV_LANES).is_some() || nranks <= FEW_RANKS {
-            source.int(&SENDRECV_LANES).unwrap_or(DEFAULT_LANES)
-        } else {
-            DEFAULT_LANES_MANY_RANKS
-        };
         Shape::new(
             nranks,
-            lanes,
-            source.int(&SENDRECV_DEPTH).unwrap_or(2),
-            source.int(&SENDRECV_CHUNK_KB).unwrap_or(512),
+            source.int_among(&SENDRECV_LANES, nranks),
+            source.int(&SENDRECV_DEPTH),
+            source.int(&SENDRECV_CHUNK_KB),
         )
     }
 
@@ -1019,11 +1009,32 @@ mod tests {
         assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", "16")]).lanes, 16);
         assert_eq!(shape_with(8, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 32);
         assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", " ")]).lanes, 64);
+        // A bad value is the default for the communicator's size (with a warning), as unset is.
+        assert_eq!(shape_with(8, &[("MSCCLPP_SENDRECV_LANES", "many")]).lanes, 32);
+        assert_eq!(shape_with(4, &[("MSCCLPP_SENDRECV_LANES", "0")]).lanes, 64);
         let s = shape_with(
             2,
             &[("MSCCLPP_SENDRECV_DEPTH", "4"), ("MSCCLPP_SENDRECV_CHUNK_KB", "256")],
         );
         assert_eq!((s.lanes, s.depth, s.slot_bytes), (64, 4, 256 << 10));
+    }
+
+    #[test]
+    fn the_lanes_default_is_the_one_the_settings_table_states() {
+        // The table states it (its INFO log line and docs/settings.md's default column say it from there, a
+        // test in settings.rs checks the column), and the shape takes it from the table at every size.
+        assert_eq!(
+            SENDRECV_LANES.default_text().as_deref(),
+            Some("64 up to 4 ranks, 32 above")
+        );
+        let unset = Source::from_fn(|_| None);
+        for nranks in 1..=MAX_RANKS {
+            let stated: u32 = SENDRECV_LANES.default_among(nranks).parse().unwrap();
+            assert_eq!(Shape::from_source(nranks, &unset).lanes, stated, "{nranks} ranks");
+        }
+        let above = SENDRECV_LANES.above.expect("the lanes' default depends on the ranks");
+        assert_eq!(Shape::from_source(above.ranks, &unset).lanes, 64);
+        assert_eq!(Shape::from_source(above.ranks + 1, &unset).lanes, 32);
     }
 
     #[test]

@@ -345,7 +345,7 @@ unsafe fn join(
          ranks keep 0 to {}",
         parent - 1
     );
-    let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag().unwrap_or(true);
+    let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag();
     // SAFETY: nccl.h's contract: NULL or the caller's config.
     let cfg = unsafe { config::read(config, blocking_default) }?;
     let (nranks, rank) = (nranks as usize, rank as usize);

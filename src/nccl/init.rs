@@ -101,7 +101,7 @@ unsafe fn init_rank(
 ) -> ncclResult_t {
     entry(name, || {
         non_null(out, "comm")?;
-        let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag().unwrap_or(true);
+        let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag();
         // SAFETY: nccl.h's contract: NULL or the caller's config.
         let cfg = unsafe { config::read(config, blocking_default) }?;
         ensure_arg!(nranks >= 1, "nranks is {nranks}; it must be at least 1");
@@ -164,7 +164,7 @@ pub(super) unsafe fn child_config(parent: &NcclComm, config: *const ncclConfig_t
     if config.is_null() {
         return Ok(config::Config::default_for(parent.blocking()));
     }
-    let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag().unwrap_or(true);
+    let blocking_default = crate::settings::NCCL_COMM_BLOCKING.flag();
     // SAFETY: the caller's contract.
     unsafe { config::read(config, blocking_default) }
 }

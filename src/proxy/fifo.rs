@@ -167,7 +167,7 @@ impl DeviceFifo {
             head: DeviceAllocation::zeroed(ctx, 8)?,
             tail: DeviceAllocation::zeroed(ctx, 8)?,
         };
-        let timeout_s: u64 = crate::settings::WAIT_TIMEOUT.int()?;
+        let timeout_s: u64 = crate::settings::WAIT_TIMEOUT.int();
         // SAFETY: the ring is used here only, while `fifo` lives.
         unsafe { fifo.ring() }.set_wait_timeout_ns(timeout_s.saturating_mul(1_000_000_000));
         Ok(fifo)

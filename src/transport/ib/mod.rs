@@ -56,17 +56,10 @@ pub struct IbConfig {
     pub flag: IbFlagMode,
 }
 
+/// The settings' declared defaults.
 impl Default for IbConfig {
     fn default() -> Self {
-        IbConfig {
-            port: 1,
-            gid_index: -1,
-            cq_size: 1024,
-            poll_batch: 16,
-            qp_depth: 256,
-            ibv_so: "libibverbs.so.1".into(),
-            flag: IbFlagMode::Count,
-        }
+        IbConfig::from_lookup(|_| None).expect("the declared defaults are valid (the settings' tests)")
     }
 }
 
@@ -80,13 +73,13 @@ impl IbConfig {
     pub fn from_source(env: &crate::settings::Source) -> Result<IbConfig> {
         use crate::settings::{IB_CQ_POLL_BATCH, IB_CQ_SIZE, IB_FLAG, IB_GID_INDEX, IB_PORT, IB_QP_DEPTH, IBV_SO};
         Ok(IbConfig {
-            port: env.int(&IB_PORT)?,
-            gid_index: env.int(&IB_GID_INDEX)?,
-            cq_size: env.int(&IB_CQ_SIZE)?,
-            poll_batch: env.int(&IB_CQ_POLL_BATCH)?,
-            qp_depth: env.int(&IB_QP_DEPTH)?,
-            ibv_so: env.text(&IBV_SO).unwrap_or_else(|| IbConfig::default().ibv_so),
-            flag: match env.choice(&IB_FLAG)? {
+            port: env.checked_int(&IB_PORT)?,
+            gid_index: env.checked_int(&IB_GID_INDEX)?,
+            cq_size: env.checked_int(&IB_CQ_SIZE)?,
+            poll_batch: env.checked_int(&IB_CQ_POLL_BATCH)?,
+            qp_depth: env.checked_int(&IB_QP_DEPTH)?,
+            ibv_so: env.text_value(&IBV_SO),
+            flag: match env.checked_choice(&IB_FLAG)? {
                 "epoch" => IbFlagMode::Epoch,
                 _ => IbFlagMode::Count,
             },

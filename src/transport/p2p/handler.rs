@@ -54,22 +54,20 @@ pub enum FlagMode {
     CopyEpoch,
 }
 
-/// Tuning of the P2P proxy, from the environment:
-/// - `MSCCLPP_P2P_FAST_FLAGS=1|0` (default 1): give P2P connections fast flags (see the module)
-/// - `MSCCLPP_P2P_FLAG=copy|epoch` (default `copy`, the exact count by the copy engine; `epoch`, the
-///   legacy copy of the `device` epoch)
+/// Tuning of the P2P proxy, from the environment (the defaults are the settings' table's):
+/// - `MSCCLPP_P2P_FAST_FLAGS=1|0`: give P2P connections fast flags (see the module)
+/// - `MSCCLPP_P2P_FLAG=copy|epoch`: `copy`, the exact count by the copy engine; `epoch`, the legacy copy of
+///   the `device` epoch
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct P2pOptions {
     pub fast_flags: bool,
     pub flag: FlagMode,
 }
 
+/// The settings' declared defaults.
 impl Default for P2pOptions {
     fn default() -> Self {
-        P2pOptions {
-            fast_flags: true,
-            flag: FlagMode::CopyCount,
-        }
+        P2pOptions::parse(&crate::settings::Source::from_fn(|_| None))
     }
 }
 
@@ -81,10 +79,9 @@ impl P2pOptions {
     /// Reads the options; bad values warn and keep the defaults (`settings`).
     pub fn parse(env: &crate::settings::Source) -> P2pOptions {
         use crate::settings::{P2P_FAST_FLAGS, P2P_FLAG};
-        let d = P2pOptions::default();
         P2pOptions {
-            fast_flags: env.flag(&P2P_FAST_FLAGS).unwrap_or(d.fast_flags),
-            flag: match env.choice(&P2P_FLAG).unwrap_or("copy") {
+            fast_flags: env.flag(&P2P_FAST_FLAGS),
+            flag: match env.choice(&P2P_FLAG) {
                 "epoch" => FlagMode::CopyEpoch,
                 _ => FlagMode::CopyCount,
             },
@@ -379,7 +376,12 @@ mod tests {
             move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
         };
         let env = |pairs| crate::settings::Source::from_fn(env(pairs));
-        assert_eq!(P2pOptions::parse(&env(&[])), P2pOptions::default());
+        let defaults = P2pOptions {
+            fast_flags: true,
+            flag: FlagMode::CopyCount,
+        };
+        assert_eq!(P2pOptions::parse(&env(&[])), defaults);
+        assert_eq!(P2pOptions::default(), defaults);
         let o = P2pOptions::parse(&env(&[("MSCCLPP_P2P_FAST_FLAGS", "0"), ("MSCCLPP_P2P_FLAG", "epoch")]));
         assert_eq!(
             o,
