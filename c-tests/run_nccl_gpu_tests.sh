@@ -60,7 +60,7 @@ for n in 2 4; do
   part "nccl-$n" || continue
   before=$failed
   # main (its own limit 1200 s: 4 ranks on one GPU take long), then the two kill runs and initall, each a
-  # program of its own: a killed rank may leave the MPS daemon refusing new clients for over 30 s (README,
+  # program of its own: a killed rank may leave the MPS daemon refusing new clients for over 30 s (docs/failures.md,
   # "A process that ends"; seen on two H200s, 3 runs in 5, after kill_last_rank_during_allreduces), so the
   # daemon is started afresh before each kill run and after the last, as c-tests/run_gpu_tests.sh does.
   run_program "nccl_gpu_test_$n" 1300 "$bin" main "$n"

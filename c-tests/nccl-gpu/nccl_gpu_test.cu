@@ -1928,7 +1928,7 @@ std::string caseRevoke(Rank& R)
     }
     TC_TRY(sentinel(R, gPoolB, bytes));
     TN_EXPECT_RC(ncclAllReduce(gPoolA, gPoolB, 1000, ncclFloat32, ncclSum, rc, R.stream), ncclInvalidUsage);
-    // ncclGetLastError gives the communicator's failure first (README): on the ranks that saw rank 0's
+    // ncclGetLastError gives the communicator's failure first (docs/failures.md): on the ranks that saw rank 0's
     // revoke as their communicator's failure, that is rank 0's abort; on rank 0, the refusal.
     const std::string msg = lastError(rc);
     if (me == 0)
@@ -2430,7 +2430,7 @@ int runKill(const Options& opt, bool p2p)
   memset((void*)gBoard, 0, sizeof(Board));
   const int nranks = opt.nranks, victim = nranks - 1;
   // A kill case before this one ended a process with kernels running: under MPS the server may refuse new
-  // clients until it has cleaned up after it (README, "When a rank fails"; seen on two H100s).
+  // clients until it has cleaned up after it (docs/failures.md, "A process that ends"; seen on two H100s).
   const std::string gpu = waitForGpuClients(30 * scale);
   if (!gpu.empty()) {
     printf("FAIL %s: the GPUs took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());
@@ -2516,7 +2516,7 @@ int main(int argc, char** argv)
   Options opt = parseArgs(argc - argi + 1, argv + argi - 1, 2);
   const bool all = !strcmp(which, "all");
   // kill runs both kill cases; kill_allreduces and kill_p2p one each, so that a runner can restart the MPS
-  // daemon between them (a killed client may leave it refusing new ones: README, "A process that ends").
+  // daemon between them (a killed client may leave it refusing new ones: docs/failures.md, "A process that ends").
   const bool killAllReduces = !strcmp(which, "kill") || !strcmp(which, "kill_allreduces");
   const bool killP2p = !strcmp(which, "kill") || !strcmp(which, "kill_p2p");
   if (!all && strcmp(which, "main") && !killAllReduces && !killP2p && strcmp(which, "initall")) {

@@ -177,7 +177,7 @@ inline std::string shareUniqueId(Rank& R, SharedId& slot, ncclUniqueId* id,
 // buffers come after. Released by case_runner's freeRank.
 inline std::string setUpDevice(Rank& R)
 {
-  // Kernels load when the process starts (README.md, "Lazy module loading"); the runner's environment wins.
+  // Kernels load when the process starts (docs/mscclpp.md, "Lazy module loading"); the runner's environment wins.
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   // The ranks meet through the unique id here, not through an address in the environment.
   unsetenv("NCCL_COMM_ID");

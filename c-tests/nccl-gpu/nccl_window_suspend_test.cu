@@ -9,14 +9,14 @@
 //
 // Cases, in order, on one communicator:
 //   init; warm_up: an all-reduce of one element (as vLLM's communicator makes at its creation);
-//   suspend_then_window: kCycles times, no barrier between the steps (as a client makes them), each rank
-//   pausing 0-50 ms (its own) before each step and between its suspend and its resume, so that the ranks interleave differently: every rank
-//   suspends (NCCL_SUSPEND_MEM) and resumes, takes a buffer of 4 MiB at an offset inside a larger cudaMalloc
-//   (as PyTorch's caching allocator hands one out), registers it with ncclCommWindowRegister
-//   (NCCL_WIN_COLL_SYMMETRIC), fills it with rank + 1 on its stream and all-reduces it out of place on that
-//   stream into the next piece of the same allocation, one call a cycle (the legacy default stream on even cycles, as PyTorch's current stream, a
-//   non-blocking one on odd cycles); every element is checked, ncclCommGetAsyncError must say ncclSuccess, and the
-//   window is deregistered and the memory freed;
+//   suspend_then_window: kCycles times, no barrier between the steps (as a client makes them), each rank pausing
+//   0-50 ms (its own) before each step and between its suspend and its resume, so that the ranks interleave
+//   differently: every rank suspends (NCCL_SUSPEND_MEM) and resumes, takes a buffer of 4 MiB at an offset inside a
+//   larger cudaMalloc (as PyTorch's caching allocator hands one out), registers it with ncclCommWindowRegister
+//   (NCCL_WIN_COLL_SYMMETRIC), fills it with rank + 1 on its stream and all-reduces it out of place on that stream
+//   into the next piece of the same allocation, one call a cycle (the legacy default stream on even cycles, as
+//   PyTorch's current stream, a non-blocking one on odd cycles); every element is checked, ncclCommGetAsyncError
+//   must say ncclSuccess, and the window is deregistered and the memory freed;
 //   window_across_suspend: kCycles times, the reverse order: a window registered (and used) before the
 //   suspend, used again after the resume, in and out of place, checked as above;
 //   graph_on_window_after_resume: an all-reduce of the window captured in a CUDA graph after a resume,

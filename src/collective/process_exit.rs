@@ -7,7 +7,7 @@
 //! driver preempts them; under MPS, where the ranks' kernels run side by side, the teardown waits for them
 //! to end, and a kernel waiting for data that will never come never would: the process hung in `exit()`.
 //! Kernels poll the abort word while they wait, so raising it ends them within microseconds. A fatal
-//! signal runs no atexit handler; there the driver alone ends the process (README, "When a rank fails").
+//! signal runs no atexit handler; there the driver alone ends the process (docs/failures.md, "A process that ends").
 
 use super::abort_word::AbortWord;
 use parking_lot::Mutex;
