@@ -645,11 +645,123 @@ fn a_closed_peer_fails_recv_and_drop_is_prompt() {
     assert_eq!(b0.failure(), None);
 }
 
+/// The threads of this process now.
+fn threads_now() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+}
+
+/// Reads a child's output to its end, so that a full pipe never stops the child.
+fn drain(mut pipe: impl std::io::Read + Send + 'static) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
+}
+
+/// Runs `body` with the process to itself, so that the process's threads are the body's and the harness's
+/// alone (other tests run on threads of the same process): here where the harness was asked for the test
+/// `test` of this module alone (`--exact NAME --test-threads=1`), else in a run of this test binary so asked,
+/// which must pass within `limit`.
+fn alone_in_a_process(test: &str, limit: Duration, body: impl FnOnce()) {
+    let name = format!(
+        "{}::{test}",
+        module_path!().split_once("::").expect("the crate's name").1
+    );
+    let args = ["--exact", name.as_str(), "--test-threads=1", "--nocapture"];
+    let given: Vec<String> = std::env::args().skip(1).collect();
+    if args[..3].iter().all(|a| given.iter().any(|g| g == a)) {
+        return body();
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running the test binary again");
+    let out = drain(child.stdout.take().expect("piped"));
+    let err = drain(child.stderr.take().expect("piped"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the test binary") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
+    let Some(status) = status else {
+        panic!("{name} did not end within {limit:?} in a process of its own (a hang):\n{out}\n{err}");
+    };
+    assert!(
+        status.success() && out.contains("1 passed"),
+        "{name} in a process of its own: {status}\n{out}\n{err}"
+    );
+}
+
+/// `job_by_address`, with every rank, once set up and exercised, waiting twice at `held` before it leaves.
+fn job_held_at(n: usize, held: &std::sync::Barrier) {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(n, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T).and_then(|b| exercise(&b, r, n).map(|()| b));
+        held.wait();
+        held.wait();
+        b.map(drop)
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    root.join();
+}
+
 #[test]
 fn many_jobs_in_parallel_do_not_leak_threads_or_hang() {
-    for _ in 0..5 {
-        job_by_address(3);
-    }
+    const JOBS: usize = 8;
+    const RANKS: usize = 3;
+    let test = "many_jobs_in_parallel_do_not_leak_threads_or_hang";
+    alone_in_a_process(test, Duration::from_secs(60), || {
+        // One job first: what the process starts once and keeps (the logger's) is no leak.
+        job_by_address(RANKS);
+        let before = threads_now();
+        let started = Instant::now();
+        // Every rank of every job waits, set up and exercised, until all of them are: the jobs run at once.
+        let all_up = std::sync::Barrier::new(JOBS * RANKS + 1);
+        let during = thread::scope(|s| {
+            for _ in 0..JOBS {
+                s.spawn(|| job_held_at(RANKS, &all_up));
+            }
+            all_up.wait();
+            let during = threads_now();
+            all_up.wait();
+            during
+        });
+        // At least each job's thread, and each rank's with its receive thread.
+        assert!(
+            during >= before + JOBS * (1 + 2 * RANKS),
+            "{JOBS} jobs of {RANKS} ranks at once: {during} threads, {before} before"
+        );
+        let ended = Instant::now();
+        while threads_now() > before && ended.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(10));
+        }
+        let after = threads_now();
+        assert!(
+            after <= before,
+            "{} threads left 5 s after {JOBS} jobs ended ({before} before, {during} during)",
+            after - before
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{JOBS} jobs of {RANKS} ranks took {:?}",
+            started.elapsed()
+        );
+    });
 }
 
 #[test]
