@@ -296,18 +296,21 @@ const KERNEL_TARGETS: [&str; 4] = [
     "arch=compute_90,code=[sm_90,compute_90]",
 ];
 
-/// nvcc: `$NVCC` (the Makefile sets it), else the one `make` installs, else CUDA's usual places.
+/// Where nvcc is looked for when `NVCC` is unset: the one `make` installs, then CUDA's usual place.
+fn nvcc_places(root: &Path) -> [PathBuf; 2] {
+    [
+        root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc"),
+        PathBuf::from("/usr/local/cuda/bin/nvcc"),
+    ]
+}
+
+/// nvcc: `$NVCC` (the Makefile sets it), else the first of `nvcc_places` that exists.
 fn find_nvcc(root: &Path) -> Option<PathBuf> {
     println!("cargo:rerun-if-env-changed=NVCC");
     if let Some(nvcc) = std::env::var_os("NVCC").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(nvcc));
     }
-    [
-        root.join(".toolchain/cuda/nvidia/cu13/bin/nvcc"),
-        PathBuf::from("/usr/local/cuda/bin/nvcc"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
+    nvcc_places(root).into_iter().find(|p| p.is_file())
 }
 
 /// A line of progress for whoever runs the build. Cargo shows a build script's output only when it fails (or
@@ -356,15 +359,22 @@ fn unit_names(running: &[(String, std::process::Child, std::time::Instant)]) -> 
 
 /// Compiles `kernels/collectives/` into fatbins and writes `collective_kernels.rs` into OUT_DIR: a list of
 /// (unit name, fatbin bytes). Without nvcc the list is empty and the library says so when a collective is
-/// called.
+/// called; the crate is then compiled with `cfg(built_without_nvcc)` and `LIB_NVCC_LOOKED_FOR` (the places
+/// looked at, `:`-separated), so that its kernel test says it has nothing to check instead of failing, and
+/// fails where nvcc has appeared at one of those places since. Where nvcc was found, a build without every
+/// kernel fails that test.
 fn compile_collective_kernels(root: &Path) {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let list = out_dir.join("collective_kernels.rs");
+    println!("cargo:rustc-check-cfg=cfg(built_without_nvcc)");
     let Some(nvcc) = find_nvcc(root) else {
         println!(
             "cargo:warning=nvcc not found (set NVCC, or run make): the library is built without its collective \
              kernels, and mscclppAllReduce and the other collectives will fail saying so"
         );
+        println!("cargo:rustc-cfg=built_without_nvcc");
+        let places: Vec<String> = nvcc_places(root).iter().map(|p| p.display().to_string()).collect();
+        println!("cargo:rustc-env=LIB_NVCC_LOOKED_FOR={}", places.join(":"));
         write_if_changed(&list, "pub static FATBINS: &[(&str, &[u8])] = &[];\n");
         return;
     };
