@@ -142,20 +142,18 @@ void jitter(Rank& R, int c, int step)
 // included), the rank's non-blocking stream on odd ones.
 cudaStream_t cycleStream(cudaStream_t own, int c) { return c % 2 == 0 ? cudaStreamLegacy : own; }
 
-std::string caseSuspendThenWindow(Rank& R)
+// gCycles cycles of `steps` (its window opened or not by it, closed here), each on cycleStream's stream and
+// ended together by every rank; `what` names a cycle in the reasons.
+template <typename Steps>
+std::string cycles(Rank& R, const char* what, Steps steps)
 {
   const cudaStream_t own = R.stream;
   for (int c = 0; c < gCycles; ++c) {
     R.stream = cycleStream(own, c);
-    const std::string when = fmt("after suspend and resume %d of %d (%s stream)", c + 1, gCycles,
+    const std::string when = fmt("%s %d of %d (%s stream)", what, c + 1, gCycles,
                                  c % 2 == 0 ? "legacy default" : "non-blocking");
     Window w;
-    jitter(R, c, 0);
-    std::string why = suspendResume(R, c, when.c_str());
-    jitter(R, c, 1);
-    if (why.empty()) why = openWindow(R, &w);
-    jitter(R, c, 2);
-    if (why.empty()) why = allReduces(R, w.buf, w.out, when.c_str(), false);
+    std::string why = steps(c, when, &w);
     if (why.empty()) why = closeWindow(R, &w);
     R.stream = own;
     TC_TRY(together(R, why, when.c_str()));
@@ -164,26 +162,30 @@ std::string caseSuspendThenWindow(Rank& R)
   return "";
 }
 
+std::string caseSuspendThenWindow(Rank& R)
+{
+  return cycles(R, "after suspend and resume", [&](int c, const std::string& when, Window* w) {
+    jitter(R, c, 0);
+    std::string why = suspendResume(R, c, when.c_str());
+    jitter(R, c, 1);
+    if (why.empty()) why = openWindow(R, w);
+    jitter(R, c, 2);
+    if (why.empty()) why = allReduces(R, w->buf, w->out, when.c_str(), false);
+    return why;
+  });
+}
+
 std::string caseWindowAcrossSuspend(Rank& R)
 {
-  const cudaStream_t own = R.stream;
-  for (int c = 0; c < gCycles; ++c) {
-    R.stream = cycleStream(own, c);
-    const std::string when = fmt("registered before suspend %d of %d (%s stream)", c + 1, gCycles,
-                                 c % 2 == 0 ? "legacy default" : "non-blocking");
-    Window w;
-    std::string why = openWindow(R, &w);
-    if (why.empty()) why = allReduces(R, w.buf, w.out, (when + ", before it").c_str());
+  return cycles(R, "registered before suspend", [&](int c, const std::string& when, Window* w) {
+    std::string why = openWindow(R, w);
+    if (why.empty()) why = allReduces(R, w->buf, w->out, (when + ", before it").c_str());
     jitter(R, c, 3);
     if (why.empty()) why = suspendResume(R, c, when.c_str());
     jitter(R, c, 4);
-    if (why.empty()) why = allReduces(R, w.buf, gOut, (when + ", after the resume").c_str());
-    if (why.empty()) why = closeWindow(R, &w);
-    R.stream = own;
-    TC_TRY(together(R, why, when.c_str()));
-  }
-  R.info = fmt("%d cycles", gCycles);
-  return "";
+    if (why.empty()) why = allReduces(R, w->buf, gOut, (when + ", after the resume").c_str());
+    return why;
+  });
 }
 
 std::string caseGraphAfterResume(Rank& R)

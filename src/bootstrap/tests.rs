@@ -812,6 +812,23 @@ fn fake_last_rank(root: SocketAddr, n: usize) -> FakeRank {
     }
 }
 
+/// A fake rank `rank` of `n` that says hello at the root `root`, giving a listener it never accepts on: its
+/// connection to the root (open, so that it stays in the job) and the listener.
+fn hello_at_root(root: SocketAddr, rank: usize, n: usize) -> (TcpStream, TcpListener) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut to_root = wire::connect_by(root, Instant::now() + T).unwrap();
+    let hello = greeting(
+        Kind::RootHello,
+        PROTOCOL_MAGIC,
+        rank,
+        n,
+        0,
+        Some(listener.local_addr().unwrap()),
+    );
+    to_root.write_all(&hello).unwrap();
+    (to_root, listener)
+}
+
 /// Ranks `0..n-1` of an `n`-rank job watched as `liveness` says, and the fake last rank.
 fn job_with_fake_last_rank(n: usize, liveness: Liveness) -> (Vec<Bootstrap>, FakeRank) {
     let root = local_root(PROTOCOL_MAGIC, T);
@@ -1169,17 +1186,7 @@ fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
     thread::scope(|s| {
         let r0 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 0, 3, short, patient()));
         let r1 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 1, 3, short, patient()));
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut to_root = wire::connect_by(addr, Instant::now() + T).unwrap();
-        let hello = greeting(
-            Kind::RootHello,
-            PROTOCOL_MAGIC,
-            2,
-            3,
-            0,
-            Some(listener.local_addr().unwrap()),
-        );
-        to_root.write_all(&hello).unwrap();
+        let (mut to_root, _listener) = hello_at_root(addr, 2, 3);
         let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::ADDR_LEN).unwrap();
         let rank0 = wire::decode_addr(table[..wire::ADDR_LEN].try_into().unwrap())
             .unwrap()
@@ -1207,17 +1214,7 @@ fn a_rank_whose_set_up_fails_says_it_closes_its_connections_without_a_goodbye() 
     let addr = root.local_addr();
     // Rank 2 of 3 reaches the root but never connects to its peers: ranks 0 and 1 connect to each other,
     // wait for it, and give up.
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut to_root = wire::connect_by(addr, Instant::now() + T).unwrap();
-    let hello = greeting(
-        Kind::RootHello,
-        PROTOCOL_MAGIC,
-        2,
-        3,
-        0,
-        Some(listener.local_addr().unwrap()),
-    );
-    to_root.write_all(&hello).unwrap();
+    let (to_root, _listener) = hello_at_root(addr, 2, 3);
     for result in on_ranks(2, |r| {
         Bootstrap::connect(addr, PROTOCOL_MAGIC, r, 3, timeout).map(|_| ())
     }) {
