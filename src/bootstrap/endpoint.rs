@@ -113,6 +113,9 @@ impl Bootstrap {
         };
         let listener = TcpListener::bind(bind_addr)
             .map_err(|e| Error::io(format!("rank {rank}: listening for peers at {bind_addr}"), e))?;
+        // Every higher rank connects here at once.
+        super::sys::widen_backlog(&listener)
+            .map_err(|e| Error::io(format!("rank {rank}: listening for peers at {bind_addr}"), e))?;
         let listen_addr = listener
             .local_addr()
             .map_err(|e| Error::io(format!("rank {rank}: reading the listen address"), e))?;
@@ -182,8 +185,15 @@ impl Bootstrap {
     /// Connects to every lower rank and waits for every higher one to connect: the last step of set-up.
     fn connect_mesh(&self, deadline: Instant, timeout: Duration) -> Result<()> {
         let rank = self.rank;
+        // Every lower rank's connection is opened and greeted first, then the answers are read: the peers
+        // answer side by side, where one connection at a time waited for each peer's receive thread in
+        // turn (at 256 ranks on two cores the last ranks' shrinks ran out of their 30 s that way).
+        let mut greeted = Vec::with_capacity(rank);
         for peer in 0..rank {
-            let stream = self.connect_peer(peer, deadline)?;
+            greeted.push(self.greet_peer(peer, deadline)?);
+        }
+        for (peer, stream) in greeted.into_iter().enumerate() {
+            let stream = self.answered_by_peer(peer, stream, deadline)?;
             let writer = stream
                 .try_clone()
                 .map_err(|e| Error::io(format!("rank {rank}: duplicating the socket to peer {peer}"), e))?;
@@ -213,17 +223,29 @@ impl Bootstrap {
         Ok(())
     }
 
-    /// Opens the connection to a lower rank and completes its handshake.
-    fn connect_peer(&self, peer: usize, deadline: Instant) -> Result<TcpStream> {
-        let (rank, addr, magic) = (self.rank, self.peers[peer], self.shared().magic);
-        let what = format!("rank {rank}: connecting to peer {peer} at {addr}");
+    /// What the errors of the connection to `peer` begin with.
+    fn connecting_to(&self, peer: usize) -> String {
+        format!("rank {}: connecting to peer {peer} at {}", self.rank, self.peers[peer])
+    }
+
+    /// Opens the connection to a lower rank and sends its hello (`answered_by_peer` reads the answer).
+    fn greet_peer(&self, peer: usize, deadline: Instant) -> Result<TcpStream> {
+        let (addr, magic) = (self.peers[peer], self.shared().magic);
+        let what = self.connecting_to(peer);
         let mut stream =
             wire::connect_to_listening(addr, deadline).map_err(|e| Error::remote(format!("{what}: {e}")))?;
-        let mut hello = Greeting::new(Kind::PeerHello, magic, rank, self.nranks);
+        let mut hello = Greeting::new(Kind::PeerHello, magic, self.rank, self.nranks);
         hello.aux = peer as u32;
         stream
             .write_all(&hello.encode())
             .map_err(|e| Error::remote(format!("{what}: {e}")))?;
+        Ok(stream)
+    }
+
+    /// Reads a lower rank's answer to the hello `greet_peer` sent: the handshake is complete.
+    fn answered_by_peer(&self, peer: usize, mut stream: TcpStream, deadline: Instant) -> Result<TcpStream> {
+        let magic = self.shared().magic;
+        let what = self.connecting_to(peer);
         let timeout = deadline.saturating_duration_since(Instant::now());
         let (reply, _) = wire::read_reply(&mut stream, deadline, 0).map_err(|r| refusal_error(r, &what, timeout))?;
         if reply.rank as usize != peer || reply.magic != magic {

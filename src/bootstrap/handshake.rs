@@ -10,7 +10,10 @@ use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Connections still in their handshake beyond this many are closed at once (a flood of strangers).
+/// At most this many connections are in their handshake at once; the rest wait in the listener's backlog
+/// (`sys::LISTEN_BACKLOG`) until some finish or time out, so that a flood of strangers holds up real ranks
+/// only for their deadline, and a job larger than this is let in as its greetings arrive (it was turned
+/// away: 512 host-only ranks on two cores, "too many unfinished handshakes" at the root).
 const MAX_PENDING: usize = 256;
 /// The most connections that ended in their handshake `take_lost` keeps (the latest).
 const MAX_LOST: usize = 2;
@@ -83,19 +86,18 @@ impl PendingHandshakes {
         self.pending.iter().map(|p| p.deadline).min()
     }
 
-    /// Accepts every connection waiting at `listener` (which is non-blocking), up to the bound.
+    /// Whether another connection may start its handshake: the caller polls its listener only then (the
+    /// connections beyond wait in its backlog).
+    pub fn has_room(&self) -> bool {
+        self.pending.len() < MAX_PENDING
+    }
+
+    /// Accepts the connections waiting at `listener` (which is non-blocking), up to the bound.
     pub fn accept_from(&mut self, listener: &TcpListener) {
         let label = &self.label;
-        loop {
+        while self.has_room() {
             match listener.accept() {
                 Ok((stream, from)) => {
-                    if self.pending.len() >= MAX_PENDING {
-                        warn!(
-                            "{}turned away {}{from}: too many unfinished handshakes",
-                            label.prefix, label.stranger
-                        );
-                        continue;
-                    }
                     // Accepted sockets do not inherit the listener's non-blocking mode; make sure.
                     if let Err(e) = stream.set_nonblocking(false) {
                         warn!("{}dropped {}{from}: {e}", label.prefix, label.stranger);

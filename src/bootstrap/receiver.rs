@@ -283,7 +283,12 @@ impl Loop {
 
             let mut entries = vec![PollEntry::readable(&self.wake)];
             if let Some(listener) = &self.listener {
-                entries.push(PollEntry::readable(listener));
+                // Only while a handshake may start; the connections beyond wait in its backlog.
+                entries.push(if self.pending.has_room() {
+                    PollEntry::readable(listener)
+                } else {
+                    PollEntry::ignored()
+                });
             }
             let first_pending = entries.len();
             entries.extend(self.pending.poll_entries());

@@ -41,6 +41,8 @@ impl Root {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::io(format!("bootstrap root: cannot listen at {addr}"), e))?;
         let context = |what: &str| format!("bootstrap root at {addr}: {what}");
+        // Every rank of the job says hello here at once.
+        super::sys::widen_backlog(&listener).map_err(|e| Error::io(context("setting up the listener"), e))?;
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the listener"), e))?;
@@ -192,7 +194,13 @@ impl RootLoop {
             } else {
                 PollEntry::ignored()
             };
-            let mut entries = vec![wake, PollEntry::readable(&self.listener)];
+            // The listener only while a handshake may start; the connections beyond wait in its backlog.
+            let listening = if self.pending.has_room() {
+                PollEntry::readable(&self.listener)
+            } else {
+                PollEntry::ignored()
+            };
+            let mut entries = vec![wake, listening];
             entries.extend(self.pending.poll_entries());
             let first_joined = entries.len();
             let joined: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_some()).collect();

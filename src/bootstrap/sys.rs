@@ -46,6 +46,23 @@ impl PollEntry {
     }
 }
 
+/// The most connections a listener of the bootstrap keeps waiting to be accepted (the kernel caps it at
+/// `net.core.somaxconn`). std listens with 128; a root that every rank of a large job reaches at once, and
+/// a rank that every higher rank connects to at once, overflow that: the kernel then resets or drops the
+/// connections beyond it, which peers took for a rank gone (256 host-only ranks: "Connection reset by
+/// peer" in their init and shrink).
+pub const LISTEN_BACKLOG: libc::c_int = 65535;
+
+/// Raises the backlog of `listener` (already listening) to `LISTEN_BACKLOG`.
+pub fn widen_backlog(listener: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: `listen` on a descriptor we own that is a bound, listening TCP socket; calling it again only
+    // changes the backlog.
+    if unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Waits until one of `entries` is ready or `timeout` passes (`None`: no limit). Interrupted waits
 /// return with nothing ready; callers loop anyway.
 pub fn poll(entries: &mut [PollEntry], timeout: Option<Duration>) -> io::Result<()> {
@@ -195,6 +212,23 @@ pub fn interface_index(name: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_widened_listener_holds_hundreds_of_connections_not_yet_accepted() {
+        // 300 connections at once, none accepted: std's backlog of 128 drops the ones past it (each connect
+        // then times out), the widened one holds them all.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        widen_backlog(&listener).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held: Vec<_> = (0..300)
+            .map(|i| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+                    .unwrap_or_else(|e| panic!("connection {i} of 300: {e}"))
+            })
+            .collect();
+        assert_eq!(held.len(), 300);
+    }
+
     use super::*;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
