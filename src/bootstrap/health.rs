@@ -6,8 +6,9 @@
 //! `Liveness::timeout` (a stopped process, a lost host or link). Heartbeats come from the library's own
 //! thread, so a rank whose application threads are idle or busy for hours stays alive.
 //!
-//! The first failure is kept (`PeerFailure`): every later wait fails with it, the rank that noticed it
-//! tells every other peer (an abort notice, so that a failure seen by one is seen by all), and the hook
+//! The first failure is kept (`PeerFailure`): every later wait fails with it, the rank that learned of it
+//! passes it on (an abort notice to the ranks 1, 2, 4, ... after it, each of which does the same once, so
+//! that a failure seen by one is seen by all within log2(n) steps: `receiver::spread_to`), and the hook
 //! the communicator registered runs once, on a thread of its own.
 
 use super::endpoint::Bootstrap;

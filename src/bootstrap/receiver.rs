@@ -70,22 +70,40 @@ impl Shared {
         };
         warn!("{failure}");
         self.mailbox.fail(failure.error());
-        let notice = match &failure.cause {
-            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => Some(Notice::Dead {
-                rank: failure.rank as u32,
-                how: failure.how(),
-                silent_ms: failure.silent_for.map(|d| d.as_millis() as u64),
-            }),
-            Cause::LocalAbort => Some(Notice::Aborted),
-            // Whoever saw it first-hand tells everyone.
-            Cause::ReportedBy { .. } | Cause::Aborted => None,
+        // A rank's death spreads as a dissemination: whoever learns of it first, first-hand or told, tells
+        // the ranks 1, 2, 4, ... after it (`spread_to`), so every rank hears within log2(n) steps and the
+        // notices number at most n log2(n), where a killed rank's peers, each seeing its connection close,
+        // used to send n - 2 each (65 thousand notices at 256 ranks, on top of the failure). A rank's own
+        // abort goes to every peer at once: it has one source.
+        let silent_ms = failure.silent_for.map(|d| d.as_millis() as u64);
+        let (notice, to) = match &failure.cause {
+            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => (
+                Some(Notice::Dead {
+                    rank: failure.rank as u32,
+                    how: failure.how(),
+                    silent_ms,
+                }),
+                spread_to(self.rank, self.nranks, failure.rank),
+            ),
+            Cause::ReportedBy { how, .. } => (
+                Some(Notice::Dead {
+                    rank: failure.rank as u32,
+                    how: how.clone(),
+                    silent_ms,
+                }),
+                spread_to(self.rank, self.nranks, failure.rank),
+            ),
+            Cause::LocalAbort => (
+                Some(Notice::Aborted),
+                (0..self.nranks).filter(|&p| p != self.rank).collect(),
+            ),
+            // The aborting rank tells every peer itself.
+            Cause::Aborted => (None, Vec::new()),
         };
         if let Some(notice) = notice {
             let frame = notice.frame();
-            for (peer, outbox) in self.outboxes.iter().enumerate() {
-                if peer != self.rank && peer != failure.rank {
-                    outbox.queue(&frame);
-                }
+            for peer in to {
+                self.outboxes[peer].queue(&frame);
             }
             self.wake();
         }
@@ -103,6 +121,20 @@ impl Shared {
             }
         }
     }
+}
+
+/// The peers `rank` of `nranks` passes a death of `failed` on to: the ranks 1, 2, 4, ... after it (modulo
+/// `nranks`), but itself and `failed`. Every one does so once, when it first learns of it, so a death that
+/// one rank saw reaches every other (any distance is a sum of distinct powers of two, and a path that runs
+/// through the dead rank has another order of the same steps that does not).
+pub(crate) fn spread_to(rank: usize, nranks: usize, failed: usize) -> Vec<usize> {
+    let mut to: Vec<usize> = std::iter::successors(Some(1usize), |d| d.checked_mul(2))
+        .take_while(|&d| d < nranks)
+        .map(|d| (rank + d) % nranks)
+        .filter(|&p| p != rank && p != failed)
+        .collect();
+    to.dedup();
+    to
 }
 
 /// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (once the rank's

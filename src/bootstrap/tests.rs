@@ -1232,3 +1232,44 @@ fn a_rank_whose_set_up_fails_says_it_closes_its_connections_without_a_goodbye() 
     }
     drop(to_root);
 }
+
+#[test]
+fn a_death_spread_by_powers_of_two_reaches_every_rank_in_log_steps_with_few_notices() {
+    use super::receiver::spread_to;
+    for n in (2usize..=70).chain([255, 256, 257, 1000]) {
+        let steps_bound = usize::BITS - (n - 1).leading_zeros(); // ceil(log2 n)
+        for failed in [0, n / 2, n - 1] {
+            for observer in (0..n).filter(|&r| r != failed).step_by(if n > 100 { 97 } else { 1 }) {
+                // Each rank tells its peers once, when it first hears; count the steps and the notices.
+                let mut heard = vec![usize::MAX; n];
+                heard[observer] = 0;
+                let mut frontier = vec![observer];
+                let mut notices = 0;
+                while !frontier.is_empty() {
+                    let mut next = Vec::new();
+                    for r in frontier {
+                        for p in spread_to(r, n, failed) {
+                            assert!(p != r && p != failed && p < n, "n {n}: {r} tells {p}");
+                            notices += 1;
+                            if heard[p] == usize::MAX {
+                                heard[p] = heard[r] + 1;
+                                next.push(p);
+                            }
+                        }
+                    }
+                    frontier = next;
+                }
+                for (r, &h) in heard.iter().enumerate() {
+                    if r != failed {
+                        assert!(
+                            h != usize::MAX,
+                            "n {n}, rank {failed} dead, seen by {observer}: rank {r} never hears"
+                        );
+                        assert!(h <= steps_bound as usize + 1, "n {n}: rank {r} hears after {h} steps");
+                    }
+                }
+                assert!(notices <= n * steps_bound as usize, "n {n}: {notices} notices");
+            }
+        }
+    }
+}
