@@ -75,24 +75,18 @@ impl Shared {
         // notices number at most n log2(n), where a killed rank's peers, each seeing its connection close,
         // used to send n - 2 each (65 thousand notices at 256 ranks, on top of the failure). A rank's own
         // abort goes to every peer at once: it has one source.
-        let silent_ms = failure.silent_for.map(|d| d.as_millis() as u64);
+        let dead = |how: String| {
+            let notice = Notice::Dead {
+                rank: failure.rank as u32,
+                how,
+                silent_ms: failure.silent_for.map(|d| d.as_millis() as u64),
+            };
+            (Some(notice), spread_to(self.rank, self.nranks, failure.rank))
+        };
         let (notice, to) = match &failure.cause {
-            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => (
-                Some(Notice::Dead {
-                    rank: failure.rank as u32,
-                    how: failure.how(),
-                    silent_ms,
-                }),
-                spread_to(self.rank, self.nranks, failure.rank),
-            ),
-            Cause::ReportedBy { how, .. } => (
-                Some(Notice::Dead {
-                    rank: failure.rank as u32,
-                    how: how.clone(),
-                    silent_ms,
-                }),
-                spread_to(self.rank, self.nranks, failure.rank),
-            ),
+            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => dead(failure.how()),
+            // Passed on as it was told, so every rank names how the first one saw it.
+            Cause::ReportedBy { how, .. } => dead(how.clone()),
             Cause::LocalAbort => (
                 Some(Notice::Aborted),
                 (0..self.nranks).filter(|&p| p != self.rank).collect(),

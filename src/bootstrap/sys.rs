@@ -212,6 +212,10 @@ pub fn interface_index(name: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Instant;
 
     #[test]
     fn a_widened_listener_holds_hundreds_of_connections_not_yet_accepted() {
@@ -228,11 +232,6 @@ mod tests {
             .collect();
         assert_eq!(held.len(), 300);
     }
-
-    use super::*;
-    use std::io::Write;
-    use std::net::{TcpListener, TcpStream};
-    use std::time::Instant;
 
     #[test]
     fn loopback_is_listed_and_has_an_index() {
