@@ -102,6 +102,14 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+    /// The message must end here, but for zero bytes that pad it to a fixed block.
+    pub fn finish_padded(self) -> Result<()> {
+        if self.rest.iter().all(|&b| b == 0) {
+            Ok(())
+        } else {
+            Err(self.malformed("has non-zero bytes after its end"))
+        }
+    }
     /// The message must end here.
     pub fn finish(self) -> Result<()> {
         if self.rest.is_empty() {
@@ -145,6 +153,23 @@ mod tests {
         let bytes = w.into_bytes();
         let e = Reader::new(&bytes[..3], "test message").u32().unwrap_err();
         assert!(e.message.contains("test message is truncated"), "{}", e.message);
+        // Zero padding after a message's end is allowed where asked for, anything else is not.
+        let mut padded = bytes.clone();
+        padded.extend([0; 5]);
+        let mut r = Reader::new(&padded, "test message");
+        r.u32().unwrap();
+        r.string(16).unwrap();
+        r.finish_padded().unwrap();
+        *padded.last_mut().unwrap() = 1;
+        let mut r = Reader::new(&padded, "test message");
+        r.u32().unwrap();
+        r.string(16).unwrap();
+        assert!(
+            r.finish_padded()
+                .unwrap_err()
+                .message
+                .contains("non-zero bytes after its end")
+        );
         let e = Reader::new(&bytes, "test message").magic(2).unwrap_err();
         assert!(e.message.contains("wrong magic"), "{}", e.message);
         let mut r = Reader::new(&bytes, "test message");

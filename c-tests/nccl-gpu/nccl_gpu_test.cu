@@ -61,7 +61,9 @@
 //       from ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same
 //       code, ncclGetLastError names the dead rank; the survivors then ncclCommShrink the dead rank out
 //       (NCCL_SHRINK_ABORT), run an all-reduce on their new communicator checked against the host
-//       reference, destroy it, and ncclCommAbort the old one
+//       reference, destroy it, ncclCommAbort the old one, and make a new communicator of the survivors
+//       from a fresh unique id on the same GPU(s) (an all-reduce on it checked, then its destroy): the dead
+//       rank's memory, gone while their kernels may have been writing into it, must not have faulted them
 //   initall: ncclCommInitAll in one process with one device, with a device that does not exist (refused at
 //       once, ncclInvalidArgument naming it and the count), and with every GPU where there are several
 //       (all-reduces on each in one group)
@@ -2255,6 +2257,8 @@ struct KillResult
   int shrunkRank;
   int shrunkDestroyRc;
   char shrunkWhy[240]; // the all-reduce on it, where it failed
+  int freshRc;         // a new communicator of the survivors (ncclCommInitRank, after the abort)
+  char freshWhy[240];  // its all-reduce or destroy, where it failed
   char lastError[240];
   char note[240];
 };
@@ -2412,6 +2416,38 @@ int killRank(Rank& R, KillShared* S, bool p2p)
   }
   out.abortS = nowSec() - t0;
   out.abortRc = (int)abortRc;
+
+  // A new communicator of the survivors on the same GPU(s), from a fresh unique id: the dead rank's memory
+  // went with it while the survivors' kernels may still have been writing into it, and a kernel that faulted
+  // there would have ended every MPS client of the GPU, these ranks' next work included.
+  Rank F = R;
+  F.nranks = R.nranks - 1;
+  ncclUniqueId freshId;
+  why = shareId(F, 1, &freshId);
+  ncclComm_t fresh = nullptr;
+  ncclComm_t* freshAt = &fresh;
+  ncclResult_t freshRc = ncclSuccess;
+  if (why.empty() && !bounded<ncclResult_t>(R.device, 40 * scale,
+                                            [freshAt, freshId, &F] {
+                                              return ncclCommInitRank(freshAt, F.nranks, freshId, F.rank);
+                                            },
+                                            &freshRc)) {
+    fail("ncclCommInitRank of the survivors' new communicator did not return within 40 s");
+    _exit(2);
+  }
+  out.freshRc = (int)freshRc;
+  if (why.empty() && freshRc == ncclSuccess) {
+    Spec s;
+    s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = (1u << 20) / 4, s.salt = 7;
+    why = runOne(F, fresh, s);
+    ncclResult_t destroyRc = ncclSuccess;
+    if (!bounded<ncclResult_t>(R.device, 20 * scale, [fresh] { return ncclCommDestroy(fresh); }, &destroyRc)) {
+      fail("ncclCommDestroy of the survivors' new communicator did not return within 20 s");
+      _exit(2);
+    }
+    if (why.empty() && destroyRc != ncclSuccess) why = fmt("ncclCommDestroy returned %s", resultName(destroyRc));
+  }
+  copyText(out.freshWhy, sizeof(out.freshWhy), why);
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
   freeRankBuffers(R);
   out.finished = 1;
@@ -2488,12 +2524,15 @@ int runKill(const Options& opt, bool p2p)
       why = fmt("ncclCommDestroy of the shrunk communicator returned %s", resultName((ncclResult_t)o.shrunkDestroyRc));
     else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
     else if (o.abortS > 10 * scale) why = fmt("ncclCommAbort took %.2f s", o.abortS);
+    else if (o.freshRc != ncclSuccess)
+      why = fmt("the survivors' new communicator: ncclCommInitRank returned %s", resultName((ncclResult_t)o.freshRc));
+    else if (o.freshWhy[0]) why = fmt("the survivors' new communicator: %s", o.freshWhy);
     if (!why.empty()) {
       printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
       ++failed;
     } else {
       info += fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, shrunk to %d "
-                  "rank(s) in %.2f s (all-reduce checked), abort %.2f s;",
+                  "rank(s) in %.2f s (all-reduce checked), abort %.2f s, a new communicator of the survivors right;",
                   r, o.iterations, o.tDetect - tKill, o.syncS, o.shrunkCount, o.shrinkS, o.abortS);
     }
   }

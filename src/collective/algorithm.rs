@@ -268,18 +268,24 @@ pub fn threads(protocol: Protocol) -> u32 {
 ///
 /// A block waits for its namesakes on every peer, so every rank's blocks must be resident at once: with
 /// ranks sharing a GPU whose kernels run side by side (MPS), blocks of one rank that cannot find room
-/// while the others' spin would wait forever. Each rank takes at most its share of the GPU; a rank is at
-/// most one kernel ahead of its peers, and only after its previous kernel ended, so the shares never add
-/// up to more than the GPU holds. Refused, naming the limit, where a share would not hold one block.
+/// while the others' spin would wait forever. So the ranks of a GPU take half of what it holds between
+/// them, never all of it: shares that filled the GPU exactly left no room for any other work, and four
+/// PyTorch processes on one H200 under MPS (2026-12-01) hung in every run on a 4 MiB all-reduce of 64
+/// blocks each (the GPU holds 264), as they did at 48 blocks each, while 33 and 34 blocks each passed
+/// every run (the C programs of the same steps passed at 64). A rank is at most one kernel ahead of its
+/// peers, and only after its previous kernel ended, so the shares never add up to more than half the
+/// GPU. A rank alone on its GPU may fill it: its blocks wait only for peers on other GPUs. Refused, naming
+/// the limit, where a share would not hold one block.
 pub fn resident_share(kernel: &str, multiprocessors: u32, per_multiprocessor: u32, sharers: usize) -> Result<u32> {
     let resident = multiprocessors as u64 * per_multiprocessor as u64;
-    let share = resident / sharers.max(1) as u64;
+    let usable = if sharers > 1 { resident / 2 } else { resident };
+    let share = usable / sharers.max(1) as u64;
     if share == 0 {
         return Err(Error::invalid_usage(format!(
             "{sharers} ranks share this GPU, but it holds only {resident} blocks of {kernel} at once \
              ({multiprocessors} multiprocessors x {per_multiprocessor}): every rank's blocks must be resident \
-             together, so at most {resident} ranks can share it (fewer ranks per GPU, or a larger \
-             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)"
+             together within half of it, so at most {usable} ranks can share it (fewer ranks per GPU, or a \
+             larger CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)"
         )));
     }
     Ok(share.min(MAX_BLOCKS as u64) as u32)
@@ -430,15 +436,20 @@ mod tests {
     fn ranks_sharing_a_gpu_split_its_resident_blocks() {
         // One H100 (132 multiprocessors, two 1024-thread blocks each): alone, a rank may fill it.
         assert_eq!(resident_share("k", 132, 2, 1).unwrap(), MAX_BLOCKS);
-        // Eight ranks under MPS: 33 blocks each, 264 in all; the copy all-reduce of 1 GiB then has 33.
-        assert_eq!(resident_share("k", 132, 2, 8).unwrap(), 33);
-        assert_eq!(grid(Collective::AllReduce, Protocol::Copy, 8, 1 << 30, 33), (33, 1024));
-        assert_eq!(resident_share("k", 132, 1, 16).unwrap(), 8);
+        // Ranks sharing it take half of it between them: four ranks 33 blocks each, eight 16 (128 of 264);
+        // the copy all-reduce of 1 GiB then has 16.
+        assert_eq!(resident_share("k", 132, 2, 4).unwrap(), 33);
+        assert_eq!(resident_share("k", 132, 2, 8).unwrap(), 16);
+        assert_eq!(grid(Collective::AllReduce, Protocol::Copy, 8, 1 << 30, 16), (16, 1024));
+        assert_eq!(resident_share("k", 132, 1, 16).unwrap(), 4);
+        assert_eq!(resident_share("k", 132, 1, 66).unwrap(), 1);
+        assert!(resident_share("k", 132, 1, 67).is_err());
         // A share below one block is refused, naming the kernel and the numbers.
         let e = resident_share("mscclpp_allgather_copy", 6, 1, 16).unwrap_err();
         assert!(
             e.message.contains("16 ranks share this GPU")
-                && e.message.contains("only 6 blocks of mscclpp_allgather_copy"),
+                && e.message.contains("only 6 blocks of mscclpp_allgather_copy")
+                && e.message.contains("at most 3 ranks"),
             "{e}"
         );
         // A kernel that cannot run at all with these threads holds no block anywhere.

@@ -9,6 +9,12 @@
 //! send and receive (`send_recv.rs`) follows the two slots in the same allocation, so that it is mapped by every
 //! peer in the same set-up, before any send or receive (the first of which need not involve every rank),
 //! and the signal counters of the one-sided calls (`signal.rs`) follow it, for the same reason.
+//!
+//! The buffer is shared memory (`gpu::SharedAllocation`) wherever the device supports it, its descriptor
+//! passed to the peers of this machine: a peer's mapping then keeps the pages alive, so that a kernel of a
+//! peer still writing into this rank's buffer after this rank freed it (a suspend, a destroy, an abort) or
+//! died never touches freed memory (under MPS such a fault would end every client of the GPU). Elsewhere
+//! it is a plain allocation exported by CUDA IPC, with a line at INFO saying so.
 
 use super::Collective;
 use super::algorithm::{Protocol, window_bytes};
@@ -16,12 +22,54 @@ use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
-use crate::gpu::{DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, ProcessId, Stream};
+use crate::gpu::{
+    DescriptorInbox, DeviceAllocation, DevicePtr, GpuContext, IpcExport, IpcMapping, ProcessId, SharedAllocation,
+    SharedMapping, Stream, send_descriptor, shareable_supported,
+};
+
+/// This rank's buffer: shared memory, or a plain allocation that CUDA IPC exports (see the module's doc).
+enum OwnBuffer {
+    Shared(SharedAllocation),
+    Ipc(DeviceAllocation),
+}
+
+impl OwnBuffer {
+    fn ptr(&self) -> DevicePtr {
+        match self {
+            OwnBuffer::Shared(s) => s.ptr(),
+            OwnBuffer::Ipc(a) => a.ptr(),
+        }
+    }
+
+    fn size(&self) -> usize {
+        match self {
+            OwnBuffer::Shared(s) => s.size(),
+            OwnBuffer::Ipc(a) => a.size(),
+        }
+    }
+}
+
+/// How a peer of another process of this machine reaches this rank's buffer, as the set-up's exchange
+/// carries it.
+enum Export {
+    /// Shared memory of `size` bytes: its descriptor comes by the peer's inbox.
+    Shared {
+        size: u64,
+    },
+    Ipc(IpcExport),
+}
+
+/// A peer's buffer mapped here; unmapped when dropped (its pages stay while a `Shared` mapping lives).
+/// Held, never read: the addresses are in `Scratch::ptrs`.
+enum PeerMapping {
+    Shared(#[allow(dead_code)] SharedMapping),
+    Ipc(#[allow(dead_code)] IpcMapping),
+}
 
 pub struct Scratch {
     /// Peers' buffers mapped here (none for peers in this process).
-    _mappings: Vec<IpcMapping>,
-    own: DeviceAllocation,
+    _mappings: Vec<PeerMapping>,
+    own: OwnBuffer,
     /// Every rank's buffer as this context reaches it, by rank.
     pub ptrs: [DevicePtr; MAX_RANKS],
     pub slot_bytes: u64,
@@ -79,8 +127,18 @@ impl Scratch {
         let send_recv_offset = 2 * slot_bytes;
         let send_recv_shape = super::send_recv::Shape::from_settings(nranks);
         let signal_offset = send_recv_offset + send_recv_shape.area_bytes(nranks);
-        let own = DeviceAllocation::zeroed_on(gpu, (signal_offset + super::signal::AREA_BYTES) as usize, &stream)?;
+        let own_bytes = (signal_offset + super::signal::AREA_BYTES) as usize;
+        let own = if shareable_supported(gpu) {
+            OwnBuffer::Shared(SharedAllocation::zeroed_on(gpu, own_bytes, &stream)?)
+        } else {
+            log::info!(
+                "collectives: this GPU cannot share memory by file descriptor; the scratch is exported by CUDA IPC \
+                 (a peer that frees or loses it while this rank's kernels write into it faults them)"
+            );
+            OwnBuffer::Ipc(DeviceAllocation::zeroed_on(gpu, own_bytes, &stream)?)
+        };
         let state = DeviceAllocation::zeroed_on(gpu, super::kernel_args::STATE_WORDS * 8, &stream)?;
+        let inbox = DescriptorInbox::bind()?;
         let me = ProcessId::this();
         let device = device_key(gpu)?;
         let multiprocessors = gpu.multiprocessors()?;
@@ -92,19 +150,36 @@ impl Scratch {
         w.u32(send_recv_shape.lanes)
             .u32(send_recv_shape.depth)
             .u64(send_recv_shape.slot_bytes);
-        IpcExport::new(own.ptr(), own.size() as u64, "the collectives' scratch")?.write(&mut w);
+        // The owner's own address (for ranks of this process), then how other processes reach the buffer.
+        w.u64(own.ptr()).string(inbox.address());
+        match &own {
+            OwnBuffer::Shared(s) => w.u8(1).u64(s.size() as u64),
+            OwnBuffer::Ipc(a) => {
+                w.u8(0);
+                IpcExport::new(a.ptr(), a.size() as u64, "the collectives' scratch")?.write(&mut w);
+                &mut w
+            }
+        };
         let mine = w.into_bytes();
-        let block = mine.len();
+        // Inbox addresses differ in length: every block is padded to the longest a rank can write.
+        let block = mine.len().max(MAX_BLOCK);
+        if mine.len() > block {
+            return Err(Error::internal(format!(
+                "a scratch set-up block of {} bytes",
+                mine.len()
+            )));
+        }
         let mut all = vec![0u8; block * nranks];
-        all[rank * block..(rank + 1) * block].copy_from_slice(&mine);
+        all[rank * block..rank * block + mine.len()].copy_from_slice(&mine);
         bootstrap.all_gather(&mut all, block)?;
 
         let mut ptrs = [0; MAX_RANKS];
         let mut in_this_process = [false; MAX_RANKS];
-        let mut mappings = Vec::new();
         let mut gpus: Vec<(u64, u64)> = Vec::with_capacity(nranks);
         let mut fewest_multiprocessors = u32::MAX;
         let mut smallest_cta_limit = u32::MAX;
+        // The peers of other processes of this machine: their inboxes, and how they export.
+        let mut remote: Vec<(usize, Vec<u8>, Export)> = Vec::new();
         for (peer, bytes) in all.chunks(block).enumerate() {
             let mut r = Reader::new(bytes, "collective scratch");
             let process = ProcessId::read(&mut r)?;
@@ -123,8 +198,13 @@ impl Scratch {
                      every rank"
                 )));
             }
-            let export = IpcExport::read(&mut r)?;
-            r.finish()?;
+            let address = r.u64()?;
+            let peer_inbox = r.string(MAX_BLOCK)?.to_vec();
+            let export = match r.u8()? {
+                1 => Export::Shared { size: r.u64()? },
+                _ => Export::Ipc(IpcExport::read(&mut r)?),
+            };
+            r.finish_padded()?;
             gpus.push((process.host, peer_device));
             in_this_process[peer] = process == me;
             if peer == rank {
@@ -137,24 +217,25 @@ impl Scratch {
                      (they need every rank's GPU in this machine)"
                 )));
             }
-            if export.size != own.size() as u64 {
+            let size = match &export {
+                Export::Shared { size } => *size,
+                Export::Ipc(e) => e.size,
+            };
+            if size != own.size() as u64 {
                 return Err(Error::invalid_usage(format!(
-                    "rank {peer}'s collective scratch has {} bytes and ours {}: MSCCLPP_COLL_SCRATCH_MB must be \
+                    "rank {peer}'s collective scratch has {size} bytes and ours {}: MSCCLPP_COLL_SCRATCH_MB must be \
                      the same on every rank",
-                    export.size,
                     own.size()
                 )));
             }
-            ptrs[peer] = if process == me {
-                gpu.enable_peer_access_to(export.address);
-                export.address
+            if process == me {
+                gpu.enable_peer_access_to(address);
+                ptrs[peer] = address;
             } else {
-                let m = IpcMapping::open(gpu, &export.handle)?;
-                let p = m.base() + export.offset;
-                mappings.push(m);
-                p
-            };
+                remote.push((peer, peer_inbox, export));
+            }
         }
+        let mappings = map_peers(gpu, bootstrap, &own, &inbox, &remote, &mut ptrs)?;
         let gpu_sharers = gpus
             .iter()
             .map(|g| gpus.iter().filter(|h| *h == g).count())
@@ -214,6 +295,58 @@ impl Scratch {
     pub fn device_bytes(&self) -> u64 {
         (self.own.size() + self.state.size()) as u64
     }
+}
+
+/// The most bytes of a rank's block in the set-up's exchange: its fixed fields, an inbox address (at most
+/// `sockaddr_un`'s 108 bytes) and a CUDA IPC export.
+const MAX_BLOCK: usize = 512;
+
+/// Maps the buffers of `remote` (the peers of other processes of this machine) into this context, writing
+/// their addresses into `ptrs`: this rank's descriptor is sent to each of them first where its buffer is
+/// shared, the ranks meet at a barrier (after which every descriptor sent here is in `inbox`), and the
+/// shared peers' descriptors are taken.
+fn map_peers(
+    gpu: &GpuContext,
+    bootstrap: &Bootstrap,
+    own: &OwnBuffer,
+    inbox: &DescriptorInbox,
+    remote: &[(usize, Vec<u8>, Export)],
+    ptrs: &mut [DevicePtr; MAX_RANKS],
+) -> Result<Vec<PeerMapping>> {
+    if let OwnBuffer::Shared(shared) = own {
+        for (peer, peer_inbox, _) in remote {
+            send_descriptor(peer_inbox, bootstrap.rank(), &shared.export()?)
+                .map_err(|e| Error::new(e.kind, format!("passing the scratch to rank {peer}: {}", e.message)))?;
+        }
+    }
+    // Every rank meets here, whatever it shares: the barrier orders every send before every take.
+    bootstrap.barrier()?;
+    let senders: Vec<usize> = remote
+        .iter()
+        .filter(|(_, _, e)| matches!(e, Export::Shared { .. }))
+        .map(|(peer, _, _)| *peer)
+        .collect();
+    let mut descriptors = inbox.take(&senders)?;
+    let mut mappings = Vec::with_capacity(remote.len());
+    for (peer, _, export) in remote {
+        let (mapping, ptr) = match export {
+            Export::Shared { size } => {
+                let fd = descriptors.remove(peer).expect("`take` returned every sender's");
+                let m = SharedMapping::import(gpu, fd, *size as usize)
+                    .map_err(|e| Error::new(e.kind, format!("rank {peer}'s scratch: {}", e.message)))?;
+                let p = m.ptr();
+                (PeerMapping::Shared(m), p)
+            }
+            Export::Ipc(e) => {
+                let m = IpcMapping::open(gpu, &e.handle)?;
+                let p = m.base() + e.offset;
+                (PeerMapping::Ipc(m), p)
+            }
+        };
+        ptrs[*peer] = ptr;
+        mappings.push(mapping);
+    }
+    Ok(mappings)
 }
 
 /// This rank's GPU as every process of the machine names it: its PCI bus id, hashed to a fixed size
