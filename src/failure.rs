@@ -7,10 +7,12 @@
 //! its transports and proxies to abort. From then on every call that needs the peers fails at once with
 //! the failure's error (`check_usable`).
 //!
-//! Async error values: `mscclppSuccess`; `mscclppRemoteError` once a peer failed (declared dead by this
-//! rank or another, or it aborted its communicator); `mscclppInvalidUsage` after this rank's own abort
-//! (the communicator may no longer be used); otherwise the code of a proxy's failure
-//! (`mscclppInternalError`, `mscclppUnhandledCudaError`). Each face maps them onto its own codes.
+//! The first failure is reported as one `Failed` (`failed`, from `PeerFailure::error_by`, the one place a
+//! failure becomes an error): the error every later call returns, and the kind the asynchronous-error
+//! queries report: `Remote` once a peer failed (declared dead by this rank or another, or it aborted its
+//! communicator); `InvalidUsage` after this rank's own abort (the communicator may no longer be used);
+//! otherwise the kind of a proxy's failure (`Internal`, `Cuda`). Each face maps the kinds onto its own
+//! codes, so the NCCL face reports what `mscclppResult_t` cannot say (`Timeout`).
 //!
 //! The core names no face: whoever aborts says who it is (`Communicator::abort`'s `by`, a face's exported
 //! function, or the core's own reason), and the errors and the exit line name that.
@@ -20,15 +22,11 @@
 //! abort, so that a rank whose kernels never look at the abort still ends and its launcher sees it.
 
 use crate::comm::Communicator;
-use crate::error::{Error, Result};
-use crate::types::mscclppResult_t;
+use crate::error::{Error, ErrorKind, Result};
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The asynchronous error after this rank's own abort.
-pub const LOCAL_ABORT_RESULT: mscclppResult_t = mscclppResult_t::mscclppInvalidUsage;
 
 /// The exit status of a process that `MSCCLPP_ABORT_EXIT_TIMEOUT` ends: 75 is `EX_TEMPFAIL` of
 /// `sysexits.h`, "a temporary failure; the user is invited to retry", which is what a job launcher should
@@ -217,15 +215,43 @@ pub fn proxy_abort_hook(
     })
 }
 
-/// The async error for the bootstrap's failure (if any) and a proxy's failure (if any). A proxy's own
-/// failure (or a stuck wait it reported) aborts the bootstrap locally, so its code comes first then.
-pub fn async_error(peer: Option<&crate::bootstrap::PeerFailure>, proxy: Option<&Error>) -> mscclppResult_t {
+/// A communicator's first failure, as both faces report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    /// What every later call that needs the peers returns; its message is the one a face keeps for the
+    /// query (NCCL's `ncclGetLastError`).
+    pub error: Error,
+    /// What the asynchronous-error queries report: the error's kind, but for a proxy's own failure, which
+    /// aborts the communicator locally and is reported by its own kind.
+    pub reported: ErrorKind,
+    /// Whether it is an abort, this rank's own or a peer's, rather than a peer's death: a revoked NCCL
+    /// communicator reports no error for one.
+    pub aborted: bool,
+}
+
+/// The first failure, if any, from the bootstrap's (`peer`), a proxy's (`proxy`) and who aborted this rank
+/// (`by`, where known): the error is the bootstrap failure's (`PeerFailure::error_by`) or, before the
+/// bootstrap has one, the proxy's (the proxy aborts the bootstrap right after it reports).
+pub fn failed(peer: Option<&crate::bootstrap::PeerFailure>, proxy: Option<&Error>, by: Option<&str>) -> Option<Failed> {
     match (peer, proxy) {
-        (Some(f), Some(e)) if f.is_local_abort() => e.code(),
-        (Some(f), _) if f.is_local_abort() => LOCAL_ABORT_RESULT,
-        (Some(_), _) => mscclppResult_t::mscclppRemoteError,
-        (None, Some(e)) => e.code(),
-        (None, None) => mscclppResult_t::mscclppSuccess,
+        (Some(f), _) => {
+            let error = f.error_by(by);
+            let reported = match proxy {
+                Some(e) if f.is_local_abort() => e.kind,
+                _ => error.kind,
+            };
+            Some(Failed {
+                error,
+                reported,
+                aborted: f.is_local_abort() || f.cause == crate::bootstrap::Cause::Aborted,
+            })
+        }
+        (None, Some(e)) => Some(Failed {
+            error: e.clone(),
+            reported: e.kind,
+            aborted: false,
+        }),
+        (None, None) => None,
     }
 }
 
@@ -277,30 +303,19 @@ impl Communicator {
         Ok(())
     }
 
-    /// The asynchronous error (each face's query): never waits.
-    pub fn async_error(&self) -> mscclppResult_t {
-        async_error(
+    /// The first failure, if any: what the asynchronous-error queries report (`Failed::reported`) and what
+    /// every call that needs the peers returns (`check_usable`). Never waits.
+    pub fn failed(&self) -> Option<Failed> {
+        failed(
             self.bootstrap().failure().as_ref(),
             self.failures().proxy_failure().as_ref(),
+            self.failures().aborted_by(),
         )
     }
 
     /// The first failure's error, if there was one: every call that needs the peers starts with this.
     pub fn check_usable(&self) -> Result<()> {
-        match self.bootstrap().failure() {
-            // This rank's own abort, named by who aborted where known.
-            Some(f) if f.is_local_abort() && self.failures().proxy_failure().is_none() => {
-                match self.failures().aborted_by() {
-                    Some(by) => Err(Error::invalid_usage(format!(
-                        "rank {}: the communicator was aborted on this rank (by {by})",
-                        f.observer
-                    ))),
-                    None => Err(f.error()),
-                }
-            }
-            Some(f) => Err(f.error()),
-            None => Ok(()),
-        }
+        self.failed().map_or(Ok(()), |f| Err(f.error))
     }
 }
 
@@ -321,22 +336,33 @@ mod tests {
     }
 
     #[test]
-    fn async_errors_by_what_failed_first() {
-        use mscclppResult_t::*;
+    fn failures_are_reported_by_what_failed_first() {
+        use ErrorKind::*;
+        let reported =
+            |peer: Option<&PeerFailure>, proxy: Option<&Error>| failed(peer, proxy, None).map(|f| f.reported);
         let cuda = Error::cuda("the copy failed");
-        assert_eq!(async_error(None, None), mscclppSuccess);
-        assert_eq!(async_error(None, Some(&cuda)), mscclppUnhandledCudaError);
-        assert_eq!(async_error(None, Some(&Error::internal("x"))), mscclppInternalError);
+        assert_eq!(failed(None, None, Some("anAbort")), None);
+        assert_eq!(reported(None, Some(&cuda)), Some(Cuda));
+        assert_eq!(reported(None, Some(&Error::internal("x"))), Some(Internal));
         let dead = failure(Cause::NoHeartbeat(std::time::Duration::from_secs(3)));
-        assert_eq!(async_error(Some(&dead), None), mscclppRemoteError);
-        assert_eq!(async_error(Some(&dead), Some(&cuda)), mscclppRemoteError);
-        assert_eq!(async_error(Some(&failure(Cause::Aborted)), None), mscclppRemoteError);
-        assert_eq!(async_error(Some(&failure(Cause::LocalAbort)), None), LOCAL_ABORT_RESULT);
+        assert_eq!(reported(Some(&dead), None), Some(Remote));
+        assert_eq!(reported(Some(&dead), Some(&cuda)), Some(Remote));
+        assert_eq!(reported(Some(&failure(Cause::Aborted)), None), Some(Remote));
+        assert_eq!(reported(Some(&failure(Cause::LocalAbort)), None), Some(InvalidUsage));
         assert_eq!(
-            async_error(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
-            mscclppUnhandledCudaError,
-            "a proxy's failure aborts locally: its code is the one to report"
+            reported(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
+            Some(Cuda),
+            "a proxy's failure aborts locally: its kind is the one to report"
         );
+        // What a later call returns is the bootstrap failure's error, worded once (`error_by`).
+        let local = failed(Some(&failure(Cause::LocalAbort)), Some(&cuda), Some("anAbort")).unwrap();
+        assert_eq!(local.error, failure(Cause::LocalAbort).error_by(Some("anAbort")));
+        assert_eq!(failed(Some(&dead), None, Some("anAbort")).unwrap().error, dead.error());
+        // Aborts, this rank's or a peer's, are told apart from deaths (a revoked NCCL communicator's test).
+        let aborted = |f: &PeerFailure| failed(Some(f), None, None).unwrap().aborted;
+        assert!(aborted(&failure(Cause::LocalAbort)) && aborted(&failure(Cause::Aborted)));
+        assert!(!aborted(&dead) && !aborted(&failure(Cause::ConnectionClosed("reset".into()))));
+        assert!(!failed(None, Some(&cuda), None).unwrap().aborted);
     }
 
     /// An `ExitWatch` whose `end` reports on a channel instead of ending the test process.

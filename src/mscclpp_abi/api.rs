@@ -292,7 +292,9 @@ pub unsafe extern "C" fn mscclppCommGetAsyncError(
 ) -> mscclppResult_t {
     with_comm("mscclppCommGetAsyncError", comm, |c| {
         non_null_args!(asyncError);
-        let error = c.async_error();
+        let error = c
+            .failed()
+            .map_or(mscclppResult_t::mscclppSuccess, |f| super::error::code(f.reported));
         // SAFETY: checked non-null; the caller provides a writable mscclppResult_t.
         unsafe { *asyncError = error };
         Ok(())
@@ -531,7 +533,7 @@ pub(crate) mod tests {
                 mscclppCommGetAsyncError(comm, &mut code),
                 mscclppResult_t::mscclppSuccess
             );
-            assert_eq!(code, crate::failure::LOCAL_ABORT_RESULT);
+            assert_eq!(code, mscclppResult_t::mscclppInvalidUsage);
             assert_eq!(mscclppBootstrapBarrier(comm), mscclppResult_t::mscclppInvalidUsage);
             assert_eq!(mscclppCommAbort(comm), mscclppResult_t::mscclppSuccess);
             assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppSuccess);
