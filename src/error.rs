@@ -92,6 +92,20 @@ macro_rules! ensure_arg {
     };
 }
 
+/// For each face's test of its codes: both faces number the kinds alike, 1 to 7 in `ALL`'s order (the
+/// legacy header's numbering, which NCCL's keeps), and differ in a timeout, numbered `timeout`.
+#[cfg(test)]
+pub fn assert_codes(timeout: i32, code: impl Fn(ErrorKind) -> i32) {
+    for (i, kind) in ErrorKind::ALL.into_iter().enumerate() {
+        let expected = if kind == ErrorKind::Timeout {
+            timeout
+        } else {
+            i as i32 + 1
+        };
+        assert_eq!(code(kind), expected, "{kind:?}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
