@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """`make test`'s check of the source tree's layers (src/): the core (everything but the two C faces and
 their shared base) never imports a face, the faces (`nccl/`, NCCL's `nccl.h`; `mscclpp_abi/`, the legacy
-`mscclpp.h`) never import each other, their shared base `abi/` imports neither, and no files import each
-other in a loop but a pair that splits one type's `impl` (`comm.rs` and `failure.rs`) and the bootstrap's
-own files (`bootstrap/`).
+`mscclpp.h`) never import each other, their shared base `abi/` imports neither, no files import each
+other in a loop but the bootstrap's own files (`bootstrap/`), and the NCCL face reaches none of the legacy
+connection machine (`connections.rs` and the connections, transports and proxies under it), directly or
+through the core.
 
 An import is any `crate::` or `super::` path outside a comment, tests included: `use` lines, and paths
 written in full in code. Prints a PASS or FAIL line per check, naming each offending import or loop, and
@@ -20,9 +21,11 @@ from typing import Dict, List, Set, Tuple
 SRC = Path(__file__).resolve().parent.parent / "src"
 FACES = ("nccl", "mscclpp_abi")
 BASE = "abi"
-# Loops allowed: files that split one type's impl, and the bootstrap's own files.
-ALLOWED_LOOPS = [{"comm.rs", "failure.rs"}]
+# Loops allowed: the bootstrap's own files.
 ALLOWED_LOOP_DIRS = ("bootstrap/",)
+# The legacy face's connection machine, which the NCCL face never loads.
+LEGACY = ("connections.rs", "connection.rs", "transport/", "proxy/")
+NCCL_REACHES = "the NCCL face reaches no legacy connection machine (connections, transports, proxies)"
 
 PATH = re.compile(r"\b(crate|super)((?:::\w+)+)(::\{([^;]*?)\})?", re.S)
 
@@ -109,8 +112,23 @@ def loops(edges: Set[Tuple[str, str]], nodes: List[str]) -> List[List[str]]:
     return found
 
 
-def main() -> int:
-    files = {str(p.relative_to(SRC)): p.read_text() for p in sorted(SRC.rglob("*.rs"))}
+def reached(edges: Set[Tuple[str, str]], start: List[str]) -> Dict[str, str]:
+    """Every file reached from `start` through imports, with the file it was first reached from."""
+    graph: Dict[str, Set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    seen: Dict[str, str] = {s: s for s in start}
+    todo = list(start)
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph.get(v, ())):
+            if w not in seen:
+                seen[w] = v
+                todo.append(w)
+    return seen
+
+
+def checks_of(files: Dict[str, str]) -> List[Tuple[str, list]]:
     edges = imports(files)
     checks = []
     core_to_face = sorted((a, b) for a, b in edges if area(a) == "core" and area(b) in FACES)
@@ -119,14 +137,42 @@ def main() -> int:
     checks.append(("neither face imports the other", between))
     base_up = sorted((a, b) for a, b in edges if area(a) == "base" and area(b) in FACES)
     checks.append(("abi/ imports neither face", base_up))
-    bad_loops = [
-        c
-        for c in loops(edges, list(files))
-        if set(c) not in ALLOWED_LOOPS and not all(f.startswith(ALLOWED_LOOP_DIRS) for f in c)
-    ]
-    checks.append(("no loop of imports but comm.rs <-> failure.rs and within bootstrap/", bad_loops))
+    bad_loops = [c for c in loops(edges, list(files)) if not all(f.startswith(ALLOWED_LOOP_DIRS) for f in c)]
+    checks.append(("no loop of imports but within bootstrap/", bad_loops))
+    via = reached(edges, [f for f in files if area(f) == "nccl"])
+    legacy = sorted((via[f], f) for f in via if f.startswith(LEGACY))
+    checks.append((NCCL_REACHES, legacy))
+    return checks
+
+
+def self_test() -> List[str]:
+    """The checks fail where they should, on made-up trees: a loop, the NCCL face reaching a transport
+    through the core, a core file importing a face."""
+    problems = []
+    looped = {"a.rs": "use crate::b::X;", "b.rs": "use super::a::Y;", "nccl/mod.rs": ""}
+    if not dict(checks_of(looped))["no loop of imports but within bootstrap/"]:
+        problems.append("a loop a.rs <-> b.rs was not seen")
+    through = {
+        "nccl/x.rs": "use crate::comm::C;",
+        "comm.rs": "crate::transport::p2p::new()",
+        "transport/p2p/mod.rs": "",
+    }
+    if dict(checks_of(through))[NCCL_REACHES] != [("comm.rs", "transport/p2p/mod.rs")]:
+        problems.append("nccl/x.rs -> comm.rs -> transport/p2p/mod.rs was not seen")
+    up = {"comm.rs": "use crate::nccl::comm::NcclComm;", "nccl/comm.rs": ""}
+    if not dict(checks_of(up))["the core imports no face"]:
+        problems.append("comm.rs -> nccl/comm.rs was not seen")
+    return problems
+
+
+def main() -> int:
+    files = {str(p.relative_to(SRC)): p.read_text() for p in sorted(SRC.rglob("*.rs"))}
+    checks = checks_of(files)
     # The checker itself must see imports: a tree this size has hundreds.
-    checks.append(("the imports were read (more than 100 between files)", [] if len(edges) > 100 else [f"only {len(edges)}"]))
+    edges = len(imports(files))
+    read = [] if edges > 100 else [f"only {edges}"]
+    checks.append(("the imports were read (more than 100 between files)", read))
+    checks.append(("the checks fail on made-up trees that break them", self_test()))
     passed = failed = 0
     for name, offenders in checks:
         if offenders:

@@ -1,35 +1,24 @@
-//! The communicator: one rank's bootstrap, its connections and the transports that carry them.
+//! The communicator: one rank's bootstrap, its GPU, its collectives and registered buffers, and what it
+//! does at its first failure. Both faces' communicators are this one; the legacy face adds its
+//! connections (`connections.rs`), which the core knows only as a part to abort.
 //!
-//! What is common to every transport lives here: the bootstrap, the connection list (in connect order:
-//! a connection's index is the `connId` of its triggers and its place in the array of device views),
-//! the epoch blocks, the count of flags carried out per connection, the device views handed to kernels,
-//! and the communicator's state machine:
+//! Its failures (`failure.rs`): the bootstrap keeps the first (`bootstrap::PeerFailure`: a peer declared
+//! dead, or a local abort; see `bootstrap/health.rs`). When it happens, the hook installed by
+//! `watch_failures` runs on a library thread and aborts the communicator's local work once
+//! (`abort_local`): the collectives' kernels are released and every part added with
+//! `FailureState::on_abort` (the legacy face's proxies) is aborted. From then on every call that needs the
+//! peers fails at once with the failure's error (`check_usable`), and both faces' queries report it
+//! (`failed`).
 //!
-//! - `connect` records connections (never while a proxy runs);
-//! - `setup` completes the connections recorded since the last set-up and ends with a barrier (more
-//!   `connect` and `setup` calls may follow, while no proxy runs);
-//! - `proxy_launch` and `proxy_stop` start and stop the transports' proxies, any number of times;
-//! - `register_buffer` and `registered_write` need set-up connections;
-//! - `destroy` stops the proxies and releases everything.
-//!
-//! Everything else is the transports' (`transport::Transport`): the communicator loops over them and
-//! names a transport kind only in `new_transport`, where the transport of a new connection is chosen.
-//!
-//! The core names no face: a call that needs an earlier step words its advice with the names the face
-//! gives those steps (`SetupNames`), and whoever aborts the communicator says who it is (`abort`'s `by`).
+//! The core names no face: whoever aborts the communicator says who it is (`abort`'s `by`, a face's
+//! exported function or the core's own reason), and the errors and the exit line name that.
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
 use crate::collective::{Call, Collectives, SendRecvOp};
-use crate::connection::{Connection, EpochBlock, SetupMessage, TransportKind};
 use crate::error::{Error, Result};
-use crate::failure::FailureState;
-use crate::gpu::{AppStream, DevicePtr, GpuContext, pointer_info};
-use crate::proxy::trigger::MAX_CONNECTIONS;
+use crate::failure::{Failed, FailureState};
+use crate::gpu::{AppStream, DevicePtr, GpuContext};
 use crate::registration::{Kind, Registrations};
-use crate::transport::ib::IbTransport;
-use crate::transport::p2p::P2pTransport;
-use crate::transport::{FlagsCarried, RegisteredWrite, Transport};
-use crate::types::{mscclppDevConn, mscclppRegisteredMemoryP2P};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,104 +27,12 @@ use std::time::Duration;
 /// (`abort`'s `by`): the core itself, so that the peers are not left waiting.
 const ABORTED_BY_FAILED_CALL: &str = "a call that failed on this rank after its peers may have started it";
 
-/// What a face calls the two steps that make connections, recording them and setting them up: the calls
-/// that need them word their advice with these ("call ... first"), so that the core names no face.
-#[derive(Clone, Copy, Debug)]
-pub struct SetupNames {
-    pub connect: &'static str,
-    pub setup: &'static str,
-}
-
-/// Bootstrap tags of the set-up messages: the kind in the high half, the connection tag in the low.
-const TAG_CONNECTION: u64 = 1 << 32;
-const TAG_REGISTER: u64 = 2 << 32;
-
-fn message_tag(kind: u64, tag: i32) -> u64 {
-    kind | tag as u32 as u64
-}
-
-/// The transport that carries connections of `kind` in a new communicator of rank `rank`: the one place
-/// that names transport kinds. A new transport adds its arm here (and its folder under `transport/`).
-fn new_transport(kind: &TransportKind, rank: usize) -> Box<dyn Transport> {
-    match kind {
-        TransportKind::P2p => Box::new(P2pTransport::new(rank)),
-        TransportKind::Ib { .. } => Box::new(IbTransport::new(rank)),
-    }
-}
-
-/// The device views handed to the application. They hold device addresses only, which this process
-/// never dereferences, so moving them between threads is safe.
-#[derive(Default)]
-struct DevConnTable(Vec<mscclppDevConn>);
-
-// SAFETY: see above: the raw pointers inside are device addresses, plain data to the host.
-unsafe impl Send for DevConnTable {}
-
-impl std::ops::Deref for DevConnTable {
-    type Target = Vec<mscclppDevConn>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-impl std::ops::DerefMut for DevConnTable {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
-    }
-}
-
-#[derive(Default)]
-struct CommState {
-    gpu: Option<GpuContext>,
-    /// One transport per kind of connection in use, made with the first connection of its kind.
-    /// Declared before `connections` so that, when dropped, they release what covers the connections'
-    /// memory (IB memory regions) before that memory is freed.
-    transports: Vec<Box<dyn Transport>>,
-    connections: Vec<Connection>,
-    /// Connections `[0, set_up)` have completed their set-up (`setup`).
-    set_up: usize,
-    dev_conns: DevConnTable,
-    /// The number of flags carried out on each set-up connection, by every transport's proxies; it
-    /// outlives a proxy's stop, so that a relaunched proxy goes on counting.
-    flags: FlagsCarried,
-}
-
-impl CommState {
-    /// The index of the transport of connections of `kind`, made with the first of them.
-    fn transport_for(&mut self, kind: &TransportKind, rank: usize) -> usize {
-        match self.transports.iter().position(|t| t.carries(kind)) {
-            Some(t) => t,
-            None => {
-                self.transports.push(new_transport(kind, rank));
-                self.transports.len() - 1
-            }
-        }
-    }
-
-    /// The index of the transport of connections of `kind`.
-    fn transport_of(&self, kind: &TransportKind) -> Result<usize> {
-        self.transports
-            .iter()
-            .position(|t| t.carries(kind))
-            .ok_or_else(|| Error::internal(format!("no transport carries {kind:?}")))
-    }
-
-    fn proxy_running(&self) -> bool {
-        self.transports.iter().any(|t| t.proxy_running())
-    }
-
-    /// The first failure of any transport's proxy, with the transport's name.
-    fn proxy_failure(&self) -> Option<(&'static str, Error)> {
-        self.transports
-            .iter()
-            .find_map(|t| t.proxy_failure().map(|e| (t.name(), e)))
-    }
-}
-
 pub struct Communicator {
     rank: usize,
     nranks: usize,
     bootstrap: Bootstrap,
-    state: Mutex<CommState>,
+    /// Its GPU: the one current on the creating thread, or else the first call's that needs one.
+    gpu: Mutex<Option<GpuContext>>,
     /// Failures besides the bootstrap's (see `failure.rs`).
     failures: Arc<FailureState>,
     /// The collectives (all-reduce and the others, of both faces), set up at the first call.
@@ -162,10 +59,6 @@ impl Communicator {
         // The communicator's GPU is the one current on the creating thread, if that thread has one;
         // otherwise it is decided by the first call that needs a GPU.
         let gpu = GpuContext::current_if_any();
-        let state = CommState {
-            gpu,
-            ..Default::default()
-        };
         log::info!(
             "communicator ready: rank {} of {} (libmscclpp {}, built from commit {})",
             bootstrap.rank(),
@@ -178,7 +71,7 @@ impl Communicator {
             rank: bootstrap.rank(),
             nranks: bootstrap.nranks(),
             bootstrap,
-            state: Mutex::new(state),
+            gpu: Mutex::new(gpu),
             failures: Arc::default(),
             collectives: Collectives::default(),
             registrations: Registrations::default(),
@@ -194,8 +87,12 @@ impl Communicator {
     pub fn bootstrap(&self) -> &Bootstrap {
         &self.bootstrap
     }
-    pub(crate) fn failures(&self) -> &FailureState {
+    pub fn failures(&self) -> &FailureState {
         &self.failures
+    }
+    /// Its failures, to be reported from another thread (a proxy's abort hook).
+    pub fn failures_arc(&self) -> Arc<FailureState> {
+        self.failures.clone()
     }
     /// Its registered buffers. Usable in every state, aborted included: registering involves no peer,
     /// and deregistering must stay possible for the application's clean-up.
@@ -203,329 +100,83 @@ impl Communicator {
         &self.registrations
     }
 
-    /// Tells the transports and their proxies to abort, after a peer failed, this rank's abort or a proxy's
-    /// own report: the one place where a failure reaches them. Their proxies stop moving data, release the
-    /// kernels' waits and drain their FIFOs until stopped (`Transport::abort_proxy`; nothing here waits on
-    /// a peer or a thread).
-    pub(crate) fn abort_transports(&self, failure: &PeerFailure) {
-        self.collectives.abort();
-        let mut st = self.state.lock();
-        for t in st.transports.iter_mut() {
-            t.abort_proxy();
-        }
-        log::info!("transports aborted after the failure ({})", failure.how());
-    }
-
-    /// The first failure of any transport's proxy; later calls report it instead of going on.
-    fn check_proxy(st: &CommState) -> Result<()> {
-        match st.proxy_failure() {
-            Some((name, e)) => Err(Error::new(
-                e.kind,
-                format!("the {name} proxy failed earlier: {}", e.message),
-            )),
-            None => Ok(()),
-        }
-    }
-
-    fn gpu(st: &mut CommState) -> Result<GpuContext> {
-        if let Some(g) = st.gpu {
+    /// Its GPU, made current on the calling thread: the one it has, or else the calling thread's, which
+    /// becomes its own.
+    pub fn gpu(&self) -> Result<GpuContext> {
+        let mut gpu = self.gpu.lock();
+        if let Some(g) = *gpu {
             g.make_current()?;
             return Ok(g);
         }
         let g = GpuContext::current()?;
-        st.gpu = Some(g);
+        *gpu = Some(g);
         Ok(g)
     }
 
-    /// Records a connection, allocates its epoch block and hands it to its transport.
-    pub fn connect(
-        &self,
-        remote_rank: usize,
-        tag: i32,
-        buff: DevicePtr,
-        size: u64,
-        transport: TransportKind,
-    ) -> Result<()> {
-        self.check_usable()?;
-        let mut st = self.state.lock();
-        if st.proxy_running() {
-            return Err(Error::invalid_usage(
-                "a connection cannot be added while the proxy runs: stop the proxy first",
-            ));
+    /// Its GPU, if it has one yet (nothing is made current).
+    pub fn gpu_if_any(&self) -> Option<GpuContext> {
+        *self.gpu.lock()
+    }
+
+    /// Has the bootstrap's first failure abort this communicator's local work, from the bootstrap's
+    /// failure thread. Called once the communicator is shared (it holds only a weak reference, so a
+    /// destroyed communicator is left alone).
+    pub fn watch_failures(self: &Arc<Self>) {
+        let comm = Arc::downgrade(self);
+        self.bootstrap.on_failure(move |failure| {
+            if let Some(comm) = comm.upgrade() {
+                comm.failures.watch_exit(comm.rank, failure);
+                comm.abort_local(failure);
+            }
+        });
+    }
+
+    /// Aborts the communicator's local work after `failure` (a peer's, this rank's abort or a proxy's
+    /// report), once whoever comes first (the failure hook, or `abort` on this thread): the collectives'
+    /// kernels are released (`Collectives::abort`), then every part added with `FailureState::on_abort`.
+    fn abort_local(&self, failure: &PeerFailure) {
+        if self.failures.abort_once(|| self.collectives.abort()) {
+            log::info!("transports aborted after the failure ({})", failure.how());
         }
-        if st.connections.len() >= MAX_CONNECTIONS {
-            return Err(Error::invalid_usage(format!(
-                "a communicator holds at most {MAX_CONNECTIONS} connections (the trigger's connId has 10 bits)"
-            )));
+    }
+
+    /// Aborts the bootstrap (every wait fails, the peers are told and abort too) and the local work.
+    /// Returns at once, the local work aborted; the communicator must still be destroyed. `by` says who
+    /// aborts, for the errors of later calls and the exit line: a face's exported function
+    /// (`ncclCommAbort`, ...) or the core's own reason (a failed call its peers may have started).
+    pub fn abort(&self, by: &'static str) -> Result<()> {
+        if self.bootstrap.failure().is_none() {
+            self.failures.set_aborted_by(by);
         }
-        let t = st.transport_for(&transport, self.rank);
-        // Fails first, naming what is missing (IB: libibverbs or the device), before any GPU work.
-        st.transports[t].check_connect(&transport)?;
-        let gpu = Self::gpu(&mut st)?;
-        gpu.check_buffer(buff, size, "localBuff")?;
-        if size > u32::MAX as u64 {
-            log::warn!("buffSize {size} is larger than triggers can address (32-bit offsets and sizes)");
-        }
-        let conn = st.connections.len();
-        let c = Connection {
-            remote_rank,
-            tag,
-            transport,
-            local_buff: buff,
-            local_size: size,
-            epochs: EpochBlock::new(&gpu)?,
-        };
-        st.transports[t].connect(&gpu, conn, &c)?;
-        st.connections.push(c);
-        log::info!("connection {conn} recorded: peer {remote_rank}, tag {tag}, {size} bytes");
+        self.bootstrap.abort();
+        let failure = self
+            .bootstrap
+            .failure()
+            .ok_or_else(|| Error::internal("the bootstrap recorded no failure after an abort"))?;
+        self.abort_local(&failure);
         Ok(())
     }
 
-    /// Sets the pending connections up: each one's transport makes a message for the peer, sent
-    /// through the bootstrap, and completes the connection with the peer's; then the device views are
-    /// rebuilt, and a barrier ends it.
-    pub fn setup(&self) -> Result<()> {
-        self.check_usable()?;
-        let mut st = self.state.lock();
-        Self::check_proxy(&st)?;
-        if st.proxy_running() {
-            return Err(Error::invalid_usage(
-                "connections cannot be set up while the proxy runs: stop the proxy first",
-            ));
-        }
-        let pending = st.set_up..st.connections.len();
-        if !pending.is_empty() {
-            Self::gpu(&mut st)?;
-            let st = &mut *st; // the transports and the connections are borrowed apart below
-            for transport in st.transports.iter_mut() {
-                let mine: Vec<(usize, &Connection)> = pending
-                    .clone()
-                    .map(|i| (i, &st.connections[i]))
-                    .filter(|(_, c)| transport.carries(&c.transport))
-                    .collect();
-                if !mine.is_empty() {
-                    transport.prepare_setup(&mine)?;
-                }
-            }
-            // Every message is made before any is sent: a rank that fails to make one sends none.
-            let mut messages = Vec::with_capacity(pending.len());
-            for i in pending.clone() {
-                let c = &st.connections[i];
-                let t = st.transport_of(&c.transport)?;
-                let message = SetupMessage {
-                    rank: self.rank as u32,
-                    tag: c.tag,
-                    transport: c.transport.code(),
-                    payload: st.transports[t].setup_message(i)?,
-                };
-                messages.push((c.remote_rank, c.tag, message.to_bytes()));
-            }
-            for (peer, tag, bytes) in messages {
-                self.bootstrap.send(peer, message_tag(TAG_CONNECTION, tag), &bytes)?;
-            }
-            for i in pending.clone() {
-                let c = &st.connections[i];
-                let bytes = self.bootstrap.recv(c.remote_rank, message_tag(TAG_CONNECTION, c.tag))?;
-                let message = SetupMessage::from_bytes(&bytes)?;
-                message.check(c.remote_rank, c.tag, &c.transport)?;
-                let t = st.transport_of(&c.transport)?;
-                st.transports[t].complete_setup(i, &message.payload)?;
-            }
-            st.set_up = st.connections.len();
-            st.flags = st.flags.for_connections(st.set_up);
-            let mut dev_conns = Vec::with_capacity(st.connections.len());
-            for (i, c) in st.connections.iter().enumerate() {
-                let mut dev = c.device_view(i);
-                let t = st.transport_of(&c.transport)?;
-                st.transports[t].fill_device_connection(i, &mut dev)?;
-                dev_conns.push(dev);
-            }
-            st.dev_conns = DevConnTable(dev_conns);
-        }
-        drop(st);
-        self.bootstrap.barrier()?;
-        // Every peer has completed its side (P2P removes the name of the shared memory every peer has
-        // opened now, so that nothing is left behind if the job dies).
-        for t in self.state.lock().transports.iter_mut() {
-            t.setup_finished();
-        }
-        log::info!("connection set-up done");
-        Ok(())
+    /// The first failure, if any: what the asynchronous-error queries report (`Failed::reported`) and what
+    /// every call that needs the peers returns (`check_usable`). Never waits.
+    pub fn failed(&self) -> Option<Failed> {
+        crate::failure::failed(
+            self.bootstrap.failure().as_ref(),
+            self.failures.proxy_failure().as_ref(),
+            self.failures.aborted_by(),
+        )
     }
 
-    /// The device view of every connection, in connect order. `names` words the advice of its errors.
-    pub fn device_connections(&self, names: &SetupNames) -> Result<(*mut mscclppDevConn, usize)> {
-        let mut st = self.state.lock();
-        if st.connections.is_empty() {
-            return Err(Error::invalid_usage(format!(
-                "no connections: call {} and {} first",
-                names.connect, names.setup
-            )));
-        }
-        if st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(format!(
-                "connections are not set up: call {} first",
-                names.setup
-            )));
-        }
-        Ok((st.dev_conns.as_mut_ptr(), st.dev_conns.len()))
+    /// The first failure's error, if there was one: every call that needs the peers starts with this.
+    pub fn check_usable(&self) -> Result<()> {
+        self.failed().map_or(Ok(()), |f| Err(f.error))
     }
 
-    /// The first connection to `remote_rank` with `tag`.
-    pub fn device_connection(&self, remote_rank: i32, tag: i32, names: &SetupNames) -> Result<*mut mscclppDevConn> {
-        let (ptr, n) = self.device_connections(names)?;
-        let st = self.state.lock();
-        let i = st.dev_conns[..n]
-            .iter()
-            .position(|c| c.base.remoteRank == remote_rank && c.base.tag == tag)
-            .ok_or_else(|| {
-                Error::invalid_argument(format!("no connection to remoteRank {remote_rank} with tag {tag}"))
-            })?;
-        // SAFETY: `i < n`, the length of the array `ptr` points at.
-        Ok(unsafe { ptr.add(i) })
-    }
-
-    /// Starts every transport's proxies. `names` words the advice of its errors.
-    pub fn proxy_launch(&self, names: &SetupNames) -> Result<()> {
-        self.check_usable()?;
-        let mut st = self.state.lock();
-        Self::check_proxy(&st)?;
-        if st.proxy_running() {
-            return Err(Error::invalid_usage("the proxy is already running"));
-        }
-        if st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(format!(
-                "connections are not set up: call {} before the proxy is launched",
-                names.setup
-            )));
-        }
-        if st.connections.is_empty() {
-            log::info!("no connections; no proxy to launch");
-            return Ok(());
-        }
-        Self::gpu(&mut st)?;
-        let st = &mut *st; // the transports and the flag counts are borrowed apart below
-        let peers = st.connections.iter().map(|c| (c.remote_rank, c.tag)).collect();
-        let on_abort =
-            crate::failure::proxy_abort_hook(self.rank, self.failures.clone(), self.bootstrap.abort_handle(), peers);
-        for t in st.transports.iter_mut() {
-            t.launch_proxy(&st.flags, &on_abort)?;
-        }
-        if st.proxy_running() && crate::gpu::lazy_loading() {
-            log::info!(
-                "CUDA loads kernels lazily: launch each kernel once (or call cudaFuncGetAttributes) before one \
-                 waits on the proxy, or set CUDA_MODULE_LOADING=EAGER; a first launch while a kernel waits on \
-                 the proxy deadlocks"
-            );
-        }
-        Ok(())
-    }
-
-    /// Stops every transport's proxies, if they run. Returns the first error of a stop, or else the
-    /// first failure a proxy had.
-    fn stop_proxies(st: &mut CommState) -> Result<()> {
-        let mut first = None;
-        for t in st.transports.iter_mut() {
-            if let Err(e) = t.stop_proxy() {
-                first.get_or_insert(e);
-            }
-        }
-        match first {
-            Some(e) => Err(e),
-            None => Self::check_proxy(st),
-        }
-    }
-
-    /// Stops the proxies: a barrier (so no rank stops while peers still need it), then the stop. The
-    /// proxies stop even when the barrier fails (after a failure it fails at once), and its error is
-    /// returned.
-    pub fn proxy_stop(&self) -> Result<()> {
-        let barrier = self.bootstrap.barrier();
-        let stop = Self::stop_proxies(&mut self.state.lock());
-        barrier.and(stop)
-    }
-
-    /// Exchanges one more buffer with the peer of every connection, through the connection's transport;
-    /// returns one entry per connection, in connect order. `names` words the advice of its errors.
-    pub fn register_buffer(
-        &self,
-        ptr: DevicePtr,
-        size: u64,
-        names: &SetupNames,
-    ) -> Result<Vec<mscclppRegisteredMemoryP2P>> {
-        self.check_usable()?;
-        let mut st = self.state.lock();
-        Self::check_proxy(&st)?;
-        if st.connections.is_empty() || st.set_up < st.connections.len() {
-            return Err(Error::invalid_usage(format!(
-                "registering a buffer with the peers needs set-up connections: call {} first",
-                names.setup
-            )));
-        }
-        Self::gpu(&mut st)?;
-        pointer_info(ptr, size, "local_memory")?;
-        let st = &mut *st;
-        // Every message is made before any is sent, as at set-up.
-        let mut messages = Vec::with_capacity(st.connections.len());
-        for (i, c) in st.connections.iter().enumerate() {
-            let t = st.transport_of(&c.transport)?;
-            messages.push(st.transports[t].register_message(i, ptr, size)?);
-        }
-        for (c, message) in st.connections.iter().zip(&messages) {
-            self.bootstrap
-                .send(c.remote_rank, message_tag(TAG_REGISTER, c.tag), message)?;
-        }
-        let mut entries = Vec::with_capacity(st.connections.len());
-        for (i, c) in st.connections.iter().enumerate() {
-            let bytes = self.bootstrap.recv(c.remote_rank, message_tag(TAG_REGISTER, c.tag))?;
-            let t = st.transport_of(&c.transport)?;
-            entries.push(st.transports[t].register_remote(i, ptr, size, &bytes)?);
-        }
-        Ok(entries)
-    }
-
-    /// Copies `[src+src_offset, +size)` to every peer's registered
-    /// buffer at `dst_offset`, ordered after the work queued on the application's stream, each entry by
-    /// the transport that made it.
-    pub fn registered_write(
-        &self,
-        entries: &[mscclppRegisteredMemoryP2P],
-        src: DevicePtr,
-        size: u64,
-        src_offset: u64,
-        dst_offset: u64,
-        stream: AppStream,
-    ) -> Result<()> {
-        self.check_usable()?;
-        let mut st = self.state.lock();
-        Self::check_proxy(&st)?;
-        Self::gpu(&mut st)?;
-        pointer_info(src + src_offset, size, "srcBuff + srcOffset")?;
-        for (i, e) in entries.iter().enumerate() {
-            let transport = st.transports.iter_mut().find(|t| t.owns_registered(e)).ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "regMem->p2p[{i}] was not made by registering a buffer on this communicator"
-                ))
-            })?;
-            let write = RegisteredWrite {
-                index: i,
-                src,
-                size,
-                src_offset,
-                dst_offset,
-                stream,
-            };
-            transport.registered_write(e, &write)?;
-        }
-        Ok(())
-    }
-
-    /// One collective call of either face on the application's stream (see `collective`); the call carries
     /// the exported function's name for messages. `root` is the application's argument.
     pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
         // The calling thread may have another GPU current (a thread that serves several devices).
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || Self::gpu(&mut self.state.lock());
+        let gpu = || self.gpu();
         self.collectives.run(
             &self.bootstrap,
             gpu,
@@ -546,7 +197,7 @@ impl Communicator {
         let (token, registration) = self.registrations.register(buff, size, kind, library_memory)?;
         // Exporting needs the communicator's context current (the calling thread may have another).
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = Self::gpu(&mut self.state.lock());
+        let gpu = self.gpu();
         match gpu {
             Ok(_) => {
                 let window = self.registrations.window_ordinal(token).unwrap_or(0);
@@ -575,7 +226,7 @@ impl Communicator {
 
     pub fn prepare_collectives(&self) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = Self::gpu(&mut self.state.lock())?;
+        let gpu = self.gpu()?;
         self.collectives.prepare(&self.bootstrap, &gpu)
     }
 
@@ -584,7 +235,7 @@ impl Communicator {
     pub fn suspend_collectives(&self, release_memory: bool) -> Result<()> {
         self.check_usable()?;
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = self.state.lock().gpu;
+        let gpu = self.gpu_if_any();
         self.collectives.suspend(gpu.as_ref(), release_memory)
     }
 
@@ -595,7 +246,7 @@ impl Communicator {
         let _restore = crate::gpu::RestoreContext::save();
         // Asked before the collectives' locks are taken (`destroy` takes this lock, then theirs); an error
         // matters only where there is memory to make again.
-        let gpu = Self::gpu(&mut self.state.lock());
+        let gpu = self.gpu();
         self.collectives.resume(
             &self.bootstrap,
             move || gpu,
@@ -610,19 +261,18 @@ impl Communicator {
         self.collectives.suspended()
     }
 
-    /// The device memory the communicator holds: the collectives' (released by a
-    /// suspend), and the connections' epoch blocks (kept).
+    /// The device memory the communicator holds: the collectives' (released by a suspend). The legacy
+    /// face's connections hold epoch blocks too, but that face reports no memory (NCCL's
+    /// `ncclCommMemStats` asks this, and an NCCL communicator has no connections).
     pub fn device_memory(&self) -> crate::collective::suspend::DeviceMemory {
-        let mut memory = self.collectives.device_memory();
-        memory.persistent += (self.state.lock().connections.len() * crate::connection::EpochBlock::BYTES) as u64;
-        memory
+        self.collectives.device_memory()
     }
 
     /// A one-sided call (a put with a signal, a signal, a wait for signals) on `stream` (see
     /// `collective::signal`).
     pub fn one_sided(&self, op: &crate::collective::signal::OneSided, stream: AppStream) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || Self::gpu(&mut self.state.lock());
+        let gpu = || self.gpu();
         self.collectives.one_sided(
             &self.bootstrap,
             gpu,
@@ -640,7 +290,7 @@ impl Communicator {
     /// (`peer` may be this rank): see `Collectives::window_pointer`.
     pub fn window_pointer(&self, token: u64, offset: u64, peer: usize) -> Result<DevicePtr> {
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = Self::gpu(&mut self.state.lock())?;
+        let gpu = self.gpu()?;
         self.collectives.window_pointer(
             &self.bootstrap,
             &gpu,
@@ -656,7 +306,7 @@ impl Communicator {
     /// order (see `Collectives::run_send_recv`).
     pub fn send_recv(&self, ops: &[SendRecvOp], stream: AppStream) -> Result<()> {
         let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || Self::gpu(&mut self.state.lock());
+        let gpu = || self.gpu();
         self.collectives.run_send_recv(
             &self.bootstrap,
             gpu,
@@ -669,61 +319,76 @@ impl Communicator {
         )
     }
 
-    /// Releases everything: stops the proxies (no barrier: peers may be gone), then the transports
-    /// release what they hold (peers' mappings, queue pairs, memory registrations) before the
-    /// connections' memory is freed. Safe to call after `proxy_stop`.
-    pub fn destroy(&self) -> Result<()> {
-        let mut st = self.state.lock();
-        let stop = Self::stop_proxies(&mut st);
-        if let Some(g) = st.gpu {
+    /// Releases everything the core holds: the collectives, the registrations still held, the GPU. The
+    /// legacy face releases its connections first (`Connections::destroy`).
+    pub fn destroy(&self) {
+        let mut gpu = self.gpu.lock();
+        if let Some(g) = *gpu {
             let _ = g.make_current();
         }
         self.collectives.clear();
-        st.dev_conns.clear();
-        for t in st.transports.iter_mut() {
-            // A failure was reported by the stop above.
-            let _ = t.clear();
-        }
-        st.transports.clear();
-        st.connections.clear();
         let registered = self.registrations.clear();
         if registered > 0 {
             log::info!("{registered} registration(s) still held were freed with the communicator");
         }
-        if let Some(g) = st.gpu.take() {
+        if let Some(g) = gpu.take() {
             g.release();
         }
         // Destroyed: an abort no longer ends the process (`MSCCLPP_ABORT_EXIT_TIMEOUT`).
         self.failures.destroyed();
-        stop
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    #[test]
-    fn message_tags_separate_kinds_and_keep_negative_tags_distinct() {
-        assert_ne!(message_tag(TAG_CONNECTION, 5), message_tag(TAG_REGISTER, 5));
-        assert_ne!(message_tag(TAG_CONNECTION, -1), message_tag(TAG_CONNECTION, 1));
-        assert_eq!(message_tag(TAG_CONNECTION, -1) >> 32, 1);
+    /// A communicator of one rank, its failures watched as a face's are.
+    fn alone() -> Arc<Communicator> {
+        let t = Duration::from_secs(30);
+        let id = UniqueId::create(t).unwrap();
+        let c = Arc::new(Communicator::init_by_id(1, &id, 0, t).unwrap());
+        c.watch_failures();
+        c
     }
 
     #[test]
-    fn each_kind_gets_a_transport_that_carries_it_and_no_other() {
-        let ib = TransportKind::Ib {
-            device: "mlx5_0".into(),
-        };
-        let p2p = new_transport(&TransportKind::P2p, 0);
-        assert!(p2p.carries(&TransportKind::P2p) && !p2p.carries(&ib));
-        let ib_transport = new_transport(&ib, 0);
-        assert!(ib_transport.carries(&ib) && !ib_transport.carries(&TransportKind::P2p));
-        assert!(
-            ib_transport.carries(&TransportKind::Ib {
-                device: "mlx5_1".into()
-            }),
-            "one IB transport serves every device"
-        );
+    fn a_local_abort_is_named_by_who_aborted_first() {
+        let c = alone();
+        c.check_usable().unwrap();
+        c.abort("anAbort").unwrap();
+        let e = c.check_usable().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(e.message.contains("aborted on this rank (by anAbort)"), "{e}");
+        c.abort("aSecondAbort").unwrap();
+        assert_eq!(c.check_usable().unwrap_err(), e, "the first abort is the one named");
+        assert_eq!(c.failures().aborted_by(), Some("anAbort"));
+        c.destroy();
+    }
+
+    #[test]
+    fn a_local_abort_aborts_the_local_work_once() {
+        let c = alone();
+        let aborted = Arc::new(AtomicUsize::new(0));
+        let count = aborted.clone();
+        c.failures().on_abort(Box::new(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        }));
+        // The abort itself, and the failure hook it sets off on the bootstrap's thread: one abort.
+        c.abort("anAbort").unwrap();
+        assert_eq!(aborted.load(Ordering::SeqCst), 1, "aborted before abort returns");
+        c.abort("aSecondAbort").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(aborted.load(Ordering::SeqCst), 1, "aborted once");
+        // A part added after the abort is aborted at once.
+        let late = Arc::new(AtomicUsize::new(0));
+        let count = late.clone();
+        c.failures().on_abort(Box::new(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(late.load(Ordering::SeqCst), 1);
+        c.destroy();
     }
 }

@@ -1,9 +1,10 @@
-//! The library's error type, and its mapping onto `mscclppResult_t`.
+//! The core's error type. It names no face: each face maps the kinds onto its own codes
+//! (`mscclpp_abi/error.rs` onto `mscclppResult_t`, `nccl/error.rs` onto `ncclResult_t`), so that the core
+//! can say everything either face reports, a timeout included, which `mscclppResult_t` has no code for.
 
-use crate::types::mscclppResult_t;
 use std::fmt;
 
-/// What went wrong, by the code the C caller sees.
+/// What went wrong: one kind for each code either face may return for a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ErrorKind {
     Cuda,
@@ -16,6 +17,21 @@ pub enum ErrorKind {
     /// A wait with a deadline ran out (a peer that never came within the bootstrap's timeout): NCCL's
     /// `ncclTimeout`; the legacy API has no such code and reports it as a remote error.
     Timeout,
+}
+
+impl ErrorKind {
+    /// Every kind, for the faces' tests that each maps every one (a kind added here and to no face's table
+    /// fails them).
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::Cuda,
+        ErrorKind::System,
+        ErrorKind::Internal,
+        ErrorKind::InvalidArgument,
+        ErrorKind::InvalidUsage,
+        ErrorKind::Remote,
+        ErrorKind::InProgress,
+        ErrorKind::Timeout,
+    ];
 }
 
 /// An error with a message that names what was wrong. Logged once, at the FFI boundary.
@@ -56,18 +72,6 @@ impl Error {
     pub fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
         Self::system(format!("{context}: {err}"))
     }
-    pub fn code(&self) -> mscclppResult_t {
-        match self.kind {
-            ErrorKind::Cuda => mscclppResult_t::mscclppUnhandledCudaError,
-            ErrorKind::System => mscclppResult_t::mscclppSystemError,
-            ErrorKind::Internal => mscclppResult_t::mscclppInternalError,
-            ErrorKind::InvalidArgument => mscclppResult_t::mscclppInvalidArgument,
-            ErrorKind::InvalidUsage => mscclppResult_t::mscclppInvalidUsage,
-            ErrorKind::Remote => mscclppResult_t::mscclppRemoteError,
-            ErrorKind::InProgress => mscclppResult_t::mscclppInProgress,
-            ErrorKind::Timeout => mscclppResult_t::mscclppRemoteError,
-        }
-    }
 }
 
 impl fmt::Display for Error {
@@ -88,19 +92,43 @@ macro_rules! ensure_arg {
     };
 }
 
+/// For each face's test of its codes: both faces number the kinds alike, 1 to 7 in `ALL`'s order (the
+/// legacy header's numbering, which NCCL's keeps), and differ in a timeout, numbered `timeout`.
+#[cfg(test)]
+pub fn assert_codes(timeout: i32, code: impl Fn(ErrorKind) -> i32) {
+    for (i, kind) in ErrorKind::ALL.into_iter().enumerate() {
+        let expected = if kind == ErrorKind::Timeout {
+            timeout
+        } else {
+            i as i32 + 1
+        };
+        assert_eq!(code(kind), expected, "{kind:?}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Where a kind sits in `ALL`, by a match without a wildcard: a new kind needs an arm here (or this
+    /// fails to compile), the next position, which the test below checks `ALL` against.
+    fn position(k: ErrorKind) -> usize {
+        match k {
+            ErrorKind::Cuda => 0,
+            ErrorKind::System => 1,
+            ErrorKind::Internal => 2,
+            ErrorKind::InvalidArgument => 3,
+            ErrorKind::InvalidUsage => 4,
+            ErrorKind::Remote => 5,
+            ErrorKind::InProgress => 6,
+            ErrorKind::Timeout => 7,
+        }
+    }
+
     #[test]
-    fn kinds_map_to_legacy_codes() {
-        assert_eq!(Error::cuda("x").code() as i32, 1);
-        assert_eq!(Error::system("x").code() as i32, 2);
-        assert_eq!(Error::internal("x").code() as i32, 3);
-        assert_eq!(Error::invalid_argument("x").code() as i32, 4);
-        assert_eq!(Error::invalid_usage("x").code() as i32, 5);
-        assert_eq!(Error::remote("x").code() as i32, 6);
-        assert_eq!(Error::new(ErrorKind::InProgress, "x").code() as i32, 7);
+    fn all_lists_every_kind_once() {
+        let positions: Vec<usize> = ErrorKind::ALL.iter().map(|&k| position(k)).collect();
+        assert_eq!(positions, (0..ErrorKind::ALL.len()).collect::<Vec<_>>());
     }
 
     #[test]

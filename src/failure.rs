@@ -1,34 +1,23 @@
-//! The communicator's failure state: what a face's asynchronous-error query reports, what an abort does,
-//! and how a failure the bootstrap detects reaches the transports.
+//! The communicator's failure state: what it learns of besides the bootstrap's failure (a proxy's), who
+//! aborted it, the parts it aborts once at its first failure, and how that failure is reported.
 //!
-//! The bootstrap keeps the first failure (`bootstrap::PeerFailure`: a peer declared dead, or a local
-//! abort; see `bootstrap/health.rs`). When it happens, the hook installed by `watch_failures` runs on a
-//! library thread and calls `Communicator::abort_transports`, the one place where the communicator tells
-//! its transports and proxies to abort. From then on every call that needs the peers fails at once with
-//! the failure's error (`check_usable`).
-//!
-//! Async error values: `mscclppSuccess`; `mscclppRemoteError` once a peer failed (declared dead by this
-//! rank or another, or it aborted its communicator); `mscclppInvalidUsage` after this rank's own abort
-//! (the communicator may no longer be used); otherwise the code of a proxy's failure
-//! (`mscclppInternalError`, `mscclppUnhandledCudaError`). Each face maps them onto its own codes.
-//!
-//! The core names no face: whoever aborts says who it is (`Communicator::abort`'s `by`, a face's exported
-//! function, or the core's own reason), and the errors and the exit line name that.
+//! The first failure is reported as one `Failed` (`failed`, from `PeerFailure::error_by`, the one place a
+//! failure becomes an error): the error every later call returns, and the kind the asynchronous-error
+//! queries report: `Remote` once a peer failed (declared dead by this rank or another, or it aborted its
+//! communicator); `InvalidUsage` after this rank's own abort (the communicator may no longer be used);
+//! otherwise the kind of a proxy's failure (`Internal`, `Cuda`). Each face maps the kinds onto its own
+//! codes, so the NCCL face reports what `mscclppResult_t` cannot say (`Timeout`). `comm.rs` has the
+//! communicator's side: its failure hook, its abort, its queries.
 //!
 //! With `MSCCLPP_ABORT_EXIT_TIMEOUT=S`, the failure hook also starts an `ExitWatch`: a library thread that
 //! ends the process with `ABORT_EXIT_STATUS` unless the communicator is destroyed within S seconds of the
 //! abort, so that a rank whose kernels never look at the abort still ends and its launcher sees it.
 
-use crate::comm::Communicator;
-use crate::error::{Error, Result};
-use crate::types::mscclppResult_t;
+use crate::error::{Error, ErrorKind};
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// The asynchronous error after this rank's own abort.
-pub const LOCAL_ABORT_RESULT: mscclppResult_t = mscclppResult_t::mscclppInvalidUsage;
 
 /// The exit status of a process that `MSCCLPP_ABORT_EXIT_TIMEOUT` ends: 75 is `EX_TEMPFAIL` of
 /// `sysexits.h`, "a temporary failure; the user is invited to retry", which is what a job launcher should
@@ -46,12 +35,23 @@ pub struct FailureState {
     /// Who aborted the communicator on this rank (`Communicator::abort`'s `by`), where that abort was its
     /// first failure.
     aborted_by: Mutex<Option<&'static str>>,
+    /// What is aborted at the first failure, and whether that has happened.
+    aborts: Mutex<Aborts>,
+}
+
+/// A part of a communicator aborted at its first failure (the legacy face's transports and proxies).
+pub type AbortPart = Box<dyn Fn() + Send>;
+
+#[derive(Default)]
+struct Aborts {
+    done: bool,
+    parts: Vec<AbortPart>,
 }
 
 impl FailureState {
     /// Records a proxy's failure (the first one counts), for the asynchronous error: the proxies' abort
-    /// hook (`proxy_abort_hook`) calls this as they fail. Each proxy thread has the hook from its start, so
-    /// every failure, its set-up's included, is recorded here.
+    /// hook (`connections::proxy_abort_hook`) calls this as they fail. Each proxy thread has the hook from
+    /// its start, so every failure, its set-up's included, is recorded here.
     pub fn report_proxy_failure(&self, e: Error) {
         self.proxy.lock().get_or_insert(e);
     }
@@ -63,6 +63,47 @@ impl FailureState {
     /// Who aborted the communicator on this rank, if an abort was its first failure.
     pub fn aborted_by(&self) -> Option<&'static str> {
         *self.aborted_by.lock()
+    }
+
+    /// Records who aborts the communicator on this rank (the first to say counts).
+    pub fn set_aborted_by(&self, by: &'static str) {
+        self.aborted_by.lock().get_or_insert(by);
+    }
+
+    /// Adds `part` to what the first failure aborts; aborts it now if that has happened.
+    pub fn on_abort(&self, part: AbortPart) {
+        let mut aborts = self.aborts.lock();
+        if aborts.done {
+            part();
+        }
+        aborts.parts.push(part);
+    }
+
+    /// Aborts the local work, the first time only: `core` (the collectives), then every part, in the
+    /// order they were added. Returns whether this call did it. A caller that comes while another does it
+    /// returns once that is done, so that every abort returns with the work aborted.
+    pub fn abort_once(&self, core: impl FnOnce()) -> bool {
+        let mut aborts = self.aborts.lock();
+        if aborts.done {
+            return false;
+        }
+        aborts.done = true;
+        core();
+        for part in &aborts.parts {
+            part();
+        }
+        true
+    }
+
+    /// Starts the `ExitWatch` after `failure`, if `MSCCLPP_ABORT_EXIT_TIMEOUT` is set.
+    pub fn watch_exit(&self, rank: usize, failure: &crate::bootstrap::PeerFailure) {
+        let seconds: u64 = crate::settings::ABORT_EXIT_TIMEOUT.int();
+        if seconds == 0 {
+            return;
+        }
+        let cause = cause_of(failure, self.proxy_failure().as_ref(), self.aborted_by());
+        self.exit_watch
+            .start(rank, failure.detected, Duration::from_secs(seconds), cause, end_process);
     }
 
     /// The communicator was destroyed: the process is not to be ended (see `ExitWatch`).
@@ -181,126 +222,43 @@ fn cause_of(failure: &crate::bootstrap::PeerFailure, proxy: Option<&Error>, by: 
     }
 }
 
-/// What a proxy of this communicator calls when it wants the communicator aborted (on the proxy thread,
-/// so it takes no lock the application may hold): records why, logs it with the connection's peer and
-/// tag (`peers`, by connection index), and aborts the bootstrap, whose failure hook then aborts every
-/// transport and whose peers are told.
-pub fn proxy_abort_hook(
-    rank: usize,
-    failures: Arc<FailureState>,
-    bootstrap: crate::bootstrap::AbortHandle,
-    peers: Vec<(usize, i32)>,
-) -> crate::proxy::AbortHook {
-    Arc::new(move |cause| {
-        let error = match cause {
-            crate::proxy::AbortCause::StuckWait(w) => {
-                let whose = peers
-                    .get(w.conn_id as usize)
-                    .map_or(String::from("an unknown peer"), |(peer, tag)| {
-                        format!("peer rank {peer}, tag {tag}")
-                    });
-                Error::invalid_usage(format!(
-                    "rank {rank}: a kernel's {w} ({whose}); the communicator is aborted"
-                ))
-            }
-            crate::proxy::AbortCause::Failure(e) => Error::new(
-                e.kind,
-                format!(
-                    "rank {rank}: a proxy failed ({}); the communicator is aborted",
-                    e.message
-                ),
-            ),
-        };
-        log::warn!("{}", error.message);
-        failures.report_proxy_failure(error);
-        bootstrap.abort();
-    })
+/// A communicator's first failure, as both faces report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failed {
+    /// What every later call that needs the peers returns; its message is the one a face keeps for the
+    /// query (NCCL's `ncclGetLastError`).
+    pub error: Error,
+    /// What the asynchronous-error queries report: the error's kind, but for a proxy's own failure, which
+    /// aborts the communicator locally and is reported by its own kind.
+    pub reported: ErrorKind,
+    /// Whether it is an abort, this rank's own or a peer's, rather than a peer's death: a revoked NCCL
+    /// communicator reports no error for one.
+    pub aborted: bool,
 }
 
-/// The async error for the bootstrap's failure (if any) and a proxy's failure (if any). A proxy's own
-/// failure (or a stuck wait it reported) aborts the bootstrap locally, so its code comes first then.
-pub fn async_error(peer: Option<&crate::bootstrap::PeerFailure>, proxy: Option<&Error>) -> mscclppResult_t {
+/// The first failure, if any, from the bootstrap's (`peer`), a proxy's (`proxy`) and who aborted this rank
+/// (`by`, where known): the error is the bootstrap failure's (`PeerFailure::error_by`) or, before the
+/// bootstrap has one, the proxy's (the proxy aborts the bootstrap right after it reports).
+pub fn failed(peer: Option<&crate::bootstrap::PeerFailure>, proxy: Option<&Error>, by: Option<&str>) -> Option<Failed> {
     match (peer, proxy) {
-        (Some(f), Some(e)) if f.is_local_abort() => e.code(),
-        (Some(f), _) if f.is_local_abort() => LOCAL_ABORT_RESULT,
-        (Some(_), _) => mscclppResult_t::mscclppRemoteError,
-        (None, Some(e)) => e.code(),
-        (None, None) => mscclppResult_t::mscclppSuccess,
-    }
-}
-
-impl Communicator {
-    /// Has the bootstrap's first failure abort this communicator's transports, from the bootstrap's
-    /// failure thread. Called once the communicator is shared (it holds only a weak reference, so a
-    /// destroyed communicator is left alone).
-    pub fn watch_failures(self: &Arc<Self>) {
-        let comm = Arc::downgrade(self);
-        self.bootstrap().on_failure(move |failure| {
-            if let Some(comm) = comm.upgrade() {
-                comm.watch_exit(failure);
-                comm.abort_transports(failure);
-            }
-        });
-    }
-
-    /// Starts the `ExitWatch` after `failure`, if `MSCCLPP_ABORT_EXIT_TIMEOUT` is set.
-    fn watch_exit(&self, failure: &crate::bootstrap::PeerFailure) {
-        let seconds: u64 = crate::settings::ABORT_EXIT_TIMEOUT.int();
-        if seconds == 0 {
-            return;
+        (Some(f), _) => {
+            let error = f.error_by(by);
+            let reported = match proxy {
+                Some(e) if f.is_local_abort() => e.kind,
+                _ => error.kind,
+            };
+            Some(Failed {
+                error,
+                reported,
+                aborted: f.is_local_abort() || f.cause == crate::bootstrap::Cause::Aborted,
+            })
         }
-        let failures = self.failures();
-        let cause = cause_of(failure, failures.proxy_failure().as_ref(), failures.aborted_by());
-        self.failures().exit_watch.start(
-            self.rank(),
-            failure.detected,
-            Duration::from_secs(seconds),
-            cause,
-            end_process,
-        );
-    }
-
-    /// Aborts the bootstrap (every wait fails, the peers are told and abort too) and the transports.
-    /// Returns at once; the communicator must still be destroyed. `by` says who aborts, for the errors of
-    /// later calls and the exit line: a face's exported function (`ncclCommAbort`, ...) or the core's own
-    /// reason (a failed call its peers may have started).
-    pub fn abort(&self, by: &'static str) -> Result<()> {
-        if self.bootstrap().failure().is_none() {
-            self.failures().aborted_by.lock().get_or_insert(by);
-        }
-        self.bootstrap().abort();
-        let failure = self
-            .bootstrap()
-            .failure()
-            .ok_or_else(|| Error::internal("the bootstrap recorded no failure after an abort"))?;
-        self.abort_transports(&failure);
-        Ok(())
-    }
-
-    /// The asynchronous error (each face's query): never waits.
-    pub fn async_error(&self) -> mscclppResult_t {
-        async_error(
-            self.bootstrap().failure().as_ref(),
-            self.failures().proxy_failure().as_ref(),
-        )
-    }
-
-    /// The first failure's error, if there was one: every call that needs the peers starts with this.
-    pub fn check_usable(&self) -> Result<()> {
-        match self.bootstrap().failure() {
-            // This rank's own abort, named by who aborted where known.
-            Some(f) if f.is_local_abort() && self.failures().proxy_failure().is_none() => {
-                match self.failures().aborted_by() {
-                    Some(by) => Err(Error::invalid_usage(format!(
-                        "rank {}: the communicator was aborted on this rank (by {by})",
-                        f.observer
-                    ))),
-                    None => Err(f.error()),
-                }
-            }
-            Some(f) => Err(f.error()),
-            None => Ok(()),
-        }
+        (None, Some(e)) => Some(Failed {
+            error: e.clone(),
+            reported: e.kind,
+            aborted: false,
+        }),
+        (None, None) => None,
     }
 }
 
@@ -321,22 +279,33 @@ mod tests {
     }
 
     #[test]
-    fn async_errors_by_what_failed_first() {
-        use mscclppResult_t::*;
+    fn failures_are_reported_by_what_failed_first() {
+        use ErrorKind::*;
+        let reported =
+            |peer: Option<&PeerFailure>, proxy: Option<&Error>| failed(peer, proxy, None).map(|f| f.reported);
         let cuda = Error::cuda("the copy failed");
-        assert_eq!(async_error(None, None), mscclppSuccess);
-        assert_eq!(async_error(None, Some(&cuda)), mscclppUnhandledCudaError);
-        assert_eq!(async_error(None, Some(&Error::internal("x"))), mscclppInternalError);
+        assert_eq!(failed(None, None, Some("anAbort")), None);
+        assert_eq!(reported(None, Some(&cuda)), Some(Cuda));
+        assert_eq!(reported(None, Some(&Error::internal("x"))), Some(Internal));
         let dead = failure(Cause::NoHeartbeat(std::time::Duration::from_secs(3)));
-        assert_eq!(async_error(Some(&dead), None), mscclppRemoteError);
-        assert_eq!(async_error(Some(&dead), Some(&cuda)), mscclppRemoteError);
-        assert_eq!(async_error(Some(&failure(Cause::Aborted)), None), mscclppRemoteError);
-        assert_eq!(async_error(Some(&failure(Cause::LocalAbort)), None), LOCAL_ABORT_RESULT);
+        assert_eq!(reported(Some(&dead), None), Some(Remote));
+        assert_eq!(reported(Some(&dead), Some(&cuda)), Some(Remote));
+        assert_eq!(reported(Some(&failure(Cause::Aborted)), None), Some(Remote));
+        assert_eq!(reported(Some(&failure(Cause::LocalAbort)), None), Some(InvalidUsage));
         assert_eq!(
-            async_error(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
-            mscclppUnhandledCudaError,
-            "a proxy's failure aborts locally: its code is the one to report"
+            reported(Some(&failure(Cause::LocalAbort)), Some(&cuda)),
+            Some(Cuda),
+            "a proxy's failure aborts locally: its kind is the one to report"
         );
+        // What a later call returns is the bootstrap failure's error, worded once (`error_by`).
+        let local = failed(Some(&failure(Cause::LocalAbort)), Some(&cuda), Some("anAbort")).unwrap();
+        assert_eq!(local.error, failure(Cause::LocalAbort).error_by(Some("anAbort")));
+        assert_eq!(failed(Some(&dead), None, Some("anAbort")).unwrap().error, dead.error());
+        // Aborts, this rank's or a peer's, are told apart from deaths (a revoked NCCL communicator's test).
+        let aborted = |f: &PeerFailure| failed(Some(f), None, None).unwrap().aborted;
+        assert!(aborted(&failure(Cause::LocalAbort)) && aborted(&failure(Cause::Aborted)));
+        assert!(!aborted(&dead) && !aborted(&failure(Cause::ConnectionClosed("reset".into()))));
+        assert!(!failed(None, Some(&cuda), None).unwrap().aborted);
     }
 
     /// An `ExitWatch` whose `end` reports on a channel instead of ending the test process.
@@ -429,22 +398,6 @@ mod tests {
             cause_of(&me, None, None),
             "declared dead by its peers: no heartbeat for 2.0 s"
         );
-    }
-
-    #[test]
-    fn a_local_abort_is_named_by_who_aborted_first() {
-        let t = Duration::from_secs(30);
-        let id = crate::bootstrap::UniqueId::create(t).unwrap();
-        let c = Communicator::init_by_id(1, &id, 0, t).unwrap();
-        c.check_usable().unwrap();
-        c.abort("anAbort").unwrap();
-        let e = c.check_usable().unwrap_err();
-        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
-        assert!(e.message.contains("aborted on this rank (by anAbort)"), "{e}");
-        c.abort("aSecondAbort").unwrap();
-        assert_eq!(c.check_usable().unwrap_err(), e, "the first abort is the one named");
-        assert_eq!(c.failures().aborted_by(), Some("anAbort"));
-        let _ = c.destroy();
     }
 
     #[test]

@@ -6,11 +6,15 @@
 //! - `mscclpp_abi/`: the `extern "C"` functions of `mscclpp.h`, each behind the panic boundary.
 //! - `types.rs`: the ABI structs and enums the header is generated from.
 //! - `bootstrap/`: TCP rendezvous, all-gather, barrier and point-to-point messages between ranks.
-//! - `comm.rs`: the communicator: its bootstrap, connection list, state machine and transports, which
-//!   it loops over (`comm::new_transport` picks the transport of a new connection).
+//! - `comm.rs`: the communicator of both faces: its bootstrap, GPU, collectives, registered buffers, and
+//!   what it does at its first failure (its failure state is `failure.rs`'s).
+//! - `connections.rs`: the legacy face's connection machine (`mscclppConnect`): the connection list, its
+//!   state machine and transports, which it loops over (`connections::new_transport` picks the transport
+//!   of a new connection), and their proxies; only `mscclpp.h`'s communicators make one.
 //! - `registration.rs`: the buffers registered with a communicator (`mscclppCommRegister`, NCCL's
 //!   `ncclCommRegister` and windows): their ranges and allocations, checked again at every lookup.
-//! - `failure.rs`: what the communicator does when a peer fails or it is aborted, and what it reports.
+//! - `failure.rs`: the communicator's failure state: a proxy's failure, who aborted it, the parts it aborts
+//!   once, and how its first failure is reported (`Failed`).
 //! - `connection.rs`: what every connection has: peer, tag, buffer, epoch block, set-up message envelope.
 //! - `transport/`: the `Transport` interface and one folder per transport, holding all of its code:
 //!   - `transport/p2p/`: GPUs of one machine: copy engine into peers' memory mapped with CUDA IPC, fast
@@ -18,7 +22,7 @@
 //!   - `transport/ib/`: InfiniBand: libibverbs loaded at run time, queue pairs, memory regions, one proxy
 //!     per device.
 //!
-//!   A new transport is one more folder there and one line in `comm::new_transport`.
+//!   A new transport is one more folder there and one line in `connections::new_transport`.
 //! - `collective/`: all-reduce, all-gather, reduce-scatter, broadcast and the rest of NCCL's collectives, and
 //!   send and receive: the host side (checks, the algorithm table, scratch memory, launches); their kernels
 //!   are in `kernels/collectives/`, one file per algorithm, compiled by build.rs and embedded.
@@ -29,7 +33,8 @@
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.
 //! - `codec.rs`: the byte codec of set-up and bootstrap messages.
 //! - `dynlib.rs`: shared libraries loaded at run time (libibverbs, NVIDIA's NCCL as a fallback).
-//! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and error codes.
+//! - `logging.rs`, `error.rs`: logging with the rank and subsystem, and the core's error type, which each
+//!   face maps onto its own codes.
 
 // Every unsafe block says why it is sound (`// SAFETY:`): the C faces and the driver calls are most of
 // the crate, and a reader checks each block against its comment.
@@ -50,6 +55,7 @@ pub mod codec;
 pub mod collective;
 pub mod comm;
 pub mod connection;
+pub mod connections;
 pub mod dynlib;
 pub mod error;
 pub mod failure;

@@ -101,12 +101,21 @@ impl PeerFailure {
         self.cause == Cause::LocalAbort
     }
 
-    /// The error every later call that needs the peers returns: `Remote`, naming the failed rank, or
-    /// `InvalidUsage` after a local abort.
+    /// The error every later wait of the bootstrap returns: `Remote`, naming the failed rank, or
+    /// `InvalidUsage` after a local abort (`error_by`, where who aborted is not known here).
     pub fn error(&self) -> Error {
+        self.error_by(None)
+    }
+
+    /// The one place where a failure becomes an error: the bootstrap's waits, the communicator's calls and
+    /// both faces' asynchronous-error queries all report this (`failure::Failed`). `by` names who aborted
+    /// this rank's communicator, where the communicator knows it (a face's function, or the core's own
+    /// reason); it words a local abort's error and nothing else.
+    pub fn error_by(&self, by: Option<&str>) -> Error {
         if self.is_local_abort() {
+            let by = by.map_or_else(|| ABORTED_BY.to_string(), |by| format!("by {by}"));
             Error::invalid_usage(format!(
-                "rank {}: the communicator was aborted on this rank ({ABORTED_BY})",
+                "rank {}: the communicator was aborted on this rank ({by})",
                 self.observer
             ))
         } else {
@@ -321,6 +330,19 @@ mod tests {
         f.silent_for = None;
         assert_eq!(f.error().kind, ErrorKind::InvalidUsage);
         assert!(f.to_string().contains("aborted on this rank (by this process"), "{f}");
+        assert!(
+            f.error().message.contains("aborted on this rank (by this process"),
+            "{f}"
+        );
+        let e = f.error_by(Some("anAbort"));
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert_eq!(
+            e.message,
+            "rank 1: the communicator was aborted on this rank (by anAbort)"
+        );
+        // Who aborted words a local abort only: a peer's failure is the peer's.
+        let dead = failure(2, Cause::ConnectionClosed("reset".into()));
+        assert_eq!(dead.error_by(Some("anAbort")), dead.error());
     }
 
     #[test]

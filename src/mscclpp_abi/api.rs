@@ -8,8 +8,9 @@ use super::guard;
 use super::regmem_vector;
 use crate::abi::{non_null, non_null_args};
 use crate::bootstrap::UniqueId;
-use crate::comm::{Communicator, SetupNames};
+use crate::comm::Communicator;
 use crate::connection::TransportKind;
+use crate::connections::SetupNames;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
 use crate::gpu::AppStream;
@@ -36,7 +37,7 @@ fn bootstrap_timeout() -> Duration {
 pub(super) fn with_comm(
     name: &str,
     comm: mscclppComm_t,
-    body: impl FnOnce(&Communicator) -> Result<()>,
+    body: impl FnOnce(&handles::Comm) -> Result<()>,
 ) -> mscclppResult_t {
     let _rank = handles::lookup(comm).ok().map(|c| RankScope::enter(c.rank()));
     guard(name, || body(&*handles::lookup(comm)?))
@@ -210,14 +211,15 @@ pub unsafe extern "C" fn mscclppConnect(
                 )));
             }
         };
-        c.connect(remoteRank as usize, tag, localBuff as u64, buffSize, transport)
+        c.connections
+            .connect(c, remoteRank as usize, tag, localBuff as u64, buffSize, transport)
     })
 }
 
 /// Sets up every connection recorded so far; ends with a barrier.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppConnectionSetup(comm: mscclppComm_t) -> mscclppResult_t {
-    with_comm("mscclppConnectionSetup", comm, |c| c.setup())
+    with_comm("mscclppConnectionSetup", comm, |c| c.connections.setup(c))
 }
 
 /// The host array of every connection's device view, in connect order.
@@ -229,7 +231,7 @@ pub unsafe extern "C" fn mscclppGetAllDeviceConnections(
 ) -> mscclppResult_t {
     with_comm("mscclppGetAllDeviceConnections", comm, |c| {
         non_null_args!(devConns, nConns);
-        let (ptr, n) = c.device_connections(&SETUP)?;
+        let (ptr, n) = c.connections.device_connections(&SETUP)?;
         // SAFETY: both checked non-null.
         unsafe {
             *devConns = ptr;
@@ -250,7 +252,7 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
     with_comm("mscclppGetDeviceConnection", comm, |c| {
         non_null_args!(devConn);
         check_in_ranks("remoteRank", remoteRank, c.nranks() as c_int)?;
-        let p = c.device_connection(remoteRank, tag, &SETUP)?;
+        let p = c.connections.device_connection(remoteRank, tag, &SETUP)?;
         // SAFETY: checked non-null.
         unsafe { *devConn = p };
         Ok(())
@@ -260,14 +262,14 @@ pub unsafe extern "C" fn mscclppGetDeviceConnection(
 /// Starts the proxy thread(s) serving the connections.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppProxyLaunch(comm: mscclppComm_t) -> mscclppResult_t {
-    with_comm("mscclppProxyLaunch", comm, |c| c.proxy_launch(&SETUP))
+    with_comm("mscclppProxyLaunch", comm, |c| c.connections.proxy_launch(c, &SETUP))
 }
 
 /// A barrier, then stops the proxy thread(s). Safe to call twice. The proxies stop even when the barrier
 /// fails (on an aborted communicator it fails at once), and its error is returned.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn mscclppProxyStop(comm: mscclppComm_t) -> mscclppResult_t {
-    with_comm("mscclppProxyStop", comm, |c| c.proxy_stop())
+    with_comm("mscclppProxyStop", comm, |c| c.connections.proxy_stop(c))
 }
 
 /// Extension (MSCCLPP_HAS_ABORT). Aborts the communicator: its proxies stop moving data, every later
@@ -292,7 +294,9 @@ pub unsafe extern "C" fn mscclppCommGetAsyncError(
 ) -> mscclppResult_t {
     with_comm("mscclppCommGetAsyncError", comm, |c| {
         non_null_args!(asyncError);
-        let error = c.async_error();
+        let error = c
+            .failed()
+            .map_or(mscclppResult_t::mscclppSuccess, |f| super::error::code(f.reported));
         // SAFETY: checked non-null; the caller provides a writable mscclppResult_t.
         unsafe { *asyncError = error };
         Ok(())
@@ -356,7 +360,10 @@ pub unsafe extern "C" fn mscclppRegisterBuffer(
     with_comm("mscclppRegisterBuffer", comm, |c| {
         non_null_args!(local_memory, regMem);
         ensure_arg!(size > 0, "size is 0");
-        for e in c.register_buffer(local_memory as u64, size as u64, &SETUP)? {
+        for e in c
+            .connections
+            .register_buffer(c, local_memory as u64, size as u64, &SETUP)?
+        {
             // SAFETY: `regMem` is the caller's mscclppRegisteredMemory (checked non-null).
             unsafe { regmem_vector::append(regMem, e)? };
         }
@@ -389,7 +396,8 @@ pub unsafe extern "C" fn mscclppRegisteredBufferWrite(
         );
         // SAFETY: the header's contract: `stream` is 0 or a live stream of the communicator's GPU.
         let stream = unsafe { AppStream::from_raw(stream as u64) };
-        c.registered_write(
+        c.connections.registered_write(
+            c,
             &entries,
             srcBuff as u64,
             size as u64,
@@ -531,7 +539,7 @@ pub(crate) mod tests {
                 mscclppCommGetAsyncError(comm, &mut code),
                 mscclppResult_t::mscclppSuccess
             );
-            assert_eq!(code, crate::failure::LOCAL_ABORT_RESULT);
+            assert_eq!(code, mscclppResult_t::mscclppInvalidUsage);
             assert_eq!(mscclppBootstrapBarrier(comm), mscclppResult_t::mscclppInvalidUsage);
             assert_eq!(mscclppCommAbort(comm), mscclppResult_t::mscclppSuccess);
             assert_eq!(mscclppCommDestroy(comm), mscclppResult_t::mscclppSuccess);

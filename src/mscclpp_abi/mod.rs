@@ -12,6 +12,7 @@
 pub mod api;
 pub mod collectives;
 pub mod comms;
+pub mod error;
 pub mod registration;
 pub mod regmem_vector;
 
@@ -23,8 +24,5 @@ use crate::types::mscclppResult_t;
 /// `mscclppInternalError`, and logs every error once, naming the function.
 pub(crate) fn guard(name: &str, body: impl FnOnce() -> Result<()>) -> mscclppResult_t {
     crate::logging::init();
-    match catch_panic(name, body) {
-        Ok(()) => mscclppResult_t::mscclppSuccess,
-        Err(e) => e.code(),
-    }
+    error::result(&catch_panic(name, body))
 }

@@ -5,7 +5,7 @@
 //! beside ours under `MSCCLPP_NCCL_FALLBACK` (`fallback.rs`). Registrations and windows are the core's
 //! (`Communicator::registrations`).
 
-use super::error::{code, from_core};
+use super::error::{code, kind_code};
 use super::fallback;
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclResult_t};
 use crate::abi::handles::Registry;
@@ -218,7 +218,7 @@ impl NcclComm {
                 c.watch_failures();
                 if self.abandoned.load(Ordering::Acquire) {
                     let _ = c.abort("ncclCommAbort");
-                    let _ = c.destroy();
+                    c.destroy();
                     if let Some(f) = self.fallback() {
                         let _ = f.abort();
                     }
@@ -331,25 +331,17 @@ impl NcclComm {
         };
         // A revoked communicator's own abort, and the peers' aborts (they revoke too), are what revoking
         // means, not errors; a peer that died is still one.
-        if self.revoked()
-            && c.bootstrap()
-                .failure()
-                .is_none_or(|f| f.is_local_abort() || f.cause == crate::bootstrap::Cause::Aborted)
-        {
+        let failed = c.failed();
+        if self.revoked() && failed.as_ref().is_none_or(|f| f.aborted) {
             return ncclResult_t::ncclSuccess;
         }
-        let r = from_core(c.async_error());
-        if r == ncclResult_t::ncclSuccess {
+        let Some(failed) = failed else {
             return self.fallback_async_error();
-        }
-        if r != ncclResult_t::ncclSuccess
-            && let Err(e) = c.check_usable()
-        {
-            let _ = self
-                .failure_message
-                .set(CString::new(e.message.replace('\0', "\\0")).unwrap_or_default());
-        }
-        r
+        };
+        let _ = self
+            .failure_message
+            .set(CString::new(failed.error.message.replace('\0', "\\0")).unwrap_or_default());
+        kind_code(failed.reported)
     }
 
     /// NVIDIA's asynchronous error, where there is a fallback; its message is kept as the failure's.
@@ -401,10 +393,7 @@ impl NcclComm {
         }
         if let Some(c) = core {
             c.abort("ncclCommAbort")?;
-            // Peers may be gone: the release reports only this rank's own failure, which an abort ignores.
-            if let Err(e) = c.destroy() {
-                log::info!("ncclCommAbort: releasing the communicator: {}", e.message);
-            }
+            c.destroy();
         }
         Ok(())
     }
@@ -475,6 +464,34 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::Remote);
         assert!(e.message.contains("peer 1 never came"));
         assert!(c.wait_core().is_none());
+    }
+
+    #[test]
+    fn a_ready_comm_reports_its_cores_failure_by_its_kind_a_timeout_included() {
+        let t = std::time::Duration::from_secs(30);
+        let id = crate::bootstrap::UniqueId::create(t).unwrap();
+        let c = NcclComm::pending(0, 1, None, None);
+        c.complete(Communicator::init_by_id(1, &id, 0, t));
+        assert_eq!(c.async_error(), ncclResult_t::ncclSuccess);
+        assert!(c.failure_message().is_none());
+        let core = c.core().unwrap();
+        // A part of the core that ran out of time and aborted the communicator: its kind is the one
+        // reported, and a timeout is NCCL's (it was a remote error when the core spoke mscclppResult_t).
+        core.failures()
+            .report_proxy_failure(Error::new(ErrorKind::Timeout, "a wait ran out"));
+        core.abort("a test").unwrap();
+        assert_eq!(c.async_error(), ncclResult_t::ncclTimeout);
+        // SAFETY: kept by `c`, NUL-terminated.
+        let message = unsafe { std::ffi::CStr::from_ptr(c.failure_message().unwrap()) };
+        assert_eq!(
+            message.to_str().unwrap(),
+            "rank 0: the communicator was aborted on this rank (by a test)",
+            "the message of what later calls return"
+        );
+        // Revoked, its own abort is what revoking means: no error.
+        c.revoke("ncclCommRevoke").unwrap();
+        assert_eq!(c.async_error(), ncclResult_t::ncclSuccess);
+        core.destroy();
     }
 
     #[test]

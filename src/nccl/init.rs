@@ -321,7 +321,7 @@ nccl_export! {
                             // As `finish_init`: the collectives' memory, set up by every rank at once, before
                             // any send, receive or one-sided call (which need not involve every rank).
                             if let Err(e) = core.prepare_collectives() {
-                                let _ = core.destroy();
+                                core.destroy();
                                 if let Some(f) = f {
                                     let _ = f.abort();
                                 }
@@ -339,7 +339,7 @@ nccl_export! {
             if let Some(e) = results.iter().find_map(|r| r.as_ref().err()) {
                 let e = e.clone();
                 for (c, f) in results.into_iter().flatten() {
-                    let _ = c.destroy();
+                    c.destroy();
                     if let Some(f) = f {
                         let _ = f.abort();
                     }

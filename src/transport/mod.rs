@@ -5,17 +5,17 @@
 //! bootstrap and the completion of set-up (`mscclppConnectionSetup`), its part of each connection's device
 //! view (the FIFO its proxy serves, and the peer's memory where kernels reach it directly), launching,
 //! stopping and reporting the failure of its proxies, registered buffers and writes into them, and
-//! teardown. The communicator (`comm.rs`) keeps what is common to all: the bootstrap, the connection list
-//! and its order, the epoch blocks, the count of flags carried out per connection (`FlagsCarried`), and
-//! its state machine; it loops over its transports and names a transport kind only where it picks the
-//! transport of a new connection (`comm::new_transport`).
+//! teardown. The legacy connection machine (`connections.rs`, over the communicator's bootstrap) keeps
+//! what is common to all: the connection list and its order, the epoch blocks, the count of flags carried
+//! out per connection (`FlagsCarried`), and its state machine; it loops over its transports and names a
+//! transport kind only where it picks the transport of a new connection (`connections::new_transport`).
 //!
 //! - `p2p/`: GPUs of one machine: the copy engine writes into peers' memory mapped with CUDA IPC, and a
 //!   flag raised while no data is in flight is also stored by the CPU into host memory shared with the peer.
 //! - `ib/`: InfiniBand (and RoCE): RDMA writes from GPU memory through libibverbs loaded at run time.
 //!
 //! To add a transport: a variant of `connection::TransportKind` (and its `transportType` in `mscclpp_abi/api.rs`),
-//! a folder here whose type implements `Transport`, and one arm in `comm::new_transport`.
+//! a folder here whose type implements `Transport`, and one arm in `connections::new_transport`.
 
 pub mod ib;
 pub mod p2p;

@@ -841,6 +841,7 @@ fn mscclpp_connect_over_ib_without_the_device_fails_clearly_before_touching_the_
     use crate::bootstrap::UniqueId;
     use crate::comm::Communicator;
     use crate::connection::TransportKind;
+    use crate::connections::Connections;
     let t = Duration::from_secs(20);
     let id = UniqueId::create(t).unwrap();
     let id1 = UniqueId::from_bytes(&id.to_bytes(), "unique id", "UniqueId::create").unwrap();
@@ -852,13 +853,15 @@ fn mscclpp_connect_over_ib_without_the_device_fails_clearly_before_touching_the_
     let ib = TransportKind::Ib {
         device: "mlx5_nonexistent".into(),
     };
-    let e = comm.connect(1, 0, 0x1000, 64, ib).unwrap_err();
+    let connections = Connections::new(&comm);
+    let e = connections.connect(&comm, 1, 0, 0x1000, 64, ib).unwrap_err();
     let m = &e.message;
     assert!(
         m.contains("cannot load the InfiniBand verbs library")
             || (m.contains("\"mlx5_nonexistent\" not found") && m.contains("devices found:")),
         "{m}"
     );
-    comm.destroy().unwrap();
-    peer.destroy().unwrap();
+    connections.destroy(&comm).unwrap();
+    comm.destroy();
+    peer.destroy();
 }
