@@ -11,7 +11,12 @@
 //   skipped where namespaces cannot be made): every collective and send or receive reaches the fake with the
 //   caller's arguments, a PreMulSum operator as its twin made on the fake; calls in our group go inside one
 //   fake group at our group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it;
-//   split, revoke and destroy reach it;
+//   a split is ours, with a new fake comm of its own; a revoke reaches the fake and aborts its comm;
+// - the fake, three ranks on three hosts, one SIGKILLed: the survivors get ncclRemoteError naming it, the
+//   fake comm is aborted, the next call fails without reaching it, and ncclCommShrink makes a communicator
+//   of two with a new fake comm that gets the next all-reduce;
+// - two hosts without the setting: the fake found in LD_LIBRARY_PATH; none anywhere: the initialisation
+//   fails on both ranks saying what to install or set;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
 // - a path that does not exist, a library lacking a symbol, and NVIDIA's init refused: a WARN saying why,
 //   and our communicator still works.
@@ -31,6 +36,7 @@
 #include <sstream>
 #include <string>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <vector>
@@ -61,6 +67,8 @@ static void two_ranks(ncclComm_t comms[2]) {
   expect(ncclCommInitRank(&comms[1], 2, id, 1), ncclSuccess, "ncclCommInitRank(rank 1) in a group");
   expect(ncclGroupEnd(), ncclSuccess, "ncclGroupEnd: both ranks made");
 }
+
+static bool eventually(const std::function<bool()>& cond, double seconds);
 
 static void *const BUF = (void*)0x1000, *const OUT = (void*)0x2000;
 static const cudaStream_t STREAM = (cudaStream_t)0x3000;
@@ -201,22 +209,9 @@ static void fake_case() {
   check(calls("ncclCommAbort comm=" + fake_comm[0]).size() == 1, "the fake got ncclCommAbort");
 }
 
-// One rank of a job on two hosts (hosts_case): rank 0 makes the unique id and writes it to `out`, rank 1
-// reads it from `in`. The fake's calls and our log go to files of this rank's own.
-static void hosts_rank(int rank, int in, int out) {
+// One rank of a job on two hosts (hosts_case), with rank 0's unique id.
+static void hosts_rank(int rank, const ncclUniqueId& id) {
   const std::string me = "rank " + std::to_string(rank) + ": ";
-  log_path += ".rank" + std::to_string(rank);
-  calls_path += ".rank" + std::to_string(rank);
-  setenv("MSCCLPP_DEBUG_FILE", log_path.c_str(), 1);
-  setenv("FAKE_NCCL_LOG", calls_path.c_str(), 1);
-  ncclUniqueId id;
-  if (rank == 0) {
-    expect(ncclGetUniqueId(&id), ncclSuccess, me + "ncclGetUniqueId");
-    if (write(out, &id, sizeof(id)) != (ssize_t)sizeof(id)) return;
-  } else if (read(in, &id, sizeof(id)) != (ssize_t)sizeof(id)) {
-    check(false, me + "rank 0's unique id arrived");
-    return;
-  }
   ncclComm_t comm = NULL;
   expect(ncclCommInitRank(&comm, 2, id, rank), ncclSuccess, me + "ncclCommInitRank");
   if (!comm) return;
@@ -299,27 +294,42 @@ static void hosts_rank(int rank, int in, int out) {
                   all[before + 2].rfind("ncclAllReduce ", 0) == 0 && all[before + 3] == "ncclGroupEnd";
   check(in_order, me + "the fake got GroupStart, the send or receive, the all-reduce, GroupEnd in order");
 
-  // A split is NVIDIA's alone; its calls go to its own fake comm.
+  // A split is ours, over our bootstrap, with a new fake communicator of its own among its ranks; its
+  // calls go there. NVIDIA's split is never asked.
   ncclComm_t sub = NULL;
-  expect(ncclCommSplit(comm, 1, rank, &sub, NULL), ncclSuccess, me + "ncclCommSplit forwarded");
-  auto splits = calls("ncclCommSplit ");
+  expect(ncclCommSplit(comm, 1, rank, &sub, NULL), ncclSuccess, me + "ncclCommSplit");
+  auto made_sub = calls("ncclCommInitRank rank=");
   int n = -1, r = -1;
-  check(splits.size() == 1 && field(splits[0], "comm") == fc && sub != NULL && ncclCommCount(sub, &n) == ncclSuccess &&
-            ncclCommUserRank(sub, &r) == ncclSuccess && n == 2 && r == rank,
-        me + "the fake made the split comm (2 ranks, this rank)");
+  check(calls("ncclCommSplit").empty() && made_sub.size() == 2 && field(made_sub[1], "nranks") == "2" &&
+            field(made_sub[1], "rank") == std::to_string(rank) && field(made_sub[1], "id") != field(made_sub[0], "id") &&
+            sub != NULL && ncclCommCount(sub, &n) == ncclSuccess && ncclCommUserRank(sub, &r) == ncclSuccess && n == 2 &&
+            r == rank,
+        me + "the split comm is ours, with a new fake comm from a new id (2 ranks, this rank)");
   if (sub) {
     expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, sub, STREAM), ncclSuccess, me + "ncclAllReduce on the split comm");
     auto on_sub = calls("ncclAllReduce ");
-    check(!splits.empty() && on_sub.size() == 4 && field(on_sub[3], "comm") == field(splits[0], "new"),
+    check(made_sub.size() == 2 && on_sub.size() == 4 && field(on_sub[3], "comm") == field(made_sub[1], "comm"),
           me + "it went to the split comm's fake comm");
     expect(ncclCommDestroy(sub), ncclSuccess, me + "ncclCommDestroy(split comm)");
   }
 
-  // Revoke and destroy reach it.
+  // A revoke reaches the fake, and, being our abort, aborts NVIDIA's communicator (on a thread of its own);
+  // the destroy then has nothing left to end there.
   expect(ncclCommRevoke(comm, 0), ncclSuccess, me + "ncclCommRevoke");
   check(calls("ncclCommRevoke comm=" + fc).size() == 1, me + "the fake got ncclCommRevoke");
+  check(eventually([&] { return calls("ncclCommAbort comm=" + fc).size() == 1; }, 5.0),
+        me + "the revoke aborted the fake comm");
   expect(ncclCommDestroy(comm), ncclSuccess, me + "ncclCommDestroy");
-  check(calls("ncclCommDestroy comm=" + fc).size() == 1, me + "the fake got ncclCommDestroy");
+  check(calls("ncclCommDestroy comm=" + fc).empty(), me + "the aborted fake comm is not destroyed again");
+}
+
+// Waits up to `seconds` for `cond`.
+static bool eventually(const std::function<bool()>& cond, double seconds) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    if (cond()) return true;
+    usleep(10000);
+  }
+  return cond();
 }
 
 // Gives this process a host of its own: a UTS namespace with another host name (the library tells hosts
@@ -330,21 +340,37 @@ static bool own_host(int rank) {
   return sethostname(name.c_str(), name.size()) == 0;
 }
 
-// Two ranks, each a process on a host of its own: every call goes to NVIDIA's communicator.
-static void hosts_case() {
+// Runs `body(rank, id)` in `n` processes, each on a host of its own (own_host), with rank 0's unique id
+// (made there, passed to the others through a pipe), the fake's calls and our log in files of the rank's own
+// (printed where a check of that rank failed). A rank whose process ends otherwise than by exit status 0
+// fails, unless `victim` names it. False after a SKIP line where no namespace can be made.
+static bool on_own_hosts(int n, const std::function<void(int, const ncclUniqueId&)>& body, int victim = -1) {
   int fds[2];
   if (pipe(fds) != 0) {
     check(false, "pipe");
-    return;
+    return false;
   }
-  pid_t pids[2];
-  for (int rank = 0; rank < 2; ++rank) {
+  std::vector<pid_t> pids(n);
+  for (int rank = 0; rank < n; ++rank) {
     pids[rank] = fork();
     if (pids[rank] == 0) {
-      close(rank == 0 ? fds[0] : fds[1]);
       if (!own_host(rank)) _exit(77);
+      log_path += ".rank" + std::to_string(rank);
+      calls_path += ".rank" + std::to_string(rank);
+      setenv("MSCCLPP_DEBUG_FILE", log_path.c_str(), 1);
+      setenv("FAKE_NCCL_LOG", calls_path.c_str(), 1);
+      ncclUniqueId id;
+      if (rank == 0) {
+        close(fds[0]);
+        expect(ncclGetUniqueId(&id), ncclSuccess, "rank 0: ncclGetUniqueId");
+        for (int r = 1; r < n; ++r)
+          if (write(fds[1], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(3);
+      } else {
+        close(fds[1]);
+        if (read(fds[0], &id, sizeof(id)) != (ssize_t)sizeof(id)) _exit(3);
+      }
       int before = counts->failed;
-      hosts_rank(rank, fds[0], fds[1]);
+      body(rank, id);
       if (counts->failed != before)
         std::printf("rank %d's log:\n%s\nfake's calls:\n%s", rank, read_file(log_path).c_str(), read_file(calls_path).c_str());
       std::fflush(stdout);
@@ -355,14 +381,101 @@ static void hosts_case() {
   }
   close(fds[0]);
   close(fds[1]);
-  int status[2] = {0, 0};
-  for (int rank = 0; rank < 2; ++rank) waitpid(pids[rank], &status[rank], 0);
+  std::vector<int> status(n, 0);
+  for (int rank = 0; rank < n; ++rank) waitpid(pids[rank], &status[rank], 0);
   if (WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 77) {
-    std::printf("SKIP ranks on two hosts: no UTS namespace could be made here (neither root nor user namespaces)\n");
-    return;
+    std::printf("SKIP ranks on %d hosts: no UTS namespace could be made here (neither root nor user namespaces)\n", n);
+    return false;
   }
-  for (int rank = 0; rank < 2; ++rank)
-    check(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0, "rank " + std::to_string(rank) + " ended normally");
+  for (int rank = 0; rank < n; ++rank)
+    if (rank != victim)
+      check(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0, "rank " + std::to_string(rank) + " ended normally");
+  return true;
+}
+
+// Two ranks, each a process on a host of its own: every call goes to NVIDIA's communicator.
+static void hosts_case() {
+  on_own_hosts(2, hosts_rank);
+}
+
+// Three ranks on three hosts; rank 2 SIGKILLs itself after a first all-reduce. The survivors learn of it from
+// our bootstrap (ncclRemoteError naming rank 2, within 0.1 s of seeing it), our failure path aborts the fake
+// communicator, the next call fails without reaching the fake, and ncclCommShrink (NCCL_SHRINK_ABORT) gives
+// both a communicator of 2 ranks over our bootstrap, with a new fake communicator that gets the next
+// all-reduce.
+static void kill_rank(int rank, const ncclUniqueId& id) {
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  ncclComm_t comm = NULL;
+  expect(ncclCommInitRank(&comm, 3, id, rank), ncclSuccess, me + "ncclCommInitRank (3 ranks on 3 hosts)");
+  if (!comm) return;
+  auto inits = calls("ncclCommInitRank rank=");
+  const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");
+  if (rank == 2) kill(getpid(), SIGKILL);
+  ncclResult_t async = ncclSuccess;
+  check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
+        me + "ncclCommGetAsyncError says ncclRemoteError after rank 2's death");
+  const std::string text = ncclGetLastError(comm);
+  check(text.find("rank 2") != std::string::npos, me + "ncclGetLastError names rank 2: " + text);
+  check(eventually([&] { return calls("ncclCommAbort comm=" + fc).size() == 1; }, 5.0),
+        me + "our failure path aborted the fake communicator");
+  size_t forwarded = calls("ncclAllReduce ").size();
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclRemoteError,
+         me + "the next ncclAllReduce gets the failure");
+  check(calls("ncclAllReduce ").size() == forwarded, me + "and does not reach the aborted fake comm");
+  int dead[1] = {2};
+  ncclComm_t shrunk = NULL;
+  expect(ncclCommShrink(comm, dead, 1, &shrunk, NULL, NCCL_SHRINK_ABORT), ncclSuccess, me + "ncclCommShrink(rank 2 out)");
+  int n = -1, r = -1;
+  check(shrunk != NULL && ncclCommCount(shrunk, &n) == ncclSuccess && ncclCommUserRank(shrunk, &r) == ncclSuccess &&
+            n == 2 && r == rank,
+        me + "the shrunk comm: this rank of 2");
+  auto made = calls("ncclCommInitRank rank=");
+  check(made.size() == 2 && field(made[1], "nranks") == "2" && field(made[1], "rank") == std::to_string(rank) &&
+            calls("ncclCommShrink").empty(),
+        me + "its fake comm made afresh among the survivors (NVIDIA's shrink not asked)");
+  if (shrunk) {
+    expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, shrunk, STREAM), ncclSuccess, me + "ncclAllReduce on it");
+    auto sums = calls("ncclAllReduce ");
+    check(made.size() == 2 && !sums.empty() && field(sums.back(), "comm") == field(made[1], "comm"),
+          me + "it reached the new fake comm");
+    expect(ncclCommDestroy(shrunk), ncclSuccess, me + "ncclCommDestroy(shrunk)");
+  }
+  expect(ncclCommDestroy(comm), ncclSuccess, me + "ncclCommDestroy(the failed comm)");
+}
+
+static void kill_case() {
+  on_own_hosts(3, kill_rank, 2);
+}
+
+// Two hosts and no engine to be found: the initialisation fails at once on both ranks, saying what to do.
+static void no_engine_case() {
+  for (const char* d : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib", "/usr/local/cuda/lib64", "/usr/lib"})
+    if (access((std::string(d) + "/libnccl.so.2").c_str(), F_OK) == 0) {
+      std::printf("SKIP no engine between hosts: this machine has %s/libnccl.so.2\n", d);
+      return;
+    }
+  on_own_hosts(2, [](int rank, const ncclUniqueId& id) {
+    const std::string me = "rank " + std::to_string(rank) + ": ";
+    ncclComm_t comm = NULL;
+    expect(ncclCommInitRank(&comm, 2, id, rank), ncclInvalidUsage, me + "ncclCommInitRank across hosts, no engine");
+    const std::string text = ncclGetLastError(NULL);
+    check(text.find("span 2 hosts") != std::string::npos && text.find("pip install nvidia-nccl") != std::string::npos &&
+              text.find("MSCCLPP_NCCL_FALLBACK") != std::string::npos,
+          me + "the error says the ranks span hosts and what to install or set: " + text);
+  });
+}
+
+// Two hosts, no setting, the fake in LD_LIBRARY_PATH: found there, and every call goes to it.
+static void found_case() {
+  on_own_hosts(2, [](int rank, const ncclUniqueId& id) {
+    ncclComm_t comm = NULL;
+    expect(ncclCommInitRank(&comm, 2, id, rank), ncclSuccess, "rank " + std::to_string(rank) + ": ncclCommInitRank");
+    logged("NVIDIA's NCCL between hosts (in LD_LIBRARY_PATH): loaded \"" + dir + "/fake/libnccl.so.2\"");
+    expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, "ncclAllReduce");
+    check(calls("ncclAllReduce ").size() == 1, "rank " + std::to_string(rank) + ": it reached the found fake");
+    expect(ncclCommDestroy(comm), ncclSuccess, "ncclCommDestroy");
+  });
 }
 
 // Without RTLD_DEEPBIND the fake's call to its own ncclGetVersion reaches ours: the check above can fail.
@@ -431,6 +544,10 @@ int main() {
   run("without MSCCLPP_NCCL_FALLBACK", {}, unset_case);
   run("MSCCLPP_NCCL_FALLBACK = the fake", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, fake_case);
   run("the fake, ranks on two hosts", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, hosts_case);
+  run("the fake, a rank killed on another host", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, kill_case);
+  run("two hosts, the fake found in LD_LIBRARY_PATH", {{"LD_LIBRARY_PATH", dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}},
+      found_case);
+  run("two hosts, no engine anywhere", {{"LD_LIBRARY_PATH", ""}}, no_engine_case);
   run("the fake without RTLD_DEEPBIND (control)", {}, control_case);
   run("a path that does not exist", {{"MSCCLPP_NCCL_FALLBACK", "/nonexistent/libnccl.so.2"}}, [] {
     unusable_case("MSCCLPP_NCCL_FALLBACK: cannot load \"/nonexistent/libnccl.so.2\": /nonexistent/libnccl.so.2: "

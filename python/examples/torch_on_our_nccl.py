@@ -3,6 +3,7 @@ build/lib/nccl/libnccl.so.2, loaded ahead of NVIDIA's by LD_PRELOAD (the NCCL fu
 resolve to ours).
 
     LD_PRELOAD=$PWD/build/lib/nccl/libnccl.so.2 python python/examples/torch_on_our_nccl.py [--nranks 2] [--kill]
+        [--hosts]
 
 (Started without LD_PRELOAD it starts itself again with it, so the line above is what always runs.)
 
@@ -52,6 +53,10 @@ loop on all_reduces. Each survivor must end within 60 s of the kill, having rais
 error that speaks of NCCL, a remote failure or an abort (it reports the error and ends), or torn down by
 torch's watchdog (a non-zero exit status); the victim must end by SIGKILL, and the parent reaps every
 process.
+--hosts: every rank on a virtual host of its own (a UTS namespace with the host name vhost-<rank>, which
+needs root; SKIP otherwise), so that the library takes the ranks for separate machines: its communicators
+stay ours and every collective goes through NVIDIA's NCCL, which it finds beside torch without a setting.
+Gloo's and NVIDIA's sockets stay on the loopback (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME).
 Prints one line per case (PASS name / FAIL name: why / SKIP name: why) and exits non-zero on any FAIL.
 The values are small integers, so every order of summation gives the same bits. Where ranks exchange
 pieces, gloo's reference is an all_gather (or broadcast) of every rank's input, from which each rank
@@ -86,7 +91,19 @@ def free_port() -> int:
 
 # ---- one rank ----
 
+HOSTS_ENV = "TORCH_ON_OUR_NCCL_HOSTS"  # set by --hosts, read by the spawned ranks
+
+
+def own_host(rank: int) -> None:
+    """With --hosts: this process on a virtual host of its own, before anything reads the host name."""
+    if os.environ.get(HOSTS_ENV) != "1":
+        return
+    os.unshare(os.CLONE_NEWUTS)
+    socket.sethostname(f"vhost-{rank}")
+
+
 def worker(rank: int, nranks: int, port: int, port2: int, queue) -> None:
+    own_host(rank)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     # cuBLAS's results are the same bits from run to run with a fixed workspace (the DDP case compares two
@@ -570,6 +587,7 @@ KILL_WINDOW = 60.0  # seconds after the kill within which every survivor must ha
 
 
 def kill_worker(rank: int, nranks: int, port: int, report_dir: str) -> None:
+    own_host(rank)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     victim = nranks - 1
@@ -755,7 +773,15 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=480.0, help="seconds before the ranks are killed")
     ap.add_argument("--kill", action="store_true", help="the last rank SIGKILLs itself (see above)")
+    ap.add_argument("--hosts", action="store_true", help="every rank on a virtual host of its own (see above)")
     args = ap.parse_args()
+    if args.hosts:
+        if os.geteuid() != 0 or not hasattr(os, "unshare"):
+            print("SKIP torch_on_our_nccl --hosts: virtual hosts need root and Python 3.12's os.unshare")
+            return 0
+        os.environ[HOSTS_ENV] = "1"
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if args.nranks < 2:
         print("FAIL torch_on_our_nccl: --nranks must be at least 2")
         return 1

@@ -27,9 +27,6 @@ enum State {
     /// Initialising in the background (non-blocking config, or inside a group).
     Pending,
     Ready(Arc<Communicator>),
-    /// Made by NVIDIA's library alone (`ncclCommSplit` / `ncclCommShrink` of a communicator with a
-    /// fallback): every call goes to it.
-    Elsewhere,
     Failed(Error),
 }
 
@@ -180,14 +177,6 @@ impl NcclComm {
         self.grow_id.lock()
     }
 
-    /// A communicator made by NVIDIA's library alone (a split of one with a fallback).
-    pub fn elsewhere(rank: usize, nranks: usize, device: Option<i32>, fallback: Arc<fallback::Comm>) -> Arc<NcclComm> {
-        let c = NcclComm::pending(rank, nranks, device, None);
-        let _ = c.fallback.set(fallback);
-        *c.state.lock() = State::Elsewhere;
-        c
-    }
-
     /// Gives the communicator NVIDIA's communicator made beside it; before `complete`, so that every call
     /// that finds the communicator ready finds it too.
     pub fn attach_fallback(&self, f: Option<Arc<fallback::Comm>>) {
@@ -201,10 +190,9 @@ impl NcclComm {
         self.fallback.get()
     }
 
-    /// NVIDIA's communicator where every call goes to it: made by NVIDIA alone, or ranks on several hosts.
+    /// NVIDIA's communicator where every call goes to it: ranks on several hosts.
     pub fn fallback_for_all(&self) -> Option<&Arc<fallback::Comm>> {
-        self.fallback()
-            .filter(|f| f.spans_hosts() || matches!(*self.state.lock(), State::Elsewhere))
+        self.fallback().filter(|f| f.spans_hosts())
     }
 
     /// Ends the initialisation with its result. A communicator abandoned meanwhile (`ncclCommAbort`) is
@@ -238,9 +226,6 @@ impl NcclComm {
             State::Pending => Err(Error::invalid_usage(
                 "comm is still being initialised: poll ncclCommGetAsyncError until it returns ncclSuccess",
             )),
-            State::Elsewhere => Err(Error::invalid_usage(
-                "comm was made by NVIDIA's library (MSCCLPP_NCCL_FALLBACK): only calls it carries out work on it",
-            )),
             State::Failed(e) => Err(Error::new(
                 e.kind,
                 format!("comm's initialisation failed: {}", e.message),
@@ -260,12 +245,11 @@ impl NcclComm {
         Ok(c)
     }
 
-    /// Whether work may go to the communicator's fallback: ready (ours, or NVIDIA's alone), not finalized
-    /// and not revoked.
+    /// Whether work may go to the communicator's fallback: ready, not failed (a failure aborts NVIDIA's
+    /// communicator where the ranks span hosts: the call gets the failure, naming the rank, as ours do), not
+    /// finalized and not revoked.
     pub fn open(&self) -> Result<()> {
-        if !matches!(*self.state.lock(), State::Elsewhere) {
-            self.core()?;
-        }
+        self.core()?.check_usable()?;
         self.check_not_ended()
     }
 
@@ -323,11 +307,7 @@ impl NcclComm {
         let c = match &*self.state.lock() {
             State::Pending => return ncclResult_t::ncclInProgress,
             State::Failed(e) => return code(e),
-            State::Ready(c) => Some(c.clone()),
-            State::Elsewhere => None,
-        };
-        let Some(c) = c else {
-            return self.fallback_async_error();
+            State::Ready(c) => c.clone(),
         };
         // A revoked communicator's own abort, and the peers' aborts (they revoke too), are what revoking
         // means, not errors; a peer that died is still one.

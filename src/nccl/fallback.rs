@@ -15,7 +15,8 @@
 //! - `Comm`: that NVIDIA communicator; `Call`: a call forwarded to it, issued at once or inside NVIDIA's
 //!   own group at the end of ours.
 
-use super::types::{NCCL_UNIQUE_ID_BYTES, ncclConfig_t, ncclResult_t, ncclUniqueId};
+use super::engine_search;
+use super::types::{NCCL_UNIQUE_ID_BYTES, ncclResult_t, ncclUniqueId};
 use crate::collective::Collective;
 use crate::comm::Communicator;
 use crate::dynlib;
@@ -44,8 +45,6 @@ type RootedReduceFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, c_int, RawComm, Stream) -> c_int;
 type SendFn = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
 type RecvFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, Stream) -> c_int;
-type SplitFn = unsafe extern "C" fn(RawComm, c_int, c_int, *mut RawComm, *mut ncclConfig_t) -> c_int;
-type ShrinkFn = unsafe extern "C" fn(RawComm, *mut c_int, c_int, *mut RawComm, *mut ncclConfig_t, c_int) -> c_int;
 type RevokeFn = unsafe extern "C" fn(RawComm, c_int) -> c_int;
 type PreMulSumFn = unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, c_int, RawComm) -> c_int;
 type RedOpDestroyFn = unsafe extern "C" fn(c_int, RawComm) -> c_int;
@@ -59,8 +58,6 @@ struct Functions {
     comm_destroy: CommFn,
     comm_abort: CommFn,
     comm_get_async_error: CommIntOutFn,
-    comm_count: CommIntOutFn,
-    comm_user_rank: CommIntOutFn,
     get_last_error: GetLastErrorFn,
     group_start: GroupFn,
     group_end: GroupFn,
@@ -74,8 +71,6 @@ struct Functions {
     scatter: ReduceLikeFn,
     send: SendFn,
     recv: RecvFn,
-    comm_split: SplitFn,
-    comm_shrink: ShrinkFn,
     comm_revoke: RevokeFn,
     red_op_create_pre_mul_sum: PreMulSumFn,
     red_op_destroy: RedOpDestroyFn,
@@ -92,18 +87,22 @@ impl Library {
     /// Loads the library at `path` and resolves every function; the error names the path and dlerror's
     /// text, or the missing symbol.
     pub fn load(path: &str) -> Result<Library> {
+        Self::load_as(path, "MSCCLPP_NCCL_FALLBACK")
+    }
+
+    /// `load`, with `source` (the setting, or where the search found the file) opening every message.
+    fn load_as(path: &str, source: &str) -> Result<Library> {
         let cpath = CString::new(path)
-            .map_err(|_| Error::invalid_argument(format!("MSCCLPP_NCCL_FALLBACK \"{path}\" contains a NUL byte")))?;
+            .map_err(|_| Error::invalid_argument(format!("{source} \"{path}\" contains a NUL byte")))?;
         // RTLD_NOW resolves everything up front so that failures show here; LOCAL and DEEPBIND keep NVIDIA's
         // names and ours apart (see the module's comment).
         let handle = dynlib::open(&cpath, libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND)
-            .map_err(|e| Error::system(format!("MSCCLPP_NCCL_FALLBACK: cannot load \"{path}\": {e}")))?;
+            .map_err(|e| Error::system(format!("{source}: cannot load \"{path}\": {e}")))?;
         let sym = |s: &CStr| -> Result<*mut c_void> {
             // SAFETY: the handle `open` just returned, never closed while this runs.
             unsafe { dynlib::symbol(handle, s) }.map_err(|e| {
                 Error::system(format!(
-                    "MSCCLPP_NCCL_FALLBACK: \"{path}\" is not a usable NVIDIA NCCL (2.28 or later): symbol {} is \
-                     missing ({e})",
+                    "{source}: \"{path}\" is not a usable NVIDIA NCCL (2.28 or later): symbol {} is missing ({e})",
                     s.to_string_lossy()
                 ))
             })
@@ -123,8 +122,6 @@ impl Library {
             comm_destroy: f!(c"ncclCommDestroy", CommFn),
             comm_abort: f!(c"ncclCommAbort", CommFn),
             comm_get_async_error: f!(c"ncclCommGetAsyncError", CommIntOutFn),
-            comm_count: f!(c"ncclCommCount", CommIntOutFn),
-            comm_user_rank: f!(c"ncclCommUserRank", CommIntOutFn),
             get_last_error: f!(c"ncclGetLastError", GetLastErrorFn),
             group_start: f!(c"ncclGroupStart", GroupFn),
             group_end: f!(c"ncclGroupEnd", GroupFn),
@@ -138,8 +135,6 @@ impl Library {
             scatter: f!(c"ncclScatter", ReduceLikeFn),
             send: f!(c"ncclSend", SendFn),
             recv: f!(c"ncclRecv", RecvFn),
-            comm_split: f!(c"ncclCommSplit", SplitFn),
-            comm_shrink: f!(c"ncclCommShrink", ShrinkFn),
             comm_revoke: f!(c"ncclCommRevoke", RevokeFn),
             red_op_create_pre_mul_sum: f!(c"ncclRedOpCreatePreMulSum", PreMulSumFn),
             red_op_destroy: f!(c"ncclRedOpDestroy", RedOpDestroyFn),
@@ -149,11 +144,11 @@ impl Library {
         let r = unsafe { (fns.get_version)(&mut version) };
         if r != 0 {
             return Err(Error::system(format!(
-                "MSCCLPP_NCCL_FALLBACK: \"{path}\"'s ncclGetVersion returned {r}"
+                "{source}: \"{path}\"'s ncclGetVersion returned {r}"
             )));
         }
         log::info!(
-            "MSCCLPP_NCCL_FALLBACK: loaded \"{path}\", NVIDIA NCCL {} (ncclGetVersion: {version})",
+            "{source}: loaded \"{path}\", NVIDIA NCCL {} (ncclGetVersion: {version})",
             version_text(version)
         );
         Ok(Library {
@@ -254,13 +249,27 @@ pub fn version_text(v: c_int) -> String {
 
 static LIBRARY: OnceCell<std::result::Result<Library, Error>> = OnceCell::new();
 
-/// The library `MSCCLPP_NCCL_FALLBACK` names, loaded at the first call; `None` when the setting is unset.
-/// A failure to load is kept, so that each later communicator reports the same reason without retrying.
-pub fn library() -> Option<Result<&'static Library>> {
-    let path = NCCL_FALLBACK.text()?;
+/// NVIDIA's library, loaded at the first call that wants it: the one `MSCCLPP_NCCL_FALLBACK` names, or,
+/// where the setting is unset and `search` is true (the ranks span hosts), the first found by
+/// `engine_search`. `None` when the setting is unset and no search is asked for. A failure (to find or to
+/// load) is kept, so that each later communicator reports the same reason without retrying.
+pub fn library(search: bool) -> Option<Result<&'static Library>> {
+    let named = NCCL_FALLBACK.text();
+    if named.is_none() && !search {
+        return None;
+    }
     Some(
         LIBRARY
-            .get_or_init(|| Library::load(&path))
+            .get_or_init(|| match named {
+                Some(path) => Library::load(&path),
+                None => match engine_search::search() {
+                    Some((path, found)) => {
+                        let source = format!("NVIDIA's NCCL between hosts ({})", found.describe());
+                        Library::load_as(&path.to_string_lossy(), &source)
+                    }
+                    None => Err(Error::invalid_usage(engine_search::not_found_hint())),
+                },
+            })
             .as_ref()
             .map_err(Clone::clone),
     )
@@ -336,6 +345,26 @@ impl Comm {
         self.lib.check("ncclCommAbort", r, std::ptr::null_mut())
     }
 
+    /// `abort` on a thread of its own: our failure path calls it where the ranks span hosts, so that
+    /// NVIDIA's kernels and calls waiting for a dead or silent peer end now (NVIDIA's own detection may
+    /// come late or never: a survivor stayed stuck 70 s in one probe), without making the failure path
+    /// wait for NVIDIA's abort, which can itself take long.
+    pub fn abort_detached(self: &Arc<Self>) {
+        if self.ended.load(Ordering::Acquire) {
+            return;
+        }
+        let comm = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nccl-engine-abort".into())
+            .spawn(move || match comm.abort() {
+                Ok(()) => log::info!("NVIDIA's communicator aborted after the failure"),
+                Err(e) => log::info!("aborting NVIDIA's communicator after the failure: {}", e.message),
+            });
+        if let Err(e) = spawned {
+            log::warn!("NVIDIA's communicator could not be aborted after the failure (no thread: {e})");
+        }
+    }
+
     /// NVIDIA's asynchronous error, with its last error's text when it is one.
     pub fn async_error(&self) -> (ncclResult_t, Option<String>) {
         if self.ended.load(Ordering::Acquire) {
@@ -351,57 +380,6 @@ impl Comm {
         }
         let e = self.lib.check("ncclCommGetAsyncError", r, self.raw()).err();
         (code, e.map(|e| e.message))
-    }
-
-    /// `ncclCommSplit` (`ncclCommShrink` with `Split::Shrink`): NVIDIA's new communicator, and this rank's place in
-    /// it; `None` where this rank is in none (`NCCL_SPLIT_NOCOLOR`).
-    ///
-    /// # Safety
-    /// `config` is NULL or the caller's `ncclConfig_t`, as nccl.h's `ncclCommSplit` takes it.
-    pub unsafe fn split(
-        self: &Arc<Self>,
-        how: Split,
-        config: *mut ncclConfig_t,
-    ) -> Result<Option<(Arc<Comm>, usize, usize)>> {
-        let mut new: RawComm = std::ptr::null_mut();
-        let (name, r) = match how {
-            Split::Color { color, key } => (
-                "ncclCommSplit",
-                // SAFETY: a live communicator, a valid out-pointer; `config` is the caller's (NULL or theirs).
-                unsafe { (self.lib.fns.comm_split)(self.raw(), color, key, &mut new, config) },
-            ),
-            Split::Shrink { exclude, flags } => {
-                let mut exclude = exclude;
-                // SAFETY: as above; `exclude` holds the ranks NVIDIA reads, for the call's length.
-                let r = unsafe {
-                    (self.lib.fns.comm_shrink)(
-                        self.raw(),
-                        exclude.as_mut_ptr(),
-                        exclude.len() as c_int,
-                        &mut new,
-                        config,
-                        flags,
-                    )
-                };
-                ("ncclCommShrink", r)
-            }
-        };
-        self.lib.check(name, r, self.raw())?;
-        if new.is_null() {
-            return Ok(None);
-        }
-        let (mut rank, mut nranks) = (0, 0);
-        // SAFETY: NVIDIA's new communicator, valid out-pointers.
-        let r = unsafe { (self.lib.fns.comm_user_rank)(new, &mut rank) };
-        self.lib.check("ncclCommUserRank", r, new)?;
-        // SAFETY: as above.
-        let r = unsafe { (self.lib.fns.comm_count)(new, &mut nranks) };
-        self.lib.check("ncclCommCount", r, new)?;
-        Ok(Some((
-            Comm::new(self.lib, new, self.spans_hosts),
-            rank.max(0) as usize,
-            nranks.max(0) as usize,
-        )))
     }
 
     pub fn revoke(&self, flags: c_int) -> Result<()> {
@@ -428,12 +406,6 @@ impl Comm {
         let r = unsafe { (self.lib.fns.red_op_destroy)(op, self.raw()) };
         self.lib.check("ncclRedOpDestroy", r, self.raw())
     }
-}
-
-/// How `Comm::split` makes the new communicator.
-pub enum Split {
-    Color { color: c_int, key: c_int },
-    Shrink { exclude: Vec<c_int>, flags: c_int },
 }
 
 /// NVIDIA's result code as ours (an unknown one as an internal error).
@@ -487,8 +459,13 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
-    /// Issues the call on NVIDIA's communicator.
+    /// Issues the call on NVIDIA's communicator (refused once that was aborted or destroyed).
     pub fn issue(&self) -> Result<()> {
+        if self.comm.ended.load(Ordering::Acquire) {
+            return Err(Error::invalid_usage(
+                "NVIDIA's communicator beside this one was aborted or destroyed: no work may go to it",
+            ));
+        }
         let f = &self.comm.lib.fns;
         let (c, s) = (self.comm.raw(), self.stream as Stream);
         let p = |a: u64| a as *const c_void;
@@ -543,34 +520,29 @@ impl Forwarded {
     }
 }
 
-/// What each rank tells the others at `attach`: its host, whether it loaded the library, and (rank 0)
-/// NVIDIA's unique id.
-const HELLO_BYTES: usize = 8 + 1 + NCCL_UNIQUE_ID_BYTES;
+/// What each rank tells the others at `attach`, once the hosts are known: whether it loaded the library,
+/// and (rank 0) NVIDIA's unique id.
+const HELLO_BYTES: usize = 1 + NCCL_UNIQUE_ID_BYTES;
 
-fn hello(host: u64, ready: bool, id: Option<&ncclUniqueId>) -> [u8; HELLO_BYTES] {
+fn hello(ready: bool, id: Option<&ncclUniqueId>) -> [u8; HELLO_BYTES] {
     let mut b = [0u8; HELLO_BYTES];
-    b[..8].copy_from_slice(&host.to_le_bytes());
-    b[8] = ready as u8;
+    b[0] = ready as u8;
     if let Some(id) = id {
-        for (o, &c) in b[9..].iter_mut().zip(id.internal.iter()) {
+        for (o, &c) in b[1..].iter_mut().zip(id.internal.iter()) {
             *o = c as u8;
         }
     }
     b
 }
 
-/// The hosts, readiness and rank 0's id out of every rank's hello.
-fn read_hellos(all: &[u8]) -> (Vec<u64>, Vec<bool>, ncclUniqueId) {
+/// The readiness and rank 0's id out of every rank's hello.
+fn read_hellos(all: &[u8]) -> (Vec<bool>, ncclUniqueId) {
     let blocks: Vec<&[u8]> = all.chunks(HELLO_BYTES).collect();
-    let hosts = blocks
-        .iter()
-        .map(|b| u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
-        .collect();
-    let ready = blocks.iter().map(|b| b[8] == 1).collect();
+    let ready = blocks.iter().map(|b| b[0] == 1).collect();
     let id = ncclUniqueId {
-        internal: std::array::from_fn(|i| blocks[0][9 + i] as c_char),
+        internal: std::array::from_fn(|i| blocks[0][1 + i] as c_char),
     };
-    (hosts, ready, id)
+    (ready, id)
 }
 
 /// The ranks whose flag is false, for messages.
@@ -583,16 +555,48 @@ fn ranks_without(flags: &[bool]) -> Vec<usize> {
         .collect()
 }
 
-/// Makes NVIDIA's communicator beside `core` where `MSCCLPP_NCCL_FALLBACK` is set: collective over the
-/// ranks (each calls it right after making its communicator, on the thread and device that made it).
-/// `None` when the setting is unset, or, with a WARN saying why, when some rank cannot have it.
-pub fn attach(core: &Communicator) -> Option<Arc<Comm>> {
-    NCCL_FALLBACK.text()?;
+/// Makes NVIDIA's communicator beside `core`, collectively over the ranks (each calls it right after making
+/// its communicator, on the thread and device that made it):
+/// - where the ranks span hosts, always: NVIDIA's library is the engine between them (`library(true)`:
+///   the setting's, or the one the search finds). A rank that cannot have it (none found, a load or
+///   NVIDIA's init refused) fails every rank's initialisation, naming the rank and the reason;
+/// - on one host, where `MSCCLPP_NCCL_FALLBACK` is set: as the fallback of calls we do not carry out. A rank
+///   that cannot have it leaves every rank without it, with a WARN saying why; our communicator stays usable.
+///
+/// `Ok(None)`: no NVIDIA communicator, and none needed.
+pub fn attach(core: &Communicator) -> Result<Option<Arc<Comm>>> {
     let (rank, nranks) = (core.rank(), core.nranks());
-    let lib = match library()? {
-        Ok(l) => Some(l),
-        Err(e) => {
-            log::warn!("{}; this communicator goes on without the fallback", e.message);
+    // Every rank's host first: whether the job spans hosts decides whether the engine is needed.
+    let mut hosts = vec![0u8; 8 * nranks];
+    hosts[8 * rank..8 * rank + 8].copy_from_slice(&ProcessId::this().host.to_le_bytes());
+    core.bootstrap().all_gather(&mut hosts, 8)?;
+    let hosts: Vec<u64> = hosts
+        .chunks(8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect();
+    let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    // Where it spans hosts, a failure below is every rank's, said once with what to do.
+    let refuse = |why: String| -> Result<Option<Arc<Comm>>> {
+        if spans_hosts {
+            let on = hosts.iter().collect::<std::collections::HashSet<_>>().len();
+            Err(Error::invalid_usage(format!(
+                "the communicator's ranks span {on} hosts, and NVIDIA's NCCL, which carries collectives between \
+                 hosts, cannot be had: {why}"
+            )))
+        } else {
+            log::warn!("{why}; this communicator goes on without the fallback");
+            Ok(None)
+        }
+    };
+    let lib = match library(spans_hosts) {
+        None => return Ok(None),
+        Some(Ok(l)) => Some(l),
+        Some(Err(e)) => {
+            if spans_hosts {
+                log::warn!("rank {rank}: {}", e.message);
+            } else {
+                log::warn!("{}; this communicator goes on without the fallback", e.message);
+            }
             None
         }
     };
@@ -602,44 +606,36 @@ pub fn attach(core: &Communicator) -> Option<Arc<Comm>> {
     {
         match l.unique_id() {
             Ok(i) => id = Some(i),
-            Err(e) => log::warn!("{}; this communicator goes on without the fallback", e.message),
+            Err(e) => log::warn!("{}", e.message),
         }
     }
     let ready = lib.is_some() && (rank != 0 || id.is_some());
     let mut all = vec![0u8; HELLO_BYTES * nranks];
-    all[rank * HELLO_BYTES..(rank + 1) * HELLO_BYTES].copy_from_slice(&hello(
-        ProcessId::this().host,
-        ready,
-        id.as_ref(),
-    ));
+    all[rank * HELLO_BYTES..(rank + 1) * HELLO_BYTES].copy_from_slice(&hello(ready, id.as_ref()));
     if let Err(e) = core.bootstrap().all_gather(&mut all, HELLO_BYTES) {
-        log::warn!(
-            "MSCCLPP_NCCL_FALLBACK: exchanging NVIDIA's unique id failed ({}); no fallback",
-            e.message
-        );
-        return None;
+        return refuse(format!("exchanging NVIDIA's unique id failed ({})", e.message));
     }
-    let (hosts, readiness, id) = read_hellos(&all);
-    let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    let (readiness, id) = read_hellos(&all);
     let missing = ranks_without(&readiness);
     if !missing.is_empty() {
-        log::warn!(
-            "MSCCLPP_NCCL_FALLBACK: rank(s) {missing:?} could not load NVIDIA's library or get its unique id; \
-             this communicator goes on without the fallback{}",
-            if spans_hosts {
-                " (its ranks span hosts, which its collectives do not support)"
+        let why = match library(spans_hosts) {
+            Some(Err(e)) if missing.contains(&rank) => e.message,
+            _ => String::new(),
+        };
+        return refuse(format!(
+            "rank(s) {missing:?} could not load NVIDIA's library or get its unique id{}",
+            if why.is_empty() {
+                String::new()
             } else {
-                ""
+                format!(" (here: {why})")
             }
-        );
-        return None;
+        ));
     }
-    let lib = lib?;
+    let lib = lib.expect("every rank is ready, this one too");
     let made = lib.init_rank(nranks, id, rank);
     if let Err(e) = &made {
         log::warn!(
-            "MSCCLPP_NCCL_FALLBACK: rank {rank}: {} (NVIDIA's NCCL refuses, among others, two ranks on one GPU); \
-             this communicator goes on without the fallback",
+            "rank {rank}: {} (NVIDIA's NCCL refuses, among others, two ranks of one host on one GPU)",
             e.message
         );
     }
@@ -648,36 +644,30 @@ pub fn attach(core: &Communicator) -> Option<Arc<Comm>> {
     let mut joined = vec![0u8; nranks];
     joined[rank] = made.is_ok() as u8;
     if let Err(e) = core.bootstrap().all_gather(&mut joined, 1) {
-        log::warn!(
-            "MSCCLPP_NCCL_FALLBACK: exchanging NVIDIA's outcome failed ({}); no fallback",
-            e.message
-        );
         if let Ok(h) = made {
             let _ = Comm::new(lib, h, spans_hosts).abort();
         }
-        return None;
+        return refuse(format!("exchanging NVIDIA's outcome failed ({})", e.message));
     }
     let failed = ranks_without(&joined.iter().map(|&b| b == 1).collect::<Vec<_>>());
-    let handle = made.ok()?;
-    let comm = Comm::new(lib, handle, spans_hosts);
     if !failed.is_empty() {
-        log::warn!(
-            "MSCCLPP_NCCL_FALLBACK: NVIDIA's ncclCommInitRank failed on rank(s) {failed:?}; this communicator \
-             goes on without the fallback"
-        );
-        let _ = comm.abort();
-        return None;
+        if let Ok(h) = made {
+            let _ = Comm::new(lib, h, spans_hosts).abort();
+        }
+        return refuse(format!("NVIDIA's ncclCommInitRank failed on rank(s) {failed:?}"));
     }
+    let comm = Comm::new(lib, made.expect("every rank joined, this one too"), spans_hosts);
     log::info!(
-        "MSCCLPP_NCCL_FALLBACK: rank {rank} of {nranks}: NVIDIA's communicator made beside ours ({}){}",
+        "rank {rank} of {nranks}: NVIDIA's communicator made beside ours ({}, NCCL {}){}",
         lib.path(),
+        version_text(lib.version()),
         if spans_hosts {
             "; the ranks span hosts: every collective goes to it"
         } else {
             ""
         }
     );
-    Some(comm)
+    Ok(Some(comm))
 }
 
 #[cfg(test)]
@@ -692,16 +682,15 @@ mod tests {
     }
 
     #[test]
-    fn hellos_carry_host_readiness_and_rank_0s_id() {
+    fn hellos_carry_readiness_and_rank_0s_id() {
         let id = ncclUniqueId {
             internal: std::array::from_fn(|i| i as c_char),
         };
         let mut all = Vec::new();
-        all.extend_from_slice(&hello(7, true, Some(&id)));
-        all.extend_from_slice(&hello(7, false, None));
-        all.extend_from_slice(&hello(9, true, None));
-        let (hosts, ready, got) = read_hellos(&all);
-        assert_eq!(hosts, vec![7, 7, 9]);
+        all.extend_from_slice(&hello(true, Some(&id)));
+        all.extend_from_slice(&hello(false, None));
+        all.extend_from_slice(&hello(true, None));
+        let (ready, got) = read_hellos(&all);
         assert_eq!(ready, vec![true, false, true]);
         assert_eq!(got.internal, id.internal);
         assert_eq!(ranks_without(&ready), vec![1]);

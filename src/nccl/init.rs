@@ -26,7 +26,8 @@ use std::sync::Arc;
 /// How long set-up waits for the root and the peers.
 pub(super) const BOOTSTRAP_TIMEOUT: std::time::Duration = crate::bootstrap::DEFAULT_TIMEOUT;
 
-/// Ends an initialisation: NVIDIA's communicator is made beside ours where `MSCCLPP_NCCL_FALLBACK` asks
+/// Ends an initialisation: NVIDIA's communicator is made beside ours where the ranks span hosts (it carries
+/// what crosses them; none to be had fails the initialisation on every rank) or `MSCCLPP_NCCL_FALLBACK` asks
 /// for one (every rank does this at once, as the initialisation itself), then the outcome is recorded.
 ///
 /// Then the collectives are set up (scratch memory mapped between the ranks), collectively as the
@@ -34,9 +35,16 @@ pub(super) const BOOTSTRAP_TIMEOUT: std::time::Duration = crate::bootstrap::DEFA
 /// mapped before any. Without a GPU driver nothing is set up (a call that needs the GPU fails then); where
 /// the ranks span hosts our collectives cannot run, and NVIDIA's communicator carries everything if there
 /// is one, else the initialisation fails with the reason.
-pub(super) fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
+/// Returns the failure it recorded, for a blocking initialisation to return.
+pub(super) fn finish_init(comm: &NcclComm, result: Result<Communicator>) -> Result<()> {
     let result = result.and_then(|core| {
-        comm.attach_fallback(fallback::attach(&core));
+        let engine = fallback::attach(&core)?;
+        // Between hosts NVIDIA's communicator is the communicator's work too: our first failure aborts it.
+        if let Some(f) = engine.as_ref().filter(|f| f.spans_hosts()) {
+            let f = f.clone();
+            core.failures().on_abort(Box::new(move || f.abort_detached()));
+        }
+        comm.attach_fallback(engine);
         if let Some(blocks) = comm.cta_limit() {
             core.limit_ctas(blocks);
         }
@@ -53,7 +61,9 @@ pub(super) fn finish_init(comm: &NcclComm, result: Result<Communicator>) {
         }
         Ok(core)
     });
+    let failure = result.as_ref().err().cloned();
     comm.complete(result);
+    failure.map_or(Ok(()), Err)
 }
 
 /// How an initialisation reaches its peers: through `NCCL_COMM_ID`'s address where it is set (rank 0
@@ -82,7 +92,8 @@ pub(super) fn run_init(comm: &NcclComm, gpu: Option<GpuContext>, job: Job) {
     if let Err(e) = &result {
         log::warn!("initialising a communicator: {}", e.message);
     }
-    finish_init(comm, result);
+    // Recorded in `comm`, where its queries and the group's end find it.
+    let _ = finish_init(comm, result);
 }
 
 /// The device a communicator made now on this thread works on (see `NcclComm::device`).
@@ -149,7 +160,8 @@ pub(super) unsafe fn start(
         return Ok(ncclResult_t::ncclInProgress);
     }
     let _rank = comm.rank().map(RankScope::enter);
-    finish_init(&comm, Ok(job()?));
+    // A blocking initialisation that failed returns its failure, as NCCL's does.
+    finish_init(&comm, Ok(job()?))?;
     // SAFETY: the caller's contract.
     unsafe { *out = ncomm::register(comm) };
     OK
@@ -317,7 +329,13 @@ nccl_export! {
                             let _rank = RankScope::enter(rank);
                             GpuContext::set_device(device)?;
                             let core = Communicator::init_by_id(n, id, rank, BOOTSTRAP_TIMEOUT)?;
-                            let f = fallback::attach(&core);
+                            let f = match fallback::attach(&core) {
+                                Ok(f) => f,
+                                Err(e) => {
+                                    core.destroy();
+                                    return Err(e);
+                                }
+                            };
                             // As `finish_init`: the collectives' memory, set up by every rank at once, before
                             // any send, receive or one-sided call (which need not involve every rank).
                             if let Err(e) = core.prepare_collectives() {

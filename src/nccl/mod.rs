@@ -85,6 +85,7 @@ pub mod comm;
 pub mod config;
 pub mod device_host;
 pub mod encryption;
+pub mod engine_search;
 pub mod entry;
 pub mod error;
 pub mod fallback;

@@ -21,14 +21,14 @@
 //!
 //! The exports (at the end) check their arguments, announce, and hand the job that finishes the agreement
 //! and makes the communicator to `init.rs` (`start_child`: blocking, non-blocking or at a group's end as
-//! the config and the group say). Where NVIDIA's communicator carries every call (ranks on several
-//! hosts), NVIDIA's library splits or shrinks it instead (`fallback_split`).
+//! the config and the group say). Where the ranks span hosts the new communicator is ours all the same,
+//! made over our bootstrap, and gets a new NVIDIA communicator of its own among its ranks when it is made
+//! (`init::finish_init`): NVIDIA's own shrink cannot cope with a dead peer, and a child of NVIDIA's alone
+//! would be out of reach of our failure path.
 #![allow(non_snake_case)] // nccl.h's argument names
 #![allow(clippy::missing_safety_doc)] // the contract of each function is nccl.h's
 
-use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, with_comm};
-use super::fallback;
 use super::init::{BOOTSTRAP_TIMEOUT, child_config, start_child};
 use super::queue::Job;
 use super::types::*;
@@ -207,7 +207,7 @@ nccl_export! {
     /// The ranks that pass one color make a new communicator, ordered by key, then by parent rank
     /// (collective over the parent; `NCCL_SPLIT_NOCOLOR`: none, `*newcomm` NULL). Blocking or not as its
     /// config says (the parent's mode without one); inside a group, made at its end. See `split.rs`.
-    /// Where the ranks span hosts, NVIDIA's library makes it (NVIDIA's alone).
+    /// Where the ranks span hosts, it is ours too, with a new NVIDIA communicator of its own.
     fn ncclCommSplit / pncclCommSplit(
         comm: ncclComm_t,
         color: c_int,
@@ -225,11 +225,6 @@ nccl_export! {
             );
             // SAFETY: nccl.h's contract: NULL or the caller's config.
             let cfg = unsafe { child_config(c, config) }?;
-            if let Some(f) = c.fallback_for_all() {
-                c.open()?;
-                // SAFETY: checked non-null above.
-                return unsafe { fallback_split(c, f, fallback::Split::Color { color, key }, newcomm, config) };
-            }
             let parent = c.usable()?;
             let count = c.next_split();
             announce(&parent, count, color, key)?;
@@ -243,31 +238,12 @@ nccl_export! {
     }
 }
 
-/// `ncclCommSplit` / `ncclCommShrink` on the fallback: NVIDIA's new communicator, behind a handle of ours
-/// (NULL where this rank is in none).
-unsafe fn fallback_split(
-    c: &NcclComm,
-    f: &Arc<fallback::Comm>,
-    how: fallback::Split,
-    newcomm: *mut ncclComm_t,
-    config: *mut ncclConfig_t,
-) -> Result<ncclResult_t> {
-    // SAFETY: the caller's config, under nccl.h's contract.
-    let handle = match unsafe { f.split(how, config) }? {
-        Some((new, rank, nranks)) => ncomm::register(NcclComm::elsewhere(rank, nranks, c.device, new)),
-        None => std::ptr::null_mut(),
-    };
-    // SAFETY: the caller checked it non-null.
-    unsafe { *newcomm = handle };
-    OK
-}
-
 nccl_export! {
     /// The parent's ranks but the excluded ones make a new communicator, in parent order; the excluded
     /// ranks do not call it. Works after a failure, the dead ranks excluded: the survivors meet over the
     /// parent's connections between them (see `split.rs`). `NCCL_SHRINK_ABORT` first revokes the parent
-    /// (`ncclCommRevoke`). Blocking or not as `ncclCommSplit`. Where the ranks span hosts, NVIDIA's library
-    /// makes it (NVIDIA's alone).
+    /// (`ncclCommRevoke`). Blocking or not as `ncclCommSplit`. Where the ranks span hosts, it is ours too,
+    /// with a new NVIDIA communicator among the survivors.
     fn ncclCommShrink / pncclCommShrink(
         comm: ncclComm_t,
         excludeRanksList: *mut c_int,
@@ -299,15 +275,6 @@ nccl_export! {
             let (kept, excluded) = survivors(nranks, &exclude)?;
             // SAFETY: nccl.h's contract: NULL or the caller's config.
             let cfg = unsafe { child_config(c, config) }?;
-            if let Some(f) = c.fallback_for_all() {
-                c.open()?;
-                let how = fallback::Split::Shrink {
-                    exclude,
-                    flags: shrinkFlags,
-                };
-                // SAFETY: checked non-null above.
-                return unsafe { fallback_split(c, f, how, newcomm, config) };
-            }
             ensure_arg!(
                 excluded.binary_search(&rank).is_err(),
                 "excludeRanksList holds this rank ({rank}): the ranks left out do not call ncclCommShrink"

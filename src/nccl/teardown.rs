@@ -56,15 +56,11 @@ nccl_export! {
     /// Stops the communicator's work without freeing it (`NcclComm::revoke`: our abort, the peers told);
     /// afterwards only `ncclCommShrink`, `ncclCommDestroy`, `ncclCommAbort` and the queries work on it,
     /// and `ncclCommGetAsyncError` reports `ncclSuccess` unless a peer died. Where the ranks span hosts,
-    /// NVIDIA's communicator carries everything and is revoked instead.
+    /// NVIDIA's communicator beside ours is revoked too, then aborted with ours.
     fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revokeFlags: c_int) -> ncclResult_t {
         with_comm("ncclCommRevoke", comm, |c| {
             ensure_arg!(revokeFlags == 0, "revokeFlags is {revokeFlags}; it must be 0 (NCCL_REVOKE_DEFAULT)");
-            if let Some(f) = c.fallback_for_all() {
-                c.open()?;
-                f.revoke(revokeFlags)?;
-                return OK;
-            }
+            // Where the ranks span hosts too: our revoke revokes NVIDIA's communicator beside ours, then aborts.
             c.revoke("ncclCommRevoke")?;
             OK
         })
