@@ -362,6 +362,13 @@ static ENVIRONMENT: Lazy<HashMap<&'static str, String>> = Lazy::new(|| {
         .collect()
 });
 
+/// The dynamic loader's `LD_LIBRARY_PATH`, read now: not a setting of ours, but where the search for
+/// NVIDIA's library between hosts looks (`nccl/engine_search.rs`), after the Python packages' folders. Read
+/// here so that this file stays the one place that reads the environment.
+pub fn loader_library_path() -> Option<String> {
+    std::env::var("LD_LIBRARY_PATH").ok()
+}
+
 /// Settings already warned about, so that a bad value is reported once, not at every read.
 static WARNED: Lazy<Mutex<HashSet<&'static str>>> = Lazy::new(Default::default);
 

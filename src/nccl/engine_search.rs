@@ -126,7 +126,7 @@ fn our_file() -> Option<PathBuf> {
 
 /// Searches this process's candidates (steps 2 and 3 of the module's doc).
 pub fn search() -> Option<(PathBuf, Found)> {
-    let library_path = std::env::var("LD_LIBRARY_PATH").ok();
+    let library_path = crate::settings::loader_library_path();
     first_not_ours(
         candidates(&loaded_objects(), library_path.as_deref(), &SYSTEM_DIRS),
         our_file().as_deref(),
