@@ -52,8 +52,9 @@
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group
 // and one for the program. Exit code 0 only if everything passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every
 // deadline (e.g. under compute-sanitizer).
-#include "case_runner.h"
+#include "forked_ranks.h"
 #include "log_capture.h"
+#include "mscclpp_rank.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -2162,13 +2163,13 @@ int main(int argc, char** argv)
   bool badOption = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--port") && i + 1 < argc) {
-      port = (int)example::parseNumber(argv[++i], "--port", 1, 65000);
+      port = (int)parseNumber(argv[++i], "--port", 1, 65000);
     } else if (argv[i][0] == '-') {
       badOption = true;
     } else if (!which) {
       which = argv[i];
     } else {
-      nranks = (int)example::parseNumber(argv[i], "nranks", 1, kMaxRanks);
+      nranks = (int)parseNumber(argv[i], "nranks", 1, kMaxRanks);
     }
   }
   bool known = !badOption && which && !strcmp(which, "all");

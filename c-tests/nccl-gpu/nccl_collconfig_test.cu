@@ -20,7 +20,7 @@
 //
 // Output: PASS / FAIL lines, SKIP where no GPU is usable, a SUMMARY line; exit code 0 only if every stage
 // passed on every process. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "staged_test.h"
+#include "staged.h"
 
 using namespace tc;
 

@@ -69,9 +69,9 @@
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
 //
-// The case runner (examples-c/common/case_runner.h) includes mscclpp.h for its own types; nothing of it that
-// calls libmscclpp is used here, and the link (-lnccl only) would fail if anything were.
-#include "nccl_harness.h"
+// The harness (c-tests/harness/nccl_rank.h) calls nothing of libmscclpp, and the link (-lnccl only) would
+// fail if anything here did.
+#include "nccl_rank.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -85,7 +85,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------
 // What the processes of one group share beside case_runner's results: the unique ids rank 0 makes, the
-// barriers' meeting (nccl_harness.h)
+// barriers' meeting (nccl_rank.h)
 // ------------------------------------------------------------------------------------------------
 
 constexpr int kMaxIds = 8;

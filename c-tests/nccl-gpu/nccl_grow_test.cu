@@ -25,9 +25,9 @@
 // Output: PASS / FAIL lines (per process and stage), SKIP where no GPU is usable, a SUMMARY line. Exit code 0
 // only if every stage passed on every process. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
 //
-// The case runner (examples-c/common/case_runner.h) gives the forking, the alarm and the formatting; nothing
-// of it that calls libmscclpp is used (the link, -lnccl only, would fail if anything were).
-#include "staged_test.h"
+// The harness (c-tests/harness/) gives the forking, the alarm and the formatting; none of it calls
+// libmscclpp (the link, -lnccl only, would fail if anything did).
+#include "staged.h"
 
 using namespace tc;
 

@@ -34,7 +34,7 @@
 //
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 #include <nccl_device/host.h>
 
@@ -44,7 +44,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------
 // What the processes share beside case_runner's results: the unique id, and the barriers' meeting
-// (nccl_harness.h)
+// (nccl_rank.h)
 // ------------------------------------------------------------------------------------------------
 
 struct Board

@@ -27,7 +27,7 @@
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline; each rank also has an alarm.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 using namespace tc;
 
@@ -36,7 +36,7 @@ namespace {
 constexpr int kCycles = 5;
 
 // What the processes share beside case_runner's results: the unique id, the barriers' meeting
-// (nccl_harness.h), and what the ranks measured.
+// (nccl_rank.h), and what the ranks measured.
 struct Board
 {
   SharedId id;
@@ -66,7 +66,7 @@ constexpr uint64_t kRingU = (1u << 20) + 7;
 // MiB on one GPU; two GPUs' go as sends and receives from there).
 constexpr uint64_t kRegF = (64u << 20) / 4;
 
-// Device, stream, status block (nccl_harness.h), the checks' buffers.
+// Device, stream, status block (nccl_rank.h), the checks' buffers.
 std::string setUp(Rank& R)
 {
   TC_TRY(setUpDevice(R));

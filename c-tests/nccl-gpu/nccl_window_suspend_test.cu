@@ -25,7 +25,7 @@
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // --quick runs 3 cycles instead of kCycles. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 using namespace tc;
 

@@ -18,7 +18,7 @@
 //
 // Usage: pg_nccl_sequence [--port P]. Output: PASS / FAIL per step, a SUMMARY line; exit code 0 only if every
 // step passed on every rank. Each rank has an alarm; MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 #include <dlfcn.h>
 
@@ -29,7 +29,7 @@ namespace {
 typedef ncclResult_t (*GetUniqueIdFn)(ncclComm_t, ncclUniqueId*);
 typedef ncclResult_t (*GrowFn)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*, ncclConfig_t*);
 
-// What the processes share beside case_runner's results: the two ids, the barriers' meeting (nccl_harness.h).
+// What the processes share beside case_runner's results: the two ids, the barriers' meeting (nccl_rank.h).
 struct Board
 {
   SharedId id;
@@ -45,7 +45,7 @@ float* gRecv = nullptr;
 constexpr uint64_t kCount = (1u << 20) + 3;
 
 // Every process's k-th call waits for the k-th of all the others; each learns whether a step failed anywhere,
-// so that none waits in a collective call for a rank that left. Not nccl_harness.h's `together`: here the
+// so that none waits in a collective call for a rank that left. Not nccl_rank.h's `together`: here the
 // barrier's timeout is the reason even where this process's step failed too, and a process that learns that
 // another failed stops (R.fatal).
 std::string processesTogether(Rank& R, const std::string& why, const char* where)

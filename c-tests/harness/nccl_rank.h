@@ -1,14 +1,15 @@
-// What the NCCL face's GPU test programs with a board of their own share (nccl_gpu_test, nccl_rma_test,
-// nccl_suspend_test, pg_nccl_sequence): NCCL result codes named in a failure's reason, the result checks
-// (TN_OK, TN_EXPECT_RC), the board of shared memory's barrier and the end of a step shared by the ranks
+// nccl_rank.h: a rank of NCCL's face (nccl.h, libnccl.so.2 alone) in the case runner, for the programs
+// with a board of their own (nccl_gpu_test, nccl_rma_test, nccl_suspend_test, nccl_window_suspend_test,
+// pg_nccl_sequence): NCCL result codes named in a failure's reason, the result checks (TN_OK,
+// TN_EXPECT_RC), the board of shared memory's barrier and the end of a step shared by the ranks
 // (boardBarrier, together), a communicator's unique id handed from rank 0 to the others through the board,
-// a rank's device, stream and status block, and main's board and GPU probe. Each program keeps its own
-// board (a struct Board holding a `Meeting meeting`), its cases and its kill runs: those differ. The staged
-// tests (nccl_grow_test, nccl_collconfig_test) have their own helpers in staged_test.h.
+// a rank's device, stream and status block, and main's board and GPU probe (mapBoard, skipWithoutGpu). Each program keeps its own board (a struct Board holding a `Meeting meeting`) and its
+// cases and its kill runs: those differ. The staged programs (nccl_grow_test, nccl_collconfig_test) use
+// staged.h instead.
 #pragma once
 
 #include "case_runner.h"
-#include "gpu_probe.h"
+#include "forked_ranks.h"
 
 #include <nccl.h>
 
@@ -242,23 +243,9 @@ inline size_t typeSize(ncclDataType_t t)
 template <typename B>
 B* mapBoard(const char* program)
 {
-  B* board = mapShared<B>();
-  if (!board) {
-    printf("FAIL %s: mmap failed: %s\n", program, strerror(errno));
-    return nullptr;
-  }
-  gMeeting = &board->meeting;
+  B* board = mapSharedOrSay<B>(program);
+  if (board) gMeeting = &board->meeting;
   return board;
-}
-
-// Whether no CUDA device is usable (asked in a child: the parent must not start CUDA), said on a SKIP line
-// naming `what`: nothing ran, which is not a pass, and not this program's failure.
-inline bool skipWithoutGpu(const std::string& what)
-{
-  std::string why;
-  if (probeGpus(&why) > 0) return false;
-  printf("SKIP %s: no CUDA device usable (%s)\n", what.c_str(), why.empty() ? "none visible" : why.c_str());
-  return true;
 }
 
 } // namespace tc

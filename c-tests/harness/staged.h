@@ -1,11 +1,11 @@
-// What the NCCL face's staged GPU tests share (nccl_grow_test, nccl_collconfig_test): return-code checks
-// that name the call, waiting for a flag another process sets, a communicator's health after its stream
-// drained, device buffers freed on every path, uploads and element-by-element comparisons of floats, and
-// the number of GPUs a new process sees. Each test keeps its own board of shared memory and its meetings.
+// staged.h: what the NCCL face's staged GPU programs share (nccl_grow_test, nccl_collconfig_test): return-code
+// checks that name the call, waiting for a flag another process sets, a communicator's health after its
+// stream drained, device buffers freed on every path, uploads and element-by-element comparisons of floats,
+// and the number of GPUs a new process sees. Each program keeps its own board of shared memory and its
+// meetings.
 #pragma once
 
-#include "case_runner.h"
-#include "gpu_probe.h"
+#include "forked_ranks.h"
 
 #include <nccl.h>
 
