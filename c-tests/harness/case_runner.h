@@ -270,6 +270,15 @@ inline bool runCase(Rank& R, const std::string& name, const std::function<std::s
   return reason.empty();
 }
 
+// A rank's set-up, whose failure `why` is recorded as a case of its own, `name` (the rank's caller then
+// returns 1 and runs no other case); whether it passed. A set-up that passed records no case.
+inline bool setUpPassed(Rank& R, const std::string& why, const char* name = "setup")
+{
+  if (why.empty()) return true;
+  runCase(R, name, [&] { return why; });
+  return false;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Parent side
 // ------------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 // pg_nccl_sequence): NCCL result codes named in a failure's reason, the result checks (TN_OK,
 // TN_EXPECT_RC), the board of shared memory's barrier and the end of a step shared by the ranks
 // (boardBarrier, together), a communicator's unique id handed from rank 0 to the others through the board,
-// a rank's device, stream and status block, and main's board and GPU probe (mapBoard, skipWithoutGpu). Each program keeps its own board (a struct Board holding a `Meeting meeting`) and its
+// a rank's device, stream and status block, and main's board, GPU probe and case groups (mapBoard,
+// skipWithoutGpu). Each program keeps its own board (a struct Board holding a `Meeting meeting`) and its
 // cases and its kill runs: those differ. The staged programs (nccl_grow_test, nccl_collconfig_test) use
 // staged.h instead.
 #pragma once
@@ -234,6 +235,20 @@ inline size_t typeSize(ncclDataType_t t)
   }
 }
 
+// Every statistic of ncclCommMemStats (v[ncclCommMemStat_t]), as PyTorch's getMemoryStats reads them;
+// Total = Suspend + Persist always.
+inline std::string memStats(ncclComm_t comm, uint64_t v[4])
+{
+  for (int s = 0; s < 4; ++s) {
+    v[s] = ~0ull;
+    TN_OK(ncclCommMemStats(comm, (ncclCommMemStat_t)s, &v[s]));
+  }
+  if (v[3] != v[0] + v[2])
+    return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
+               (unsigned long long)v[2]);
+  return "";
+}
+
 // ------------------------------------------------------------------------------------------------
 // main's part
 // ------------------------------------------------------------------------------------------------
@@ -246,6 +261,20 @@ B* mapBoard(const char* program)
   B* board = mapSharedOrSay<B>(program);
   if (board) gMeeting = &board->meeting;
   return board;
+}
+
+// main of a program whose ranks run one group of cases: the board mapped (mapBoard, into *board), a SKIP
+// line naming `program` where no GPU is usable (exit code 0), `ready` (where given) to adjust the options
+// once one is, then runRanks under the name `group`. Returns main's exit code.
+template <typename B>
+int runBoardGroup(const char* program, B** board, const char* group, Options opt, double timeoutS,
+                  const std::function<int(Rank&)>& rankMain, const std::function<void(Options&)>& ready = nullptr)
+{
+  *board = mapBoard<B>(program);
+  if (!*board) return 1;
+  if (skipWithoutGpu(program)) return 0;
+  if (ready) ready(opt);
+  return runRanks(group, opt, timeoutS, rankMain);
 }
 
 } // namespace tc

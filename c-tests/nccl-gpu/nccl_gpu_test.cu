@@ -2026,11 +2026,7 @@ std::string caseFinalizeDestroy(Rank& R)
 
 int mainRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R))) return 1;
   runCase(R, "init_rank_count_cudevice_userrank", [&] { return caseInit(R); });
   for (ncclDataType_t t : kTypes)
     for (ncclRedOp_t op : kOps)
@@ -2216,11 +2212,7 @@ std::string caseInitAllMissingDevice(Rank& R)
 
 int initAllRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "initall_setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R), "initall_setup")) return 1;
   runCase(R, "initall_one_device", [&] { return caseInitAllOne(R); });
   runCase(R, "initall_missing_device", [&] { return caseInitAllMissingDevice(R); });
   if (R.nGpus > 1) {

@@ -487,10 +487,7 @@ int mainRank(Rank& R)
     ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
     if (r != ncclSuccess) why = fmt("ncclCommInitRank returned %s", resultName(r));
   }
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, why)) return 1;
   if (!runCase(R, "window_register_get_user_ptr", [&] { return caseWindows(R); })) return 1;
   uint32_t salt = 1;
   for (uint64_t bytes : {1024ull, 64ull << 20})
@@ -594,11 +591,7 @@ std::string caseInitAllRma(Rank& R)
 
 int initAllRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "initall_setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R), "initall_setup")) return 1;
   runCase(R, "initall_two_ranks_of_one_process_put_wait_peer_pointer", [&] { return caseInitAllRma(R); });
   freeRank(R);
   return 0;

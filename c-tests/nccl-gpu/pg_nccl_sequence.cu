@@ -88,19 +88,6 @@ std::string allReduce(Rank& R, ncclComm_t comm, int rank, int nranks, const char
   return "";
 }
 
-// getMemoryStats: every statistic; Total = Suspend + Persist always.
-std::string memStats(ncclComm_t comm, uint64_t v[4])
-{
-  for (int s = 0; s < 4; ++s) {
-    v[s] = ~0ull;
-    TN_OK(ncclCommMemStats(comm, (ncclCommMemStat_t)s, &v[s]));
-  }
-  if (v[3] != v[0] + v[2])
-    return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
-               (unsigned long long)v[2]);
-  return "";
-}
-
 std::string asyncOk(ncclComm_t comm, const char* when)
 {
   ncclResult_t a = ncclInternalError;
@@ -208,11 +195,7 @@ std::string setUp(Rank& R)
 
 int rankMain(Rank& R)
 {
-  std::string why = setUp(R);
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUp(R))) return 1;
   // The steps of the two existing ranks; the new rank (a third process, where grow is there) only keeps
   // step with them until the grow.
   auto step = [&](const char* name, std::function<std::string()> body) {
@@ -239,14 +222,14 @@ int rankMain(Rank& R)
 
 int main(int argc, char** argv)
 {
-  Options opt = parseArgs(argc, argv, 2);
-  gBoard = mapBoard<Board>("pg_nccl_sequence");
-  if (!gBoard) return 1;
   gMeetingRules.who = "processes"; // the third is not a rank of the communicator until the grow
-  if (skipWithoutGpu("pg_nccl_sequence")) return 0;
-  // Looked up, not linked: the program runs where grow is not there yet (no CUDA is touched by the look-up).
-  gGrow = dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr && dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
-  opt.nranks = gGrow ? 3 : 2;
-  if (!gGrow) printf("SKIP pg_grow_2_to_3: ncclCommGrow is not exported by this libnccl.so.2\n");
-  return runRanks("pg_nccl_sequence", opt, 240, rankMain);
+  return runBoardGroup("pg_nccl_sequence", &gBoard, "pg_nccl_sequence", parseArgs(argc, argv, 2), 240, rankMain,
+                       [](Options& opt) {
+                         // Looked up, not linked: the program runs where grow is not there yet (no CUDA is
+                         // touched by the look-up).
+                         gGrow = dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr &&
+                                 dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
+                         opt.nranks = gGrow ? 3 : 2;
+                         if (!gGrow) printf("SKIP pg_grow_2_to_3: ncclCommGrow is not exported by this libnccl.so.2\n");
+                       });
 }
