@@ -5,7 +5,7 @@
 // (boardBarrier, together), a communicator's unique id handed from rank 0 to the others through the board,
 // a rank's device, stream and status block, and main's board, GPU probe and case groups (mapBoard,
 // skipWithoutGpu). Each program keeps its own board (a struct Board holding a `Meeting meeting`) and its
-// cases and its kill runs: those differ. The staged programs (nccl_grow_test, nccl_collconfig_test) use
+// cases; its kill runs share kill_case.h. The staged programs (nccl_grow_test, nccl_collconfig_test) use
 // staged.h instead.
 #pragma once
 
@@ -246,6 +246,29 @@ inline std::string memStats(ncclComm_t comm, uint64_t v[4])
   if (v[3] != v[0] + v[2])
     return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
                (unsigned long long)v[2]);
+  return "";
+}
+
+// The communicator's asynchronous error, as kill_case.h's loops poll it.
+inline std::function<ncclResult_t()> asyncErrorOf(ncclComm_t comm)
+{
+  return [comm] {
+    ncclResult_t a = ncclSuccess;
+    ncclCommGetAsyncError(comm, &a);
+    return a;
+  };
+}
+
+// A kill case's survivor (kill_case.h): the communicator's error was ncclRemoteError, seen within 10 s
+// (scaled) of the kill, and ncclGetLastError names the dead rank `victim`; "" or why not.
+inline std::string sawRemoteError(int asyncError, double afterKillS, const char* lastError, int victim)
+{
+  const std::string peer = fmt("rank %d", victim);
+  if (asyncError != ncclRemoteError)
+    return fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)asyncError));
+  if (afterKillS > 10 * timeoutScale()) return fmt("the failure showed %.2f s after the kill", afterKillS);
+  if (std::string(lastError).find(peer) == std::string::npos)
+    return fmt("ncclGetLastError does not name %s: '%s'", peer.c_str(), lastError);
   return "";
 }
 
