@@ -12,11 +12,11 @@
 #   build/lib/nccl/libnccl.so.2 (soname libnccl.so.2), libnccl.so   the NCCL face alone (cargo feature nccl-abi)
 #   build/lib/libcudart.so.13                   only for the GPU programs below (-cudart shared)
 #   build/tests/host/<name>     from c-tests/host/<name>.cpp     (g++)
-#   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc; helpers from examples-c/common/)
+#   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc; the harness from c-tests/harness/)
 #   build/tests/layout/layout_test, layout_test_cuda from c-tests/layout/layout_test.cpp (g++, nvcc)
 #   build/tests/nccl/<name>     from c-tests/nccl/<name>.cpp     (g++, against nccl.h and -lnccl)
-#   build/tests/nccl-gpu/<name> from c-tests/nccl-gpu/<name>.cu  (nvcc, against nccl.h and -lnccl alone)
-#   build/bench/<name>          from examples-c/bench/<name>.cu  (nvcc)
+#   build/tests/nccl-gpu/<name> from c-tests/nccl-gpu/<name>.cu  (nvcc, nccl.h and -lnccl alone; c-tests/harness/)
+#   build/bench/<name>          from examples-c/bench/<name>.cu  (nvcc; the harness from c-tests/harness/)
 #   build/examples/<dir>/<name> from examples-c/<dir>/<name>.cu  (nvcc; every <dir> but bench)
 #   build/python-venv           virtual environment with the Python package installed (pip install ./python),
 #                               pytest and NVRTC; build/python-wheels: pytest as wheels, for GPU machines
@@ -172,6 +172,9 @@ build/lib/libcudart.so.13: | $(NVCC_READY)
 	cp -fL $(CUDA_LIBDIR)/libcudart.so.13 $@
 
 # ---- programs ----
+# The C test harness (docs/testing.md, "The C test harness"): the headers the GPU tests and the benchmarks
+# include; the compilers' -MMD files make each program depend on those it includes.
+HARNESS := c-tests/harness
 LINK_DEPS := $(HEADERS) $(LIB_SO)
 LINK_ORDER := $(LIB_LINKS)
 CUDA_ORDER := $(LIB_LINKS) build/lib/libcudart.so.13 $(NVCC_READY)
@@ -184,14 +187,14 @@ build/tests/host/%: c-tests/host/%.cpp $(LINK_DEPS) | $(LINK_ORDER)
 
 build/tests/gpu/%: c-tests/gpu/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
+	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -I$(HARNESS) -MMD -MP \
 	  $< -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../../lib'
 
 # collectives_bench --api nccl loads the NCCL face at run time; it needs nccl.h's types to build.
 build/bench/collectives_bench: $(NCCL_HEADER)
 build/bench/%: examples-c/bench/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -MMD -MP $< \
+	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -I$(HARNESS) -MMD -MP $< \
 	  -o $@ $(LINK_LIB) -cudart shared -Xlinker -rpath,'$$ORIGIN/../lib'
 
 build/examples/%: examples-c/%.cu $(LINK_DEPS) | $(CUDA_ORDER)
@@ -216,10 +219,10 @@ build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
 	  -Wl,-soname,libnccl.so.2 $< -o $@
 
 # GPU programs of NCCL's API: our nccl.h and -lnccl only, the CUDA runtime linked statically (so that no
-# other library of ours is needed at run time); the case runner's helpers from examples-c/common/.
+# other library of ours is needed at run time); the harness from c-tests/harness/.
 build/tests/nccl-gpu/%: c-tests/nccl-gpu/%.cu $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NVCC_READY)
 	@mkdir -p $(@D)
-	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -Iexamples-c/common -MMD -MP \
+	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -I$(HARNESS) -MMD -MP \
 	  $< -o $@ -Lbuild/lib/nccl -lnccl -Xlinker -rpath,'$$ORIGIN/../../lib/nccl'
 
 # The layout test: warnings are errors; the g++ build is C++11 (the oldest the header supports) and the

@@ -6,9 +6,9 @@
 //
 // Per size and kernel: two launches on fresh data (each checked), then three launches back to back on the
 // same data (checked after the last), which also exercises epoch counters that persist across launches.
-// From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
+// From c-tests/harness/ (the Makefile adds it to the include path): shared with the benchmarks.
 #include "allgather_kernels.cuh"
-#include "case_runner.h"
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

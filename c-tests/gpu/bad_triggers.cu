@@ -8,8 +8,8 @@
 //   - mscclppProxyStop twice is harmless; mscclppCommDestroy without mscclppProxyStop is safe.
 //
 //   bad_triggers 2
-// From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
-#include "case_runner.h"
+// From c-tests/harness/ (the Makefile adds it to the include path): shared with the benchmarks.
+#include "mscclpp_rank.h"
 #include "log_capture.h"
 
 using namespace tc;

@@ -52,8 +52,10 @@
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group
 // and one for the program. Exit code 0 only if everything passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every
 // deadline (e.g. under compute-sanitizer).
-#include "case_runner.h"
+#include "forked_ranks.h"
+#include "kill_case.h"
 #include "log_capture.h"
+#include "mscclpp_rank.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -1747,28 +1749,15 @@ int groupRankMain(Rank& R, const Group& g)
 // kill: the last rank SIGKILLed while every rank streams all-reduces
 // ------------------------------------------------------------------------------------------------
 
-struct KillResult
+struct KillResult : KillOutcome
 {
-  int finished;
   int warmupOk;
   int loopEndRc; // what the mscclppAllReduce that ended the loop returned (0: the async error ended it)
-  int asyncError;
-  double tDetect; // CLOCK_MONOTONIC, when the loop saw the failure
-  int syncRc;
-  double syncS;
   int laterRc;
   double laterS;
   int destroyRc;
   double destroyS;
   unsigned long long iterations;
-  char note[300];
-};
-
-struct KillShared
-{
-  volatile int ready[kMaxRanks];
-  volatile int stop;
-  KillResult res[kMaxRanks];
 };
 
 // What the kill case's ranks loop on.
@@ -1779,7 +1768,7 @@ enum KillMode : int
   kKillCopyEngineAllGathers // 1 MiB a rank all-gathers on registered buffers, by the copy engine
 };
 
-int killRankMain(int rank, int nranks, int port, KillShared* S, KillMode mode)
+int killRankMain(int rank, int nranks, int port, KillShared<KillResult>* S, KillMode mode)
 {
   KillResult& out = S->res[rank];
   const double scale = timeoutScale();
@@ -1839,70 +1828,30 @@ int killRankMain(int rank, int nranks, int port, KillShared* S, KillMode mode)
 
   // All-reduces until the failure shows, at most four in flight: each waits for the one four calls back,
   // watching the communicator's error meanwhile.
-  const double loopDeadline = nowSec() + 60 * scale;
-  mscclppResult_t asyncErr = mscclppSuccess;
-  bool giveUp = false;
-  for (unsigned long long i = 0; !giveUp; ++i) {
-    cudaEvent_t& e = events[i % 4];
-    if (i >= 4) {
-      while (cudaEventQuery(e) == cudaErrorNotReady) {
-        mscclppCommGetAsyncError(comm, &asyncErr);
-        if (asyncErr != mscclppSuccess || S->stop || nowSec() > loopDeadline) break;
-        usleep(100);
-      }
-    }
-    if (asyncErr != mscclppSuccess) break;
-    if (S->stop || nowSec() > loopDeadline) {
-      fail("no failure seen: the loop was told to stop or ran out of time");
-      giveUp = true;
-      break;
-    }
-    r = issue();
-    if (r != mscclppSuccess) {
-      out.loopEndRc = (int)r;
-      break;
-    }
-    cudaEventRecord(e, stream);
-    out.iterations = i + 1;
-    mscclppCommGetAsyncError(comm, &asyncErr);
-    if (asyncErr != mscclppSuccess) break;
-  }
+  const std::function<mscclppResult_t()> error = [comm] {
+    mscclppResult_t a = mscclppSuccess;
+    mscclppCommGetAsyncError(comm, &a);
+    return a;
+  };
+  mscclppResult_t asyncErr = mscclppSuccess, loopRc = mscclppSuccess;
+  if (!loopUntilFailure<mscclppResult_t>(stream, events, &S->stop, error, issue, &out.iterations, &asyncErr, &loopRc))
+    fail("no failure seen: the loop was told to stop or ran out of time");
+  out.loopEndRc = (int)loopRc;
   out.tDetect = nowSec();
   // The communicator's error (it may trail a failed call by a moment).
-  const double errDeadline = nowSec() + 10 * scale;
-  while (asyncErr == mscclppSuccess && nowSec() < errDeadline) {
-    mscclppCommGetAsyncError(comm, &asyncErr);
-    if (asyncErr == mscclppSuccess) usleep(1000);
-  }
-  out.asyncError = (int)asyncErr;
+  out.asyncError = (int)trailingError(asyncErr, error, 10);
 
   // No hang: the queued kernels see the abort and end.
-  double t0 = nowSec();
-  cudaError_t syncRc = cudaSuccess;
-  if (!bounded<cudaError_t>(device, 10 * scale, [stream] { return cudaStreamSynchronize(stream); }, &syncRc)) {
-    fail("cudaStreamSynchronize did not return within 10 s: a collective kernel hangs on the dead rank");
-    fprintf(stderr, "[rank %d] %s\n", rank, out.note);
-    fflush(stderr);
-    _exit(2);
-  }
-  out.syncS = nowSec() - t0;
-  out.syncRc = (int)syncRc;
+  drainOrExit(out, rank, device, stream, "a collective kernel hangs on the dead rank");
 
   // A later call returns the error at once.
-  t0 = nowSec();
+  const double t0 = nowSec();
   out.laterRc = (int)issue();
   out.laterS = nowSec() - t0;
 
-  mscclppResult_t destroyRc = mscclppSuccess;
-  t0 = nowSec();
-  if (!bounded<mscclppResult_t>(device, 20 * scale, [comm] { return mscclppCommDestroy(comm); }, &destroyRc)) {
-    fail("mscclppCommDestroy did not return within 20 s");
-    fprintf(stderr, "[rank %d] %s\n", rank, out.note);
-    fflush(stderr);
-    _exit(2);
-  }
-  out.destroyS = nowSec() - t0;
-  out.destroyRc = (int)destroyRc;
+  out.destroyRc = (int)boundedOrExit<mscclppResult_t>(
+      out, rank, device, 20, [comm] { return mscclppCommDestroy(comm); },
+      "mscclppCommDestroy did not return within 20 s", &out.destroyS);
   for (cudaEvent_t& e : events) cudaEventDestroy(e);
   cudaStreamDestroy(stream);
   cudaFree(send);
@@ -1921,73 +1870,39 @@ int runKill(int nranks, int port, KillMode mode)
     printf("SKIP %s: needs 2 ranks or more\n", name);
     return 0;
   }
-  const double scale = timeoutScale();
-  const double t0 = nowSec();
-  KillShared* S = mapShared<KillShared>();
-  if (!S) {
-    printf("FAIL %s: mmap failed\n", name);
-    return 1;
-  }
-  const int victim = nranks - 1;
-  ForkedRanks ranks(nranks, 150 * scale, [&](int r) {
+  const KillPlan k = {name, nranks, 150, 90, 1000000, "loop", false};
+  const double lim = timeoutScale(), t0 = nowSec();
+  KillShared<KillResult>* S = nullptr;
+  KillJudge<KillResult> judge;
+  judge.rank = [&](int r) { // forked once runKillCase has mapped S
     const int rc = killRankMain(r, nranks, port, S, mode);
     if (rc != 0) fprintf(stderr, "[rank %d] %s\n", r, S->res[r].note);
     return rc;
-  });
-  // Every rank in its loop (or one gone early).
-  bool early = false;
-  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 90 * scale, &early);
-  double tKill = 0;
-  if (ready) {
-    usleep(1000000);
-    ranks.kill(victim);
-    tKill = nowSec();
-    // Survivors finish on their own; the deadline turns a hang into a failure.
-    ranks.waitEnded(60 * scale, victim);
-  }
-  S->stop = 1;
-  std::vector<bool> killed = ranks.killRest();
-  killed[victim] = false;
-  int failed = 0;
+  };
+  judge.check = [&](int, const KillResult& o, double tKill) -> std::string {
+    if (o.iterations == 0) return "no call ran in the loop";
+    if (o.asyncError != mscclppRemoteError)
+      return fmt("mscclppCommGetAsyncError gave %d (%s), not mscclppRemoteError", o.asyncError,
+                 errStr((mscclppResult_t)o.asyncError));
+    const std::string why = detectedAndDrained(o, tKill);
+    if (!why.empty()) return why;
+    if (o.laterRc != o.asyncError)
+      return fmt("the next call returned %d (%s), not the communicator's error", o.laterRc,
+                 errStr((mscclppResult_t)o.laterRc));
+    if (o.laterS > 1 * lim) return fmt("the next call took %.2f s to fail", o.laterS);
+    if (o.destroyRc != mscclppSuccess && o.destroyRc != mscclppRemoteError)
+      return fmt("mscclppCommDestroy returned %d (%s)", o.destroyRc, errStr((mscclppResult_t)o.destroyRc));
+    if (o.destroyS > 10 * lim) return fmt("mscclppCommDestroy took %.2f s", o.destroyS);
+    return "";
+  };
+  judge.info = [&](int r, const KillResult& o, double tKill) {
+    return fmt(" rank%d: %llu calls, failure seen %.3f s after the kill, stream drained in %.3f s, next call failed in "
+               "%.1f ms, destroy %.2f s;",
+               r, o.iterations, o.tDetect - tKill, o.syncS, o.laterS * 1e3, o.destroyS);
+  };
   std::string info;
-  const double lim = scale;
-  for (int r = 0; r < nranks; ++r) {
-    if (r == victim) continue;
-    const KillResult& o = S->res[r];
-    std::string why;
-    if (!ready || early) why = fmt("not every rank got its loop going (%s)", o.note[0] ? o.note : "see the log");
-    else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
-    else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
-      why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
-    else if (o.iterations == 0) why = "no call ran in the loop";
-    else if (o.asyncError != mscclppRemoteError)
-      why = fmt("mscclppCommGetAsyncError gave %d (%s), not mscclppRemoteError", o.asyncError,
-                errStr((mscclppResult_t)o.asyncError));
-    else if (o.tDetect - tKill > 10 * lim) why = fmt("the failure showed %.2f s after the kill", o.tDetect - tKill);
-    else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
-    else if (o.syncS > 5 * lim) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
-    else if (o.laterRc != o.asyncError)
-      why = fmt("the next call returned %d (%s), not the communicator's error", o.laterRc,
-                errStr((mscclppResult_t)o.laterRc));
-    else if (o.laterS > 1 * lim) why = fmt("the next call took %.2f s to fail", o.laterS);
-    else if (o.destroyRc != mscclppSuccess && o.destroyRc != mscclppRemoteError)
-      why = fmt("mscclppCommDestroy returned %d (%s)", o.destroyRc, errStr((mscclppResult_t)o.destroyRc));
-    else if (o.destroyS > 10 * lim) why = fmt("mscclppCommDestroy took %.2f s", o.destroyS);
-    if (!why.empty()) {
-      printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
-      ++failed;
-    } else {
-      info += fmt(" rank%d: %llu calls, failure seen %.3f s after the kill, stream drained in %.3f s, next call failed in "
-                  "%.1f ms, destroy %.2f s;",
-                  r, o.iterations, o.tDetect - tKill, o.syncS, o.laterS * 1e3, o.destroyS);
-    }
-  }
-  if (!failed) printf("PASS %s:%s\n", name, info.c_str());
-  printf("SUMMARY kill (%d ranks, port %d, %.1f s): %d passed, %d failed\n", nranks, port, nowSec() - t0, failed ? 0 : 1,
-         failed ? 1 : 0);
-  fflush(stdout);
-  munmap(S, sizeof(KillShared));
-  return failed ? 1 : 0;
+  const int failed = runKillCase(k, &S, judge, &info);
+  return endKillCase(k, S, failed, info, "", fmt("kill (%d ranks, port %d, %.1f s)", nranks, port, nowSec() - t0));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -2162,13 +2077,13 @@ int main(int argc, char** argv)
   bool badOption = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--port") && i + 1 < argc) {
-      port = (int)example::parseNumber(argv[++i], "--port", 1, 65000);
+      port = (int)parseNumber(argv[++i], "--port", 1, 65000);
     } else if (argv[i][0] == '-') {
       badOption = true;
     } else if (!which) {
       which = argv[i];
     } else {
-      nranks = (int)example::parseNumber(argv[i], "nranks", 1, kMaxRanks);
+      nranks = (int)parseNumber(argv[i], "nranks", 1, kMaxRanks);
     }
   }
   bool known = !badOption && which && !strcmp(which, "all");

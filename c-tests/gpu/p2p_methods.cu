@@ -10,8 +10,8 @@
 // a pattern of (sender, receiver, case, tag) and the receiving half with a sentinel; afterwards the
 // receiving half must hold exactly the transferred words and the sentinel everywhere else. After every case
 // each connection's epoch counters must equal the number of signals and waits made so far.
-// From examples-c/common/ (the Makefile adds it to the include path): shared with the benchmarks.
-#include "case_runner.h"
+// From c-tests/harness/ (the Makefile adds it to the include path): shared with the benchmarks.
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

@@ -23,7 +23,7 @@
 //          SIGKILLed; with MSCCLPP_ABORT_EXIT_TIMEOUT=3 every survivor must end with exit status 75 within
 //          3 to 3 + EXIT_SLACK_S seconds of the kill, having logged the line that says so. Prints the time
 //          from the kill to each process's end, and the time per iteration of the kernel before and after.
-#include "case_runner.h"
+#include "mscclpp_rank.h"
 
 #ifndef MSCCLPP_HAS_ABORT
 // Built on the 0.1.0 header, which has neither: a legacy program that adopts failure handling on the

@@ -18,8 +18,8 @@ LEGACY_HEADER ?= .legacy/mscclpp-0.1.0.h
 LEGACY_INCLUDE_DIR := build/legacy-include
 LEGACY_ABI_BIN := build/tests/gpu/legacy_allgather
 LEGACY_ABI_SRC := c-tests/legacy-abi/legacy_allgather.cu
-# The helpers the GPU tests and benchmarks share (examples-c/common/).
-LEGACY_COMMON := $(wildcard examples-c/common/*.h examples-c/common/*.cuh)
+# The harness the GPU tests and benchmarks share (c-tests/harness/).
+LEGACY_COMMON := $(wildcard c-tests/harness/*.h c-tests/harness/*.cuh)
 LEGACY_ABI_DEPS := $(LEGACY_ABI_SRC) c-tests/legacy-abi/include/mscclppfifo.h $(LEGACY_COMMON) $(LINK_DEPS)
 # Built first (order only): the library and its links, the bundled CUDA runtime, the compiler.
 LEGACY_ABI_ORDER ?= $(if $(CUDA_ORDER),$(CUDA_ORDER),build/lib/libmscclpp.so)
@@ -46,7 +46,7 @@ $(LEGACY_INCLUDE_DIR)/mscclpp.h: $(LEGACY_HEADER)
 # sees only the 0.1.0 header and the FIFO header written for it.
 $(LEGACY_ABI_BIN): $(LEGACY_ABI_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I examples-c/common \
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I c-tests/harness \
 	  $(LEGACY_ABI_SRC) -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
 
@@ -61,11 +61,11 @@ $(LEGACY_HOST_BIN): c-tests/legacy-abi/legacy_host.cpp c-tests/host/host_test_co
 build/bench/legacy/%: examples-c/bench/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
                       | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) $< -o $@ \
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I c-tests/harness $< -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../lib'
 build/tests/gpu/legacy/%: c-tests/gpu/%.cu $(LEGACY_COMMON) $(LINK_DEPS) $(LEGACY_INCLUDE_DIR)/mscclpp.h \
                           | $(LEGACY_ABI_ORDER)
 	@mkdir -p $(@D)
-	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I examples-c/common $< -o $@ \
+	$(NVCC) $(LEGACY_NVCCFLAGS) -I c-tests/legacy-abi/include -I $(LEGACY_INCLUDE_DIR) -I c-tests/harness $< -o $@ \
 	  -L build/lib -lmscclpp -cudart shared -Xlinker -rpath -Xlinker '$$ORIGIN/../../../lib'
 endif

@@ -7,9 +7,9 @@
 //   legacy_allgather 2
 #include <cstddef>
 
-// From examples-c/common/ (legacy.mk adds it to the include path): shared with the benchmarks.
+// From c-tests/harness/ (legacy.mk adds it to the include path): shared with the benchmarks.
 #include "allgather_kernels.cuh"
-#include "case_runner.h"
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

@@ -20,7 +20,7 @@
 //
 // Output: PASS / FAIL lines, SKIP where no GPU is usable, a SUMMARY line; exit code 0 only if every stage
 // passed on every process. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "staged_test.h"
+#include "staged.h"
 
 using namespace tc;
 
@@ -31,27 +31,11 @@ int gRanks = 2;
 
 struct Board
 {
-  ncclUniqueId id;
-  int idReady;
-  int arrivals[kStages];
-  int failed[kStages];
+  StagedId id;
+  StageBoard stages;
 };
 
 Board* gBoard = nullptr;
-
-// Process `me`'s end of `stage`: waits for the other processes; "" if none failed.
-std::string meet(int stage, bool ok)
-{
-  if (!ok) __atomic_add_fetch(&gBoard->failed[stage], 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals[stage], 1, __ATOMIC_SEQ_CST);
-  const double deadline = nowSec() + gWaitS;
-  while (__atomic_load_n(&gBoard->arrivals[stage], __ATOMIC_SEQ_CST) < gRanks) {
-    if (nowSec() > deadline) return fmt("the other processes did not end stage %d within %.0f s", stage, gWaitS);
-    usleep(200);
-  }
-  if (__atomic_load_n(&gBoard->failed[stage], __ATOMIC_SEQ_CST)) return fmt("a process failed stage %d", stage);
-  return "";
-}
 
 struct Proc
 {
@@ -75,15 +59,8 @@ ncclCollConfig_t tunedConfig()
 std::string stageInit(Proc& P)
 {
   ncclUniqueId id;
-  if (P.rank == 0) {
-    TG_OK(ncclGetUniqueId(&id));
-    memcpy(&gBoard->id, &id, sizeof(id));
-    __atomic_store_n(&gBoard->idReady, 1, __ATOMIC_SEQ_CST);
-  } else {
-    std::string why = waitFlag(&gBoard->idReady, "rank 0's ncclGetUniqueId");
-    if (!why.empty()) return why;
-    memcpy(&id, &gBoard->id, sizeof(id));
-  }
+  const std::string why = shareStagedId(P.rank, gBoard->id, &id);
+  if (!why.empty()) return why;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.size = 96; // NCCL 2.30's ncclConfig_t
   config.version = 23007;
@@ -227,13 +204,7 @@ std::string stageDestroy(Proc& P)
   return "";
 }
 
-struct Stage
-{
-  const char* name;
-  std::string (*run)(Proc&);
-};
-
-const Stage kPlan[kStages] = {
+const Stage<Proc> kPlan[kStages] = {
   {"ncclCommInitRankConfig with a 96-byte config (NCCL 2.30's, as torch 2.15 passes), maxCTAs 4 + 4 * rank", stageInit},
   {"the eight *Config collectives with tuning fields set, checked", stageCollectives},
   {"launchCompletionEvent: the output complete once the event is", stageEvent},
@@ -245,35 +216,7 @@ int runProcess(int rank)
 {
   Proc P;
   P.rank = rank;
-  int devices = 0;
-  cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices < 1) {
-    printf("FAIL rank %d: cudaGetDeviceCount: %s\n", rank, cudaGetErrorString(e));
-    return 1;
-  }
-  if ((e = cudaSetDevice(rank % devices)) != cudaSuccess || (e = cudaStreamCreate(&P.stream)) != cudaSuccess) {
-    printf("FAIL rank %d: setting up device %d: %s\n", rank, rank % devices, cudaGetErrorString(e));
-    return 1;
-  }
-  int failures = 0;
-  for (int s = 0; s < kStages; ++s) {
-    const double t0 = nowSec();
-    const std::string why = kPlan[s].run(P);
-    if (why.empty())
-      printf("PASS rank %d: %s (%.2f s)\n", rank, kPlan[s].name, nowSec() - t0);
-    else
-      printf("FAIL rank %d: %s: %s\n", rank, kPlan[s].name, why.c_str());
-    fflush(stdout);
-    failures += why.empty() ? 0 : 1;
-    const std::string together = meet(s, why.empty());
-    if (!together.empty()) {
-      if (why.empty()) printf("FAIL rank %d: stopping after stage %d: %s\n", rank, s, together.c_str());
-      fflush(stdout);
-      return 1;
-    }
-  }
-  cudaStreamDestroy(P.stream);
-  return failures ? 1 : 0;
+  return runStages(P, kPlan, kStages, &gBoard->stages, gRanks);
 }
 
 } // namespace
@@ -287,30 +230,11 @@ int main(int argc, char** argv)
   }
   const double scale = timeoutScale();
   gWaitS = 60 * scale;
-  gBoard = mapShared<Board>();
-  if (!gBoard) {
-    printf("FAIL nccl_collconfig_test: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  std::string why;
-  if (probeGpus(&why) <= 0) {
-    printf("SKIP nccl_collconfig_test: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapSharedOrSay<Board>("nccl_collconfig_test");
+  if (!gBoard) return 1;
+  if (skipWithoutGpu("nccl_collconfig_test")) return 0;
   const double t0 = nowSec();
-  ForkedRanks procs(gRanks, 240 * scale, runProcess);
-  procs.waitEnded(260 * scale);
-  const std::vector<bool> killed = procs.killRest();
-  int failed = 0;
-  for (int r = 0; r < gRanks; ++r) {
-    if (killed[r]) {
-      printf("FAIL nccl_collconfig_test: process %d did not end within %.0f s (killed)\n", r, 260 * scale);
-      ++failed;
-    } else if (!WIFEXITED(procs.status(r)) || WEXITSTATUS(procs.status(r)) != 0) {
-      printf("FAIL nccl_collconfig_test: process %d %s\n", r, describeStatus(procs.status(r)).c_str());
-      ++failed;
-    }
-  }
+  const int failed = runStagedProcesses("nccl_collconfig_test", gRanks, 240 * scale, 260 * scale, runProcess);
   printf("SUMMARY nccl_collconfig (%d ranks, %.1f s): %s\n", gRanks, nowSec() - t0, failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 }

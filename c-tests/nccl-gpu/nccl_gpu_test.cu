@@ -71,9 +71,10 @@
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
 //
-// The case runner (examples-c/common/case_runner.h) includes mscclpp.h for its own types; nothing of it that
-// calls libmscclpp is used here, and the link (-lnccl only) would fail if anything were.
-#include "nccl_harness.h"
+// The harness (c-tests/harness/: nccl_rank.h, kill_case.h) calls nothing of libmscclpp, and the link
+// (-lnccl only) would fail if anything here did.
+#include "kill_case.h"
+#include "nccl_rank.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -87,7 +88,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------
 // What the processes of one group share beside case_runner's results: the unique ids rank 0 makes, the
-// barriers' meeting (nccl_harness.h)
+// barriers' meeting (nccl_rank.h)
 // ------------------------------------------------------------------------------------------------
 
 constexpr int kMaxIds = 8;
@@ -2028,11 +2029,7 @@ std::string caseFinalizeDestroy(Rank& R)
 
 int mainRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R))) return 1;
   runCase(R, "init_rank_count_cudevice_userrank", [&] { return caseInit(R); });
   for (ncclDataType_t t : kTypes)
     for (ncclRedOp_t op : kOps)
@@ -2218,11 +2215,7 @@ std::string caseInitAllMissingDevice(Rank& R)
 
 int initAllRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "initall_setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R), "initall_setup")) return 1;
   runCase(R, "initall_one_device", [&] { return caseInitAllOne(R); });
   runCase(R, "initall_missing_device", [&] { return caseInitAllMissingDevice(R); });
   if (R.nGpus > 1) {
@@ -2240,14 +2233,9 @@ int initAllRank(Rank& R)
 // kill: the last rank SIGKILLed during all-reduces
 // ------------------------------------------------------------------------------------------------
 
-struct KillResult
+struct KillResult : KillOutcome
 {
-  int finished;
   unsigned long long iterations;
-  int asyncError;
-  double tDetect; // CLOCK_MONOTONIC, when the rank saw the failure
-  int syncRc;
-  double syncS;
   int laterRc;
   int abortRc;
   double abortS;
@@ -2260,14 +2248,6 @@ struct KillResult
   int freshRc;         // a new communicator of the survivors (ncclCommInitRank, after the abort)
   char freshWhy[240];  // its all-reduce or destroy, where it failed
   char lastError[240];
-  char note[240];
-};
-
-struct KillShared
-{
-  volatile int ready[kMaxRanks];
-  volatile int stop;
-  KillResult res[kMaxRanks];
 };
 
 // One step of the loop: an all-reduce of 1 MiB, or (p2p) a group of a send of 4 MiB to the next rank and a
@@ -2283,14 +2263,10 @@ ncclResult_t killStep(Rank& R, ncclComm_t comm, bool p2p)
   return a != ncclSuccess ? a : b != ncclSuccess ? b : end;
 }
 
-int killRank(Rank& R, KillShared* S, bool p2p)
+int killRank(Rank& R, KillShared<KillResult>* S, bool p2p)
 {
   KillResult& out = S->res[R.rank];
-  auto fail = [&](const std::string& why) {
-    copyText(out.note, sizeof(out.note), why);
-    fprintf(stderr, "[rank %d] %s\n", R.rank, why.c_str());
-    return 1;
-  };
+  auto fail = [&](const std::string& why) { return killFail(out, R.rank, why); };
   std::string why = setUpRank(R);
   if (!why.empty()) return fail(why);
   ncclUniqueId id;
@@ -2323,51 +2299,18 @@ int killRank(Rank& R, KillShared* S, bool p2p)
   cudaEvent_t events[4];
   for (cudaEvent_t& e : events)
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate failed");
-  const double scale = timeoutScale();
-  const double loopDeadline = nowSec() + 60 * scale;
-  ncclResult_t async = ncclSuccess;
-  int loopRc = ncclSuccess;
-  for (unsigned long long i = 0;; ++i) {
-    if (i >= 4) {
-      while (cudaEventQuery(events[i % 4]) == cudaErrorNotReady) {
-        ncclCommGetAsyncError(comm, &async);
-        if (async != ncclSuccess || S->stop || nowSec() > loopDeadline) break;
-        usleep(100);
-      }
-    }
-    if (async != ncclSuccess) break;
-    if (S->stop || nowSec() > loopDeadline) return fail("no failure seen: the loop was stopped or ran out of time");
-    r = killStep(R, comm, p2p);
-    if (r != ncclSuccess) {
-      loopRc = r;
-      break;
-    }
-    cudaEventRecord(events[i % 4], R.stream);
-    out.iterations = i + 1;
-    ncclCommGetAsyncError(comm, &async);
-    if (async != ncclSuccess) break;
-  }
+  const std::function<ncclResult_t()> error = asyncErrorOf(comm);
+  ncclResult_t async = ncclSuccess, loopRc = ncclSuccess;
+  if (!loopUntilFailure<ncclResult_t>(R.stream, events, &S->stop, error, [&] { return killStep(R, comm, p2p); },
+                                      &out.iterations, &async, &loopRc))
+    return fail("no failure seen: the loop was stopped or ran out of time");
   out.tDetect = nowSec();
-  // The communicator's error may trail a failed call by a moment.
-  const double errDeadline = nowSec() + 10 * scale;
-  while (async == ncclSuccess && nowSec() < errDeadline) {
-    ncclCommGetAsyncError(comm, &async);
-    if (async == ncclSuccess) usleep(1000);
-  }
-  out.asyncError = (int)async;
+  out.asyncError = (int)trailingError(async, error, 10);
   copyText(out.lastError, sizeof(out.lastError), lastError(comm));
   if (loopRc != ncclSuccess) fprintf(stderr, "[rank %d] the loop ended on a call returning %d\n", R.rank, loopRc);
 
   // No hang: the queued kernels see the failure and end.
-  double t0 = nowSec();
-  cudaError_t syncRc = cudaSuccess;
-  cudaStream_t stream = R.stream;
-  if (!bounded<cudaError_t>(R.device, 10 * scale, [stream] { return cudaStreamSynchronize(stream); }, &syncRc)) {
-    fail("cudaStreamSynchronize did not return within 10 s: a kernel hangs on the dead rank");
-    _exit(2);
-  }
-  out.syncS = nowSec() - t0;
-  out.syncRc = (int)syncRc;
+  drainOrExit(out, R.rank, R.device, R.stream, "a kernel hangs on the dead rank");
   out.laterRc = (int)killStep(R, comm, p2p);
 
   // The survivors go on without the dead rank: ncclCommShrink leaving it out (NCCL_SHRINK_ABORT, as after a
@@ -2376,21 +2319,15 @@ int killRank(Rank& R, KillShared* S, bool p2p)
   const int victim = R.nranks - 1;
   ncclComm_t shrunk = nullptr;
   ncclComm_t* shrunkAt = &shrunk;
-  ncclResult_t shrinkRc = ncclSuccess;
-  t0 = nowSec();
-  if (!bounded<ncclResult_t>(R.device, 40 * scale,
-                             [comm, victim, shrunkAt] {
-                               int exclude[1] = {victim};
-                               return ncclCommShrink(comm, exclude, 1, shrunkAt, nullptr, NCCL_SHRINK_ABORT);
-                             },
-                             &shrinkRc)) {
-    fail("ncclCommShrink did not return within 40 s");
-    _exit(2);
-  }
-  out.shrinkS = nowSec() - t0;
-  out.shrinkRc = (int)shrinkRc;
+  out.shrinkRc = (int)boundedOrExit<ncclResult_t>(
+      out, R.rank, R.device, 40,
+      [comm, victim, shrunkAt] {
+        int exclude[1] = {victim};
+        return ncclCommShrink(comm, exclude, 1, shrunkAt, nullptr, NCCL_SHRINK_ABORT);
+      },
+      "ncclCommShrink did not return within 40 s", &out.shrinkS);
   out.shrunkDestroyRc = (int)ncclSuccess;
-  if (shrinkRc == ncclSuccess && shrunk) {
+  if (out.shrinkRc == ncclSuccess && shrunk) {
     Rank V;
     why = viewOn(R, shrunk, &V);
     out.shrunkCount = V.nranks;
@@ -2401,21 +2338,13 @@ int killRank(Rank& R, KillShared* S, bool p2p)
       why = runOne(V, shrunk, s);
     }
     copyText(out.shrunkWhy, sizeof(out.shrunkWhy), why);
-    ncclResult_t destroyRc = ncclSuccess;
-    if (!bounded<ncclResult_t>(R.device, 20 * scale, [shrunk] { return ncclCommDestroy(shrunk); }, &destroyRc)) {
-      fail("ncclCommDestroy of the shrunk communicator did not return within 20 s");
-      _exit(2);
-    }
-    out.shrunkDestroyRc = (int)destroyRc;
+    double took = 0;
+    out.shrunkDestroyRc = (int)boundedOrExit<ncclResult_t>(
+        out, R.rank, R.device, 20, [shrunk] { return ncclCommDestroy(shrunk); },
+        "ncclCommDestroy of the shrunk communicator did not return within 20 s", &took);
   }
-  t0 = nowSec();
-  ncclResult_t abortRc = ncclSuccess;
-  if (!bounded<ncclResult_t>(R.device, 20 * scale, [comm] { return ncclCommAbort(comm); }, &abortRc)) {
-    fail("ncclCommAbort did not return within 20 s");
-    _exit(2);
-  }
-  out.abortS = nowSec() - t0;
-  out.abortRc = (int)abortRc;
+  out.abortRc = (int)boundedOrExit<ncclResult_t>(out, R.rank, R.device, 20, [comm] { return ncclCommAbort(comm); },
+                                                 "ncclCommAbort did not return within 20 s", &out.abortS);
 
   // A new communicator of the survivors on the same GPU(s), from a fresh unique id: the dead rank's memory
   // went with it while the survivors' kernels may still have been writing into it, and a kernel that faulted
@@ -2426,25 +2355,21 @@ int killRank(Rank& R, KillShared* S, bool p2p)
   why = shareId(F, 1, &freshId);
   ncclComm_t fresh = nullptr;
   ncclComm_t* freshAt = &fresh;
-  ncclResult_t freshRc = ncclSuccess;
-  if (why.empty() && !bounded<ncclResult_t>(R.device, 40 * scale,
-                                            [freshAt, freshId, &F] {
-                                              return ncclCommInitRank(freshAt, F.nranks, freshId, F.rank);
-                                            },
-                                            &freshRc)) {
-    fail("ncclCommInitRank of the survivors' new communicator did not return within 40 s");
-    _exit(2);
+  out.freshRc = (int)ncclSuccess;
+  if (why.empty()) {
+    double took = 0;
+    out.freshRc = (int)boundedOrExit<ncclResult_t>(
+        out, R.rank, R.device, 40, [freshAt, freshId, &F] { return ncclCommInitRank(freshAt, F.nranks, freshId, F.rank); },
+        "ncclCommInitRank of the survivors' new communicator did not return within 40 s", &took);
   }
-  out.freshRc = (int)freshRc;
-  if (why.empty() && freshRc == ncclSuccess) {
+  if (why.empty() && out.freshRc == ncclSuccess) {
     Spec s;
     s.coll = kAllReduce, s.type = ncclFloat32, s.op = ncclSum, s.count = (1u << 20) / 4, s.salt = 7;
     why = runOne(F, fresh, s);
-    ncclResult_t destroyRc = ncclSuccess;
-    if (!bounded<ncclResult_t>(R.device, 20 * scale, [fresh] { return ncclCommDestroy(fresh); }, &destroyRc)) {
-      fail("ncclCommDestroy of the survivors' new communicator did not return within 20 s");
-      _exit(2);
-    }
+    double took = 0;
+    const ncclResult_t destroyRc = boundedOrExit<ncclResult_t>(
+        out, R.rank, R.device, 20, [fresh] { return ncclCommDestroy(fresh); },
+        "ncclCommDestroy of the survivors' new communicator did not return within 20 s", &took);
     if (why.empty() && destroyRc != ncclSuccess) why = fmt("ncclCommDestroy returned %s", resultName(destroyRc));
   }
   copyText(out.freshWhy, sizeof(out.freshWhy), why);
@@ -2457,91 +2382,49 @@ int killRank(Rank& R, KillShared* S, bool p2p)
 int runKill(const Options& opt, bool p2p)
 {
   const char* name = p2p ? "kill_last_rank_during_send_recv_ring" : "kill_last_rank_during_allreduces";
+  const KillPlan k = {name, opt.nranks, 180, 120, 1000000, "loop", true}; // the loops 1 s under way at the kill
   const double scale = timeoutScale(), t0 = nowSec();
-  KillShared* S = mapShared<KillShared>();
-  if (!S) {
-    printf("FAIL %s: mmap failed\n", name);
-    return 1;
-  }
-  memset((void*)gBoard, 0, sizeof(Board));
   const int nranks = opt.nranks, victim = nranks - 1;
-  // A kill case before this one ended a process with kernels running: under MPS the server may refuse new
-  // clients until it has cleaned up after it (docs/failures.md, "A process that ends"; seen on two H100s).
-  const std::string gpu = waitForGpuClients(30 * scale);
-  if (!gpu.empty()) {
-    printf("FAIL %s: the GPUs took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());
-    return 1;
-  }
-  ForkedRanks ranks(nranks, 180 * scale, [&](int r) {
-    Rank R;
-    R.rank = r;
-    R.nranks = nranks;
-    R.hostTimeoutS = 30.0 * scale;
+  memset((void*)gBoard, 0, sizeof(Board));
+  KillShared<KillResult>* S = nullptr;
+  KillJudge<KillResult> judge;
+  judge.rank = [&](int r) { // forked once runKillCase has mapped S
+    Rank R = killCaseRank(r, nranks);
     return killRank(R, S, p2p);
-  });
-  bool early = false;
-  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 120 * scale, &early);
-  double tKill = 0;
-  if (ready) {
-    usleep(1000000); // the loops well under way
-    ranks.kill(victim);
-    tKill = nowSec();
-    ranks.waitEnded(60 * scale, victim);
-  }
-  S->stop = 1;
-  std::vector<bool> killed = ranks.killRest();
-  killed[victim] = false;
-  int failed = 0;
+  };
+  judge.check = [&](int r, const KillResult& o, double tKill) -> std::string {
+    if (o.iterations == 0) return "no call ran in the loop";
+    std::string why = sawRemoteError(o.asyncError, o.tDetect - tKill, o.lastError, victim);
+    if (why.empty()) why = detectedAndDrained(o, tKill);
+    if (!why.empty()) return why;
+    if (o.laterRc != ncclRemoteError)
+      return fmt("the next %s returned %s, not ncclRemoteError", p2p ? "group of ncclSend/ncclRecv" : "ncclAllReduce",
+                 resultName((ncclResult_t)o.laterRc));
+    if (o.shrinkRc != ncclSuccess)
+      return fmt("ncclCommShrink(NCCL_SHRINK_ABORT) leaving rank %d out returned %s", victim,
+                 resultName((ncclResult_t)o.shrinkRc));
+    if (o.shrunkCount != nranks - 1 || o.shrunkRank != r)
+      return fmt("the shrunk communicator says rank %d of %d, expected %d of %d", o.shrunkRank, o.shrunkCount, r,
+                 nranks - 1);
+    if (o.shrunkWhy[0]) return fmt("the all-reduce on the shrunk communicator: %s", o.shrunkWhy);
+    if (o.shrunkDestroyRc != ncclSuccess)
+      return fmt("ncclCommDestroy of the shrunk communicator returned %s", resultName((ncclResult_t)o.shrunkDestroyRc));
+    if (o.abortRc != ncclSuccess) return fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
+    if (o.abortS > 10 * scale) return fmt("ncclCommAbort took %.2f s", o.abortS);
+    if (o.freshRc != ncclSuccess)
+      return fmt("the survivors' new communicator: ncclCommInitRank returned %s", resultName((ncclResult_t)o.freshRc));
+    if (o.freshWhy[0]) return fmt("the survivors' new communicator: %s", o.freshWhy);
+    return "";
+  };
+  judge.info = [&](int r, const KillResult& o, double tKill) {
+    return fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, shrunk to %d "
+               "rank(s) in %.2f s (all-reduce checked), abort %.2f s, a new communicator of the survivors right;",
+               r, o.iterations, o.tDetect - tKill, o.syncS, o.shrunkCount, o.shrinkS, o.abortS);
+  };
   std::string info;
-  const std::string peer = fmt("rank %d", victim);
-  for (int r = 0; r < nranks; ++r) {
-    if (r == victim) continue;
-    const KillResult& o = S->res[r];
-    std::string why;
-    if (!ready || early) why = fmt("not every rank got its loop going (%s)", o.note[0] ? o.note : "see the log");
-    else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
-    else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
-      why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
-    else if (o.iterations == 0) why = "no call ran in the loop";
-    else if (o.asyncError != ncclRemoteError)
-      why = fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)o.asyncError));
-    else if (o.tDetect - tKill > 10 * scale) why = fmt("the failure showed %.2f s after the kill", o.tDetect - tKill);
-    else if (std::string(o.lastError).find(peer) == std::string::npos)
-      why = fmt("ncclGetLastError does not name %s: '%s'", peer.c_str(), o.lastError);
-    else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
-    else if (o.syncS > 5 * scale) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
-    else if (o.laterRc != ncclRemoteError)
-      why = fmt("the next %s returned %s, not ncclRemoteError", p2p ? "group of ncclSend/ncclRecv" : "ncclAllReduce",
-                resultName((ncclResult_t)o.laterRc));
-    else if (o.shrinkRc != ncclSuccess)
-      why = fmt("ncclCommShrink(NCCL_SHRINK_ABORT) leaving rank %d out returned %s", victim,
-                resultName((ncclResult_t)o.shrinkRc));
-    else if (o.shrunkCount != nranks - 1 || o.shrunkRank != r)
-      why = fmt("the shrunk communicator says rank %d of %d, expected %d of %d", o.shrunkRank, o.shrunkCount, r,
-                nranks - 1);
-    else if (o.shrunkWhy[0]) why = fmt("the all-reduce on the shrunk communicator: %s", o.shrunkWhy);
-    else if (o.shrunkDestroyRc != ncclSuccess)
-      why = fmt("ncclCommDestroy of the shrunk communicator returned %s", resultName((ncclResult_t)o.shrunkDestroyRc));
-    else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
-    else if (o.abortS > 10 * scale) why = fmt("ncclCommAbort took %.2f s", o.abortS);
-    else if (o.freshRc != ncclSuccess)
-      why = fmt("the survivors' new communicator: ncclCommInitRank returned %s", resultName((ncclResult_t)o.freshRc));
-    else if (o.freshWhy[0]) why = fmt("the survivors' new communicator: %s", o.freshWhy);
-    if (!why.empty()) {
-      printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
-      ++failed;
-    } else {
-      info += fmt(" rank%d: %llu calls, ncclRemoteError %.3f s after the kill, stream drained in %.3f s, shrunk to %d "
-                  "rank(s) in %.2f s (all-reduce checked), abort %.2f s, a new communicator of the survivors right;",
-                  r, o.iterations, o.tDetect - tKill, o.syncS, o.shrunkCount, o.shrinkS, o.abortS);
-    }
-  }
-  if (!failed) printf("PASS %s:%s last error '%s'\n", name, info.c_str(), S->res[0].lastError);
-  printf("SUMMARY %s (%d ranks, %.1f s): %d passed, %d failed\n", p2p ? "kill_p2p" : "kill", nranks, nowSec() - t0,
-         failed ? 0 : 1, failed ? 1 : 0);
-  fflush(stdout);
-  munmap(S, sizeof(KillShared));
-  return failed ? 1 : 0;
+  const int failed = runKillCase(k, &S, judge, &info);
+  return endKillCase(k, S, failed, info, failed || !S ? std::string() : fmt(" last error '%s'", S->res[0].lastError),
+                     fmt("%s (%d ranks, %.1f s)", p2p ? "kill_p2p" : "kill", nranks, nowSec() - t0));
 }
 
 } // namespace

@@ -25,9 +25,9 @@
 // Output: PASS / FAIL lines (per process and stage), SKIP where no GPU is usable, a SUMMARY line. Exit code 0
 // only if every stage passed on every process. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
 //
-// The case runner (examples-c/common/case_runner.h) gives the forking, the alarm and the formatting; nothing
-// of it that calls libmscclpp is used (the link, -lnccl only, would fail if anything were).
-#include "staged_test.h"
+// The harness's staged.h (c-tests/harness/) gives the stages' runner, the forking, the alarm and the
+// formatting.
+#include "staged.h"
 
 using namespace tc;
 
@@ -39,27 +39,11 @@ constexpr int kStages = 8;
 
 struct Board
 {
-  ncclUniqueId parentId, growId;
-  int parentReady, growReady;
-  int arrivals[kStages]; // processes arrived at each stage's end
-  int failed[kStages];   // processes whose stage failed
+  StagedId parentId, growId;
+  StageBoard stages;
 };
 
 Board* gBoard = nullptr;
-
-// Process `me`'s end of `stage`: waits for the other processes; "" if none failed.
-std::string meet(int stage, bool ok)
-{
-  if (!ok) __atomic_add_fetch(&gBoard->failed[stage], 1, __ATOMIC_SEQ_CST);
-  __atomic_add_fetch(&gBoard->arrivals[stage], 1, __ATOMIC_SEQ_CST);
-  const double deadline = nowSec() + gWaitS;
-  while (__atomic_load_n(&gBoard->arrivals[stage], __ATOMIC_SEQ_CST) < kAll) {
-    if (nowSec() > deadline) return fmt("the other processes did not end stage %d within %.0f s", stage, gWaitS);
-    usleep(200);
-  }
-  if (__atomic_load_n(&gBoard->failed[stage], __ATOMIC_SEQ_CST)) return fmt("a process failed stage %d", stage);
-  return "";
-}
 
 // Count and UserRank as expected.
 std::string place(ncclComm_t comm, int rank, int nranks)
@@ -131,17 +115,10 @@ struct Proc
 std::string stageParent(Proc& P)
 {
   ncclUniqueId id;
-  if (P.rank == 0) {
-    TG_OK(ncclGetUniqueId(&id));
-    memcpy(&gBoard->parentId, &id, sizeof(id));
-    __atomic_store_n(&gBoard->parentReady, 1, __ATOMIC_SEQ_CST);
-  } else {
-    std::string why = waitFlag(&gBoard->parentReady, "rank 0's ncclGetUniqueId");
-    if (!why.empty()) return why;
-    memcpy(&id, &gBoard->parentId, sizeof(id));
-  }
+  std::string why = shareStagedId(P.rank, gBoard->parentId, &id);
+  if (!why.empty()) return why;
   TG_OK(ncclCommInitRank(&P.parent, kOld, id, P.rank));
-  std::string why = place(P.parent, P.rank, kOld);
+  why = place(P.parent, P.rank, kOld);
   for (size_t count : {size_t(1000), size_t((1 << 20) + 3)})
     if (why.empty()) why = allReduce(P.parent, P.rank, kOld, count, P.stream);
   return why;
@@ -153,8 +130,7 @@ std::string stageId(Proc& P)
     TG_OK(ncclCommGetUniqueId(P.parent, &P.growId));
     ncclUniqueId again;
     TG_EXPECT(ncclCommGetUniqueId(P.parent, &again), ncclInvalidUsage);
-    memcpy(&gBoard->growId, &P.growId, sizeof(P.growId));
-    __atomic_store_n(&gBoard->growReady, 1, __ATOMIC_SEQ_CST);
+    publishStagedId(gBoard->growId, P.growId);
   }
   ncclComm_t out = (ncclComm_t)0x1;
   TG_EXPECT(ncclCommGrow(P.parent, kOld, P.rank == 0 ? &P.growId : NULL, -1, &out, NULL), ncclInvalidArgument);
@@ -164,9 +140,8 @@ std::string stageId(Proc& P)
 
 std::string stageBadNewRanks(Proc& P)
 {
-  std::string why = waitFlag(&gBoard->growReady, "rank 0's ncclCommGetUniqueId");
+  std::string why = awaitStagedId(gBoard->growId, &P.growId, "rank 0's ncclCommGetUniqueId");
   if (!why.empty()) return why;
-  memcpy(&P.growId, &gBoard->growId, sizeof(P.growId));
   ncclComm_t out = (ncclComm_t)0x1;
   const double t0 = nowSec();
   if (P.rank == 2) {
@@ -221,65 +196,25 @@ std::string stageDestroy(Proc& P)
   return "";
 }
 
-struct Stage
-{
-  const char* name;
-  bool (*takesPart)(int rank);
-  std::string (*run)(Proc&);
-};
-
 bool old(int r) { return r < kOld; }
 bool fresh(int r) { return r >= kOld; }
-bool every(int) { return true; }
 
-const Stage kPlan[kStages] = {
-  {"parent of 2 ranks: ncclCommInitRank, all-reduce", old, stageParent},
-  {"ncclCommGetUniqueId (a second one before the grow refused); a grow to nRanks 2 refused", old, stageId},
-  {"new ranks: a rank inside the parent's range, rank 4 of 4, nRanks 2: refused at once", fresh, stageBadNewRanks},
-  {"ncclCommGrow from 2 to 4 ranks: Count 4, the parent's ranks keep theirs", every, stageGrow},
-  {"grown comm: all-reduce, all-gather, send/recv ring", every, stageGrown},
-  {"the parent still works: all-reduce", old, [](Proc& P) { return allReduce(P.parent, P.rank, kOld, 65537, P.stream); }},
-  {"ncclCommShrink of the grown comm back to ranks 0, 1 (2, 3 destroy theirs): all-reduce", every, stageShrink},
-  {"everything destroyed", every, stageDestroy},
+const Stage<Proc> kPlan[kStages] = {
+  {"parent of 2 ranks: ncclCommInitRank, all-reduce", stageParent, old},
+  {"ncclCommGetUniqueId (a second one before the grow refused); a grow to nRanks 2 refused", stageId, old},
+  {"new ranks: a rank inside the parent's range, rank 4 of 4, nRanks 2: refused at once", stageBadNewRanks, fresh},
+  {"ncclCommGrow from 2 to 4 ranks: Count 4, the parent's ranks keep theirs", stageGrow},
+  {"grown comm: all-reduce, all-gather, send/recv ring", stageGrown},
+  {"the parent still works: all-reduce", [](Proc& P) { return allReduce(P.parent, P.rank, kOld, 65537, P.stream); }, old},
+  {"ncclCommShrink of the grown comm back to ranks 0, 1 (2, 3 destroy theirs): all-reduce", stageShrink},
+  {"everything destroyed", stageDestroy},
 };
 
 int runProcess(int rank)
 {
   Proc P;
   P.rank = rank;
-  int devices = 0;
-  cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices < 1) {
-    printf("FAIL rank %d: cudaGetDeviceCount: %s\n", rank, cudaGetErrorString(e));
-    return 1;
-  }
-  if ((e = cudaSetDevice(rank % devices)) != cudaSuccess || (e = cudaStreamCreate(&P.stream)) != cudaSuccess) {
-    printf("FAIL rank %d: setting up device %d: %s\n", rank, rank % devices, cudaGetErrorString(e));
-    return 1;
-  }
-  int failures = 0;
-  for (int s = 0; s < kStages; ++s) {
-    const Stage& stage = kPlan[s];
-    std::string why;
-    if (stage.takesPart(rank)) {
-      const double t0 = nowSec();
-      why = stage.run(P);
-      if (why.empty())
-        printf("PASS rank %d: %s (%.2f s)\n", rank, stage.name, nowSec() - t0);
-      else
-        printf("FAIL rank %d: %s: %s\n", rank, stage.name, why.c_str());
-      fflush(stdout);
-    }
-    failures += why.empty() ? 0 : 1;
-    const std::string together = meet(s, why.empty());
-    if (!together.empty()) {
-      if (why.empty()) printf("FAIL rank %d: stopping after stage %d: %s\n", rank, s, together.c_str());
-      fflush(stdout);
-      return 1; // the others stop too; exiting tells the library's peers
-    }
-  }
-  cudaStreamDestroy(P.stream);
-  return failures ? 1 : 0;
+  return runStages(P, kPlan, kStages, &gBoard->stages, kAll);
 }
 
 } // namespace
@@ -288,30 +223,11 @@ int main()
 {
   const double scale = timeoutScale();
   gWaitS = 60 * scale;
-  gBoard = mapShared<Board>();
-  if (!gBoard) {
-    printf("FAIL nccl_grow_test: mmap failed: %s\n", strerror(errno));
-    return 1;
-  }
-  std::string why;
-  if (probeGpus(&why) <= 0) {
-    printf("SKIP nccl_grow_test: no CUDA device usable (%s)\n", why.empty() ? "none visible" : why.c_str());
-    return 0;
-  }
+  gBoard = mapSharedOrSay<Board>("nccl_grow_test");
+  if (!gBoard) return 1;
+  if (skipWithoutGpu("nccl_grow_test")) return 0;
   const double t0 = nowSec();
-  ForkedRanks procs(kAll, 300 * scale, runProcess);
-  procs.waitEnded(320 * scale);
-  const std::vector<bool> killed = procs.killRest();
-  int failed = 0;
-  for (int r = 0; r < kAll; ++r) {
-    if (killed[r]) {
-      printf("FAIL nccl_grow_test: process %d did not end within %.0f s (killed)\n", r, 320 * scale);
-      ++failed;
-    } else if (!WIFEXITED(procs.status(r)) || WEXITSTATUS(procs.status(r)) != 0) {
-      printf("FAIL nccl_grow_test: process %d %s\n", r, describeStatus(procs.status(r)).c_str());
-      ++failed;
-    }
-  }
+  const int failed = runStagedProcesses("nccl_grow_test", kAll, 300 * scale, 320 * scale, runProcess);
   printf("SUMMARY nccl_grow (2 ranks grown to 4, %.1f s): %s\n", nowSec() - t0, failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 }

@@ -34,7 +34,8 @@
 //
 // Output: one line per case (PASS name [note] / FAIL name: reason / SKIP name: why), a SUMMARY line per group.
 // Exit code 0 only if every case passed. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "kill_case.h"
+#include "nccl_rank.h"
 
 #include <nccl_device/host.h>
 
@@ -44,7 +45,7 @@ namespace {
 
 // ------------------------------------------------------------------------------------------------
 // What the processes share beside case_runner's results: the unique id, and the barriers' meeting
-// (nccl_harness.h)
+// (nccl_rank.h)
 // ------------------------------------------------------------------------------------------------
 
 struct Board
@@ -487,10 +488,7 @@ int mainRank(Rank& R)
     ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
     if (r != ncclSuccess) why = fmt("ncclCommInitRank returned %s", resultName(r));
   }
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, why)) return 1;
   if (!runCase(R, "window_register_get_user_ptr", [&] { return caseWindows(R); })) return 1;
   uint32_t salt = 1;
   for (uint64_t bytes : {1024ull, 64ull << 20})
@@ -594,11 +592,7 @@ std::string caseInitAllRma(Rank& R)
 
 int initAllRank(Rank& R)
 {
-  std::string why = setUpRank(R);
-  if (!why.empty()) {
-    runCase(R, "initall_setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUpRank(R), "initall_setup")) return 1;
   runCase(R, "initall_two_ranks_of_one_process_put_wait_peer_pointer", [&] { return caseInitAllRma(R); });
   freeRank(R);
   return 0;
@@ -608,34 +602,18 @@ int initAllRank(Rank& R)
 // kill: the signal never comes; the waiters' streams must drain
 // ------------------------------------------------------------------------------------------------
 
-struct KillResult
+struct KillResult : KillOutcome
 {
-  int finished;
-  int asyncError;
-  double tDetect;
-  int syncRc;
-  double syncS;
   int abortRc;
   double abortS;
   int blockedBeforeKill;
   char lastError[240];
-  char note[240];
 };
 
-struct KillShared
-{
-  volatile int ready[kMaxRanks];
-  KillResult res[kMaxRanks];
-};
-
-int killRank(Rank& R, KillShared* S)
+int killRank(Rank& R, KillShared<KillResult>* S)
 {
   KillResult& out = S->res[R.rank];
-  auto fail = [&](const std::string& why) {
-    copyText(out.note, sizeof(out.note), why);
-    fprintf(stderr, "[rank %d] %s\n", R.rank, why.c_str());
-    return 1;
-  };
+  auto fail = [&](const std::string& why) { return killFail(out, R.rank, why); };
   std::string why = setUpRank(R);
   ncclUniqueId id;
   if (why.empty()) why = shareUniqueId(R, gBoard->id, &id);
@@ -666,33 +644,13 @@ int killRank(Rank& R, KillShared* S)
   usleep(100000);
   out.blockedBeforeKill = cudaEventQuery(done) == cudaErrorNotReady;
   S->ready[R.rank] = 1;
-  const double scale = timeoutScale();
-  const double deadline = nowSec() + 60 * scale;
-  ncclResult_t async = ncclSuccess;
-  while (async == ncclSuccess && nowSec() < deadline) {
-    ncclCommGetAsyncError(comm, &async);
-    if (async == ncclSuccess) usleep(1000);
-  }
+  const std::function<ncclResult_t()> error = asyncErrorOf(comm);
+  out.asyncError = (int)trailingError(ncclSuccess, error, 60);
   out.tDetect = nowSec();
-  out.asyncError = (int)async;
   copyText(out.lastError, sizeof(out.lastError), lastError(comm));
-  double t0 = nowSec();
-  cudaError_t syncRc = cudaSuccess;
-  cudaStream_t stream = R.stream;
-  if (!bounded<cudaError_t>(R.device, 10 * scale, [stream] { return cudaStreamSynchronize(stream); }, &syncRc)) {
-    fail("cudaStreamSynchronize did not return within 10 s: the wait kernel hangs on the dead rank");
-    _exit(2);
-  }
-  out.syncS = nowSec() - t0;
-  out.syncRc = (int)syncRc;
-  t0 = nowSec();
-  ncclResult_t abortRc = ncclSuccess;
-  if (!bounded<ncclResult_t>(R.device, 20 * scale, [comm] { return ncclCommAbort(comm); }, &abortRc)) {
-    fail("ncclCommAbort did not return within 20 s");
-    _exit(2);
-  }
-  out.abortS = nowSec() - t0;
-  out.abortRc = (int)abortRc;
+  drainOrExit(out, R.rank, R.device, R.stream, "the wait kernel hangs on the dead rank");
+  out.abortRc = (int)boundedOrExit<ncclResult_t>(out, R.rank, R.device, 20, [comm] { return ncclCommAbort(comm); },
+                                                 "ncclCommAbort did not return within 20 s", &out.abortS);
   cudaEventDestroy(done);
   out.finished = 1;
   return 0;
@@ -700,72 +658,31 @@ int killRank(Rank& R, KillShared* S)
 
 int runKill(const Options& opt)
 {
-  const char* name = "kill_the_signaller_during_a_wait";
-  const double scale = timeoutScale(), t0 = nowSec();
-  KillShared* S = mapShared<KillShared>();
-  if (!S) {
-    printf("FAIL %s: mmap failed\n", name);
-    return 1;
-  }
-  memset((void*)gBoard, 0, sizeof(Board));
+  const KillPlan k = {"kill_the_signaller_during_a_wait", opt.nranks, 180, 120, 500000, "wait", true};
+  const double t0 = nowSec();
   const int nranks = opt.nranks, victim = nranks - 1;
-  const std::string gpu = waitForGpuClients(30 * scale);
-  if (!gpu.empty()) {
-    printf("FAIL %s: the GPUs took no new process within %.0f s (%s)\n", name, 30 * scale, gpu.c_str());
-    return 1;
-  }
-  ForkedRanks ranks(nranks, 180 * scale, [&](int r) {
-    Rank R;
-    R.rank = r;
-    R.nranks = nranks;
-    R.hostTimeoutS = 30.0 * scale;
+  memset((void*)gBoard, 0, sizeof(Board));
+  KillShared<KillResult>* S = nullptr;
+  KillJudge<KillResult> judge;
+  judge.rank = [&](int r) { // forked once runKillCase has mapped S
+    Rank R = killCaseRank(r, nranks);
     return killRank(R, S);
-  });
-  bool early = false;
-  const bool ready = ranks.waitReady([&](int r) { return S->ready[r] != 0; }, 120 * scale, &early);
-  double tKill = 0;
-  if (ready) {
-    usleep(500000);
-    ranks.kill(victim);
-    tKill = nowSec();
-    ranks.waitEnded(60 * scale, victim);
-  }
-  std::vector<bool> killed = ranks.killRest();
-  killed[victim] = false;
-  int failed = 0;
+  };
+  judge.check = [&](int, const KillResult& o, double tKill) -> std::string {
+    if (!o.blockedBeforeKill) return "the wait ended before the kill, with no signal sent";
+    std::string why = sawRemoteError(o.asyncError, o.tDetect - tKill, o.lastError, victim);
+    if (why.empty()) why = detectedAndDrained(o, tKill);
+    if (why.empty() && o.abortRc != ncclSuccess)
+      why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
+    return why;
+  };
+  judge.info = [&](int r, const KillResult& o, double tKill) {
+    return fmt(" rank%d: ncclRemoteError %.3f s after the kill, stream drained in %.3f s, abort %.2f s;", r,
+               o.tDetect - tKill, o.syncS, o.abortS);
+  };
   std::string info;
-  const std::string peer = fmt("rank %d", victim);
-  for (int r = 0; r < nranks; ++r) {
-    if (r == victim) continue;
-    const KillResult& o = S->res[r];
-    std::string why;
-    if (!ready || early) why = fmt("not every rank got its wait going (%s)", o.note[0] ? o.note : "see the log");
-    else if (killed[r]) why = fmt("did not finish within 60 s of the kill (%s)", o.note[0] ? o.note : "a hang");
-    else if (!WIFEXITED(ranks.status(r)) || WEXITSTATUS(ranks.status(r)) != 0 || !o.finished)
-      why = fmt("%s: %s", describeStatus(ranks.status(r)).c_str(), o.note);
-    else if (!o.blockedBeforeKill) why = "the wait ended before the kill, with no signal sent";
-    else if (o.asyncError != ncclRemoteError)
-      why = fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)o.asyncError));
-    else if (o.tDetect - tKill > 10 * scale) why = fmt("the failure showed %.2f s after the kill", o.tDetect - tKill);
-    else if (std::string(o.lastError).find(peer) == std::string::npos)
-      why = fmt("ncclGetLastError does not name %s: '%s'", peer.c_str(), o.lastError);
-    else if (o.syncRc != cudaSuccess) why = fmt("cudaStreamSynchronize returned CUDA error %d", o.syncRc);
-    else if (o.syncS > 5 * scale) why = fmt("cudaStreamSynchronize took %.2f s", o.syncS);
-    else if (o.abortRc != ncclSuccess) why = fmt("ncclCommAbort returned %s", resultName((ncclResult_t)o.abortRc));
-    if (!why.empty()) {
-      printf("FAIL %s: rank %d: %s\n", name, r, why.c_str());
-      ++failed;
-    } else {
-      info += fmt(" rank%d: ncclRemoteError %.3f s after the kill, stream drained in %.3f s, abort %.2f s;", r,
-                  o.tDetect - tKill, o.syncS, o.abortS);
-    }
-  }
-  if (!failed) printf("PASS %s:%s\n", name, info.c_str());
-  printf("SUMMARY rma_kill (%d ranks, %.1f s): %d passed, %d failed\n", nranks, nowSec() - t0, failed ? 0 : 1,
-         failed ? 1 : 0);
-  fflush(stdout);
-  munmap(S, sizeof(KillShared));
-  return failed ? 1 : 0;
+  const int failed = runKillCase(k, &S, judge, &info);
+  return endKillCase(k, S, failed, info, "", fmt("rma_kill (%d ranks, %.1f s)", nranks, nowSec() - t0));
 }
 
 } // namespace

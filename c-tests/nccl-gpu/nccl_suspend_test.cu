@@ -27,7 +27,7 @@
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline; each rank also has an alarm.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 using namespace tc;
 
@@ -36,7 +36,7 @@ namespace {
 constexpr int kCycles = 5;
 
 // What the processes share beside case_runner's results: the unique id, the barriers' meeting
-// (nccl_harness.h), and what the ranks measured.
+// (nccl_rank.h), and what the ranks measured.
 struct Board
 {
   SharedId id;
@@ -66,7 +66,7 @@ constexpr uint64_t kRingU = (1u << 20) + 7;
 // MiB on one GPU; two GPUs' go as sends and receives from there).
 constexpr uint64_t kRegF = (64u << 20) / 4;
 
-// Device, stream, status block (nccl_harness.h), the checks' buffers.
+// Device, stream, status block (nccl_rank.h), the checks' buffers.
 std::string setUp(Rank& R)
 {
   TC_TRY(setUpDevice(R));
@@ -160,18 +160,6 @@ std::string collectives(Rank& R, uint32_t salt, const char* when)
 
 // ---- memory ----
 
-std::string stats(ncclComm_t comm, uint64_t v[4])
-{
-  for (int s = 0; s < 4; ++s) {
-    v[s] = ~0ull;
-    TN_OK(ncclCommMemStats(comm, (ncclCommMemStat_t)s, &v[s]));
-  }
-  if (v[3] != v[0] + v[2])
-    return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
-               (unsigned long long)v[2]);
-  return "";
-}
-
 // The bytes ncclStatGpuMemSuspend said the ranks on this rank's GPU hold.
 uint64_t bytesOnMyGpu(Rank& R)
 {
@@ -214,7 +202,7 @@ std::string caseInit(Rank& R)
 std::string caseMemStatsBefore(Rank& R)
 {
   uint64_t v[4];
-  TC_TRY(stats(gComm, v));
+  TC_TRY(memStats(gComm, v));
   // The scratch's two slots of MSCCLPP_COLL_SCRATCH_MB (64 by default) at least.
   const char* mb = getenv("MSCCLPP_COLL_SCRATCH_MB");
   const uint64_t slots = 2ull * ((mb && atoi(mb) > 0 ? (uint64_t)atoi(mb) : 64ull) << 20);
@@ -276,7 +264,7 @@ std::string caseStatsWhileSuspended(Rank& R)
 {
   (void)R;
   uint64_t v[4];
-  TC_TRY(stats(gComm, v));
+  TC_TRY(memStats(gComm, v));
   TC_EXPECT(v[1] == 1 && v[0] == 0 && v[3] == v[2],
             "while suspended: Suspended %llu (1 expected), Suspend %llu (0), Persist %llu, Total %llu (= Persist)",
             (unsigned long long)v[1], (unsigned long long)v[0], (unsigned long long)v[2], (unsigned long long)v[3]);
@@ -343,7 +331,7 @@ std::string caseResume(Rank& R, double* us)
             "free memory of GPU %d fell by %lld bytes once every rank resumed; its ranks' Suspend bytes are %lld",
             R.device, (long long)(suspended - resumed), (long long)want);
   uint64_t v[4];
-  TC_TRY(stats(gComm, v));
+  TC_TRY(memStats(gComm, v));
   TC_EXPECT(v[1] == 0 && v[0] == gBoard->suspendBytes[R.rank],
             "after the resume: Suspended %llu (0 expected), Suspend %llu (%llu before the suspend)",
             (unsigned long long)v[1], (unsigned long long)v[0], (unsigned long long)gBoard->suspendBytes[R.rank]);
@@ -394,7 +382,7 @@ std::string caseSuspendResumeAgain(Rank& R, int flags, uint32_t salt)
                                                 lastError().c_str());
   if (why.empty()) {
     uint64_t v[4];
-    why = stats(gComm, v);
+    why = memStats(gComm, v);
     const uint64_t released = flags == NCCL_SUSPEND_MEM;
     if (why.empty() && (v[1] != released || (released ? v[0] != 0 : v[0] != gBoard->suspendBytes[R.rank])))
       why = fmt("suspended with flags %d: Suspended %llu, Suspend %llu", flags, (unsigned long long)v[1],
@@ -465,11 +453,7 @@ std::string caseDestroy(Rank& R)
 
 int rankMain(Rank& R)
 {
-  std::string why = setUp(R);
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUp(R))) return 1;
   runCase(R, "init", [&] { return together(R, caseInit(R), "after init"); });
   runCase(R, "collectives_before_suspend",
           [&] { return together(R, collectives(R, 1, "before the suspend"), "after the collectives"); });
@@ -509,12 +493,8 @@ int rankMain(Rank& R)
 
 int main(int argc, char** argv)
 {
-  Options opt = parseArgs(argc, argv, 2);
-  gBoard = mapBoard<Board>("nccl_suspend_test");
-  if (!gBoard) return 1;
   // A rank told at `together` that another failed stops too: the communicator's calls no longer match
   // between the ranks.
   gMeetingRules.othersFailureIsFatal = true;
-  if (skipWithoutGpu("nccl_suspend_test")) return 0;
-  return runRanks("nccl_suspend", opt, 600, rankMain);
+  return runBoardGroup("nccl_suspend_test", &gBoard, "nccl_suspend", parseArgs(argc, argv, 2), 600, rankMain);
 }

@@ -25,7 +25,7 @@
 //
 // Output: PASS name [note] / FAIL name: reason per case, a SUMMARY line. Exit code 0 only if every case passed.
 // --quick runs 3 cycles instead of kCycles. MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 using namespace tc;
 
@@ -226,10 +226,7 @@ int rankMain(Rank& R)
   cudaFuncAttributes attributes;
   if (why.empty() && cudaFuncGetAttributes(&attributes, fill) != cudaSuccess) why = "cudaFuncGetAttributes(fill) failed";
   if (why.empty() && cudaMalloc((void**)&gOut, kCount * 4) != cudaSuccess) why = "cudaMalloc of the output failed";
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, why)) return 1;
   runCase(R, "init", [&] {
     ncclUniqueId id;
     std::string w = shareUniqueId(R, gBoard->id, &id);
@@ -269,9 +266,6 @@ int main(int argc, char** argv)
 {
   Options opt = parseArgs(argc, argv, 4);
   if (opt.quick) gCycles = 3;
-  gBoard = mapBoard<Board>("nccl_window_suspend_test");
-  if (!gBoard) return 1;
   gMeetingRules.othersFailureIsFatal = true;
-  if (skipWithoutGpu("nccl_window_suspend_test")) return 0;
-  return runRanks("nccl_window_suspend", opt, 900, rankMain);
+  return runBoardGroup("nccl_window_suspend_test", &gBoard, "nccl_window_suspend", opt, 900, rankMain);
 }

@@ -18,7 +18,7 @@
 //
 // Usage: pg_nccl_sequence [--port P]. Output: PASS / FAIL per step, a SUMMARY line; exit code 0 only if every
 // step passed on every rank. Each rank has an alarm; MSCCLPP_TEST_TIMEOUT_SCALE multiplies every deadline.
-#include "nccl_harness.h"
+#include "nccl_rank.h"
 
 #include <dlfcn.h>
 
@@ -29,7 +29,7 @@ namespace {
 typedef ncclResult_t (*GetUniqueIdFn)(ncclComm_t, ncclUniqueId*);
 typedef ncclResult_t (*GrowFn)(ncclComm_t, int, const ncclUniqueId*, int, ncclComm_t*, ncclConfig_t*);
 
-// What the processes share beside case_runner's results: the two ids, the barriers' meeting (nccl_harness.h).
+// What the processes share beside case_runner's results: the two ids, the barriers' meeting (nccl_rank.h).
 struct Board
 {
   SharedId id;
@@ -45,7 +45,7 @@ float* gRecv = nullptr;
 constexpr uint64_t kCount = (1u << 20) + 3;
 
 // Every process's k-th call waits for the k-th of all the others; each learns whether a step failed anywhere,
-// so that none waits in a collective call for a rank that left. Not nccl_harness.h's `together`: here the
+// so that none waits in a collective call for a rank that left. Not nccl_rank.h's `together`: here the
 // barrier's timeout is the reason even where this process's step failed too, and a process that learns that
 // another failed stops (R.fatal).
 std::string processesTogether(Rank& R, const std::string& why, const char* where)
@@ -85,19 +85,6 @@ std::string allReduce(Rank& R, ncclComm_t comm, int rank, int nranks, const char
   for (uint64_t i = 0; i < kCount; ++i)
     if (h[i] != (float)(i % 89 + 1) * ranks)
       return fmt("%s: element %llu is %g, expected %g", what, (unsigned long long)i, h[i], (float)(i % 89 + 1) * ranks);
-  return "";
-}
-
-// getMemoryStats: every statistic; Total = Suspend + Persist always.
-std::string memStats(ncclComm_t comm, uint64_t v[4])
-{
-  for (int s = 0; s < 4; ++s) {
-    v[s] = ~0ull;
-    TN_OK(ncclCommMemStats(comm, (ncclCommMemStat_t)s, &v[s]));
-  }
-  if (v[3] != v[0] + v[2])
-    return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
-               (unsigned long long)v[2]);
   return "";
 }
 
@@ -208,11 +195,7 @@ std::string setUp(Rank& R)
 
 int rankMain(Rank& R)
 {
-  std::string why = setUp(R);
-  if (!why.empty()) {
-    runCase(R, "setup", [&] { return why; });
-    return 1;
-  }
+  if (!setUpPassed(R, setUp(R))) return 1;
   // The steps of the two existing ranks; the new rank (a third process, where grow is there) only keeps
   // step with them until the grow.
   auto step = [&](const char* name, std::function<std::string()> body) {
@@ -239,14 +222,14 @@ int rankMain(Rank& R)
 
 int main(int argc, char** argv)
 {
-  Options opt = parseArgs(argc, argv, 2);
-  gBoard = mapBoard<Board>("pg_nccl_sequence");
-  if (!gBoard) return 1;
   gMeetingRules.who = "processes"; // the third is not a rank of the communicator until the grow
-  if (skipWithoutGpu("pg_nccl_sequence")) return 0;
-  // Looked up, not linked: the program runs where grow is not there yet (no CUDA is touched by the look-up).
-  gGrow = dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr && dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
-  opt.nranks = gGrow ? 3 : 2;
-  if (!gGrow) printf("SKIP pg_grow_2_to_3: ncclCommGrow is not exported by this libnccl.so.2\n");
-  return runRanks("pg_nccl_sequence", opt, 240, rankMain);
+  return runBoardGroup("pg_nccl_sequence", &gBoard, "pg_nccl_sequence", parseArgs(argc, argv, 2), 240, rankMain,
+                       [](Options& opt) {
+                         // Looked up, not linked: the program runs where grow is not there yet (no CUDA is
+                         // touched by the look-up).
+                         gGrow = dlsym(RTLD_DEFAULT, "ncclCommGrow") != nullptr &&
+                                 dlsym(RTLD_DEFAULT, "ncclCommGetUniqueId") != nullptr;
+                         opt.nranks = gGrow ? 3 : 2;
+                         if (!gGrow) printf("SKIP pg_grow_2_to_3: ncclCommGrow is not exported by this libnccl.so.2\n");
+                       });
 }

@@ -4,8 +4,9 @@
 // algBW = whole buffer / time per kernel. Every size is checked word by word before and after timing.
 //
 //   allgather_bench [nranks] [--port P]
-#include "../common/allgather_kernels.cuh"
-#include "../common/case_runner.h"
+// The GPU tests' harness (c-tests/harness/, on the Makefile's include path): the same runner and checks.
+#include "allgather_kernels.cuh"
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

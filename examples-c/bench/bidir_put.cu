@@ -4,7 +4,8 @@
 // direction. Each size is checked word by word once before it is timed.
 //
 //   bidir_put [--port P]
-#include "../common/case_runner.h"
+// The GPU tests' harness (c-tests/harness/, on the Makefile's include path): the same runner and checks.
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

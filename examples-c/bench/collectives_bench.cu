@@ -33,7 +33,8 @@
 // --register: both buffers are registered with mscclppCommRegister before the first call (zero-copy where
 // every rank registered; algo= in RESULT lines gets "+registered"). --roofline: after each size, rank 0
 // alone times device-to-device copies of the bytes the call must move at the least (timeRoofline).
-#include "../common/case_runner.h"
+// The GPU tests' harness (c-tests/harness/, on the Makefile's include path): the same runner and checks.
+#include "mscclpp_rank.h"
 
 #include <nccl.h>
 

@@ -3,7 +3,8 @@
 // block-wide directPut in both directions at once. Checked before timed.
 //
 //   direct_bench [--port P]
-#include "../common/case_runner.h"
+// The GPU tests' harness (c-tests/harness/, on the Makefile's include path): the same runner and checks.
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

@@ -3,7 +3,8 @@
 // 2 / iterations), median of repeats, timed with CUDA events after a checked run and a warm-up.
 //
 //   pingpong [--port P]
-#include "../common/case_runner.h"
+// The GPU tests' harness (c-tests/harness/, on the Makefile's include path): the same runner and checks.
+#include "mscclpp_rank.h"
 
 using namespace tc;
 

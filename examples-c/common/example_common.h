@@ -1,11 +1,9 @@
 // example_common.h: the helpers every example shares: error checks, whole-line printing, time-outs
 // (so that a broken set-up ends with a message instead of a hang), and one child process per rank.
 //
-// Not a library interface: each example includes it as "../common/example_common.h". The GPU tests and
-// the benchmarks share it too, through case_runner.h beside it. Some of them are also built against the
-// MSCCL++ 0.1.0 header, so nothing here may need more than that header has (see epochReached()).
-// bench/proxy_floor.cu, bench/peer_copy_ceiling.cu and bench/memory_traffic.cu use none of it: they measure
-// without the library.
+// Not a library interface: each example includes it as "../common/example_common.h". The GPU tests and the
+// benchmarks have a harness of their own (c-tests/harness/), which reports each failure as a case's FAIL
+// line where an example simply ends.
 #ifndef MSCCLPP_EXAMPLE_COMMON_H_
 #define MSCCLPP_EXAMPLE_COMMON_H_
 
@@ -107,24 +105,13 @@ __device__ __forceinline__ uint64_t globalTimerNs()
   return t;
 }
 
-// Whether the peer's proxy has published `epoch` signals, as wait() decides it: conn.epochReached(). The
-// 0.1.0 header has no such method; its wait() reads only the epoch struct, so that is what counts there.
-__device__ __forceinline__ bool epochReached(mscclppDevConn& conn, uint64_t epoch)
-{
-#ifdef MSCCLPP_HAS_EPOCH_REACHED
-  return conn.epochReached(epoch);
-#else
-  return *reinterpret_cast<volatile uint64_t*>(&conn.localSignalEpochId->proxy) >= epoch;
-#endif
-}
-
 // conn.wait() with a watchdog: spins until the peer's next signal has arrived, as wait() does, but gives
 // up after timeoutNs and returns false. Once the signal is there, wait() itself records it and returns.
 __device__ __forceinline__ bool waitWithTimeout(mscclppDevConn& conn, uint64_t timeoutNs = kWaitTimeoutNs)
 {
   const uint64_t expected = *conn.waitEpochId + 1;
   const uint64_t start = globalTimerNs();
-  while (!epochReached(conn, expected)) {
+  while (!conn.epochReached(expected)) {
     if (globalTimerNs() - start > timeoutNs) return false;
   }
   conn.wait();

@@ -1,14 +1,16 @@
-// What the NCCL face's GPU test programs with a board of their own share (nccl_gpu_test, nccl_rma_test,
-// nccl_suspend_test, pg_nccl_sequence): NCCL result codes named in a failure's reason, the result checks
-// (TN_OK, TN_EXPECT_RC), the board of shared memory's barrier and the end of a step shared by the ranks
+// nccl_rank.h: a rank of NCCL's face (nccl.h, libnccl.so.2 alone) in the case runner, for the programs
+// with a board of their own (nccl_gpu_test, nccl_rma_test, nccl_suspend_test, nccl_window_suspend_test,
+// pg_nccl_sequence): NCCL result codes named in a failure's reason, the result checks (TN_OK,
+// TN_EXPECT_RC), the board of shared memory's barrier and the end of a step shared by the ranks
 // (boardBarrier, together), a communicator's unique id handed from rank 0 to the others through the board,
-// a rank's device, stream and status block, and main's board and GPU probe. Each program keeps its own
-// board (a struct Board holding a `Meeting meeting`), its cases and its kill runs: those differ. The staged
-// tests (nccl_grow_test, nccl_collconfig_test) have their own helpers in staged_test.h.
+// a rank's device, stream and status block, and main's board, GPU probe and case groups (mapBoard,
+// skipWithoutGpu). Each program keeps its own board (a struct Board holding a `Meeting meeting`) and its
+// cases; its kill runs share kill_case.h. The staged programs (nccl_grow_test, nccl_collconfig_test) use
+// staged.h instead.
 #pragma once
 
 #include "case_runner.h"
-#include "gpu_probe.h"
+#include "forked_ranks.h"
 
 #include <nccl.h>
 
@@ -233,6 +235,43 @@ inline size_t typeSize(ncclDataType_t t)
   }
 }
 
+// Every statistic of ncclCommMemStats (v[ncclCommMemStat_t]), as PyTorch's getMemoryStats reads them;
+// Total = Suspend + Persist always.
+inline std::string memStats(ncclComm_t comm, uint64_t v[4])
+{
+  for (int s = 0; s < 4; ++s) {
+    v[s] = ~0ull;
+    TN_OK(ncclCommMemStats(comm, (ncclCommMemStat_t)s, &v[s]));
+  }
+  if (v[3] != v[0] + v[2])
+    return fmt("Total %llu is not Suspend %llu + Persist %llu", (unsigned long long)v[3], (unsigned long long)v[0],
+               (unsigned long long)v[2]);
+  return "";
+}
+
+// The communicator's asynchronous error, as kill_case.h's loops poll it.
+inline std::function<ncclResult_t()> asyncErrorOf(ncclComm_t comm)
+{
+  return [comm] {
+    ncclResult_t a = ncclSuccess;
+    ncclCommGetAsyncError(comm, &a);
+    return a;
+  };
+}
+
+// A kill case's survivor (kill_case.h): the communicator's error was ncclRemoteError, seen within 10 s
+// (scaled) of the kill, and ncclGetLastError names the dead rank `victim`; "" or why not.
+inline std::string sawRemoteError(int asyncError, double afterKillS, const char* lastError, int victim)
+{
+  const std::string peer = fmt("rank %d", victim);
+  if (asyncError != ncclRemoteError)
+    return fmt("ncclCommGetAsyncError gave %s, not ncclRemoteError", resultName((ncclResult_t)asyncError));
+  if (afterKillS > 10 * timeoutScale()) return fmt("the failure showed %.2f s after the kill", afterKillS);
+  if (std::string(lastError).find(peer) == std::string::npos)
+    return fmt("ncclGetLastError does not name %s: '%s'", peer.c_str(), lastError);
+  return "";
+}
+
 // ------------------------------------------------------------------------------------------------
 // main's part
 // ------------------------------------------------------------------------------------------------
@@ -242,23 +281,23 @@ inline size_t typeSize(ncclDataType_t t)
 template <typename B>
 B* mapBoard(const char* program)
 {
-  B* board = mapShared<B>();
-  if (!board) {
-    printf("FAIL %s: mmap failed: %s\n", program, strerror(errno));
-    return nullptr;
-  }
-  gMeeting = &board->meeting;
+  B* board = mapSharedOrSay<B>(program);
+  if (board) gMeeting = &board->meeting;
   return board;
 }
 
-// Whether no CUDA device is usable (asked in a child: the parent must not start CUDA), said on a SKIP line
-// naming `what`: nothing ran, which is not a pass, and not this program's failure.
-inline bool skipWithoutGpu(const std::string& what)
+// main of a program whose ranks run one group of cases: the board mapped (mapBoard, into *board), a SKIP
+// line naming `program` where no GPU is usable (exit code 0), `ready` (where given) to adjust the options
+// once one is, then runRanks under the name `group`. Returns main's exit code.
+template <typename B>
+int runBoardGroup(const char* program, B** board, const char* group, Options opt, double timeoutS,
+                  const std::function<int(Rank&)>& rankMain, const std::function<void(Options&)>& ready = nullptr)
 {
-  std::string why;
-  if (probeGpus(&why) > 0) return false;
-  printf("SKIP %s: no CUDA device usable (%s)\n", what.c_str(), why.empty() ? "none visible" : why.c_str());
-  return true;
+  *board = mapBoard<B>(program);
+  if (!*board) return 1;
+  if (skipWithoutGpu(program)) return 0;
+  if (ready) ready(opt);
+  return runRanks(group, opt, timeoutS, rankMain);
 }
 
 } // namespace tc

@@ -1,5 +1,6 @@
-// The library's log lines, kept by a GPU test program (mscclppSetLogHandler(captureLog)) so that its cases
-// can check what the library said, and echoed to stderr with the rank (set gLogRank once it is known).
+// log_capture.h: the library's log lines, kept by a GPU test program (mscclppSetLogHandler(captureLog)) so
+// that its cases can check what the library said, and echoed to stderr with the rank (set gLogRank once it
+// is known).
 #pragma once
 
 #include <cstdio>

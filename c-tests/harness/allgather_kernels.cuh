@@ -12,7 +12,7 @@
 #ifndef MSCCLPP_ALLGATHER_KERNELS_CUH_
 #define MSCCLPP_ALLGATHER_KERNELS_CUH_
 
-#include "case_runner.h"
+#include "mscclpp_rank.h"
 
 namespace tc {
 
