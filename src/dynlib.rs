@@ -15,6 +15,40 @@ pub fn open(path: &CStr, flags: c_int) -> Result<*mut c_void, String> {
     }
 }
 
+/// Whether the library at `path` is already loaded in this process (`RTLD_NOLOAD`). A library loaded again
+/// by the same file keeps the flags of its first load, whatever the later `dlopen` asks.
+pub fn is_loaded(path: &CStr) -> bool {
+    // SAFETY: a NUL-terminated path; with RTLD_NOLOAD nothing is loaded, and a handle returned is one more
+    // reference, given back at once.
+    unsafe {
+        let handle = libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if handle.is_null() {
+            return false;
+        }
+        libc::dlclose(handle);
+    }
+    true
+}
+
+/// Opens a private copy of the library at `path`, with `flags`: its bytes copied into an anonymous file
+/// (`memfd_create`), so that the loader takes it for another object than the one already loaded from
+/// `path` and applies `flags` to it. Its dependencies are the process's, as for any `dlopen`.
+pub fn open_private_copy(path: &str, flags: c_int) -> Result<*mut c_void, String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a NUL-terminated name; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"nvidia-nccl-private-copy".as_ptr(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    let mut copy = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+    let mut source = std::fs::File::open(path).map_err(|e| format!("opening {path}: {e}"))?;
+    std::io::copy(&mut source, &mut copy).map_err(|e| format!("copying {path}: {e}"))?;
+    let name = std::ffi::CString::new(format!("/proc/self/fd/{}", copy.as_raw_fd())).expect("no NUL in a number");
+    // The mapping outlives the descriptor, which goes when `copy` does.
+    open(&name, flags)
+}
+
 /// The address of `name` in the library behind `handle`.
 ///
 /// # Safety

@@ -11,7 +11,8 @@
 //   skipped where namespaces cannot be made): every collective and send or receive reaches the fake with the
 //   caller's arguments, a PreMulSum operator as its twin made on the fake; calls in our group go inside one
 //   fake group at our group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it;
-//   a split is ours, with a new fake comm of its own; a revoke reaches the fake and aborts its comm;
+//   a split is ours, with a new fake comm of its own; a revoke reaches the fake and aborts its comm; the
+//   same with the fake dlopened by its path beforehand (as torch does): a private copy is loaded;
 // - the fake, three ranks on three hosts, one SIGKILLed: the survivors get ncclRemoteError naming it, the
 //   fake comm is aborted, the next call fails without reaching it, and ncclCommShrink makes a communicator
 //   of two with a new fake comm that gets the next all-reduce;
@@ -398,6 +399,9 @@ static void hosts_case() {
   on_own_hosts(2, hosts_rank);
 }
 
+// The survivors of kill_case that have made their communicator (shared by its processes).
+static int* kill_ready = nullptr;
+
 // Three ranks on three hosts; rank 2 SIGKILLs itself after a first all-reduce. The survivors learn of it from
 // our bootstrap (ncclRemoteError naming rank 2, within 0.1 s of seeing it), our failure path aborts the fake
 // communicator, the next call fails without reaching the fake, and ncclCommShrink (NCCL_SHRINK_ABORT) gives
@@ -411,7 +415,13 @@ static void kill_rank(int rank, const ncclUniqueId& id) {
   auto inits = calls("ncclCommInitRank rank=");
   const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
   expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");
-  if (rank == 2) kill(getpid(), SIGKILL);
+  // The victim dies once both survivors are made (a death during the initialisation fails it instead).
+  if (rank != 2) __atomic_fetch_add(kill_ready, 1, __ATOMIC_SEQ_CST);
+  if (rank == 2) {
+    check(eventually([] { return __atomic_load_n(kill_ready, __ATOMIC_SEQ_CST) == 2; }, 20.0),
+          me + "both survivors made their communicator");
+    kill(getpid(), SIGKILL);
+  }
   ncclResult_t async = ncclSuccess;
   check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
         me + "ncclCommGetAsyncError says ncclRemoteError after rank 2's death");
@@ -445,6 +455,12 @@ static void kill_rank(int rank, const ncclUniqueId& id) {
 }
 
 static void kill_case() {
+  kill_ready = static_cast<int*>(mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (kill_ready == MAP_FAILED) {
+    check(false, "mmap");
+    return;
+  }
+  *kill_ready = 0;
   on_own_hosts(3, kill_rank, 2);
 }
 
@@ -544,6 +560,16 @@ int main() {
   run("without MSCCLPP_NCCL_FALLBACK", {}, unset_case);
   run("MSCCLPP_NCCL_FALLBACK = the fake", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, fake_case);
   run("the fake, ranks on two hosts", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, hosts_case);
+  // As torch 2.11's start-up does: NVIDIA's file dlopened by its path without RTLD_DEEPBIND before the
+  // library looks for it. A private copy is loaded, and the fake's call to its own ncclGetVersion still stays
+  // inside it (hosts_rank checks it).
+  run("the fake loaded beforehand, ranks on two hosts", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, [&] {
+    check(dlopen(fake.c_str(), RTLD_NOW | RTLD_LOCAL) != NULL, "the fake dlopened by its path, without RTLD_DEEPBIND");
+    on_own_hosts(2, [](int rank, const ncclUniqueId& id) {
+      hosts_rank(rank, id);
+      logged("is already loaded in this process (without RTLD_DEEPBIND): loading a private copy");
+    });
+  });
   run("the fake, a rank killed on another host", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, kill_case);
   run("two hosts, the fake found in LD_LIBRARY_PATH", {{"LD_LIBRARY_PATH", dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}},
       found_case);

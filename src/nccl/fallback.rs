@@ -5,7 +5,8 @@
 //! - `Library`: the file, loaded once, lazily, with `RTLD_LOCAL | RTLD_DEEPBIND`: both are needed because
 //!   our `libnccl.so.2` exports the same names and is usually preloaded. `RTLD_LOCAL` keeps NVIDIA's names
 //!   out of the global scope (nothing else resolves to them), `RTLD_DEEPBIND` makes NVIDIA's own calls to its
-//!   own exported functions (`ncclSend` calling `ncclGroupStart`, say) resolve inside it, not to ours.
+//!   own exported functions (`ncclSend` calling `ncclGroupStart`, say) resolve inside it, not to ours. A file
+//!   the process loaded already (torch does, without those flags) is loaded as a private copy instead.
 //!   Every function used is resolved at load time, so that a library too old or not NCCL fails at once,
 //!   naming the symbol.
 //! - `attach`: at initialisation, after our communicator is made: rank 0 asks NVIDIA's library for a
@@ -96,8 +97,20 @@ impl Library {
             .map_err(|_| Error::invalid_argument(format!("{source} \"{path}\" contains a NUL byte")))?;
         // RTLD_NOW resolves everything up front so that failures show here; LOCAL and DEEPBIND keep NVIDIA's
         // names and ours apart (see the module's comment).
-        let handle = dynlib::open(&cpath, libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND)
-            .map_err(|e| Error::system(format!("{source}: cannot load \"{path}\": {e}")))?;
+        let flags = libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND;
+        // Loaded already (torch 2.11's start-up dlopens NVIDIA's file by its path, without DEEPBIND), the
+        // file would keep its first flags, and NVIDIA's calls to its own exported functions would reach
+        // ours: a private copy is loaded instead.
+        let handle = if dynlib::is_loaded(&cpath) {
+            log::info!(
+                "{source}: \"{path}\" is already loaded in this process (without RTLD_DEEPBIND): loading a private \
+                 copy of it, so that its calls to its own functions stay inside it"
+            );
+            dynlib::open_private_copy(path, flags)
+        } else {
+            dynlib::open(&cpath, flags)
+        }
+        .map_err(|e| Error::system(format!("{source}: cannot load \"{path}\": {e}")))?;
         let sym = |s: &CStr| -> Result<*mut c_void> {
             // SAFETY: the handle `open` just returned, never closed while this runs.
             unsafe { dynlib::symbol(handle, s) }.map_err(|e| {
