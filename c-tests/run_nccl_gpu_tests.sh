@@ -28,7 +28,8 @@
 # nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-sendrecv-2, nccl-sendrecv-3
 # (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4,
 # nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4,
-# nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill run, torch_suspend_window at 4 ranks, torch_zero_copy),
+# nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill run, both again on virtual hosts, torch_suspend_window
+# at 4 ranks and at 4 and 8 for 20 cycles, torch_zero_copy),
 # nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
 set -u
@@ -154,8 +155,24 @@ else
   before=$failed
   run_program torch_on_our_nccl_kill_4 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 4 --kill
   recover "$before"
+  # Every rank on a virtual host of its own (a UTS namespace: the program SKIPs without root): the
+  # communicators stay ours and NVIDIA's NCCL, found beside torch, carries every collective; then the kill run
+  # across three hosts.
+  before=$failed
+  run_program torch_on_our_nccl_hosts_2 400 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 2 --hosts
+  recover "$before"
+  before=$failed
+  run_program torch_on_our_nccl_hosts_kill_3 300 env LD_PRELOAD="$root/$lib" "$py" "$script" --nranks 3 --hosts --kill
+  recover "$before"
   # A client's sleep mode from PyTorch processes (python/examples/torch_suspend_window.py: suspend, resume, a
-  # symmetric window of the caching allocator, an all-reduce, the ranks out of step), at 4 ranks, seeds 1-3.
+  # symmetric window of the caching allocator, an all-reduce, the ranks out of step), at 4 ranks, seeds 1-3,
+  # and at 4 and 8 ranks for 20 cycles.
+  for n in 4 8; do
+    before=$failed
+    run_program "torch_suspend_window_${n}_20_cycles" 300 "$py" python/examples/torch_suspend_window.py --nranks "$n" \
+      --cycles 20 --seed 7
+    recover "$before"
+  done
   for seed in 1 2 3; do
     before=$failed
     run_program "torch_suspend_window_4_seed$seed" 200 "$py" python/examples/torch_suspend_window.py --nranks 4 --seed "$seed"
