@@ -11,11 +11,13 @@
 //   skipped where namespaces cannot be made): every collective and send or receive reaches the fake with the
 //   caller's arguments, a PreMulSum operator as its twin made on the fake; calls in our group go inside one
 //   fake group at our group's end; the fake's ncclSend's call to its own ncclGetVersion stayed inside it;
-//   a split is ours, with a new fake comm of its own; a revoke reaches the fake and aborts its comm; the
+//   a suspend refuses work until the resume; a split is ours, with a new fake comm of its own; a revoke
+//   reaches the fake and aborts its comm; the
 //   same with the fake dlopened by its path beforehand (as torch does): a private copy is loaded;
 // - the fake, three ranks on three hosts, one SIGKILLed: the survivors get ncclRemoteError naming it, the
 //   fake comm is aborted, the next call fails without reaching it, and ncclCommShrink makes a communicator
 //   of two with a new fake comm that gets the next all-reduce;
+// - two ranks on two hosts grown to three on three (ncclCommGrow): ours, with a new fake comm of three;
 // - two hosts without the setting: the fake found in LD_LIBRARY_PATH; none anywhere: the initialisation
 //   fails on both ranks saying what to install or set;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
@@ -295,6 +297,16 @@ static void hosts_rank(int rank, const ncclUniqueId& id) {
                   all[before + 2].rfind("ncclAllReduce ", 0) == 0 && all[before + 3] == "ncclGroupEnd";
   check(in_order, me + "the fake got GroupStart, the send or receive, the all-reduce, GroupEnd in order");
 
+  // A suspend across hosts: ours holds no device memory there and NVIDIA's keeps its own; work is refused,
+  // and not forwarded, until the resume.
+  expect(ncclCommSuspend(comm, NCCL_SUSPEND_MEM), ncclSuccess, me + "ncclCommSuspend across hosts");
+  size_t sums_before = calls("ncclAllReduce ").size();
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclInvalidUsage, me + "ncclAllReduce while suspended");
+  check(calls("ncclAllReduce ").size() == sums_before, me + "not forwarded while suspended");
+  expect(ncclCommResume(comm), ncclSuccess, me + "ncclCommResume across hosts");
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "ncclAllReduce after the resume");
+  check(calls("ncclAllReduce ").size() == sums_before + 1, me + "forwarded again");
+
   // A split is ours, over our bootstrap, with a new fake communicator of its own among its ranks; its
   // calls go there. NVIDIA's split is never asked.
   ncclComm_t sub = NULL;
@@ -309,7 +321,7 @@ static void hosts_rank(int rank, const ncclUniqueId& id) {
   if (sub) {
     expect(ncclAllReduce(BUF, OUT, 4, ncclFloat8e4m3, ncclSum, sub, STREAM), ncclSuccess, me + "ncclAllReduce on the split comm");
     auto on_sub = calls("ncclAllReduce ");
-    check(made_sub.size() == 2 && on_sub.size() == 4 && field(on_sub[3], "comm") == field(made_sub[1], "comm"),
+    check(made_sub.size() == 2 && on_sub.size() == 5 && field(on_sub[4], "comm") == field(made_sub[1], "comm"),
           me + "it went to the split comm's fake comm");
     expect(ncclCommDestroy(sub), ncclSuccess, me + "ncclCommDestroy(split comm)");
   }
@@ -464,6 +476,62 @@ static void kill_case() {
   on_own_hosts(3, kill_rank, 2);
 }
 
+// The grow's id, handed from rank 0 to the new rank of grow_case (shared by its processes).
+struct GrowBoard {
+  int ready;
+  ncclUniqueId id;
+};
+static GrowBoard* grow_board = nullptr;
+
+// Two ranks on two hosts grow to three, the new one on a third host: the grown communicator is ours, with a
+// new fake communicator of three ranks that gets its all-reduce.
+static void grow_rank(int rank, const ncclUniqueId& id) {
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  ncclComm_t parent = NULL, grown = NULL;
+  if (rank < 2) {
+    expect(ncclCommInitRank(&parent, 2, id, rank), ncclSuccess, me + "ncclCommInitRank (2 ranks on 2 hosts)");
+    if (!parent) return;
+    ncclUniqueId gid;
+    if (rank == 0) {
+      expect(ncclCommGetUniqueId(parent, &gid), ncclSuccess, me + "ncclCommGetUniqueId (the grow's id)");
+      grow_board->id = gid;
+      __atomic_store_n(&grow_board->ready, 1, __ATOMIC_SEQ_CST);
+    }
+    expect(ncclCommGrow(parent, 3, rank == 0 ? &gid : NULL, -1, &grown, NULL), ncclSuccess, me + "ncclCommGrow to 3");
+  } else {
+    check(eventually([] { return __atomic_load_n(&grow_board->ready, __ATOMIC_SEQ_CST) == 1; }, 20.0),
+          me + "the grow's id arrived");
+    ncclUniqueId gid = grow_board->id;
+    expect(ncclCommGrow(NULL, 3, &gid, 2, &grown, NULL), ncclSuccess, me + "ncclCommGrow (the new rank)");
+  }
+  int n = -1, r = -1;
+  check(grown != NULL && ncclCommCount(grown, &n) == ncclSuccess && ncclCommUserRank(grown, &r) == ncclSuccess && n == 3 &&
+            r == rank,
+        me + "the grown comm: this rank of 3");
+  auto made = calls("ncclCommInitRank rank=");
+  const std::string fc = made.empty() ? "?" : field(made.back(), "comm");
+  check(!made.empty() && field(made.back(), "nranks") == "3" && field(made.back(), "rank") == std::to_string(rank),
+        me + "a fake comm of 3 ranks made for it");
+  if (grown) {
+    expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, grown, STREAM), ncclSuccess, me + "ncclAllReduce on it");
+    auto sums = calls("ncclAllReduce ");
+    check(!sums.empty() && field(sums.back(), "comm") == fc, me + "it reached the grown comm's fake comm");
+    expect(ncclCommDestroy(grown), ncclSuccess, me + "ncclCommDestroy(grown)");
+  }
+  if (parent) expect(ncclCommDestroy(parent), ncclSuccess, me + "ncclCommDestroy(parent)");
+}
+
+static void grow_case() {
+  grow_board =
+      static_cast<GrowBoard*>(mmap(NULL, sizeof(GrowBoard), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (grow_board == MAP_FAILED) {
+    check(false, "mmap");
+    return;
+  }
+  grow_board->ready = 0;
+  on_own_hosts(3, grow_rank);
+}
+
 // Two hosts and no engine to be found: the initialisation fails at once on both ranks, saying what to do.
 static void no_engine_case() {
   for (const char* d : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib", "/usr/local/cuda/lib64", "/usr/lib"})
@@ -571,6 +639,7 @@ int main() {
     });
   });
   run("the fake, a rank killed on another host", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, kill_case);
+  run("the fake, two hosts grown to three", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, grow_case);
   run("two hosts, the fake found in LD_LIBRARY_PATH", {{"LD_LIBRARY_PATH", dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}},
       found_case);
   run("two hosts, no engine anywhere", {{"LD_LIBRARY_PATH", ""}}, no_engine_case);

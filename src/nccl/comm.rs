@@ -247,10 +247,15 @@ impl NcclComm {
 
     /// Whether work may go to the communicator's fallback: ready, not failed (a failure aborts NVIDIA's
     /// communicator where the ranks span hosts: the call gets the failure, naming the rank, as ours do), not
-    /// finalized and not revoked.
+    /// finalized, not revoked, and not suspended.
     pub fn open(&self) -> Result<()> {
-        self.core()?.check_usable()?;
-        self.check_not_ended()
+        let core = self.core()?;
+        core.check_usable()?;
+        self.check_not_ended()?;
+        if core.collectives_suspended() {
+            return Err(suspended_error());
+        }
+        Ok(())
     }
 
     pub(super) fn check_not_ended(&self) -> Result<()> {

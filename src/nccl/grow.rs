@@ -242,9 +242,6 @@ nccl_export! {
     fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, uniqueId: *mut ncclUniqueId) -> ncclResult_t {
         with_comm("ncclCommGetUniqueId", comm, |c| {
             non_null_args!(uniqueId);
-            if c.fallback_for_all().is_some() {
-                return Err(fallback_refusal("ncclCommGetUniqueId"));
-            }
             let (_, nranks) = c.place()?;
             c.usable()?;
             let mut pending = c.grow_id();
@@ -306,13 +303,6 @@ nccl_export! {
             unsafe { grow_existing(c, nRanks, uniqueId, rank, newcomm, config) }
         })
     }
-}
-
-fn fallback_refusal(name: &str) -> Error {
-    Error::invalid_usage(format!(
-        "{name} is not carried out for a communicator whose calls all go to NVIDIA's library \
-         (MSCCLPP_NCCL_FALLBACK, ranks on several hosts)"
-    ))
 }
 
 /// A new rank's `ncclCommGrow`: an initialisation with the grow's id, once its rank is checked against
@@ -384,9 +374,6 @@ unsafe fn grow_existing(
     newcomm: *mut ncclComm_t,
     config: *mut ncclConfig_t,
 ) -> Result<ncclResult_t> {
-    if c.fallback_for_all().is_some() {
-        return Err(fallback_refusal("ncclCommGrow"));
-    }
     let parent = c.usable()?;
     let count = c.next_grow();
     // From here on the rank sends its word whatever happens: its peers wait for it.

@@ -23,7 +23,7 @@ use super::entry::{OK, with_comm};
 use super::types::{ncclComm_t, ncclResult_t};
 use crate::abi::non_null_args;
 use crate::ensure_arg;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use std::ffi::c_int;
 
 /// `ncclCommSuspend`'s flag that releases the communicator's device memory.
@@ -35,24 +35,14 @@ pub const NCCL_STAT_GPU_MEM_SUSPENDED: c_int = 1;
 pub const NCCL_STAT_GPU_MEM_PERSIST: c_int = 2;
 pub const NCCL_STAT_GPU_MEM_TOTAL: c_int = 3;
 
-/// Refuses `name` where NVIDIA's communicator carries every call: ours holds nothing to suspend there.
-fn refuse_where_nvidia_carries_all(c: &NcclComm, name: &str) -> Result<()> {
-    if c.fallback_for_all().is_some() {
-        return Err(Error::invalid_usage(format!(
-            "{name} is not carried out where NVIDIA's communicator carries every call (MSCCLPP_NCCL_FALLBACK, ranks \
-             on several hosts, or a communicator NVIDIA's library made alone)"
-        )));
-    }
-    Ok(())
-}
-
-/// `ncclCommSuspend`'s work, once the handle is found.
+/// `ncclCommSuspend`'s work, once the handle is found. Where the ranks span hosts ours holds no device memory
+/// (our collectives are not set up there) and NVIDIA's communicator keeps its own: the suspend then only
+/// refuses work until the resume, the calls that go to NVIDIA's communicator too (`NcclComm::open`).
 pub fn suspend(c: &NcclComm, flags: c_int) -> Result<()> {
     ensure_arg!(
         flags & !NCCL_SUSPEND_MEM == 0,
         "flags is {flags:#x}; it must be 0 or NCCL_SUSPEND_MEM (0x01)"
     );
-    refuse_where_nvidia_carries_all(c, "ncclCommSuspend")?;
     let core = c.core()?;
     c.check_not_ended()?;
     core.suspend_collectives(flags & NCCL_SUSPEND_MEM != 0)
@@ -60,7 +50,6 @@ pub fn suspend(c: &NcclComm, flags: c_int) -> Result<()> {
 
 /// `ncclCommResume`'s work, once the handle is found.
 pub fn resume(c: &NcclComm) -> Result<()> {
-    refuse_where_nvidia_carries_all(c, "ncclCommResume")?;
     let core = c.core()?;
     c.check_not_ended()?;
     core.resume_collectives()
@@ -85,7 +74,6 @@ pub fn mem_stat(c: &NcclComm, stat: c_int) -> Result<u64> {
         (NCCL_STAT_GPU_MEM_SUSPEND..=NCCL_STAT_GPU_MEM_TOTAL).contains(&stat),
         "stat is {stat}; it must be an ncclCommMemStat_t, 0 (ncclStatGpuMemSuspend) to 3 (ncclStatGpuMemTotal)"
     );
-    refuse_where_nvidia_carries_all(c, "ncclCommMemStats")?;
     let memory = c.core()?.device_memory();
     Ok(match stat {
         NCCL_STAT_GPU_MEM_SUSPEND => memory.releasable,
