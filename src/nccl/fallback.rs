@@ -100,8 +100,9 @@ impl Library {
         let flags = libc::RTLD_NOW | libc::RTLD_LOCAL | libc::RTLD_DEEPBIND;
         // Loaded already (torch 2.11's start-up dlopens NVIDIA's file by its path, without DEEPBIND), the
         // file would keep its first flags, and NVIDIA's calls to its own exported functions would reach
-        // ours: a private copy is loaded instead.
-        let handle = if dynlib::is_loaded(&cpath) {
+        // ours: a private copy is loaded instead (of a file named by its path; a bare name is the loader's to
+        // resolve, as it always was).
+        let handle = if path.contains('/') && dynlib::is_loaded(&cpath) {
             log::info!(
                 "{source}: \"{path}\" is already loaded in this process (without RTLD_DEEPBIND): loading a private \
                  copy of it, so that its calls to its own functions stay inside it"
