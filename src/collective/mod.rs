@@ -21,7 +21,8 @@
 //!   generates the kernels' units and the table of their entry points from);
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use, and the
 //!   entry point of each launch, looked up in that table;
-//! - `kernel_args.rs`: the kernels' one argument;
+//! - `kernel_args.rs`: the kernels' one argument (defined in `kernels/coll_args.rs`, which the device side's
+//!   `CollArgs` is generated from);
 //! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting (it raises their abort words);
 //! - `suspend.rs`: their device memory released while the communicator is suspended, and made again at the
