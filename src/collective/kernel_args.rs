@@ -281,7 +281,8 @@ mod tests {
     }
 
     /// A C++ compiler evaluates the header's assertions: a C type whose size or alignment is not the Rust
-    /// field's fails here, with or without nvcc (the build needs a C++ compiler for `src/cxx/` anyway).
+    /// field's fails here, with or without nvcc (the build needs a C++ compiler for `src/cxx/` anyway, and
+    /// `make` installs g++).
     #[test]
     fn a_host_compiler_holds_the_device_struct_to_the_rust_layout() {
         let dir = std::env::temp_dir().join(format!("mscclpp-coll-args-{}", std::process::id()));
@@ -289,8 +290,9 @@ mod tests {
         let compile = |text: &str| {
             let path = dir.join("coll_args_check.cpp");
             std::fs::write(&path, text).unwrap();
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
-            std::process::Command::new(&cxx)
+            // cc's compiler for src/cxx/ on Linux where CXX is unset.
+            let cxx = "c++";
+            std::process::Command::new(cxx)
                 .args(["-std=c++17", "-fsyntax-only"])
                 .arg(&path)
                 .output()

@@ -39,11 +39,19 @@ pub fn fatbin(unit: &str) -> Option<&'static [u8]> {
 
 /// What the table holds for a launch of `kernel` with `op` (`None` for a kernel that only moves bytes) on
 /// elements of `datatype`.
-fn entry(kernel: Kernel, op: Option<RedOp>, datatype: DataType) -> Entry {
+pub(super) fn entry(kernel: Kernel, op: Option<RedOp>, datatype: DataType) -> Entry {
     match op {
         Some(op) => embedded::REDUCING[kernel as usize][op.kernel_op() as usize][datatype as usize],
         None => embedded::MOVING[kernel as usize],
     }
+}
+
+/// The types this build compiled kernels for (`LIBMSCCLPP_KERNEL_TYPES`, every type where it was unset).
+#[cfg(test)]
+pub(super) fn built_types() -> Vec<DataType> {
+    embedded::TYPES_FILTER_VALUE.map_or(DataType::ALL.to_vec(), |v| {
+        super::variants::parse_types_filter(v).unwrap()
+    })
 }
 
 /// The entry point and unit of an entry, or why there is none; `filter` is `LIBMSCCLPP_KERNEL_TYPES`'s value
@@ -224,91 +232,14 @@ impl LoadedKernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collective::algorithm::{self, Choice, Placement, Protocol};
+    use crate::collective::Scalar;
     use crate::collective::variants::{self, MOVING_UNIT, Op, Variant, entry_points, parse_types_filter};
-    use crate::collective::{Collective, Scalar, send_recv_collectives, zero_copy};
     use std::collections::HashSet;
 
     /// The names a fatbin's symbol table holds (nvcc keeps entry-point names in the ELF images it embeds).
     fn holds(image: &[u8], name: &str) -> bool {
         let needle = format!("{name}\0");
         image.windows(needle.len()).any(|w| w == needle.as_bytes())
-    }
-
-    /// The types this build compiled kernels for (`LIBMSCCLPP_KERNEL_TYPES`, every type where it was unset).
-    fn built_types() -> Vec<DataType> {
-        embedded::TYPES_FILTER_VALUE.map_or(DataType::ALL.to_vec(), |v| parse_types_filter(v).unwrap())
-    }
-
-    /// Every launch the dispatcher can ask for, by the paths' own choices: the scratch algorithms of every
-    /// collective (every operator where it reduces), zero-copy and sends and receives whose receives reduce
-    /// where they would be tried, one rank's `PreMulSum`, and the kernels of no type.
-    fn requests() -> Vec<(Kernel, Option<RedOp>, DataType)> {
-        let premul = RedOp::PreMulSum(Scalar::Immediate(0));
-        let mut out = Vec::new();
-        for t in DataType::ALL {
-            for c in Collective::ALL {
-                let reduces = matches!(
-                    c,
-                    Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce
-                );
-                let ops: Vec<Option<RedOp>> = if reduces {
-                    RedOp::BUILT_IN.iter().copied().chain([premul]).map(Some).collect()
-                } else {
-                    vec![None]
-                };
-                for op in ops {
-                    for p in [Protocol::Packet, Protocol::Copy] {
-                        out.push((algorithm::kernel(c, p), op, t));
-                    }
-                    if zero_copy::attempt(c, op, 2, Placement::SeveralGpus, 1, Choice::ZeroCopy) {
-                        out.push((zero_copy::kernel(c), op, t));
-                    }
-                    if op.is_some()
-                        && send_recv_collectives::applies(c, op, 2, Placement::SeveralGpus, 1, Choice::SendRecv)
-                    {
-                        out.push((Kernel::SendRecvReduce, op, t));
-                    }
-                }
-            }
-            out.push((Kernel::ScalePreMulSum, Some(premul), t));
-        }
-        for k in [Kernel::SendRecv, Kernel::CeFence, Kernel::RmaPut, Kernel::RmaWait] {
-            out.push((k, None, DataType::Uint8));
-        }
-        out
-    }
-
-    #[test]
-    fn every_launch_the_dispatcher_asks_for_has_an_entry_point() {
-        let built = built_types();
-        let requests = requests();
-        for &(kernel, op, t) in &requests {
-            let e = entry(kernel, op, t);
-            if op.is_some() && !built.contains(&t) {
-                assert_eq!(e, Entry::LeftOut, "{kernel:?} {op:?} {t:?}");
-            } else {
-                assert!(
-                    matches!(e, Entry::Built { .. }),
-                    "{kernel:?} {op:?} {t:?} has no entry point: {e:?}"
-                );
-            }
-        }
-        // Every kernel and operator of the table is asked for by some path.
-        let asked: HashSet<(Kernel, Option<Op>)> = requests
-            .iter()
-            .map(|&(k, op, _)| (k, op.map(RedOp::kernel_op)))
-            .collect();
-        for kernel in Kernel::ALL {
-            let ops: Vec<Option<Op>> = if kernel.reduces() {
-                kernel.spec().ops.iter().copied().map(Some).collect()
-            } else {
-                vec![None]
-            };
-            for op in ops {
-                assert!(asked.contains(&(kernel, op)), "no path asks for {kernel:?} {op:?}");
-            }
-        }
     }
 
     /// build.rs's table holds, for every slot, what `Kernel::serving` says, under the name `Variant::entry_name`

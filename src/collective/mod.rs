@@ -46,6 +46,8 @@ pub mod call;
 pub mod copy_engine;
 pub mod datatype;
 pub mod kernel_args;
+#[cfg(test)]
+mod kernel_requests;
 pub mod kernels;
 pub mod launch;
 pub mod process_exit;
