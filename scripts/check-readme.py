@@ -378,8 +378,9 @@ def check_settings(docs: List[Doc]) -> None:
         for para in text.split("\n\n"):
             if re.search(r"\bremoved\b", para):
                 # `MSCCLPP_X=value` there: a value removed, not the setting.
-                removed.update(re.findall(r"(MSCCLPP_[A-Z0-9_]*[A-Z0-9])\b(?!=)", para))
-        names |= set(re.findall(r"MSCCLPP_[A-Z0-9_]*[A-Z0-9]", text))
+                removed.update(re.findall(r"(?<![A-Za-z0-9_])(MSCCLPP_[A-Z0-9_]*[A-Z0-9])\b(?!=)", para))
+        # Not the build's own variables (LIBMSCCLPP_*, read by build.rs), which are no run-time settings.
+        names |= set(re.findall(r"(?<![A-Za-z0-9_])MSCCLPP_[A-Z0-9_]*[A-Z0-9]", text))
     macros: Set[str] = set()
     for d in ("include", "kernels", "kernels/collectives", "build/include"):
         for f in (ROOT / d).glob("*.h*"):

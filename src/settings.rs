@@ -771,9 +771,14 @@ mod tests {
                 .chars()
                 .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
                 .collect();
+            // A name that only ends so (`LIBMSCCLPP_KERNEL_TYPES`, a variable of the build) is no setting.
+            let inside_a_name = rest[..i]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
             rest = &rest[i + word.len()..];
             // `MSCCLPP_*` in prose names them all, not one.
-            if word.len() > "MSCCLPP_".len() {
+            if word.len() > "MSCCLPP_".len() && !inside_a_name {
                 out.insert(word.trim_end_matches('_').to_string());
             }
         }
@@ -782,6 +787,10 @@ mod tests {
 
     #[test]
     fn the_settings_table_lists_every_setting_and_the_code_reads_no_other() {
+        assert_eq!(
+            setting_names("LIBMSCCLPP_KERNEL_TYPES, MSCCLPP_DEBUG and MSCCLPP_*"),
+            HashSet::from(["MSCCLPP_DEBUG".to_string()])
+        );
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let doc = std::fs::read_to_string(root.join("docs/settings.md")).unwrap();
         let table: HashSet<String> = doc
@@ -795,15 +804,19 @@ mod tests {
 
         // The header's macros (`MSCCLPP_PROXY_FIFO_SIZE`, feature macros) are named in comments; they are
         // not settings.
-        let mut macros = HashSet::new();
+        // So are the macros of the device header build.rs writes (`coll_args.cuh`).
+        let mut texts = vec![include_str!(concat!(env!("OUT_DIR"), "/kernels-include/coll_args.cuh")).to_string()];
         for dir in ["include", "kernels", "kernels/collectives"] {
             for e in std::fs::read_dir(root.join(dir)).unwrap() {
-                let text = std::fs::read_to_string(e.unwrap().path()).unwrap_or_default();
-                macros.extend(text.lines().filter_map(|l| {
-                    let name = l.trim().strip_prefix("#define ")?.split_whitespace().next()?;
-                    Some(name.split('(').next()?.to_string())
-                }));
+                texts.push(std::fs::read_to_string(e.unwrap().path()).unwrap_or_default());
             }
+        }
+        let mut macros = HashSet::new();
+        for text in &texts {
+            macros.extend(text.lines().filter_map(|l| {
+                let name = l.trim().strip_prefix("#define ")?.split_whitespace().next()?;
+                Some(name.split('(').next()?.to_string())
+            }));
         }
         let mut files = Vec::new();
         sources(&root.join("src"), &mut files);

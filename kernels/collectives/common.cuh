@@ -5,46 +5,15 @@
 
 #include <stdint.h>
 
-#define MSCCLPP_COLL_MAX_RANKS 16
-#define MSCCLPP_COLL_MAX_BLOCKS 128
+// The one kernel argument, CollArgs, and MSCCLPP_COLL_MAX_RANKS and MSCCLPP_COLL_MAX_BLOCKS: written by
+// build.rs from kernels/coll_args.rs, where the library's KernelArgs is defined.
+#include "coll_args.cuh"
+
 // Flags at the start of each scratch slot: [phase][block][source rank], 64 bits each.
 #define MSCCLPP_COLL_PHASES 2
 #define MSCCLPP_COLL_FLAG_BYTES (MSCCLPP_COLL_PHASES * MSCCLPP_COLL_MAX_BLOCKS * MSCCLPP_COLL_MAX_RANKS * 8)
 // How often a spinning thread looks at the abort word in host memory (a read over PCIe).
 #define MSCCLPP_COLL_ABORT_POLL 1024
-
-// The one kernel argument, laid out as src/collective/kernel_args.rs lays it out.
-struct CollArgs {
-  const char* send;        // this rank's input, at the start of this launch's window
-  char* recv;              // this rank's output, likewise
-  uint64_t bytes;          // bytes per piece in this window (the whole buffer for all-reduce and broadcast)
-  uint64_t strideBytes;    // bytes between ranks' pieces in the application's buffer (all-gather output,
-                           // reduce-scatter input)
-  char* scratch[MSCCLPP_COLL_MAX_RANKS];  // every rank's scratch (this rank's own too), mapped here
-  uint64_t slotBytes;      // bytes of one of the two slots of a scratch buffer
-  uint64_t packetBytes;    // bytes of a slot's packet area, after its flags; the copy area follows
-  uint64_t* state;         // this rank's [0] epoch of the last call, [1] blocks done with the current one
-  const volatile uint64_t* abortFlag;  // host memory: non-zero once the communicator is aborted
-  uint32_t rank;
-  uint32_t nranks;
-  uint32_t root;
-  uint32_t aligned;        // non-zero when send, recv and strideBytes are multiples of 16
-  // A PreMulSum operator's scalar, one element of the call's type: read from `scalarPtr` (device memory)
-  // when it is not null, else the element in the low bytes of `scalarBits`. Unused by the other operators.
-  uint64_t scalarBits;
-  const void* scalarPtr;
-  // Zero-copy (zero_copy.cuh). This rank's input and output as its peers name them: a tag (bit 63 set,
-  // the registration's slot in bits 32-62, its generation in bits 0-31; 0 when not registered) and the
-  // offset into that registration. `zcTable`: the peers' registrations mapped here ([peer][slot] of
-  // {generation, address}, in host memory the host rewrites). `zcWindow`: the bytes of a window of the
-  // scratch algorithm, which the kernel falls back to where the vote says no.
-  uint64_t zcSendTag;
-  uint64_t zcSendOffset;
-  uint64_t zcRecvTag;
-  uint64_t zcRecvOffset;
-  const volatile uint64_t* zcTable;
-  uint64_t zcWindow;
-};
 
 // The words of `CollArgs::state`: the epoch of the last call and the blocks done with the current one
 // (below), the zero-copy decision of the last call that voted (epoch << 2 | aligned << 1 | go), the number

@@ -75,16 +75,3 @@ __device__ __forceinline__ void rmaWait(const SignalArgs& a)
   // What the peers wrote before their signals is read by the stream's later work.
   __threadfence_system();
 }
-
-// __grid_constant__: the kernel reads its argument where it lies, never copying it per thread.
-#define MSCCLPP_SIGNAL_KERNELS()                                                                     \
-  extern "C" __global__ void __launch_bounds__(MSCCLPP_SIGNAL_PUT_THREADS)                          \
-      mscclpp_rma_put(const __grid_constant__ SignalArgs args)                                       \
-  {                                                                                                  \
-    rmaPut(args);                                                                                    \
-  }                                                                                                  \
-  extern "C" __global__ void __launch_bounds__(MSCCLPP_SIGNAL_MAX_WAITS)                            \
-      mscclpp_rma_wait(const __grid_constant__ SignalArgs args)                                      \
-  {                                                                                                  \
-    rmaWait(args);                                                                                   \
-  }

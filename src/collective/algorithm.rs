@@ -25,6 +25,7 @@
 
 use super::Collective;
 use super::kernel_args::MAX_BLOCKS;
+use super::variants::Kernel;
 use crate::error::{Error, Result};
 
 /// The two families of algorithms.
@@ -170,23 +171,24 @@ pub fn choose(collective: Collective, nranks: usize, message: u64, choice: Choic
     }
 }
 
-/// The kernel's name without its operator and type: `mscclpp_<this>[_<op>_<type>]`.
-pub fn kernel_base(collective: Collective, protocol: Protocol) -> &'static str {
+/// The kernel of a collective's scratch algorithm (its entry point for the call's operator and type is the
+/// table's: `kernels::LoadedKernels::get`).
+pub fn kernel(collective: Collective, protocol: Protocol) -> Kernel {
     match (collective, protocol) {
-        (Collective::AllReduce, Protocol::Packet) => "allreduce_packet",
-        (Collective::AllReduce, Protocol::Copy) => "allreduce_rsag",
-        (Collective::AllGather, Protocol::Packet) => "allgather_packet",
-        (Collective::AllGather, Protocol::Copy) => "allgather_copy",
-        (Collective::ReduceScatter, Protocol::Packet) => "reducescatter_packet",
-        (Collective::ReduceScatter, Protocol::Copy) => "reducescatter_copy",
-        (Collective::Broadcast, Protocol::Packet) => "broadcast_packet",
-        (Collective::Broadcast, Protocol::Copy) => "broadcast_copy",
-        (Collective::Reduce, p) => kernel_base(Collective::AllReduce, p),
-        (Collective::Gather, p) => kernel_base(Collective::AllGather, p),
-        (Collective::Scatter, Protocol::Packet) => "scatter_packet",
-        (Collective::Scatter, Protocol::Copy) => "scatter_copy",
-        (Collective::AllToAll, Protocol::Packet) => "alltoall_packet",
-        (Collective::AllToAll, Protocol::Copy) => "alltoall_copy",
+        (Collective::AllReduce, Protocol::Packet) => Kernel::AllReducePacket,
+        (Collective::AllReduce, Protocol::Copy) => Kernel::AllReduceRsag,
+        (Collective::AllGather, Protocol::Packet) => Kernel::AllGatherPacket,
+        (Collective::AllGather, Protocol::Copy) => Kernel::AllGatherCopy,
+        (Collective::ReduceScatter, Protocol::Packet) => Kernel::ReduceScatterPacket,
+        (Collective::ReduceScatter, Protocol::Copy) => Kernel::ReduceScatterCopy,
+        (Collective::Broadcast, Protocol::Packet) => Kernel::BroadcastPacket,
+        (Collective::Broadcast, Protocol::Copy) => Kernel::BroadcastCopy,
+        (Collective::Reduce, p) => kernel(Collective::AllReduce, p),
+        (Collective::Gather, p) => kernel(Collective::AllGather, p),
+        (Collective::Scatter, Protocol::Packet) => Kernel::ScatterPacket,
+        (Collective::Scatter, Protocol::Copy) => Kernel::ScatterCopy,
+        (Collective::AllToAll, Protocol::Packet) => Kernel::AllToAllPacket,
+        (Collective::AllToAll, Protocol::Copy) => Kernel::AllToAllCopy,
     }
 }
 

@@ -32,9 +32,6 @@ use crate::gpu::{AppStream, DevicePtr, Event, GpuContext, Stream};
 /// Threads of a fence launch (one block): at least one per rank.
 pub const FENCE_THREADS: u32 = 32;
 
-/// The fences' kernel (`mscclpp_ce_fence`, among the moving kernels).
-pub const FENCE_KERNEL: &str = "ce_fence";
-
 /// Whether an eager call tries the copy engine: all-gather and broadcast, from `copy_engine_from`'s size
 /// (`Choice::CopyEngine`: at every size), never while the stream is captured.
 pub fn attempt(

@@ -4,75 +4,17 @@
 //! face reaches those: `DataType::from_number`, `RedOp::PreMulSum`). Each face words its own errors for a
 //! number that names nothing, in its own types' names.
 
+use super::variants::Op;
 use crate::gpu::DevicePtr;
 
-/// An element type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DataType {
-    Int8,
-    Uint8,
-    Int32,
-    Uint32,
-    Int64,
-    Uint64,
-    Float16,
-    Float32,
-    Float64,
-    Bfloat16,
-    /// fp8 with 4 exponent and 3 mantissa bits (no infinities; largest finite 448): CUDA's `__nv_fp8_e4m3`.
-    Float8e4m3,
-    /// fp8 with 5 exponent and 2 mantissa bits (largest finite 57344): CUDA's `__nv_fp8_e5m2`.
-    Float8e5m2,
-}
+/// An element type: defined with the kernels' variants (`kernels/variants.rs`), which give its kernels'
+/// name, its C type and its size.
+pub use super::variants::DataType;
 
 impl DataType {
-    /// Every type, in NCCL's numbering (`ALL[i]` is number `i`).
-    pub const ALL: [DataType; 12] = [
-        DataType::Int8,
-        DataType::Uint8,
-        DataType::Int32,
-        DataType::Uint32,
-        DataType::Int64,
-        DataType::Uint64,
-        DataType::Float16,
-        DataType::Float32,
-        DataType::Float64,
-        DataType::Bfloat16,
-        DataType::Float8e4m3,
-        DataType::Float8e5m2,
-    ];
-
     /// The type of NCCL's number `value` (`ncclDataType_t`), if it names one.
     pub fn from_number(value: i32) -> Option<DataType> {
         usize::try_from(value).ok().and_then(|i| Self::ALL.get(i)).copied()
-    }
-
-    pub fn size(self) -> usize {
-        match self {
-            DataType::Int8 | DataType::Uint8 | DataType::Float8e4m3 | DataType::Float8e5m2 => 1,
-            DataType::Float16 | DataType::Bfloat16 => 2,
-            DataType::Int32 | DataType::Uint32 | DataType::Float32 => 4,
-            DataType::Int64 | DataType::Uint64 | DataType::Float64 => 8,
-        }
-    }
-
-    /// The name the kernels of this type carry (`mscclpp_<algorithm>_<op>_<name>`); also the name of the
-    /// fatbin that holds them (build.rs's `KERNEL_TYPES`).
-    pub fn kernel_name(self) -> &'static str {
-        match self {
-            DataType::Int8 => "i8",
-            DataType::Uint8 => "u8",
-            DataType::Int32 => "i32",
-            DataType::Uint32 => "u32",
-            DataType::Int64 => "i64",
-            DataType::Uint64 => "u64",
-            DataType::Float16 => "f16",
-            DataType::Float32 => "f32",
-            DataType::Float64 => "f64",
-            DataType::Bfloat16 => "bf16",
-            DataType::Float8e4m3 => "f8e4m3",
-            DataType::Float8e5m2 => "f8e5m2",
-        }
     }
 }
 
@@ -129,15 +71,16 @@ impl RedOp {
         usize::try_from(value).ok().and_then(|i| Self::BUILT_IN.get(i)).copied()
     }
 
-    /// The name the kernels of this operator carry (a `PreMulSum`'s, whatever its scalar).
-    pub fn kernel_name(self) -> &'static str {
+    /// The operator as the kernels know it (a `PreMulSum`'s, whatever its scalar: the scalar travels in the
+    /// kernel argument).
+    pub fn kernel_op(self) -> Op {
         match self {
-            RedOp::Sum => "sum",
-            RedOp::Prod => "prod",
-            RedOp::Max => "max",
-            RedOp::Min => "min",
-            RedOp::Avg => "avg",
-            RedOp::PreMulSum(_) => "premulsum",
+            RedOp::Sum => Op::Sum,
+            RedOp::Prod => Op::Prod,
+            RedOp::Max => Op::Max,
+            RedOp::Min => Op::Min,
+            RedOp::Avg => Op::Avg,
+            RedOp::PreMulSum(_) => Op::PreMulSum,
         }
     }
 
@@ -166,7 +109,10 @@ mod tests {
         }
         for (i, op) in RedOp::BUILT_IN.iter().enumerate() {
             assert_eq!(RedOp::from_number(i as i32), Some(*op));
+            // The kernels' tables are indexed by the same numbers.
+            assert_eq!(op.kernel_op() as usize, i);
         }
+        assert_eq!(RedOp::PreMulSum(Scalar::Immediate(0)).kernel_op(), Op::PreMulSum);
         for bad in [-1, 5, i32::MAX] {
             assert_eq!(RedOp::from_number(bad), None);
         }
@@ -193,8 +139,8 @@ mod tests {
         assert_eq!(Scalar::Device(0x7000).kernel_fields(), (0, 0x7000));
         let op = RedOp::PreMulSum(Scalar::Device(0x7000));
         assert_eq!(
-            (op.kernel_name(), op.scalar()),
-            ("premulsum", Some(Scalar::Device(0x7000)))
+            (op.kernel_op(), op.scalar()),
+            (Op::PreMulSum, Some(Scalar::Device(0x7000)))
         );
         assert_eq!(RedOp::Sum.scalar(), None);
     }

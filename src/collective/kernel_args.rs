@@ -1,45 +1,14 @@
-//! The one argument every collective kernel takes, laid out as `CollArgs` in
-//! `kernels/collectives/common.cuh`, and the send/receive kernel's, laid out as `SendRecvArgs` in
-//! `kernels/collectives/send_recv.cuh` (tests check the offsets the device code relies on).
+//! The one argument every collective kernel takes, `KernelArgs`, defined in `kernels/coll_args.rs`, from which
+//! build.rs writes the device side's `CollArgs` (`coll_args.cuh`, which asserts every field's offset and
+//! size), and the send/receive kernel's, laid out as `SendRecvArgs` in `kernels/collectives/send_recv.cuh`
+//! (tests check the offsets the device code relies on).
 
 use crate::gpu::DevicePtr;
 
-/// Ranks a collective can span: the scratch pointers travel in the kernel argument.
-pub const MAX_RANKS: usize = 16;
-/// Blocks a collective kernel may have: the flags at the start of each scratch slot have room for them.
-pub const MAX_BLOCKS: u32 = 128;
+include!("../../kernels/coll_args.rs");
+
 /// Bytes of flags at the start of each scratch slot: `[phase (2)][block][source rank]` of 64 bits.
 pub const FLAG_BYTES: u64 = 2 * MAX_BLOCKS as u64 * MAX_RANKS as u64 * 8;
-
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct KernelArgs {
-    pub send: DevicePtr,
-    pub recv: DevicePtr,
-    pub bytes: u64,
-    pub stride_bytes: u64,
-    pub scratch: [DevicePtr; MAX_RANKS],
-    pub slot_bytes: u64,
-    pub packet_bytes: u64,
-    pub state: DevicePtr,
-    pub abort_flag: DevicePtr,
-    pub rank: u32,
-    pub nranks: u32,
-    pub root: u32,
-    pub aligned: u32,
-    /// A `PreMulSum`'s scalar (`Scalar::kernel_fields`): its bits, or the device memory that holds it.
-    pub scalar_bits: u64,
-    pub scalar_ptr: DevicePtr,
-    /// Zero-copy (`zero_copy/`): this rank's input and output as the peers name them (tag and offset
-    /// into the registration; 0 and 0 when not registered), the table of the peers' registrations, and
-    /// the bytes of a window of the scratch algorithm the kernel falls back to where the vote says no.
-    pub zc_send_tag: u64,
-    pub zc_send_offset: u64,
-    pub zc_recv_tag: u64,
-    pub zc_recv_offset: u64,
-    pub zc_table: DevicePtr,
-    pub zc_window: u64,
-}
 
 /// Words of the kernels' state (`CollArgs::state`, the `STATE_` words of common.cuh): the epoch, the blocks
 /// done, the zero-copy decision and count, then every rank's input and output as this rank reaches them.
@@ -234,17 +203,119 @@ mod tests {
         ));
     }
 
+    /// The device side's `CollArgs`, as build.rs wrote it from `KernelArgs::FIELDS`.
+    const COLL_ARGS_CUH: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels-include/coll_args.cuh"));
+
+    /// The header declares every field in order, under the names the device code uses, with its offset and
+    /// size asserted as Rust lays it out, and the limits the Rust side has.
     #[test]
-    fn constants_match_the_device_code() {
-        let common = include_str!("../../kernels/collectives/common.cuh");
+    fn the_device_struct_is_written_from_the_rust_one() {
+        let names: Vec<String> = KernelArgs::FIELDS.iter().map(|f| c_field_name(f.name)).collect();
+        assert_eq!(
+            names,
+            [
+                "send",
+                "recv",
+                "bytes",
+                "strideBytes",
+                "scratch",
+                "slotBytes",
+                "packetBytes",
+                "state",
+                "abortFlag",
+                "rank",
+                "nranks",
+                "root",
+                "aligned",
+                "scalarBits",
+                "scalarPtr",
+                "zcSendTag",
+                "zcSendOffset",
+                "zcRecvTag",
+                "zcRecvOffset",
+                "zcTable",
+                "zcWindow"
+            ]
+        );
+        let body = COLL_ARGS_CUH
+            .split_once("struct CollArgs {\n")
+            .and_then(|(_, rest)| rest.split_once("\n};\n"))
+            .expect("coll_args.cuh declares struct CollArgs")
+            .0;
+        let declared: Vec<&str> = body.lines().map(str::trim).filter(|l| !l.starts_with("//")).collect();
+        let expected: Vec<String> = KernelArgs::FIELDS
+            .iter()
+            .zip(&names)
+            .map(|(f, name)| match f.c_type.split_once('[') {
+                Some((c_type, count)) => format!("{} {name}[{count};", c_type.trim_end()),
+                None => format!("{} {name};", f.c_type),
+            })
+            .collect();
+        assert_eq!(declared, expected);
+        assert!(declared.contains(&"char* scratch[MSCCLPP_COLL_MAX_RANKS];"));
+        for (f, name) in KernelArgs::FIELDS.iter().zip(&names) {
+            let asserted = format!(
+                "offsetof(CollArgs, {name}) == {} && sizeof(CollArgs::{name}) == {}",
+                f.offset, f.size
+            );
+            assert!(COLL_ARGS_CUH.contains(&asserted), "coll_args.cuh lacks {asserted}");
+        }
+        assert_eq!(KernelArgs::FIELDS[4].offset, offset_of!(KernelArgs, scratch));
+        assert_eq!(KernelArgs::FIELDS[4].size, 8 * MAX_RANKS);
+        assert!(COLL_ARGS_CUH.contains(&format!(
+            "static_assert(sizeof(CollArgs) == {},",
+            size_of::<KernelArgs>()
+        )));
         for (name, value) in [
             ("MSCCLPP_COLL_MAX_RANKS", MAX_RANKS as u64),
             ("MSCCLPP_COLL_MAX_BLOCKS", MAX_BLOCKS as u64),
         ] {
             assert!(
-                common.contains(&format!("#define {name} {value}\n")),
-                "common.cuh must define {name} as {value}"
+                COLL_ARGS_CUH.contains(&format!("#define {name} {value}\n")),
+                "coll_args.cuh must define {name} as {value}"
             );
         }
+        // The device code takes the struct from there alone.
+        let common = include_str!("../../kernels/collectives/common.cuh");
+        assert!(common.contains("#include \"coll_args.cuh\"\n") && !common.contains("struct CollArgs"));
+    }
+
+    /// A C++ compiler evaluates the header's assertions: a C type whose size or alignment is not the Rust
+    /// field's fails here, with or without nvcc (the build needs a C++ compiler for `src/cxx/` anyway, and
+    /// `make` installs g++).
+    #[test]
+    fn a_host_compiler_holds_the_device_struct_to_the_rust_layout() {
+        let dir = std::env::temp_dir().join(format!("mscclpp-coll-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let compile = |text: &str| {
+            let path = dir.join("coll_args_check.cpp");
+            std::fs::write(&path, text).unwrap();
+            // cc's compiler for src/cxx/ on Linux where CXX is unset.
+            let cxx = "c++";
+            std::process::Command::new(cxx)
+                .args(["-std=c++17", "-fsyntax-only"])
+                .arg(&path)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {cxx}: {e}"))
+        };
+        let good = compile(COLL_ARGS_CUH);
+        assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
+        // The same header with one field of another width is refused, naming the field.
+        let narrowed = COLL_ARGS_CUH.replacen("  uint64_t slotBytes;", "  uint32_t slotBytes;", 1);
+        assert_ne!(narrowed, COLL_ARGS_CUH);
+        let bad = compile(&narrowed);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!bad.status.success());
+        assert!(
+            String::from_utf8_lossy(&bad.stderr)
+                .contains("CollArgs::slotBytes is not laid out as KernelArgs::slot_bytes")
+        );
+    }
+
+    #[test]
+    fn c_names_are_the_rust_names_in_camel_case() {
+        assert_eq!(c_field_name("zc_send_offset"), "zcSendOffset");
+        assert_eq!(c_field_name("send"), "send");
+        assert_eq!(c_field_name("abort_flag"), "abortFlag");
     }
 }

@@ -7,7 +7,8 @@
 
 use super::algorithm::{self, Protocol};
 use super::kernel_args::{self, KernelArgs};
-use super::kernels::{LoadedKernels, ONE_RANK_PREMULSUM};
+use super::kernels::LoadedKernels;
+use super::variants::Kernel;
 use super::{
     Call, Collectives, DataType, Ready, RedOp, Scalar, call, copy_engine, send_recv, send_recv_collectives, zero_copy,
 };
@@ -183,11 +184,11 @@ impl Collectives {
             }
         }
         // The scratch algorithm, a launch per window.
-        let base = algorithm::kernel_base(call.collective, protocol);
+        let kernel = algorithm::kernel(call.collective, protocol);
         let loaded =
             ready
                 .kernels
-                .get_capturing(capturing, base, call.op, call.datatype, algorithm::threads(protocol))?;
+                .get_capturing(capturing, kernel, call.op, call.datatype, algorithm::threads(protocol))?;
         let max_blocks = loaded.max_blocks.min(ready.scratch.cta_limit);
         let window = ready.scratch.window(call.collective, protocol, nranks);
         for (offset, bytes) in algorithm::windows(sizes.piece, window) {
@@ -225,11 +226,11 @@ impl Collectives {
             let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
             self.zero_copy.refresh(bootstrap, gpu, capturing)?;
         }
-        let base_name = zero_copy::kernel_base(call.collective);
+        let kernel = zero_copy::kernel(call.collective);
         let threads = algorithm::threads(Protocol::Copy);
         let loaded = ready
             .kernels
-            .get_capturing(capturing, base_name, call.op, call.datatype, threads)?;
+            .get_capturing(capturing, kernel, call.op, call.datatype, threads)?;
         let (zc_send_tag, zc_send_offset) = self.zero_copy.descriptor(registrations, base.send, sizes.send);
         let (zc_recv_tag, zc_recv_offset) = self.zero_copy.descriptor(registrations, base.recv, sizes.recv);
         let nranks = bootstrap.nranks();
@@ -291,12 +292,9 @@ impl Collectives {
             base.send,
             &outputs,
         );
-        let fence = ready.kernels.get(
-            copy_engine::FENCE_KERNEL,
-            None,
-            DataType::Uint8,
-            copy_engine::FENCE_THREADS,
-        )?;
+        let fence = ready
+            .kernels
+            .get(Kernel::CeFence, None, DataType::Uint8, copy_engine::FENCE_THREADS)?;
         let before = KernelArgs { bytes: 0, ..*base };
         let after = KernelArgs {
             bytes: sizes.piece,
@@ -337,7 +335,7 @@ impl Collectives {
             }
         };
         let threads = algorithm::threads(Protocol::Copy);
-        let loaded = kernels.get_capturing(capturing, ONE_RANK_PREMULSUM, call.op, call.datatype, threads)?;
+        let loaded = kernels.get_capturing(capturing, Kernel::ScalePreMulSum, call.op, call.datatype, threads)?;
         let (scalar_bits, scalar_ptr) = scalar.kernel_fields();
         let args = KernelArgs {
             send: call.send,

@@ -17,8 +17,12 @@
 //! - `launch.rs`: where a call becomes launches: `Collectives::run` checks it, sets the collectives up at
 //!   the first call and picks the path (the copy engine, zero-copy, sends and receives, or the scratch
 //!   algorithm's windows), and queues the kernels;
-//! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use;
-//! - `kernel_args.rs`: the kernels' one argument;
+//! - `variants.rs`: the kernels' variants (types, operators, kernels; `kernels/variants.rs`, which build.rs
+//!   generates the kernels' units and the table of their entry points from);
+//! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use, and the
+//!   entry point of each launch, looked up in that table;
+//! - `kernel_args.rs`: the kernels' one argument (defined in `kernels/coll_args.rs`, which the device side's
+//!   `CollArgs` is generated from);
 //! - `abort_word.rs`: the word the kernels poll while they wait, raised at an abort;
 //! - `process_exit.rs`: a process's `exit()` ends the kernels it leaves waiting (it raises their abort words);
 //! - `suspend.rs`: their device memory released while the communicator is suspended, and made again at the
@@ -42,6 +46,8 @@ pub mod call;
 pub mod copy_engine;
 pub mod datatype;
 pub mod kernel_args;
+#[cfg(test)]
+mod kernel_requests;
 pub mod kernels;
 pub mod launch;
 pub mod process_exit;
@@ -50,6 +56,7 @@ pub mod send_recv;
 pub mod send_recv_collectives;
 pub mod signal;
 pub mod suspend;
+pub mod variants;
 pub mod zero_copy;
 
 pub use call::{Call, Collective};
@@ -79,7 +86,7 @@ pub struct Collectives {
     abort: OnceCell<SharedAbortWord>,
     /// This rank's registrations exported to the peers and, once set up, the peers' mapped here.
     zero_copy: ZeroCopy,
-    /// One rank's kernels (a `PreMulSum` of one rank: `ONE_RANK_PREMULSUM`), which need no scratch.
+    /// One rank's kernels (a `PreMulSum` of one rank: `Kernel::ScalePreMulSum`), which need no scratch.
     solo: Mutex<Option<LoadedKernels>>,
     /// Calls whose data the copy engine moved (eager only, so counted here, once each).
     copy_engine_calls: AtomicU64,

@@ -22,6 +22,7 @@ use super::kernel_args::{
     SendRecvOpArgs,
 };
 use super::kernels::LoadedKernel;
+use super::variants::Kernel;
 use super::{Collectives, DataType, Ready, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
@@ -29,9 +30,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext};
 use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES, Source};
 
-/// The kernel's name without operator or type: it moves bytes (`kernels::kernel_name` gives `mscclpp_send_recv`).
-const KERNEL_BASE: &str = "send_recv";
-/// Any type names the typeless kernels' unit.
+/// Any type serves the kernel that only moves bytes (`Kernel::SendRecv`).
 const BYTES: DataType = DataType::Uint8;
 
 /// A send or a receive.
@@ -697,20 +696,17 @@ impl Collectives {
     }
 }
 
-/// The kernel's name without operator or type where receives reduce (`mscclpp_send_recv_reduce_<op>_<type>`).
-const REDUCING_KERNEL_BASE: &str = "send_recv_reduce";
-
 /// The operator and type of a launch whose receives reduce (`Moved::reduce_with`); `None`: it only moves.
 pub type Reducing = Option<(RedOp, DataType)>;
 
 fn kernel(ready: &mut Ready, reducing: Reducing, capturing: bool) -> Result<LoadedKernel> {
-    let (base, op, datatype) = match reducing {
-        Some((op, datatype)) => (REDUCING_KERNEL_BASE, Some(op), datatype),
-        None => (KERNEL_BASE, None, BYTES),
+    let (kernel, op, datatype) = match reducing {
+        Some((op, datatype)) => (Kernel::SendRecvReduce, Some(op), datatype),
+        None => (Kernel::SendRecv, None, BYTES),
     };
     ready
         .kernels
-        .get_capturing(capturing, base, op, datatype, SENDRECV_THREADS)
+        .get_capturing(capturing, kernel, op, datatype, SENDRECV_THREADS)
 }
 
 /// Whether one launch of the kernel can hold `channels` channels (a block each within its share of the

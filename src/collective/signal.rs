@@ -28,6 +28,7 @@ use super::Collectives;
 use super::abort_word::AbortWord;
 use super::kernel_args::MAX_RANKS;
 use super::kernels::LoadedKernels;
+use super::variants::Kernel;
 use super::zero_copy::PeerWindow;
 use super::{DataType, process_exit};
 use crate::bootstrap::Bootstrap;
@@ -51,9 +52,6 @@ pub const PUT_THREADS: u32 = 512;
 pub const KERNEL_COPY_BYTES: u64 = 64 << 10;
 /// How long a put or a pointer query waits for a peer's record of a window.
 pub const WINDOW_WAIT: Duration = crate::bootstrap::DEFAULT_TIMEOUT;
-
-const PUT_KERNEL: &str = "rma_put";
-const WAIT_KERNEL: &str = "rma_wait";
 
 /// The argument of the one-sided kernels, laid out as `SignalArgs` in `signal.cuh`.
 #[repr(C)]
@@ -451,7 +449,7 @@ impl Collectives {
                     args.signal = plane.signals[*peer] + counter_offset(rank, *signal);
                     // A put of nothing is its signal alone.
                     let Some(dst) = target.filter(|_| *bytes > 0) else {
-                        return Self::launch(plane.kernels, capturing, PUT_KERNEL, PUT_THREADS, stream, &args);
+                        return Self::launch(plane.kernels, capturing, Kernel::RmaPut, PUT_THREADS, stream, &args);
                     };
                     if *bytes > KERNEL_COPY_BYTES {
                         // SAFETY: `src` was checked to be device memory of this context holding `bytes`; `dst`
@@ -466,11 +464,11 @@ impl Collectives {
                         args.bytes = *bytes;
                         args.aligned = (src.is_multiple_of(16) && dst.is_multiple_of(16)) as u32;
                     }
-                    Self::launch(plane.kernels, capturing, PUT_KERNEL, PUT_THREADS, stream, &args)
+                    Self::launch(plane.kernels, capturing, Kernel::RmaPut, PUT_THREADS, stream, &args)
                 }
                 OneSided::Signal { peer, signal } => {
                     args.signal = plane.signals[*peer] + counter_offset(rank, *signal);
-                    Self::launch(plane.kernels, capturing, PUT_KERNEL, PUT_THREADS, stream, &args)
+                    Self::launch(plane.kernels, capturing, Kernel::RmaPut, PUT_THREADS, stream, &args)
                 }
                 OneSided::Wait(waits) => {
                     for chunk in merge_waits(waits).chunks(MAX_WAITS) {
@@ -479,7 +477,14 @@ impl Collectives {
                             args.wait_counts[i] = w.count;
                         }
                         args.waits = chunk.len() as u32;
-                        Self::launch(plane.kernels, capturing, WAIT_KERNEL, MAX_WAITS as u32, stream, &args)?;
+                        Self::launch(
+                            plane.kernels,
+                            capturing,
+                            Kernel::RmaWait,
+                            MAX_WAITS as u32,
+                            stream,
+                            &args,
+                        )?;
                     }
                     Ok(())
                 }
@@ -491,7 +496,7 @@ impl Collectives {
     fn launch(
         kernels: &mut LoadedKernels,
         capturing: bool,
-        kernel: &'static str,
+        kernel: Kernel,
         threads: u32,
         stream: AppStream,
         args: &SignalArgs,
@@ -557,6 +562,7 @@ impl Collectives {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collective::variants::MOVING_UNIT;
     use std::mem::{offset_of, size_of};
 
     #[test]
@@ -586,12 +592,17 @@ mod tests {
                 "signal.cuh must define {name} as {value}"
             );
         }
-        let kernels = include_str!("../../kernels/collectives/kernels.cuh");
-        assert!(
-            kernels.contains("MSCCLPP_SIGNAL_KERNELS()"),
-            "the moving unit holds the one-sided kernels"
-        );
-        assert!(cuh.contains(&format!("mscclpp_{PUT_KERNEL}(")) && cuh.contains(&format!("mscclpp_{WAIT_KERNEL}(")));
+        // The one-sided kernels are of no type, in the moving unit, bounded by the threads they launch with.
+        for (kernel, threads) in [
+            (Kernel::RmaPut, "MSCCLPP_SIGNAL_PUT_THREADS"),
+            (Kernel::RmaWait, "MSCCLPP_SIGNAL_MAX_WAITS"),
+        ] {
+            assert_eq!(kernel.serving(None).map(|v| v.unit()), Some(MOVING_UNIT));
+            let spec = kernel.spec();
+            assert_eq!(spec.bounds, format!("__launch_bounds__({threads})"));
+            let device_fn = format!("__device__ __forceinline__ void {}(const SignalArgs& a)", spec.body);
+            assert!(cuh.contains(&device_fn), "signal.cuh must define {device_fn}");
+        }
     }
 
     #[test]

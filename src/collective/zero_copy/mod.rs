@@ -29,6 +29,7 @@ use records::Record;
 
 use super::algorithm::{Choice, Placement, zero_copy_from};
 use super::kernel_args::MAX_RANKS;
+use super::variants::Kernel;
 use super::{Collective, RedOp};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
@@ -70,13 +71,13 @@ pub fn attempt(
     }
 }
 
-/// The zero-copy kernel's name without its operator and type (`mscclpp_<this>[_<op>_<type>]`).
-pub fn kernel_base(collective: Collective) -> &'static str {
+/// The zero-copy kernel of a collective of the family (`attempt`).
+pub fn kernel(collective: Collective) -> Kernel {
     match collective {
-        Collective::AllReduce => "allreduce_zc",
-        Collective::ReduceScatter => "reducescatter_zc",
-        Collective::Broadcast => "broadcast_zc",
-        _ => "allgather_zc",
+        Collective::AllReduce => Kernel::AllReduceZc,
+        Collective::ReduceScatter => Kernel::ReduceScatterZc,
+        Collective::Broadcast => Kernel::BroadcastZc,
+        _ => Kernel::AllGatherZc,
     }
 }
 
