@@ -11,7 +11,7 @@ use super::health::Liveness;
 use super::receiver::{Receiver, Shared};
 use super::root::Root;
 use super::unique_id::UniqueId;
-use super::wire::{self, ADDR_LEN, Greeting, Key, Kind, MAX_RANKS, Refusal};
+use super::wire::{self, Greeting, Key, Kind, MAX_RANKS, Refusal, TABLE_ENTRY_LEN};
 use super::{PROTOCOL_MAGIC, handshake_timeout, list_ranks};
 use crate::ensure_arg;
 use crate::error::{Error, ErrorKind, Result};
@@ -35,6 +35,8 @@ pub struct Bootstrap {
     receiver: Receiver,
     /// Every rank's listen address, as the root sent it.
     peers: Vec<SocketAddr>,
+    /// Every rank's host, as each told the root (`Greeting::host`).
+    hosts: Vec<u64>,
     /// The root this rank started (rank 0 of an `ip:port` job); it finishes on its own.
     _root: Option<Root>,
 }
@@ -123,6 +125,7 @@ impl Bootstrap {
 
         let mut hello = Greeting::new(Kind::RootHello, magic, rank, nranks);
         hello.addr = Some(listen_addr);
+        hello.host = crate::gpu::ProcessId::this().host;
         to_root
             .write_all(&hello.encode())
             .map_err(|e| Error::remote(format!("rank {rank}: sending the hello to the root at {root}: {e}")))?;
@@ -130,7 +133,7 @@ impl Bootstrap {
         // From the hello, not from `start`: reaching the root may have taken most of the timeout (a root
         // not up yet), and the root counts its own from the first hello.
         let answer_by = Instant::now() + timeout + ROOT_ANSWER_GRACE;
-        let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * ADDR_LEN).map_err(|r| {
+        let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * TABLE_ENTRY_LEN).map_err(|r| {
             // The root closed the connection without a word: it lives in one rank's process (the one that
             // made the unique id, or rank 0's), which may have ended, or it had given up already.
             let gone = matches!(&r, Refusal::Io(e) if matches!(e.kind(),
@@ -154,7 +157,7 @@ impl Bootstrap {
             }
         })?;
         drop(to_root);
-        let peers = decode_table(&reply, &table, nranks, via)
+        let (peers, hosts) = decode_table(&reply, &table, nranks, via)
             .map_err(|why| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}")))?;
         if peers[rank].ip() != listen_addr.ip() || peers[rank].port() != listen_addr.port() {
             return Err(Error::remote(format!(
@@ -174,6 +177,7 @@ impl Bootstrap {
             nranks,
             receiver,
             peers,
+            hosts,
             _root: None,
         };
         bootstrap.connect_mesh(deadline, timeout)?;
@@ -266,6 +270,11 @@ impl Bootstrap {
     }
 
     /// The address each rank listened on during set-up.
+    /// Every rank's host (`gpu::ProcessId::host`), by rank, as the ranks told the root when they joined.
+    pub fn hosts(&self) -> &[u64] {
+        &self.hosts
+    }
+
     pub fn peer_addr(&self, peer: usize) -> Option<SocketAddr> {
         self.peers.get(peer).copied()
     }
@@ -438,25 +447,22 @@ fn decode_table(
     table: &[u8],
     nranks: usize,
     via: SocketAddr,
-) -> std::result::Result<Vec<SocketAddr>, String> {
-    if reply.nranks as usize != nranks || table.len() != nranks * ADDR_LEN {
+) -> std::result::Result<(Vec<SocketAddr>, Vec<u64>), String> {
+    if reply.nranks as usize != nranks || table.len() != nranks * TABLE_ENTRY_LEN {
         return Err(format!(
             "{} entries in {} bytes for {nranks} ranks",
             reply.nranks,
             table.len()
         ));
     }
-    table
-        .chunks_exact(ADDR_LEN)
-        .enumerate()
-        .map(
-            |(r, chunk)| match wire::decode_addr(chunk.try_into().expect("chunk of ADDR_LEN")) {
-                Ok(Some(addr)) => Ok(with_scope_of(addr, via)),
-                Ok(None) => Err(format!("no address for rank {r}")),
-                Err(why) => Err(format!("rank {r}: {why}")),
-            },
-        )
-        .collect()
+    (0..nranks)
+        .map(|r| match wire::decode_table_entry(table, r) {
+            Ok((Some(addr), host)) => Ok((with_scope_of(addr, via), host)),
+            Ok((None, _)) => Err(format!("no address for rank {r}")),
+            Err(why) => Err(format!("rank {r}: {why}")),
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map(|entries| entries.into_iter().unzip())
 }
 
 /// `addr`, with the scope of `via` if `addr` is a link-local IPv6 address.

@@ -121,6 +121,7 @@ struct Joined {
     stream: TcpStream,
     from: SocketAddr,
     listen: SocketAddr,
+    host: u64,
 }
 
 struct RootLoop {
@@ -302,6 +303,7 @@ impl RootLoop {
             stream: p.stream,
             from: p.from,
             listen,
+            host: g.host,
         });
         self.joined += 1;
         info!(
@@ -350,9 +352,9 @@ impl RootLoop {
 
     fn send_table(&mut self) {
         let n = self.ranks.len();
-        let mut table = Vec::with_capacity(n * wire::ADDR_LEN);
+        let mut table = Vec::with_capacity(n * wire::TABLE_ENTRY_LEN);
         for j in self.ranks.iter().flatten() {
-            table.extend_from_slice(&wire::encode_addr(Some(j.listen)));
+            table.extend_from_slice(&wire::encode_table_entry(Some(j.listen), j.host));
         }
         for (rank, j) in self.ranks.iter_mut().enumerate() {
             let j = j.as_mut().expect("every rank joined");

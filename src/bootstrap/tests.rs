@@ -159,6 +159,14 @@ fn rank_0_starts_the_root_of_an_address_job() {
             thread::sleep(Duration::from_millis(20));
         }
         let b = Bootstrap::connect_to_address(&addr, r, 3, T)?;
+        // Every rank's host came with the root's table: here all are this machine.
+        let here = crate::gpu::ProcessId::this().host;
+        if b.hosts() != [here; 3] {
+            return Err(crate::error::Error::internal(format!(
+                "hosts {:?}, not 3 x {here:#x}",
+                b.hosts()
+            )));
+        }
         exercise(&b, r, 3)
     });
     for res in results {
@@ -539,7 +547,7 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
             let at = j.as_ref().unwrap().1;
             held.push(stranger(
                 at,
-                b"\x00\x01garbage that is not a greeting at all, longer than 72 bytes...........",
+                b"\x00\x01garbage that is not a greeting at all, longer than 80 bytes...................",
             ));
             held.push(stranger(at, b""));
             drop(stranger(at, b"MSCL"));
@@ -558,7 +566,7 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
         }
         let mut table = Vec::new();
         for j in &joined {
-            table.extend_from_slice(&wire::encode_addr(Some(j.as_ref().unwrap().1)));
+            table.extend_from_slice(&wire::encode_table_entry(Some(j.as_ref().unwrap().1), 0));
         }
         let start = Instant::now();
         for (r, j) in joined.iter_mut().enumerate() {
@@ -612,8 +620,8 @@ fn a_peer_whose_listener_is_gone_fails_set_up_at_once() {
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
     let (mut stream, hello) = accept_hello(&listener);
-    let mut table = wire::encode_addr(Some(gone)).to_vec();
-    table.extend_from_slice(&wire::encode_addr(hello.addr));
+    let mut table = wire::encode_table_entry(Some(gone), hello.host).to_vec();
+    table.extend_from_slice(&wire::encode_table_entry(hello.addr, hello.host));
     let start = Instant::now();
     wire::write_reply(&mut stream, PROTOCOL_MAGIC, 1, 2, wire::STATUS_OK, &table).unwrap();
     fails_at_once(rank1, start, &["connecting to peer 0", "its process ended"]);
@@ -794,11 +802,10 @@ fn fake_last_rank(root: SocketAddr, n: usize) -> FakeRank {
         Some(listener.local_addr().unwrap()),
     );
     to_root.write_all(&hello).unwrap();
-    let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, n * wire::ADDR_LEN).unwrap();
+    let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, n * wire::TABLE_ENTRY_LEN).unwrap();
     let conns = (0..rank)
         .map(|peer| {
-            let entry = &table[peer * wire::ADDR_LEN..(peer + 1) * wire::ADDR_LEN];
-            let addr = wire::decode_addr(entry.try_into().unwrap()).unwrap().unwrap();
+            let addr = wire::decode_table_entry(&table, peer).unwrap().0.unwrap();
             let mut s = wire::connect_by(addr, Instant::now() + T).unwrap();
             s.write_all(&greeting(Kind::PeerHello, PROTOCOL_MAGIC, rank, n, peer as u32, None))
                 .unwrap();
@@ -1187,10 +1194,8 @@ fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
         let r0 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 0, 3, short, patient()));
         let r1 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 1, 3, short, patient()));
         let (mut to_root, _listener) = hello_at_root(addr, 2, 3);
-        let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::ADDR_LEN).unwrap();
-        let rank0 = wire::decode_addr(table[..wire::ADDR_LEN].try_into().unwrap())
-            .unwrap()
-            .unwrap();
+        let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::TABLE_ENTRY_LEN).unwrap();
+        let rank0 = wire::decode_table_entry(&table, 0).unwrap().0.unwrap();
         let mut to_rank0 = wire::connect_by(rank0, Instant::now() + T).unwrap();
         to_rank0
             .write_all(&greeting(Kind::PeerHello, PROTOCOL_MAGIC, 2, 3, 0, None))

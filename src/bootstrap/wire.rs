@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 pub const GREETING_TAG: [u8; 8] = *b"MSCLBOOT";
 /// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames; 3: split and
 /// registration-record frames, which a version 2 peer would refuse as frames of an unknown kind).
-pub const PROTOCOL_VERSION: u32 = 3;
-pub const GREETING_LEN: usize = 72;
+pub const PROTOCOL_VERSION: u32 = 4;
+pub const GREETING_LEN: usize = 80;
 pub const ADDR_LEN: usize = 28;
+/// One rank's entry in the root's table: its listen address, then its host (`Greeting::host`).
+pub const TABLE_ENTRY_LEN: usize = ADDR_LEN + 8;
 pub const FRAME_HEADER_LEN: usize = 24;
 /// Longest reason for a rejection we send or accept.
 pub const MAX_REASON_LEN: usize = 1024;
@@ -59,6 +61,9 @@ pub struct Greeting {
     pub payload_len: u32,
     /// `RootHello`: the sender's listen address.
     pub addr: Option<SocketAddr>,
+    /// `RootHello`: the sender's host (`gpu::ProcessId`'s: a hash of the boot id and host name), which the
+    /// root's table passes on, so that every rank knows which ranks share its machine without another round.
+    pub host: u64,
 }
 
 impl Greeting {
@@ -72,6 +77,7 @@ impl Greeting {
             aux: 0,
             payload_len: 0,
             addr: None,
+            host: 0,
         }
     }
 
@@ -86,6 +92,7 @@ impl Greeting {
             .u32(self.aux)
             .u32(self.payload_len)
             .bytes(&encode_addr(self.addr))
+            .u64(self.host)
             .u32(0);
         fixed(w)
     }
@@ -109,6 +116,7 @@ impl Greeting {
         let aux = r.u32().map_err(why)?;
         let payload_len = r.u32().map_err(why)?;
         let addr = decode_addr(&r.take::<ADDR_LEN>().map_err(why)?)?;
+        let host = r.u64().map_err(why)?;
         if r.u32().map_err(why)? != 0 {
             return Err("reserved greeting bytes are not zero".into());
         }
@@ -122,6 +130,7 @@ impl Greeting {
             aux,
             payload_len,
             addr,
+            host,
         })
     }
 }
@@ -136,6 +145,23 @@ fn fixed<const N: usize>(w: Writer) -> [u8; N] {
 /// The text of a codec error, for the decoders here that report why as a string.
 fn why(e: crate::error::Error) -> String {
     e.message
+}
+
+/// One rank's entry of the root's table: its listen address and its host.
+pub fn encode_table_entry(addr: Option<SocketAddr>, host: u64) -> [u8; TABLE_ENTRY_LEN] {
+    let mut w = Writer::with_capacity(TABLE_ENTRY_LEN);
+    w.bytes(&encode_addr(addr)).u64(host);
+    fixed(w)
+}
+
+/// Rank `rank`'s entry of a table of `encode_table_entry`s: its address and host.
+pub fn decode_table_entry(table: &[u8], rank: usize) -> Result<(Option<SocketAddr>, u64), String> {
+    let entry = table
+        .get(rank * TABLE_ENTRY_LEN..(rank + 1) * TABLE_ENTRY_LEN)
+        .ok_or_else(|| format!("no entry for rank {rank} in a table of {} bytes", table.len()))?;
+    let (addr, host) = entry.split_at(ADDR_LEN);
+    let host = u64::from_le_bytes(host.try_into().expect("8 bytes after the address"));
+    Ok((decode_addr(addr.try_into().expect("ADDR_LEN bytes"))?, host))
 }
 
 /// Encodes an address in 28 bytes: family (0 none, 4, 6), zero, port, 16 address bytes (an IPv4
@@ -621,13 +647,32 @@ mod tests {
         let mut b = good;
         b[12] = 77;
         assert!(Greeting::decode(&b).unwrap_err().contains("unknown greeting kind"));
+        // The reserved bytes after the host must be zero.
         let mut b = good;
-        b[70] = 1;
+        b[78] = 1;
         assert!(Greeting::decode(&b).is_err());
+        // The host travels whole.
+        let mut hello = Greeting::new(Kind::RootHello, 1, 0, 2);
+        hello.host = 0x0123_4567_89ab_cdef;
+        assert_eq!(Greeting::decode(&hello.encode()).unwrap().host, hello.host);
         let mut b = good;
         b[40] = 5;
         assert!(Greeting::decode(&b).unwrap_err().contains("malformed"));
         assert!(Greeting::decode(&[0xAB; GREETING_LEN]).is_err());
+    }
+
+    #[test]
+    fn table_entries_carry_an_address_and_a_host() {
+        let a: SocketAddr = "1.2.3.4:5".parse().unwrap();
+        let mut table = encode_table_entry(Some(a), 7).to_vec();
+        table.extend_from_slice(&encode_table_entry(None, u64::MAX));
+        assert_eq!(decode_table_entry(&table, 0).unwrap(), (Some(a), 7));
+        assert_eq!(decode_table_entry(&table, 1).unwrap(), (None, u64::MAX));
+        assert!(
+            decode_table_entry(&table, 2)
+                .unwrap_err()
+                .contains("no entry for rank 2")
+        );
     }
 
     #[test]

@@ -162,7 +162,7 @@ impl Scratch {
         };
         let mine = w.into_bytes();
         // Inbox addresses differ in length: every block is padded to the longest a rank can write.
-        let block = mine.len().max(MAX_BLOCK);
+        let block = MAX_BLOCK;
         if mine.len() > block {
             return Err(Error::internal(format!(
                 "a scratch set-up block of {} bytes",
@@ -313,13 +313,20 @@ fn map_peers(
     remote: &[(usize, Vec<u8>, Export)],
     ptrs: &mut [DevicePtr; MAX_RANKS],
 ) -> Result<Vec<PeerMapping>> {
+    // Ranks all of one process map nothing (every rank finds `remote` empty alike): no meeting needed.
+    if remote.is_empty() {
+        return Ok(Vec::new());
+    }
     if let OwnBuffer::Shared(shared) = own {
+        // One descriptor serves every peer: each datagram carries a duplicate of it.
+        let fd = shared.export()?;
         for (peer, peer_inbox, _) in remote {
-            send_descriptor(peer_inbox, bootstrap.rank(), &shared.export()?)
+            send_descriptor(peer_inbox, bootstrap.rank(), &fd)
                 .map_err(|e| Error::new(e.kind, format!("passing the scratch to rank {peer}: {}", e.message)))?;
         }
     }
-    // Every rank meets here, whatever it shares: the barrier orders every send before every take.
+    // Every rank with a peer in another process meets here, whatever it shares: the barrier orders every
+    // send before every take.
     bootstrap.barrier()?;
     let senders: Vec<usize> = remote
         .iter()

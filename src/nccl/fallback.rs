@@ -22,7 +22,6 @@ use crate::collective::Collective;
 use crate::comm::Communicator;
 use crate::dynlib;
 use crate::error::{Error, ErrorKind, Result};
-use crate::gpu::ProcessId;
 use crate::settings::NCCL_FALLBACK;
 use once_cell::sync::OnceCell;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -580,14 +579,9 @@ fn ranks_without(flags: &[bool]) -> Vec<usize> {
 /// `Ok(None)`: no NVIDIA communicator, and none needed.
 pub fn attach(core: &Communicator) -> Result<Option<Arc<Comm>>> {
     let (rank, nranks) = (core.rank(), core.nranks());
-    // Every rank's host first: whether the job spans hosts decides whether the engine is needed.
-    let mut hosts = vec![0u8; 8 * nranks];
-    hosts[8 * rank..8 * rank + 8].copy_from_slice(&ProcessId::this().host.to_le_bytes());
-    core.bootstrap().all_gather(&mut hosts, 8)?;
-    let hosts: Vec<u64> = hosts
-        .chunks(8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-        .collect();
+    // Whether the job spans hosts decides whether the engine is needed: every rank's host came with the
+    // bootstrap's table, so every rank decides alike without another exchange.
+    let hosts = core.bootstrap().hosts();
     let spans_hosts = hosts.iter().any(|&h| h != hosts[0]);
     // Where it spans hosts, a failure below is every rank's, said once with what to do.
     let refuse = |why: String| -> Result<Option<Arc<Comm>>> {
