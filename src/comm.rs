@@ -14,18 +14,14 @@
 //! exported function or the core's own reason), and the errors and the exit line name that.
 
 use crate::bootstrap::{Bootstrap, PeerFailure, RootAddress, UniqueId};
-use crate::collective::{Call, Collectives, SendRecvOp};
+use crate::collective::Collectives;
 use crate::error::{Error, Result};
-use crate::failure::{Failed, FailureState};
-use crate::gpu::{AppStream, DevicePtr, GpuContext};
+use crate::failure::{Failed, FailureState, Usable};
+use crate::gpu::{DevicePtr, GpuContext};
 use crate::registration::{Kind, Registrations};
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Who aborts the communicator when a call fails on this rank after its peers may have started theirs
-/// (`abort`'s `by`): the core itself, so that the peers are not left waiting.
-const ABORTED_BY_FAILED_CALL: &str = "a call that failed on this rank after its peers may have started it";
 
 pub struct Communicator {
     rank: usize,
@@ -93,6 +89,10 @@ impl Communicator {
     /// Its failures, to be reported from another thread (a proxy's abort hook).
     pub fn failures_arc(&self) -> Arc<FailureState> {
         self.failures.clone()
+    }
+    /// Its collectives (the executor's, `pipeline/`, which launches every call through them).
+    pub(crate) fn collectives(&self) -> &Collectives {
+        &self.collectives
     }
     /// Its registered buffers. Usable in every state, aborted included: registering involves no peer,
     /// and deregistering must stay possible for the application's clean-up.
@@ -172,25 +172,6 @@ impl Communicator {
         self.failed().map_or(Ok(()), |f| Err(f.error))
     }
 
-    /// the exported function's name for messages. `root` is the application's argument.
-    pub fn collective(&self, call: &Call, root: i64, stream: AppStream) -> Result<()> {
-        // The calling thread may have another GPU current (a thread that serves several devices).
-        let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || self.gpu();
-        self.collectives.run(
-            &self.bootstrap,
-            gpu,
-            || self.check_usable(),
-            || {
-                let _ = self.abort(ABORTED_BY_FAILED_CALL);
-            },
-            call,
-            root,
-            stream,
-            &self.registrations,
-        )
-    }
-
     /// Registers `[buff, buff + size)` (either face's registrations, and NCCL's windows): recorded
     /// here, and exported to the peers for the zero-copy collectives (`Collectives::registered`).
     pub fn register(&self, buff: DevicePtr, size: usize, kind: Kind, library_memory: bool) -> Result<u64> {
@@ -239,23 +220,6 @@ impl Communicator {
         self.collectives.suspend(gpu.as_ref(), release_memory)
     }
 
-    /// Resumes the collectives: collective, every rank calls it (`Collectives::resume`). A failure after the peers
-    /// may have started theirs aborts the communicator.
-    pub fn resume_collectives(&self) -> Result<()> {
-        self.check_usable()?;
-        let _restore = crate::gpu::RestoreContext::save();
-        // Asked before the collectives' locks are taken (`destroy` takes this lock, then theirs); an error
-        // matters only where there is memory to make again.
-        let gpu = self.gpu();
-        self.collectives.resume(
-            &self.bootstrap,
-            move || gpu,
-            || {
-                let _ = self.abort(ABORTED_BY_FAILED_CALL);
-            },
-        )
-    }
-
     /// Whether the collectives are suspended.
     pub fn collectives_suspended(&self) -> bool {
         self.collectives.suspended()
@@ -268,55 +232,13 @@ impl Communicator {
         self.collectives.device_memory()
     }
 
-    /// A one-sided call (a put with a signal, a signal, a wait for signals) on `stream` (see
-    /// `collective::signal`).
-    pub fn one_sided(&self, op: &crate::collective::signal::OneSided, stream: AppStream) -> Result<()> {
-        let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || self.gpu();
-        self.collectives.one_sided(
-            &self.bootstrap,
-            gpu,
-            || self.check_usable(),
-            || {
-                let _ = self.abort(ABORTED_BY_FAILED_CALL);
-            },
-            &self.registrations,
-            op,
-            stream,
-        )
-    }
-
     /// Where byte `offset` of rank `peer`'s registration of this rank's window `token` is in this process
     /// (`peer` may be this rank): see `Collectives::window_pointer`.
     pub fn window_pointer(&self, token: u64, offset: u64, peer: usize) -> Result<DevicePtr> {
         let _restore = crate::gpu::RestoreContext::save();
         let gpu = self.gpu()?;
-        self.collectives.window_pointer(
-            &self.bootstrap,
-            &gpu,
-            || self.check_usable(),
-            &self.registrations,
-            token,
-            offset,
-            peer,
-        )
-    }
-
-    /// One group's sends and receives on this communicator and `stream`, in call
-    /// order (see `Collectives::run_send_recv`).
-    pub fn send_recv(&self, ops: &[SendRecvOp], stream: AppStream) -> Result<()> {
-        let _restore = crate::gpu::RestoreContext::save();
-        let gpu = || self.gpu();
-        self.collectives.run_send_recv(
-            &self.bootstrap,
-            gpu,
-            || self.check_usable(),
-            || {
-                let _ = self.abort(ABORTED_BY_FAILED_CALL);
-            },
-            ops,
-            stream,
-        )
+        self.collectives
+            .window_pointer(&self.bootstrap, &gpu, self, &self.registrations, token, offset, peer)
     }
 
     /// Releases everything the core holds: the collectives, the registrations still held, the GPU. The
@@ -336,6 +258,12 @@ impl Communicator {
         }
         // Destroyed: an abort no longer ends the process (`MSCCLPP_ABORT_EXIT_TIMEOUT`).
         self.failures.destroyed();
+    }
+}
+
+impl Usable for Communicator {
+    fn check_usable(&self) -> Result<()> {
+        Communicator::check_usable(self)
     }
 }
 

@@ -25,6 +25,13 @@ use std::time::{Duration, Instant};
 /// (128 + signal) nor the usual 1 of a failed program.
 pub const ABORT_EXIT_STATUS: i32 = 75;
 
+/// What a call that waits on its peers asks between its waits, and what a set-up asks after its exchange:
+/// whether the communicator may still be used (`Err`: its first failure's error). The communicator answers
+/// (`Communicator::check_usable`); the collectives ask it without knowing the communicator.
+pub trait Usable {
+    fn check_usable(&self) -> Result<(), Error>;
+}
+
 /// Failures the communicator learns of besides the bootstrap's: a proxy's.
 #[derive(Default)]
 pub struct FailureState {

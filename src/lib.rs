@@ -23,6 +23,9 @@
 //!     per device.
 //!
 //!   A new transport is one more folder there and one line in `connections::new_transport`.
+//! - `pipeline/`: the one path of every call (collective, send/receive, one-sided, resume): submitted as
+//!   work with its stream, planned (`collective/plan.rs`), run through one prologue, launched, and the
+//!   communicator aborted where a launch fails after the peers may have started theirs.
 //! - `collective/`: all-reduce, all-gather, reduce-scatter, broadcast and the rest of NCCL's collectives, and
 //!   send and receive: the host side (checks, the algorithm table, scratch memory, launches); their kernels
 //!   are in `kernels/collectives/`, one file per algorithm, compiled by build.rs and embedded.
@@ -64,6 +67,7 @@ pub mod logging;
 #[cfg(feature = "mscclpp-abi")]
 pub mod mscclpp_abi;
 pub mod nccl;
+pub mod pipeline;
 pub mod proxy;
 pub mod registration;
 pub mod settings;

@@ -1,92 +1,56 @@
-//! Where a collective call becomes launches: `Collectives::run` checks the call, sets the collectives up at
-//! the first call (every rank's first call does, together), and picks its path in this order: the copy
-//! engine (`copy_engine.rs`, eager calls on registered outputs), zero-copy (`zero_copy/`, registered
-//! buffers), sends and receives (`send_recv_collectives.rs`), else the scratch algorithm the table chose
-//! (`algorithm.rs`), a launch per window. A rank whose `PreMulSum` has no peer to reduce with scales its
+//! Where a collective call becomes launches, once `pipeline/` has checked it: `launch_collective` sets the
+//! collectives up at the first call (every rank's first call does, together), and takes the first path
+//! `plan::paths` lists that does not decline: the copy engine (`copy_engine.rs`, eager calls on registered
+//! outputs), zero-copy (`zero_copy/`, registered buffers), sends and receives (`send_recv_collectives.rs`),
+//! the scratch algorithm the table chose (`algorithm.rs`), a launch per window (`plan::scratch_launches`). A rank whose `PreMulSum` has no peer to reduce with scales its
 //! input alone (`scale_one_rank`).
 
 use super::algorithm::{self, Protocol};
 use super::kernel_args::{self, KernelArgs};
 use super::kernels::LoadedKernels;
+use super::plan::{self, Path};
 use super::variants::Kernel;
 use super::{
     Call, Collectives, DataType, Ready, RedOp, Scalar, call, copy_engine, send_recv, send_recv_collectives, zero_copy,
 };
 use crate::bootstrap::Bootstrap;
 use crate::error::Result;
+use crate::failure::Usable;
 use crate::gpu::{AppStream, GpuContext, RelaxedCapture};
 use crate::registration::Registrations;
 use std::sync::atomic::Ordering;
 
 impl Collectives {
-    /// Runs one collective call: checks it, sets the collectives up at the first call (collectively: every
-    /// rank's first call does), and queues its kernels on `stream`.
-    ///
-    /// `gpu` gives the communicator's context and makes it current (only once the arguments are checked
-    /// and the call is not empty, so that those need no GPU), `aborted` is its failure check, and `root`
-    /// the application's root argument (checked here). `abort_communicator` is called when the call fails
-    /// after its peers may have started it.
+    /// Queues one collective call's kernels on `stream`, its prologue passed (`pipeline/execute.rs`: the
+    /// communicator usable, the call not empty, its buffers and stream checked against `gpu`, current): sets
+    /// the collectives up at the first call (every rank's first call does, together), then takes the first
+    /// of the planned paths that does not decline (`pipeline::plan::paths`). From here on the peers may
+    /// already be in this call, so the executor aborts the communicator when this fails.
     #[allow(clippy::too_many_arguments)]
-    pub fn run(
+    pub fn launch_collective(
         &self,
         bootstrap: &Bootstrap,
-        gpu: impl FnOnce() -> Result<GpuContext>,
-        aborted: impl Fn() -> Result<()>,
-        abort_communicator: impl FnOnce(),
+        gpu: &GpuContext,
+        usable: &dyn Usable,
         call: &Call,
-        root: i64,
+        sizes: &call::Sizes,
         stream: AppStream,
         registrations: &Registrations,
     ) -> Result<()> {
-        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
-        let sizes = call.sizes(rank, nranks, root)?;
-        aborted()?;
-        // Before anything else: a first call's set-up now would wait for peers that are suspended too.
-        self.check_not_suspended()?;
-        if sizes.piece == 0 {
-            return Ok(());
-        }
-        let gpu = &gpu()?;
-        // A broadcast's or a scatter's non-root reads no input, a reduce's or a gather's keeps no output
-        // (the size is 0 there).
-        if sizes.send > 0 {
-            gpu.check_buffer(call.send, sizes.send, "sendbuff")?;
-        }
-        if sizes.recv > 0 {
-            gpu.check_buffer(call.recv, sizes.recv, "recvbuff")?;
-        }
-        let scalar = call.op.and_then(RedOp::scalar);
-        if let Some(Scalar::Device(ptr)) = scalar {
-            gpu.check_buffer(ptr, call.datatype.size() as u64, "the PreMulSum operator's scalar")?;
-        }
-        stream.check_context(gpu)?;
-        if nranks == 1 {
+        if bootstrap.nranks() == 1 {
             // One rank: the result is the input (an average of one is the value itself; one piece), or for a
             // PreMulSum the input times the scalar.
-            if let Some(scalar) = scalar {
+            if let Some(scalar) = call.op.and_then(RedOp::scalar) {
                 return self.scale_one_rank(gpu, call, sizes.piece, scalar, stream);
             }
             if call.send != call.recv {
-                // SAFETY: both ranges were checked above to be device memory of this context.
+                // SAFETY: both ranges were checked by the prologue to be device memory of this context.
                 unsafe { stream.copy(call.recv, call.send, sizes.piece as usize)? };
             }
             return Ok(());
         }
-
         let capturing = stream.is_capturing()?;
-        // From here on the peers may already be in this call (its set-up, or its kernels waiting for ours):
-        // a failure on this rank alone would leave them waiting forever, so it aborts the communicator.
-        self.set_up_and_launch(bootstrap, gpu, &aborted, call, &sizes, capturing, stream, registrations)
-            .inspect_err(|e| {
-                if aborted().is_ok() {
-                    log::warn!(
-                        "{} failed after its peers may have started it ({}); aborting the communicator",
-                        call.function,
-                        e.message
-                    );
-                    abort_communicator();
-                }
-            })
+        self.set_up_and_launch(bootstrap, gpu, usable, call, sizes, capturing, stream, registrations)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -94,7 +58,7 @@ impl Collectives {
         &self,
         bootstrap: &Bootstrap,
         gpu: &GpuContext,
-        aborted: &impl Fn() -> Result<()>,
+        usable: &dyn Usable,
         call: &Call,
         sizes: &call::Sizes,
         capturing: bool,
@@ -107,14 +71,13 @@ impl Collectives {
             let _relaxed = capturing.then(RelaxedCapture::enter).transpose()?;
             *ready = Some(self.set_up(bootstrap, gpu, None)?);
             // An abort that came during the set-up found no word to raise.
-            if aborted().is_err() {
+            if usable.check_usable().is_err() {
                 self.abort();
             }
         }
         let ready = ready.as_mut().expect("set up above");
 
         let message = call.collective.message(sizes.piece, nranks);
-        let protocol = algorithm::choose(call.collective, nranks, message, ready.choice);
         let stride = if call.collective.per_rank_pieces() {
             sizes.piece
         } else {
@@ -124,7 +87,7 @@ impl Collectives {
         let send = if sizes.send == 0 { 0 } else { call.send };
         let recv = if sizes.recv == 0 { 0 } else { call.recv };
         let (scalar_bits, scalar_ptr) = call.op.and_then(RedOp::scalar).map_or((0, 0), Scalar::kernel_fields);
-        let mut args = KernelArgs {
+        let args = KernelArgs {
             send,
             recv,
             scratch: ready.scratch.ptrs,
@@ -146,61 +109,100 @@ impl Collectives {
         } else {
             algorithm::Placement::SeveralGpus
         };
-        if copy_engine::attempt(call.collective, nranks, placement, message, ready.choice, capturing)
-            && self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)?
-        {
-            self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
-        }
-        if zero_copy::attempt(call.collective, call.op, nranks, placement, message, ready.choice) {
-            // One launch, whatever the vote: where it says no, the same kernel runs the scratch algorithm,
-            // window by window (zero_copy.cuh, the fallback).
-            return self.launch_zero_copy(
-                bootstrap,
-                ready,
-                gpu,
-                call,
-                sizes,
-                capturing,
-                stream,
-                registrations,
-                &args,
-            );
-        }
-        if send_recv_collectives::applies(call.collective, call.op, nranks, placement, message, ready.choice) {
-            // Every rank decides alike, by the channels of the rank that needs most.
-            let channels = send_recv_collectives::most_channels(call.collective, nranks);
-            let mut fits = send_recv::fits(ready, channels, None, capturing)?;
-            if let Some(op) = call.op {
-                fits &= send_recv::fits(ready, channels, Some((op, call.datatype)), capturing)?;
-            }
-            if fits {
-                let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
-                for l in &launches {
-                    send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
+        let shape = plan::Shape {
+            collective: call.collective,
+            op: call.op,
+            nranks,
+            placement,
+            message,
+            choice: ready.choice,
+            capturing,
+        };
+        for path in plan::paths(&shape) {
+            match path {
+                Path::CopyEngine => {
+                    if self.launch_copy_engine(bootstrap, ready, gpu, call, sizes, stream, registrations, &args)? {
+                        self.copy_engine_calls.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
                 }
-                self.send_recv_calls.fetch_add(1, Ordering::Relaxed);
-                return Ok(());
+                // One launch, whatever the vote: where it says no, the same kernel runs the scratch algorithm,
+                // window by window (zero_copy.cuh, the fallback).
+                Path::ZeroCopy => {
+                    return self.launch_zero_copy(
+                        bootstrap,
+                        ready,
+                        gpu,
+                        call,
+                        sizes,
+                        capturing,
+                        stream,
+                        registrations,
+                        &args,
+                    );
+                }
+                Path::SendRecv => {
+                    // Every rank decides alike, by the channels of the rank that needs most.
+                    let channels = send_recv_collectives::most_channels(call.collective, nranks);
+                    let mut fits = send_recv::fits(ready, channels, None, capturing)?;
+                    if let Some(op) = call.op {
+                        fits &= send_recv::fits(ready, channels, Some((op, call.datatype)), capturing)?;
+                    }
+                    if fits {
+                        let launches = send_recv_collectives::launches(call, rank, nranks, send, recv, sizes.piece)?;
+                        for l in &launches {
+                            send_recv::launch(ready, rank, nranks, &l.work, l.reducing, capturing, stream)?;
+                        }
+                        self.send_recv_calls.fetch_add(1, Ordering::Relaxed);
+                        return Ok(());
+                    }
+                }
+                Path::Scratch(protocol) => {
+                    return self.launch_scratch(ready, call, sizes.piece, protocol, capturing, stream, args);
+                }
             }
         }
-        // The scratch algorithm, a launch per window.
+        Err(crate::error::Error::internal(
+            "no path took the collective (the last planned never declines)",
+        ))
+    }
+
+    /// The scratch algorithm `protocol`, a launch per window (`plan::scratch_launches`).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_scratch(
+        &self,
+        ready: &mut Ready,
+        call: &Call,
+        piece: u64,
+        protocol: Protocol,
+        capturing: bool,
+        stream: AppStream,
+        mut args: KernelArgs,
+    ) -> Result<()> {
+        let (send, recv) = (args.send, args.recv);
         let kernel = algorithm::kernel(call.collective, protocol);
         let loaded =
             ready
                 .kernels
                 .get_capturing(capturing, kernel, call.op, call.datatype, algorithm::threads(protocol))?;
         let max_blocks = loaded.max_blocks.min(ready.scratch.cta_limit);
-        let window = ready.scratch.window(call.collective, protocol, nranks);
-        for (offset, bytes) in algorithm::windows(sizes.piece, window) {
-            args.send = if send == 0 { 0 } else { send + offset };
-            args.recv = if recv == 0 { 0 } else { recv + offset };
-            args.bytes = bytes;
-            let (blocks, threads) = algorithm::grid(call.collective, protocol, nranks, bytes, max_blocks);
+        let window = ready.scratch.window(call.collective, protocol, args.nranks as usize);
+        for l in plan::scratch_launches(
+            call.collective,
+            protocol,
+            args.nranks as usize,
+            piece,
+            window,
+            max_blocks,
+        ) {
+            args.send = if send == 0 { 0 } else { send + l.offset };
+            args.recv = if recv == 0 { 0 } else { recv + l.offset };
+            args.bytes = l.bytes;
             // SAFETY: the arguments are `CollArgs`'s layout (kernel_args.rs); the application's buffers
-            // were checked to hold the bytes the kernel touches (windows stay inside `sizes`); the scratch,
-            // the state and the abort word live in `ready` until `clear`, which comes after the
+            // were checked to hold the bytes the kernel touches (windows stay inside the call's sizes); the
+            // scratch, the state and the abort word live in `ready` until `clear`, which comes after the
             // application has synchronized; the stream was checked to be of this context.
-            unsafe { loaded.kernel.launch(blocks, threads, stream, &args)? };
+            unsafe { loaded.kernel.launch(l.blocks, l.threads, stream, &args)? };
         }
         Ok(())
     }

@@ -14,9 +14,10 @@
 //!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: the collectives carried
 //!   as such launches (gather, scatter, all-to-all, the chains of broadcast and reduce, and two GPUs'
 //!   all-gather, reduce-scatter and all-reduce at the sizes it names);
-//! - `launch.rs`: where a call becomes launches: `Collectives::run` checks it, sets the collectives up at
-//!   the first call and picks the path (the copy engine, zero-copy, sends and receives, or the scratch
-//!   algorithm's windows), and queues the kernels;
+//! - `plan.rs`: the planner, pure: a group's work in the order it is issued, the paths a collective may
+//!   take (the copy engine, zero-copy, sends and receives, the scratch algorithm), its scratch windows;
+//! - `launch.rs`: where a checked collective becomes launches (`Collectives::launch_collective`, run by
+//!   `pipeline/`): the set-up at the first call, then the first planned path that does not decline;
 //! - `variants.rs`: the kernels' variants (types, operators, kernels; `kernels/variants.rs`, which build.rs
 //!   generates the kernels' units and the table of their entry points from);
 //! - `kernels.rs`: the embedded fatbins, loaded into the communicator's context at first use, and the
@@ -50,6 +51,7 @@ pub mod kernel_args;
 mod kernel_requests;
 pub mod kernels;
 pub mod launch;
+pub mod plan;
 pub mod process_exit;
 pub mod scratch;
 pub mod send_recv;
@@ -61,6 +63,7 @@ pub mod zero_copy;
 
 pub use call::{Call, Collective};
 pub use datatype::{DataType, RedOp, Scalar};
+pub use plan::{Submitted, Work};
 pub use send_recv::{SendRecvKind, SendRecvOp};
 
 use crate::bootstrap::Bootstrap;

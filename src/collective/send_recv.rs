@@ -24,10 +24,9 @@ use super::kernel_args::{
 use super::kernels::LoadedKernel;
 use super::variants::Kernel;
 use super::{Collectives, DataType, Ready, RedOp};
-use crate::bootstrap::Bootstrap;
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::gpu::{AppStream, DevicePtr, GpuContext};
+use crate::gpu::{AppStream, DevicePtr};
 use crate::settings::{SENDRECV_CHUNK_KB, SENDRECV_DEPTH, SENDRECV_LANES, Source};
 
 /// Any type serves the kernel that only moves bytes (`Kernel::SendRecv`).
@@ -41,7 +40,7 @@ pub enum SendRecvKind {
 }
 
 impl SendRecvKind {
-    fn buffer_name(self) -> &'static str {
+    pub fn buffer_name(self) -> &'static str {
         match self {
             SendRecvKind::Send => "sendbuff",
             SendRecvKind::Recv => "recvbuff",
@@ -61,6 +60,41 @@ pub struct SendRecvOp {
     pub buffer: DevicePtr,
     pub count: usize,
     pub datatype: DataType,
+}
+
+impl SendRecvOp {
+    /// Checks what one call can be checked for without a GPU or the rest of its group (its peer, its byte
+    /// count, its buffer): its bytes, `None` for an empty call. `name` names the call in messages.
+    pub fn checked_bytes(&self, nranks: usize, name: impl Fn() -> String) -> Result<Option<u64>> {
+        ensure_arg!(
+            self.peer < nranks,
+            "{}: peer is {}; it must be in [0, nranks = {nranks})",
+            name(),
+            self.peer
+        );
+        let bytes = (self.count as u64)
+            .checked_mul(self.datatype.size() as u64)
+            .filter(|b| *b < 1u64 << 63)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{}: count = {} elements of {} bytes overflow a 64-bit byte count",
+                    name(),
+                    self.count,
+                    self.datatype.size()
+                ))
+            })?;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        ensure_arg!(
+            self.buffer != 0,
+            "{}: {} is NULL (count = {})",
+            name(),
+            self.kind.buffer_name(),
+            self.count
+        );
+        Ok(Some(bytes))
+    }
 }
 
 /// A non-empty send or receive, checked.
@@ -129,7 +163,7 @@ impl Pairing {
 }
 
 impl Moved {
-    fn buffer_name(&self) -> String {
+    pub fn buffer_name(&self) -> String {
         let direction = match self.kind {
             SendRecvKind::Send => "to",
             SendRecvKind::Recv => "from",
@@ -204,33 +238,9 @@ impl Work {
             }
         };
         for (i, op) in ops.iter().enumerate() {
-            ensure_arg!(
-                op.peer < nranks,
-                "{}: peer is {}; it must be in [0, nranks = {nranks})",
-                call(i, op),
-                op.peer
-            );
-            let bytes = (op.count as u64)
-                .checked_mul(op.datatype.size() as u64)
-                .filter(|b| *b < 1u64 << 63)
-                .ok_or_else(|| {
-                    Error::invalid_argument(format!(
-                        "{}: count = {} elements of {} bytes overflow a 64-bit byte count",
-                        call(i, op),
-                        op.count,
-                        op.datatype.size()
-                    ))
-                })?;
-            if bytes == 0 {
+            let Some(bytes) = op.checked_bytes(nranks, || call(i, op))? else {
                 continue;
-            }
-            ensure_arg!(
-                op.buffer != 0,
-                "{}: {} is NULL (count = {})",
-                call(i, op),
-                op.kind.buffer_name(),
-                op.count
-            );
+            };
             let moved = Moved {
                 kind: op.kind,
                 function: op.function,
@@ -632,67 +642,23 @@ pub fn plan(
 }
 
 impl Collectives {
-    /// Runs one rank's sends and receives of one group on one communicator and stream (`ops`, in call
-    /// order; a single call outside a group is a group of one): checks them, copies what this rank sends to
-    /// itself, and queues one kernel for the rest on `stream`. The collectives must have been set up
-    /// (`prepare`) unless every call is empty or names this rank.
-    ///
-    /// `gpu`, `aborted` and `abort_communicator` are `run`'s: the communicator is aborted when the call
-    /// fails after its peers may have started theirs.
-    pub fn run_send_recv(
-        &self,
-        bootstrap: &Bootstrap,
-        gpu: impl FnOnce() -> Result<GpuContext>,
-        aborted: impl Fn() -> Result<()>,
-        abort_communicator: impl FnOnce(),
-        ops: &[SendRecvOp],
-        stream: AppStream,
-    ) -> Result<()> {
-        let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
-        let work = Work::sort(ops, rank, nranks)?;
-        aborted()?;
-        self.check_not_suspended()?;
-        if work.buffers.is_empty() {
-            return Ok(());
-        }
-        let gpu = &gpu()?;
-        for m in &work.buffers {
-            gpu.check_buffer(m.buffer, m.bytes, &m.buffer_name())?;
-        }
-        stream.check_context(gpu)?;
+    /// Carries one group's sends and receives (sorted: `Work::sort`), their prologue passed
+    /// (`pipeline/execute.rs`: the buffers and the stream checked against the current context): the
+    /// copies to this rank, then, where any call names a peer, one launch. From the launch on the peers'
+    /// kernels may already wait for this one, so the executor aborts the communicator when it fails.
+    pub fn launch_send_recv(&self, rank: usize, nranks: usize, work: &Work, stream: AppStream) -> Result<()> {
         if work.remote.is_empty() {
             return work.copy_to_self(stream);
         }
-        if self.ready.lock().is_none() {
-            return Err(not_prepared());
-        }
         let capturing = stream.is_capturing()?;
-        // From here on the peers' kernels may already wait for this one: a failure on this rank alone would
-        // leave them waiting forever, so it aborts the communicator.
-        self.launch_send_recv(rank, nranks, &work, capturing, stream)
-            .inspect_err(|e| {
-                if aborted().is_ok() {
-                    log::warn!(
-                        "{} failed after its peers may have started theirs ({}); aborting the communicator",
-                        work.remote.first().map_or("a send or receive", |m| m.function),
-                        e.message
-                    );
-                    abort_communicator();
-                }
-            })
-    }
-
-    fn launch_send_recv(
-        &self,
-        rank: usize,
-        nranks: usize,
-        work: &Work,
-        capturing: bool,
-        stream: AppStream,
-    ) -> Result<()> {
         let mut ready = self.ready.lock();
         let ready = ready.as_mut().ok_or_else(not_prepared)?;
         launch(ready, rank, nranks, work, None, capturing, stream)
+    }
+
+    /// Whether the collectives are set up (`prepare`): sends and receives to peers need it.
+    pub fn prepared(&self) -> bool {
+        self.ready.lock().is_some()
     }
 }
 
@@ -750,7 +716,7 @@ pub(super) fn launch(
     unsafe { loaded.kernel.launch(blocks, SENDRECV_THREADS, stream, &args) }
 }
 
-fn not_prepared() -> Error {
+pub(crate) fn not_prepared() -> Error {
     Error::invalid_usage(
         "send and receive need the communicator's collectives set up first, by every rank at once \
          (Collectives::prepare, called as the communicator is created)",

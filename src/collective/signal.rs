@@ -33,6 +33,7 @@ use super::zero_copy::PeerWindow;
 use super::{DataType, process_exit};
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, ErrorKind, Result};
+use crate::failure::Usable;
 use crate::gpu::{AppStream, DeviceAllocation, DevicePtr, GpuContext, RelaxedCapture, Stream};
 use crate::registration::{Kind, Registrations};
 use std::sync::Arc;
@@ -150,7 +151,7 @@ impl OneSided {
         matches!(self, OneSided::Wait(_))
     }
 
-    fn check(&self, nranks: usize) -> Result<()> {
+    pub fn check(&self, nranks: usize) -> Result<()> {
         let peers: Vec<usize> = match self {
             OneSided::Put { peer, .. } | OneSided::Signal { peer, .. } => vec![*peer],
             OneSided::Wait(waits) => waits.iter().map(|w| w.peer).collect(),
@@ -246,73 +247,51 @@ fn not_prepared() -> Error {
 }
 
 impl Collectives {
-    /// Runs one one-sided call: checks it, resolves a put's target, and queues its copy and kernels on
-    /// `stream`. `gpu`, `aborted` and `abort_communicator` as for `run`: a failure after the arguments were
-    /// found good aborts the communicator (a peer may be waiting for this rank's signal), a bad argument
-    /// does not.
-    #[allow(clippy::too_many_arguments)]
-    pub fn one_sided(
+    /// Whether a one-sided call may go: one rank needs nothing, more need the collectives set up
+    /// (`prepare`) and not released by a suspend. Refused before anything is queued, without aborting:
+    /// nothing of the call reached a peer.
+    pub fn check_one_sided_ready(&self, nranks: usize) -> Result<()> {
+        if nranks > 1 && self.ready.lock().is_none() {
+            return Err(not_prepared());
+        }
+        Ok(())
+    }
+
+    /// Queues one one-sided call, its prologue passed (`pipeline/execute.rs`: its arguments checked, its
+    /// source and stream checked against `gpu`, current): resolves a put's target, and queues its copy and
+    /// kernels on `stream`. The executor aborts the communicator when this fails (a peer may be waiting
+    /// for this rank's signal), but for a bad argument (a target outside the peer's window).
+    pub fn launch_one_sided_call(
         &self,
         bootstrap: &Bootstrap,
-        gpu: impl FnOnce() -> Result<GpuContext>,
-        aborted: impl Fn() -> Result<()>,
-        abort_communicator: impl FnOnce(),
+        gpu: &GpuContext,
+        usable: &dyn Usable,
         registrations: &Registrations,
         op: &OneSided,
         stream: AppStream,
     ) -> Result<()> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
-        op.check(nranks)?;
-        if let OneSided::Put { window, .. } = op {
-            own_window(registrations, *window, "peerWin")?;
-        }
-        aborted()?;
-        // Refused before anything is queued, without aborting: nothing of this call reached a peer.
-        if nranks > 1 && self.ready.lock().is_none() {
-            return Err(not_prepared());
-        }
-        if matches!(op, OneSided::Wait(w) if merge_waits(w).is_empty()) {
-            return Ok(());
-        }
-        let gpu = &gpu()?;
-        if let OneSided::Put { src, bytes, .. } = op
-            && *bytes > 0
-        {
-            gpu.check_buffer(*src, *bytes, "localbuff")?;
-        }
-        stream.check_context(gpu)?;
         let capturing = stream.is_capturing()?;
-        let queued = (|| {
-            let target = match op {
-                OneSided::Put {
-                    bytes,
-                    peer,
-                    window,
-                    offset,
-                    ..
-                } if *bytes > 0 => {
-                    let at = Target {
-                        token: *window,
-                        peer: *peer,
-                        offset: *offset,
-                        bytes: *bytes,
-                        names: ("peerWin", "peerWinOffset"),
-                    };
-                    Some(self.window_address(bootstrap, gpu, capturing, &aborted, registrations, &at)?)
-                }
-                _ => None,
-            };
-            self.launch_one_sided(gpu, rank, nranks, capturing, op, target, stream)
-        })();
-        queued.inspect_err(|e| {
-            if e.kind != ErrorKind::InvalidArgument && aborted().is_ok() {
-                log::warn!(
-                    "a one-sided call failed after its peers may have counted on it ({}); aborting the communicator",
-                    e.message
-                );
-                abort_communicator();
+        let target = match op {
+            OneSided::Put {
+                bytes,
+                peer,
+                window,
+                offset,
+                ..
+            } if *bytes > 0 => {
+                let at = Target {
+                    token: *window,
+                    peer: *peer,
+                    offset: *offset,
+                    bytes: *bytes,
+                    names: ("peerWin", "peerWinOffset"),
+                };
+                Some(self.window_address(bootstrap, gpu, capturing, usable, registrations, &at)?)
             }
-        })
+            _ => None,
+        };
+        self.launch_one_sided(gpu, rank, nranks, capturing, op, target, stream)
     }
 
     /// Where byte `offset` of `peer`'s registration of this rank's window `token` is in this process (NCCL's
@@ -322,7 +301,7 @@ impl Collectives {
         &self,
         bootstrap: &Bootstrap,
         gpu: &GpuContext,
-        aborted: impl Fn() -> Result<()>,
+        usable: &dyn Usable,
         registrations: &Registrations,
         token: u64,
         offset: u64,
@@ -331,10 +310,8 @@ impl Collectives {
         let nranks = bootstrap.nranks();
         crate::ensure_arg!(peer < nranks, "peer is {peer}; it must be in [0, nranks = {nranks})");
         own_window(registrations, token, "window")?;
-        aborted()?;
-        if nranks > 1 && self.ready.lock().is_none() {
-            return Err(not_prepared());
-        }
+        usable.check_usable()?;
+        self.check_one_sided_ready(nranks)?;
         let at = Target {
             token,
             peer,
@@ -342,7 +319,7 @@ impl Collectives {
             bytes: 1,
             names: ("window", "offset"),
         };
-        self.window_address(bootstrap, gpu, false, &aborted, registrations, &at)
+        self.window_address(bootstrap, gpu, false, usable, registrations, &at)
     }
 
     /// Byte `at.offset` of `at.peer`'s registration of this rank's window `at.token`, as this context reaches
@@ -352,7 +329,7 @@ impl Collectives {
         bootstrap: &Bootstrap,
         gpu: &GpuContext,
         capturing: bool,
-        aborted: &impl Fn() -> Result<()>,
+        usable: &dyn Usable,
         registrations: &Registrations,
         at: &Target,
     ) -> Result<DevicePtr> {
@@ -361,7 +338,7 @@ impl Collectives {
         let (len, base) = if peer == bootstrap.rank() {
             (mine.len as u64, mine.ptr)
         } else {
-            let (window, base) = self.peer_window(bootstrap, gpu, capturing, aborted, peer, ordinal)?;
+            let (window, base) = self.peer_window(bootstrap, gpu, capturing, usable, peer, ordinal)?;
             (window.len, base)
         };
         check_bounds(at, ordinal, len)?;
@@ -375,7 +352,7 @@ impl Collectives {
         bootstrap: &Bootstrap,
         gpu: &GpuContext,
         capturing: bool,
-        aborted: &impl Fn() -> Result<()>,
+        usable: &dyn Usable,
         peer: usize,
         ordinal: u32,
     ) -> Result<(PeerWindow, DevicePtr)> {
@@ -407,7 +384,7 @@ impl Collectives {
                     return Ok((window, base));
                 }
             }
-            aborted()?;
+            usable.check_usable()?;
             if start.elapsed() >= WINDOW_WAIT {
                 return Err(Error::new(
                     ErrorKind::Timeout,

@@ -84,7 +84,7 @@ impl Collectives {
     }
 
     /// Refuses work while suspended.
-    pub(super) fn check_not_suspended(&self) -> Result<()> {
+    pub fn check_not_suspended(&self) -> Result<()> {
         if self.suspended() {
             return Err(suspended_error());
         }
@@ -136,16 +136,11 @@ impl Collectives {
 
     /// Resumes suspended collectives: collective, every rank calls it. Their memory is made again as at the
     /// set-up (zeroed, the handles exchanged over the bootstrap) wherever this rank had set them up before,
-    /// whatever the suspend released; the kernels loaded before are kept. `gpu` gives the
-    /// communicator's context; `abort_communicator` is called when the set-up fails after the peers may
-    /// have started theirs, so that they are not left waiting for this rank. A failed resume leaves the
-    /// collectives suspended.
-    pub fn resume(
-        &self,
-        bootstrap: &Bootstrap,
-        gpu: impl FnOnce() -> Result<GpuContext>,
-        abort_communicator: impl FnOnce(),
-    ) -> Result<()> {
+    /// whatever the suspend released; the kernels loaded before are kept. `gpu` is the communicator's
+    /// context (asked before these locks are taken). A failed resume leaves the collectives suspended, and
+    /// the executor (`pipeline/execute.rs`) aborts the communicator, so that the peers that may be in the
+    /// set-up's exchange are not left waiting for this rank.
+    pub fn resume(&self, bootstrap: &Bootstrap, gpu: Result<GpuContext>) -> Result<()> {
         let mut ready = self.ready.lock();
         let mut suspended = self.suspended.lock();
         let Some(suspension) = suspended.take() else {
@@ -157,7 +152,7 @@ impl Collectives {
             // Nothing was set up on this rank (one rank, or no GPU driver): nothing to make again.
             return Ok(());
         }
-        let made = gpu().and_then(|gpu| {
+        let made = gpu.and_then(|gpu| {
             let kept = match ready.take() {
                 // A suspend of flags 0 kept everything: released now, to be made again with the peers'.
                 Some(r) => {
@@ -180,20 +175,12 @@ impl Collectives {
                 Ok(())
             }
             Err(e) => {
-                // The peers may be waiting in the exchange for this rank's handles.
-                log::warn!(
-                    "resuming the collectives failed ({}); aborting the communicator",
-                    e.message
-                );
                 // What the suspend kept goes, as it would with a set-up that failed.
                 self.zero_copy.drop_peers();
                 *suspended = Some(Suspension {
                     kept: None,
                     released: ready.is_none(),
                 });
-                drop(ready);
-                drop(suspended);
-                abort_communicator();
                 Err(e)
             }
         }

@@ -185,7 +185,7 @@ fn strided_bytes_fit(size: u64, offset: u64, pitch: u64, rows: u64) -> bool {
 
 /// A stream of the application (a `cudaStream_t` passed to `mscclppRegisteredBufferWrite`; 0 is the
 /// legacy default stream): borrowed, never destroyed by us.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AppStream(usize);
 
 impl AppStream {

@@ -8,6 +8,7 @@ use super::api::with_comm;
 use crate::collective::{Call, Collective, DataType, RedOp};
 use crate::error::{Error, Result};
 use crate::gpu::AppStream;
+use crate::pipeline::Submitted;
 use crate::types::{mscclppComm_t, mscclppDataType_t, mscclppRedOp_t, mscclppResult_t};
 use std::ffi::{c_int, c_void};
 
@@ -60,7 +61,7 @@ fn collective(
         };
         // SAFETY: the header's contract: `stream` is 0 or a live stream of the communicator's GPU.
         let stream = unsafe { AppStream::from_raw(stream as u64) };
-        c.collective(&call, root as i64, stream)
+        c.submit(&[Submitted::collective(c, call, root as i64, stream)?])
     })
 }
 

@@ -2,8 +2,8 @@
 //! `ncclReduceScatter`, `ncclBroadcast`, `ncclBcast`, `ncclReduce`, `ncclAlltoAll`, `ncclGather`,
 //! `ncclScatter`): `collective` checks the arguments, reads NCCL's type and operator, and makes the core's
 //! `Call` (carrying the exported function's name for messages), which `queue::issue` hands to
-//! `Communicator::collective` now or at the group's end; it becomes a launch in `Collectives::run`
-//! (`src/collective/launch.rs`). Where NVIDIA's communicator carries every call (ranks on several hosts), the
+//! the core's pipeline now or at the group's end (`src/pipeline/`); it becomes launches in
+//! `Collectives::launch_collective` (`src/collective/launch.rs`). Where NVIDIA's communicator carries every call (ranks on several hosts), the
 //! call is forwarded to it instead (`fallback.rs`). `coll_config.rs` has the siblings taking an
 //! `ncclCollConfig_t`.
 #![allow(non_snake_case)] // nccl.h's argument names
@@ -16,6 +16,8 @@ use super::queue::{Op, enqueue, forward, issue};
 use super::types::*;
 use crate::collective::{Call, Collective};
 use crate::error::Error;
+use crate::gpu::AppStream;
+use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_void};
 
 /// AllReduce, AllGather, ReduceScatter, Broadcast: checked here (nothing touches a GPU before the checks
@@ -72,15 +74,12 @@ pub(super) fn collective(
             op: core_op,
             root: root.max(0) as usize,
         };
-        // The checks the core makes without a GPU (root, sizes, NULL buffers), made here too so that a
-        // call queued in a group fails at once.
-        call.sizes(core.rank(), core.nranks(), root as i64)?;
-        issue(Op::Collective {
-            comm: core,
-            call,
-            root: root as i64,
-            stream: stream as u64,
-        })
+        // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until
+        // the call (or its group) is issued.
+        let stream = unsafe { AppStream::from_raw(stream as u64) };
+        // Checked once, here (root, sizes, NULL buffers), so that a call queued in a group fails at once.
+        let work = Submitted::collective(&core, call, root as i64, stream)?;
+        issue(Op::Work { comm: core, work })
     })
 }
 

@@ -16,8 +16,8 @@
 //! API, the last error's message, and the NVIDIA communicator kept beside ours.
 //!
 //! An `ncclAllReduce` enters in `collectives.rs` (`collective`: arguments checked, NCCL's type and
-//! operator read, the core's `Call` made), is issued or queued by `queue.rs` (`issue`), and reaches its
-//! launch in `Collectives::run` (`src/collective/launch.rs`), through `Communicator::collective`.
+//! operator read, the core's `Call` made and submitted as work, `pipeline::Submitted`), is issued or queued
+//! by `queue.rs` (`issue`), and reaches its launch through the core's pipeline (`src/pipeline/`).
 //!
 //! The calls, by file:
 //! - `entry.rs`: what every export does first: the panic boundary (`entry`), the communicator behind an

@@ -3,6 +3,7 @@
 //! `issue`, which runs it now outside a group and queues it inside one (`enqueue` is the entry of such a
 //! call: a failure inside a group also fails the group).
 //!
+//! - `Op::Work`: a call of ours, checked by the core where it is made (`pipeline::Submitted`).
 //! - `Group`: the bookkeeping, per thread as in NCCL (`GROUP`): the depth of nesting, the work queued since
 //!   the outermost start, and the first error a call inside the group returned (which fails the whole
 //!   group at its end, as NCCL does: nothing queued is then issued).
@@ -13,10 +14,10 @@ use super::comm::NcclComm;
 use super::entry::{OK, with_comm_reporting};
 use super::fallback::{self, Forwarded};
 use super::types::*;
-use crate::collective::{Call, SendRecvOp};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::gpu::{AppStream, GpuContext};
+use crate::gpu::GpuContext;
+use crate::pipeline::Submitted;
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -107,29 +108,12 @@ pub(super) enum Op {
         gpu: Option<GpuContext>,
         job: Job,
     },
-    Collective {
-        comm: Arc<Communicator>,
-        call: Call,
-        root: i64,
-        stream: u64,
-    },
-    /// A send or a receive: a group's are issued together, after the group's collectives, in one launch
-    /// per communicator (they must progress at the same time).
-    SendRecv {
-        comm: Arc<Communicator>,
-        op: SendRecvOp,
-        stream: u64,
-    },
+    /// A call of ours (a collective, a send or receive, a one-sided call), checked: a group's are issued at
+    /// its end per communicator, in the order the core's planner gives (`collective::plan`).
+    Work { comm: Arc<Communicator>, work: Submitted },
     /// A call for NVIDIA's communicator beside ours: inside a group, issued at its end inside NVIDIA's own
     /// group.
     Fallback(Forwarded),
-    /// A one-sided call (`rma.rs`): a group's are issued after its sends and receives, its puts and
-    /// signals first, then its waits, each in call order.
-    OneSided {
-        comm: Arc<Communicator>,
-        op: crate::collective::signal::OneSided,
-        stream: u64,
-    },
 }
 
 thread_local! {
@@ -150,28 +134,12 @@ pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
         Some(op) => op,
     };
     match op {
-        Op::Collective {
-            comm,
-            call,
-            root,
-            stream,
-        } => {
-            // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU.
-            comm.collective(&call, root, unsafe { AppStream::from_raw(stream) })?;
-            OK
-        }
-        Op::SendRecv { comm, op, stream } => {
-            // SAFETY: as above.
-            comm.send_recv(&[op], unsafe { AppStream::from_raw(stream) })?;
+        Op::Work { comm, work } => {
+            comm.submit(std::slice::from_ref(&work))?;
             OK
         }
         Op::Fallback(f) => {
             f.issue()?;
-            OK
-        }
-        Op::OneSided { comm, op, stream } => {
-            // SAFETY: as above.
-            comm.one_sided(&op, unsafe { AppStream::from_raw(stream) })?;
             OK
         }
         Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),

@@ -21,7 +21,9 @@ use crate::abi::{non_null, non_null_args};
 use crate::collective::signal::{self, OneSided, SignalId, Wait};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
+use crate::gpu::AppStream;
 use crate::logging::RankScope;
+use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_uint, c_void};
 
 /// `ncclWaitSignalDesc_t`: one wait of `ncclWaitSignal`.
@@ -32,13 +34,6 @@ pub struct ncclWaitSignalDesc_t {
     pub peer: c_int,
     pub sigIdx: c_int,
     pub ctx: c_int,
-}
-
-/// The order a group issues its one-sided calls in: every put and signal, then every wait, each in call
-/// order (indices into `ops`).
-pub(super) fn group_order<S>(ops: &[(OneSided, S)]) -> Vec<usize> {
-    let (waits, others): (Vec<usize>, Vec<usize>) = (0..ops.len()).partition(|&i| ops[i].0.waits());
-    others.into_iter().chain(waits).collect()
 }
 
 fn check_flags(flags: c_uint) -> Result<()> {
@@ -57,14 +52,11 @@ fn one_sided(c: &NcclComm, op: OneSided, stream: *mut c_void) -> Result<ncclResu
         ));
     }
     let core = c.usable()?;
-    if let OneSided::Put { window, .. } = &op {
-        signal::own_window(core.registrations(), *window, "peerWin")?;
-    }
-    issue(Op::OneSided {
-        comm: core,
-        op,
-        stream: stream as u64,
-    })
+    // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until the
+    // call (or its group) is issued.
+    let stream = unsafe { AppStream::from_raw(stream as u64) };
+    let work = Submitted::one_sided(&core, op, stream)?;
+    issue(Op::Work { comm: core, work })
 }
 
 nccl_export! {
@@ -255,28 +247,6 @@ nccl_export! {
 mod tests {
     use super::*;
     use crate::error::ErrorKind;
-
-    #[test]
-    fn a_groups_puts_and_signals_go_before_its_waits_each_in_call_order() {
-        let id = SignalId::new(0, 0).unwrap();
-        let wait = |peer| {
-            OneSided::Wait(vec![Wait {
-                peer,
-                signal: id,
-                count: 1,
-            }])
-        };
-        let signal = |peer| OneSided::Signal { peer, signal: id };
-        let ops = vec![
-            (wait(1), 0u64),
-            (signal(1), 0),
-            (wait(2), 0),
-            (signal(2), 0),
-            (signal(3), 0),
-        ];
-        assert_eq!(group_order(&ops), [1, 3, 4, 0, 2]);
-        assert!(group_order::<u64>(&[]).is_empty());
-    }
 
     #[test]
     fn wait_descriptors_are_checked_and_named_by_index() {

@@ -9,9 +9,11 @@ use super::fallback;
 use super::queue::{Op, enqueue, forward, issue};
 use super::types::*;
 use crate::collective::{SendRecvKind, SendRecvOp};
+use crate::gpu::AppStream;
+use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_void};
 
-/// Send and Recv: checked here; carried out by the core (a group's together, see `run_group`), any type
+/// Send and Recv: checked here; carried out by the core (a group's together, in one step of the core's plan: `collective/plan.rs`), any type
 /// (fp8 too: bytes), or on NVIDIA's communicator where ours sends everything there (ranks on several hosts).
 #[allow(clippy::too_many_arguments)]
 fn point_to_point(
@@ -54,11 +56,11 @@ fn point_to_point(
             count,
             datatype,
         };
-        issue(Op::SendRecv {
-            comm: core,
-            op,
-            stream: stream as u64,
-        })
+        // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until
+        // the call (or its group) is issued.
+        let stream = unsafe { AppStream::from_raw(stream as u64) };
+        let work = Submitted::send_recv(&core, op, stream)?;
+        issue(Op::Work { comm: core, work })
     })
 }
 
