@@ -12,11 +12,10 @@
 use super::entry::{check_rank, datatype};
 use super::fallback;
 use super::operators::redop;
-use super::queue::{Op, enqueue, forward, issue};
+use super::queue::{enqueue, forward, submit};
 use super::types::*;
 use crate::collective::{Call, Collective};
 use crate::error::Error;
-use crate::gpu::AppStream;
 use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_void};
 
@@ -74,12 +73,10 @@ pub(super) fn collective(
             op: core_op,
             root: root.max(0) as usize,
         };
-        // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until
-        // the call (or its group) is issued.
-        let stream = unsafe { AppStream::from_raw(stream as u64) };
         // Checked once, here (root, sizes, NULL buffers), so that a call queued in a group fails at once.
-        let work = Submitted::collective(&core, call, root as i64, stream)?;
-        issue(Op::Work { comm: core, work })
+        submit(core, stream, |core, stream| {
+            Submitted::collective(core, call, root as i64, stream)
+        })
     })
 }
 

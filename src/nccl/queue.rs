@@ -16,7 +16,7 @@ use super::fallback::{self, Forwarded};
 use super::types::*;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::gpu::GpuContext;
+use crate::gpu::{AppStream, GpuContext};
 use crate::pipeline::Submitted;
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -144,6 +144,20 @@ pub(super) fn issue(op: Op) -> Result<ncclResult_t> {
         }
         Op::Init { .. } => Err(Error::internal("an initialisation outside a group")),
     }
+}
+
+/// Submits work of ours on `core`, now or at the group's end: `make` checks the call and makes its work
+/// (`pipeline::Submitted`'s constructors) with the application's `stream`.
+pub(super) fn submit(
+    core: Arc<Communicator>,
+    stream: *mut c_void,
+    make: impl FnOnce(&Communicator, AppStream) -> Result<Submitted>,
+) -> Result<ncclResult_t> {
+    // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until the call
+    // (or its group) is issued.
+    let stream = unsafe { AppStream::from_raw(stream as u64) };
+    let work = make(&core, stream)?;
+    issue(Op::Work { comm: core, work })
 }
 
 /// Issues `call` on NVIDIA's communicator `f`, now or at the group's end.

@@ -15,13 +15,12 @@
 
 use super::comm::{self as ncomm, NcclComm};
 use super::entry::{OK, check_rank, datatype, datatype_name, entry, with_comm};
-use super::queue::{Op, enqueue, issue};
+use super::queue::{enqueue, submit};
 use super::types::{ncclComm_t, ncclResult_t, ncclWindow_t};
 use crate::abi::{non_null, non_null_args};
 use crate::collective::signal::{self, OneSided, SignalId, Wait};
 use crate::ensure_arg;
 use crate::error::{Error, Result};
-use crate::gpu::AppStream;
 use crate::logging::RankScope;
 use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_uint, c_void};
@@ -51,12 +50,9 @@ fn one_sided(c: &NcclComm, op: OneSided, stream: *mut c_void) -> Result<ncclResu
              registered with NVIDIA's communicator)",
         ));
     }
-    let core = c.usable()?;
-    // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until the
-    // call (or its group) is issued.
-    let stream = unsafe { AppStream::from_raw(stream as u64) };
-    let work = Submitted::one_sided(&core, op, stream)?;
-    issue(Op::Work { comm: core, work })
+    submit(c.usable()?, stream, |core, stream| {
+        Submitted::one_sided(core, op, stream)
+    })
 }
 
 nccl_export! {

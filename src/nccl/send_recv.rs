@@ -6,10 +6,9 @@
 
 use super::entry::{check_rank, datatype};
 use super::fallback;
-use super::queue::{Op, enqueue, forward, issue};
+use super::queue::{enqueue, forward, submit};
 use super::types::*;
 use crate::collective::{SendRecvKind, SendRecvOp};
-use crate::gpu::AppStream;
 use crate::pipeline::Submitted;
 use std::ffi::{c_int, c_void};
 
@@ -56,11 +55,7 @@ fn point_to_point(
             count,
             datatype,
         };
-        // SAFETY: nccl.h's contract: `stream` is NULL or a live stream of the communicator's GPU, until
-        // the call (or its group) is issued.
-        let stream = unsafe { AppStream::from_raw(stream as u64) };
-        let work = Submitted::send_recv(&core, op, stream)?;
-        issue(Op::Work { comm: core, work })
+        submit(core, stream, |core, stream| Submitted::send_recv(core, op, stream))
     })
 }
 
