@@ -233,3 +233,122 @@ pub fn submit_groups(by_comm: &[(Arc<Communicator>, Vec<Submitted>)]) -> Result<
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bootstrap::UniqueId;
+    use crate::collective::signal::SignalId;
+    use crate::collective::{Collective, DataType, SendRecvKind};
+    use std::time::Duration;
+
+    /// A communicator of one rank (no GPU is needed by what these tests submit).
+    fn alone() -> Arc<Communicator> {
+        let t = Duration::from_secs(30);
+        let id = UniqueId::create(t).unwrap();
+        let c = Arc::new(Communicator::init_by_id(1, &id, 0, t).unwrap());
+        c.watch_failures();
+        c
+    }
+
+    fn stream() -> AppStream {
+        // SAFETY: the legacy default stream; these calls are refused or empty, so it is never used.
+        unsafe { AppStream::from_raw(0) }
+    }
+
+    /// Every kind of work, each empty, so that none needs a GPU once its prologue passes.
+    fn empty_work(c: &Communicator) -> Vec<Submitted> {
+        let call = Call {
+            collective: Collective::AllReduce,
+            function: "anAllReduce",
+            send: 0,
+            recv: 0,
+            count: 0,
+            datatype: DataType::Float32,
+            op: Some(RedOp::Sum),
+            root: 0,
+        };
+        let send = SendRecvOp {
+            kind: SendRecvKind::Send,
+            function: "aSend",
+            peer: 0,
+            buffer: 0,
+            count: 0,
+            datatype: DataType::Float32,
+        };
+        vec![
+            Submitted::collective(c, call, 0, stream()).unwrap(),
+            Submitted::send_recv(c, send, stream()).unwrap(),
+            Submitted::one_sided(c, OneSided::Wait(Vec::new()), stream()).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn a_suspended_communicator_refuses_every_call_until_its_resume() {
+        let c = alone();
+        let work = empty_work(&c);
+        c.submit(&work).unwrap();
+        c.suspend_collectives(false).unwrap();
+        for w in &work {
+            let e = c.submit(std::slice::from_ref(w)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidUsage, "{w:?}");
+            assert!(e.message.contains("suspended"), "{w:?}: {e}");
+        }
+        c.resume_collectives().unwrap();
+        c.submit(&work).unwrap();
+        assert!(c.check_usable().is_ok(), "a refusal aborts nothing");
+        c.destroy();
+    }
+
+    #[test]
+    fn a_resume_without_a_suspend_is_refused_and_aborts_nothing() {
+        let c = alone();
+        let e = c.resume_collectives().unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage);
+        assert!(e.message.contains("not suspended"), "{e}");
+        assert!(c.check_usable().is_ok());
+        c.destroy();
+    }
+
+    #[test]
+    fn an_aborted_communicator_refuses_every_call_with_its_failure() {
+        let c = alone();
+        let work = empty_work(&c);
+        c.abort("anAbort").unwrap();
+        for w in &work {
+            let e = c.submit(std::slice::from_ref(w)).unwrap_err();
+            assert!(e.message.contains("by anAbort"), "{w:?}: {e}");
+        }
+        c.destroy();
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_where_the_work_is_made() {
+        let c = alone();
+        let mut call = match &empty_work(&c)[0].work {
+            Work::Collective { call, .. } => *call,
+            _ => unreachable!(),
+        };
+        call.collective = Collective::Broadcast;
+        let e = Submitted::collective(&c, call, 3, stream()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("root is 3"), "{e}");
+        let send = SendRecvOp {
+            kind: SendRecvKind::Send,
+            function: "aSend",
+            peer: 0,
+            buffer: 0,
+            count: 8,
+            datatype: DataType::Float32,
+        };
+        let e = Submitted::send_recv(&c, send, stream()).unwrap_err();
+        assert!(e.message.contains("aSend") && e.message.contains("NULL"), "{e}");
+        let far = OneSided::Signal {
+            peer: 1,
+            signal: SignalId { ctx: 0, index: 0 },
+        };
+        let e = Submitted::one_sided(&c, far, stream()).unwrap_err();
+        assert!(e.message.contains("peer is 1"), "{e}");
+        c.destroy();
+    }
+}
