@@ -13,7 +13,10 @@
 //!   the others. The parent must be healthy: a failure ends the waits.
 //! - Shrink: the ranks that stay are the parent's not excluded, in parent order; the first of them (every
 //!   survivor passes the same list, so every survivor knows which) creates the id and sends it, with the
-//!   list, to the others, which check that their list is the same. An excluded rank, dead or alive, takes
+//!   list, down a binomial tree of the survivors (`bootstrap::tree_children`: each passes it on to at most
+//!   log2 n others, over connections made as it goes, so that no rank sends to every other); each passes
+//!   it on first, then checks that its own list is the same (a survivor whose list differs fails, the
+//!   others wait for it in vain at their new communicator's root, until its timeout). An excluded rank, dead or alive, takes
 //!   no part. After a failure the parent's bootstrap refuses its ordinary messages, but its connections
 //!   between live ranks stay up (the receive threads go on reading and sending heartbeats): split
 //!   messages still go through them, and the waits for them go on despite the failure, ending only when
@@ -152,26 +155,37 @@ pub fn shrink_job(
             .iter()
             .position(|&r| r == me)
             .ok_or_else(|| Error::internal("a shrinking rank is not among the survivors"))?;
+        // The id and the list go on to this rank's children in the tree: every one is tried, the first
+        // failure (a child that is gone) reported once all were.
+        let pass_on = |message: &[u8]| {
+            let mut first = Ok(());
+            for child in crate::bootstrap::tree_children(index, kept.len()) {
+                let sent = b.send_split(kept[child], tag(count, SHRINK_ID), message);
+                if first.is_ok() {
+                    first = sent;
+                }
+            }
+            first
+        };
         let id = if index == 0 {
             let id = UniqueId::create(timeout)?;
             let mut message = id.to_bytes().to_vec();
             for &r in &excluded {
                 message.extend_from_slice(&(r as u32).to_le_bytes());
             }
-            for &peer in &kept[1..] {
-                b.send_split(peer, tag(count, SHRINK_ID), &message)?;
-            }
+            pass_on(&message)?;
             id
         } else {
             let deadline = Instant::now() + timeout;
-            let got = b.recv_split(kept[0], tag(count, SHRINK_ID), true, Some(deadline))?;
+            let parent_rank = kept[crate::bootstrap::tree_parent(index)];
+            let got = b.recv_split(parent_rank, tag(count, SHRINK_ID), true, Some(deadline))?;
             if got.len() < 128 || (got.len() - 128) % 4 != 0 {
                 return Err(Error::internal(format!(
-                    "ncclCommShrink: rank {} sent {} bytes, not an id and a list of ranks",
-                    kept[0],
+                    "ncclCommShrink: rank {parent_rank} sent {} bytes, not an id and a list of ranks",
                     got.len()
                 )));
             }
+            pass_on(&got)?;
             let theirs: Vec<usize> = got[128..]
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)

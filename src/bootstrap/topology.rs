@@ -1,0 +1,130 @@
+//! Who talks to whom in the bootstrap's own traffic: pure functions of the rank and the job's size, so that
+//! every rank computes the same graph without a word, and a simulated network can drive them as the real one
+//! does.
+//!
+//! - `neighbours`: the ranks `rank ± 2^k` (mod `nranks`). Set-up connects exactly these (the higher rank of a
+//!   pair opens the connection), their heartbeats and silences are what liveness watches, and notices travel
+//!   over them: at most `2 ceil(log2 n)` connections a rank, `2 log2 n` watchers for each rank (a rank goes
+//!   unwatched only if every one of them dies), and the ring (`± 1`) and dissemination (`± 2^k`) patterns of
+//!   the host collectives are among them. Any other pair connects when one of them first sends (`lazily`).
+//! - `spread_to`: the ranks a notice goes on to from a rank that has just learned of it.
+//! - `tree_parent` and `tree_children`: a binomial tree over `0..m` rooted at 0 (a shrink's id goes down it).
+
+/// The ranks `rank ± 2^k` (mod `nranks`) for `2^k < nranks`, but `rank` itself: sorted, without repeats.
+/// Symmetric: `p` is a neighbour of `r` exactly when `r` is one of `p`.
+pub fn neighbours(rank: usize, nranks: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = powers_below(nranks)
+        .flat_map(|d| [(rank + d) % nranks, (rank + nranks - d) % nranks])
+        .filter(|&p| p != rank)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Whether `a` and `b` are neighbours (`neighbours`), without building the list.
+pub fn are_neighbours(a: usize, b: usize, nranks: usize) -> bool {
+    if a == b || a >= nranks || b >= nranks {
+        return false;
+    }
+    let d = (b + nranks - a) % nranks;
+    d.is_power_of_two() || (nranks - d).is_power_of_two()
+}
+
+/// 1, 2, 4, ... below `nranks`.
+fn powers_below(nranks: usize) -> impl Iterator<Item = usize> {
+    std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < nranks)
+}
+
+/// The ranks `rank` of `nranks` passes a notice about `failed` on to: the ranks 1, 2, 4, ... after it
+/// (modulo `nranks`), but itself and `failed`. Every one does so once, when it first learns of it, so a notice
+/// that one rank starts reaches every other (any distance is a sum of distinct powers of two, and a path that
+/// runs through the dead rank has another order of the same steps that does not), in at most
+/// `ceil(log2 n)` steps and `n ceil(log2 n)` notices in all; they are all `neighbours`.
+pub fn spread_to(rank: usize, nranks: usize, failed: usize) -> Vec<usize> {
+    let mut to: Vec<usize> = powers_below(nranks)
+        .map(|d| (rank + d) % nranks)
+        .filter(|&p| p != rank && p != failed)
+        .collect();
+    to.dedup();
+    to
+}
+
+/// The parent of `index` (> 0) in the binomial tree over `0..m` rooted at 0: `index` without its lowest
+/// set bit.
+pub fn tree_parent(index: usize) -> usize {
+    debug_assert!(index > 0, "the root has no parent");
+    index & (index - 1)
+}
+
+/// The children of `index` in the binomial tree over `0..m`: `index + 2^k` for every `2^k` below the lowest
+/// set bit of `index` (every `2^k` for the root), within `m`, the farthest first. The tree is `ceil(log2 m)`
+/// deep and a node has at most that many children.
+pub fn tree_children(index: usize, m: usize) -> Vec<usize> {
+    // The root's children span the whole tree; another node's stop below its lowest set bit.
+    let below = if index == 0 { m } else { index & index.wrapping_neg() };
+    // The largest subtree first, so that the deepest path starts at once: `ceil(log2 m)` steps in all.
+    let mut children: Vec<usize> = powers_below(below).map(|d| index + d).filter(|&c| c < m).collect();
+    children.reverse();
+    children
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceil_log2(n: usize) -> usize {
+        (usize::BITS - (n - 1).leading_zeros()) as usize
+    }
+
+    #[test]
+    fn neighbours_are_symmetric_few_and_connected() {
+        for n in (1usize..=70).chain([255, 256, 257, 1000, 1024]) {
+            for r in 0..n {
+                let nb = neighbours(r, n);
+                assert!(nb.len() <= 2 * ceil_log2(n.max(2)), "n {n}: rank {r} has {}", nb.len());
+                for &p in &nb {
+                    assert!(p < n && p != r);
+                    assert!(neighbours(p, n).contains(&r), "n {n}: {r} -> {p} but not back");
+                    assert!(are_neighbours(r, p, n));
+                }
+                for p in (0..n).filter(|p| !nb.contains(p)) {
+                    assert!(!are_neighbours(r, p, n), "n {n}: {r} and {p}");
+                }
+                // The ring and the dissemination barrier's peers are among them.
+                if n > 1 {
+                    assert!(nb.contains(&((r + 1) % n)) && nb.contains(&((r + n - 1) % n)));
+                }
+                for p in spread_to(r, n, usize::MAX) {
+                    assert!(nb.contains(&p));
+                }
+            }
+        }
+        // Small jobs are a full mesh.
+        for n in 1..=5 {
+            assert_eq!(neighbours(0, n), (1..n).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn the_binomial_tree_reaches_every_index_once_in_log_steps() {
+        for m in 1usize..=300 {
+            let mut seen = vec![0usize; m];
+            let mut depth = vec![0usize; m];
+            let mut frontier = vec![0usize];
+            seen[0] = 1;
+            while let Some(i) = frontier.pop() {
+                let children = tree_children(i, m);
+                assert!(children.len() <= ceil_log2(m.max(2)));
+                for c in children {
+                    assert_eq!(tree_parent(c), i, "m {m}: child {c} of {i}");
+                    seen[c] += 1;
+                    depth[c] = depth[i] + 1;
+                    frontier.push(c);
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "m {m}: {seen:?}");
+            assert!(depth.iter().all(|&d| d <= ceil_log2(m.max(2))), "m {m}");
+        }
+    }
+}
