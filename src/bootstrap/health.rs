@@ -8,8 +8,8 @@
 //! all its neighbours, so it goes unwatched only if every one of them dies too. Heartbeats come from the
 //! library's own thread, so a rank whose application threads are idle or busy for hours stays alive.
 //!
-//! A death is passed on as a notice (to the ranks 1, 2, 4, ... after the rank that learned of it, each of
-//! which does the same once per dead rank: `topology::spread_to`), so that every rank learns of every death
+//! A death is passed on as a notice (to the neighbours of the rank that learned of it, each of which does
+//! the same once per dead rank: `topology::spread_to`), so that every rank learns of every death
 //! within log2(n) steps, even from a rank it has no connection with; the waits for a dead rank end then
 //! (the mailbox closes its link) and its connections are shut down (which ends a send blocked on a stopped
 //! rank). The first failure is kept (`PeerFailure`): every later wait fails with it, and the hook the

@@ -82,20 +82,13 @@ impl Shared {
             debug!("also: {failure}");
             return;
         }
-        if newly_dead && failure.rank != self.rank {
-            self.mailbox.close(failure.rank, failure.error().message);
-        }
-        if first.is_some() {
-            warn!("{failure}");
-            self.mailbox.fail(failure.error());
-        } else {
-            info!("also: {failure}");
-        }
-        // A notice spreads as a dissemination: whoever learns of it first, first-hand or told, tells the
-        // ranks 1, 2, 4, ... after it (`spread_to`), so every rank hears within log2(n) steps and the notices
-        // of one death number at most n log2(n). A death goes on at each rank once per dead rank; an abort
-        // only as the rank's first failure (a rank that has failed already needs no more news: its own
-        // first failure went the same way), so that survivors that all revoke after a death send nothing.
+        // A notice spreads as a dissemination: whoever learns of it first, first-hand or told, tells its
+        // neighbours (`spread_to`: the ranks 1, 2, 4, ... before and after it), so every rank hears within
+        // log2(n) steps and the notices of one death number at most 2 n log2(n). A death goes on at each rank
+        // once per dead rank; an abort only as the rank's first failure (a rank that has failed already needs
+        // no more news: its own first failure went the same way), so that survivors that all revoke after a
+        // death send nothing. It goes out before anything else is done (the log line, the hook's thread):
+        // each step of the spread waits for the one before.
         let notice = match &failure.cause {
             Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => Some(Notice::Dead {
                 rank: failure.rank as u32,
@@ -116,7 +109,18 @@ impl Shared {
             let frame = notice.frame();
             for peer in spread_to(self.rank, self.nranks, failure.rank) {
                 self.outboxes[peer].queue(&frame);
+                // At once where the connection is free (never waiting); else the receive thread's next pump.
+                let _ = self.outboxes[peer].pump(false);
             }
+        }
+        if newly_dead && failure.rank != self.rank {
+            self.mailbox.close(failure.rank, failure.error().message);
+        }
+        if first.is_some() {
+            self.mailbox.fail(failure.error());
+            warn!("{failure}");
+        } else {
+            info!("also: {failure}");
         }
         self.wake();
         if let Some(Some(hook)) = first {

@@ -36,18 +36,13 @@ fn powers_below(nranks: usize) -> impl Iterator<Item = usize> {
     std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < nranks)
 }
 
-/// The ranks `rank` of `nranks` passes a notice about `failed` on to: the ranks 1, 2, 4, ... after it
-/// (modulo `nranks`), but itself and `failed`. Every one does so once, when it first learns of it, so a notice
-/// that one rank starts reaches every other (any distance is a sum of distinct powers of two, and a path that
-/// runs through the dead rank has another order of the same steps that does not), in at most
-/// `ceil(log2 n)` steps and `n ceil(log2 n)` notices in all; they are all `neighbours`.
+/// The ranks `rank` of `nranks` passes a notice about `failed` on to: its neighbours, the ranks 1, 2, 4,
+/// ... before and after it (modulo `nranks`), but `failed`. Every one does so once, when it first learns
+/// of it, so a notice that one rank starts reaches every other (any distance is a sum of distinct powers of
+/// two, and a path that runs through the dead rank has another order of the same steps that does not), in
+/// at most `ceil(log2 n)` steps (fewer: both directions at once) and `2 n ceil(log2 n)` notices in all.
 pub fn spread_to(rank: usize, nranks: usize, failed: usize) -> Vec<usize> {
-    let mut to: Vec<usize> = powers_below(nranks)
-        .map(|d| (rank + d) % nranks)
-        .filter(|&p| p != rank && p != failed)
-        .collect();
-    to.dedup();
-    to
+    neighbours(rank, nranks).into_iter().filter(|&p| p != failed).collect()
 }
 
 /// The parent of `index` (> 0) in the binomial tree over `0..m` rooted at 0: `index` without its lowest
