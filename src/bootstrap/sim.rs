@@ -69,10 +69,22 @@ fn wire_time(net: &Network, rng: &mut Rng) -> f64 {
     t
 }
 
+/// How the ranks learn one another's addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    /// The root sends every rank the whole table (`n` entries): what the bootstrap does.
+    Whole,
+    /// The root sends every rank its neighbours' entries only; the ranks then all-gather the whole table
+    /// over their neighbours (Bruck's algorithm: log2 n rounds, the last carrying half the table): an
+    /// alternative, for sizes where the root's `n²` bytes are too many.
+    Neighbours,
+}
+
 /// Initialisation: every rank's hello reaches the root (which takes them one at a time), the root sends
-/// every rank the table of `n` entries of `entry` bytes, then every rank connects to its lower neighbours
-/// (its own handshakes one after another, each answered by a receive thread that takes one at a time).
-pub fn init_time(n: usize, net: &Network, entry: usize, seed: u64) -> f64 {
+/// every rank its table (of `entry`-byte entries, `table` says which), then every rank connects to its
+/// lower neighbours (its own handshakes one after another, each answered by a receive thread that takes
+/// one at a time).
+pub fn init_time(n: usize, net: &Network, entry: usize, seed: u64, table: Table) -> f64 {
     let mut rng = Rng(seed | 1);
     // The hellos arrive about at once; the root takes them one at a time.
     let mut root_free = 0.0f64;
@@ -81,11 +93,15 @@ pub fn init_time(n: usize, net: &Network, entry: usize, seed: u64) -> f64 {
         root_free = root_free.max(arrives) + net.recv_cost;
     }
     // The table, to one rank after another.
-    let table = (n * entry) as f64 / net.bandwidth;
+    let entries = match table {
+        Table::Whole => n,
+        Table::Neighbours => neighbours(0, n).len(),
+    };
+    let bytes = (entries * entry) as f64 / net.bandwidth;
     let mut has_table = vec![0.0f64; n];
     let mut t = root_free;
     for slot in has_table.iter_mut() {
-        t += net.send_cost + table;
+        t += net.send_cost + bytes;
         *slot = t + wire_time(net, &mut rng);
     }
     // The neighbours: each rank greets its lower ones (once the lower one has its table, which is when it
@@ -103,7 +119,21 @@ pub fn init_time(n: usize, net: &Network, entry: usize, seed: u64) -> f64 {
             ready[r] = ready[r].max(answered + wire_time(net, &mut rng));
         }
     }
-    ready.into_iter().fold(0.0, f64::max)
+    let connected = ready.into_iter().fold(0.0, f64::max);
+    match table {
+        Table::Whole => connected,
+        Table::Neighbours => {
+            // Round k: every rank sends 2^k entries to the rank 2^k before it (at once: all in step).
+            let mut t = connected;
+            let mut d = 1;
+            while d < n {
+                let block = (d.min(n - d) * entry) as f64 / net.bandwidth;
+                t += net.send_cost + block + wire_time(net, &mut rng) + net.recv_cost;
+                d *= 2;
+            }
+            t
+        }
+    }
 }
 
 /// What a death's spread came to: when the last survivor knew, and how many notices went out.
@@ -180,7 +210,8 @@ mod tests {
         // The tree's depth, not its size, sets the broadcast's time.
         assert!(tree_broadcast(1024, &net, 1) < 20.0 * (net.latency * 2.0 + net.connect_cost + net.recv_cost));
         // Initialisation is the root's: it grows with n (the table, n entries to each of n ranks, is n²).
-        assert!(init_time(1024, &net, 36, 1) < init_time(4096, &net, 36, 1));
+        assert!(init_time(1024, &net, 36, 1, Table::Whole) < init_time(4096, &net, 36, 1, Table::Whole));
+        assert!(init_time(65536, &net, 36, 1, Table::Neighbours) < init_time(65536, &net, 36, 1, Table::Whole));
     }
 
     /// The figures of docs/PERFORMANCE.md.
@@ -197,16 +228,19 @@ mod tests {
                 },
             ),
         ];
-        println!("| network | ranks | init | death known by all | notices | shrink's id to all | shrink |");
-        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        println!(
+            "| network | ranks | init | init, neighbours' table | death known by all | notices | shrink's id to all | shrink |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
         for (name, net) in nets {
             for n in [1_000usize, 10_000, 100_000] {
-                let init = init_time(n, &net, 36, 3);
+                let init = init_time(n, &net, 36, 3, Table::Whole);
+                let sparse = init_time(n, &net, 36, 3, Table::Neighbours);
                 let spread = notice_spread(n, n / 2, &net, 5);
                 let id = tree_broadcast(n - 1, &net, 9);
-                let shrink = id + init_time(n - 1, &net, 36, 11);
+                let shrink = id + init_time(n - 1, &net, 36, 11, Table::Whole);
                 println!(
-                    "| {name} | {n} | {init:.3} s | {:.2} ms | {} | {:.2} ms | {shrink:.3} s |",
+                    "| {name} | {n} | {init:.3} s | {sparse:.3} s | {:.2} ms | {} | {:.2} ms | {shrink:.3} s |",
                     spread.all_know * 1e3,
                     spread.notices,
                     id * 1e3
