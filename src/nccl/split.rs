@@ -428,6 +428,44 @@ pub(super) mod tests {
     }
 
     #[test]
+    fn a_shrink_of_many_survivors_goes_down_a_tree_over_few_connections() {
+        const N: usize = 12;
+        let mut parent = job(N);
+        // Ranks 11 and 4 abort and go: the others shrink without them.
+        for gone in [parent.remove(11), parent.remove(4)] {
+            gone.abort("a test").unwrap();
+            drop(gone);
+        }
+        for p in &parent {
+            let start = Instant::now();
+            while p.check_usable().is_ok() {
+                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let (kept, excluded) = survivors(N, &[11, 4]).unwrap();
+        let places = on_ranks(kept.len(), |i| {
+            let new = shrink_job(parent[i].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            (new.rank(), new.nranks())
+        });
+        assert_eq!(places, (0..10).map(|i| (i, 10)).collect::<Vec<_>>());
+        // Each survivor connected to its tree's parent and children at most, beyond its neighbours.
+        for p in &parent {
+            let b = p.bootstrap();
+            let neighbours = (0..N)
+                .filter(|&q| q != b.rank() && crate::bootstrap::are_neighbours(b.rank(), q, N))
+                .count();
+            assert!(
+                b.connected_peers().len() <= neighbours + 5,
+                "rank {}: {:?}",
+                b.rank(),
+                b.connected_peers()
+            );
+        }
+    }
+
+    #[test]
     fn survivors_with_different_lists_are_told() {
         let parent = job(3);
         let short = Duration::from_secs(2);
