@@ -1,4 +1,4 @@
-//! One rank's endpoint: the rendezvous at the root, the connections to every peer, and point-to-point
+//! One rank's endpoint: the rendezvous at the root, the connections to its peers, and point-to-point
 //! messages. The host collectives built on it (all-gather, barrier) are in `host_collectives.rs`.
 //!
 //! Set-up: the rank connects to the root, listens on the address of the interface that routes there,

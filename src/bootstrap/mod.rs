@@ -51,7 +51,7 @@ pub use address::RootAddress;
 pub use endpoint::Bootstrap;
 pub use health::{AbortHandle, Cause, Liveness, PeerFailure};
 pub use root::Root;
-pub use topology::{are_neighbours, tree_children, tree_parent};
+pub use topology::{are_neighbours, survivor_tree, tree_children, tree_parent};
 pub use unique_id::UniqueId;
 pub use wire::MAX_RANKS;
 

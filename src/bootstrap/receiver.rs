@@ -155,7 +155,7 @@ impl Shared {
     }
 }
 
-/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (once the rank's
+/// Owns the receive thread; dropping it stops the thread, says goodbye on every connection (once the rank's
 /// set-up completed) and closes the connections.
 pub struct Receiver {
     shared: Arc<Shared>,

@@ -64,6 +64,39 @@ pub fn tree_children(index: usize, m: usize) -> Vec<usize> {
     children
 }
 
+/// A tree over the survivors `kept` of a job of `nranks` (ranks, in order) whose every edge joins
+/// neighbours, so that it runs over connections the ranks have already: a breadth-first search from
+/// `kept[0]` (neighbours in rank order), each survivor's parent as an index into `kept` (`None` for the
+/// root). `None` when some survivor cannot be reached that way (the ranks left out cut it off: a shrink to a
+/// few ranks far apart), where a caller falls back on `tree_children`. Its depth is the graph's, about
+/// `log2(n) / 2` where nobody is left out.
+pub fn survivor_tree(kept: &[usize], nranks: usize) -> Option<Vec<Option<usize>>> {
+    if kept.is_empty() {
+        return Some(Vec::new());
+    }
+    let mut index_of = vec![usize::MAX; nranks];
+    for (i, &r) in kept.iter().enumerate() {
+        index_of[r] = i;
+    }
+    let mut parent = vec![None; kept.len()];
+    let mut seen = vec![false; kept.len()];
+    let mut queue = std::collections::VecDeque::from([0usize]);
+    seen[0] = true;
+    let mut reached = 1;
+    while let Some(i) = queue.pop_front() {
+        for p in neighbours(kept[i], nranks) {
+            let j = index_of[p];
+            if j != usize::MAX && !seen[j] {
+                seen[j] = true;
+                parent[j] = Some(i);
+                reached += 1;
+                queue.push_back(j);
+            }
+        }
+    }
+    (reached == kept.len()).then_some(parent)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +154,34 @@ mod tests {
             assert!(seen.iter().all(|&s| s == 1), "m {m}: {seen:?}");
             assert!(depth.iter().all(|&d| d <= ceil_log2(m.max(2))), "m {m}");
         }
+    }
+
+    #[test]
+    fn the_survivors_tree_joins_neighbours_and_is_shallow() {
+        let depth_of = |parent: &[Option<usize>], mut i: usize| {
+            let mut d = 0;
+            while let Some(p) = parent[i] {
+                i = p;
+                d += 1;
+            }
+            d
+        };
+        for n in [2usize, 3, 7, 16, 100, 256, 1024] {
+            // Nobody left out, one, every third: a tree of neighbours, shallower than the binomial one.
+            for gap in [usize::MAX, n - 1, 3].into_iter().filter(|&g| g > 1) {
+                let kept: Vec<usize> = (0..n).filter(|r| gap == usize::MAX || (r % gap != gap - 1)).collect();
+                let parent = survivor_tree(&kept, n).unwrap_or_else(|| panic!("n {n}, gap {gap}"));
+                assert_eq!(parent[0], None);
+                for (j, p) in parent.iter().enumerate().skip(1) {
+                    let p = p.expect("a parent");
+                    assert!(are_neighbours(kept[j], kept[p], n), "n {n}: {} - {}", kept[j], kept[p]);
+                }
+                let deepest = (0..kept.len()).map(|i| depth_of(&parent, i)).max().unwrap();
+                assert!(deepest <= ceil_log2(n.max(2)), "n {n}, gap {gap}: depth {deepest}");
+            }
+        }
+        // Two ranks far apart, their neighbours all left out: no such tree.
+        assert_eq!(survivor_tree(&[0, 3], 16), None);
+        assert_eq!(survivor_tree(&[5], 16), Some(vec![None]));
     }
 }
