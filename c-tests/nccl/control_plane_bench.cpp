@@ -13,13 +13,17 @@
 // Every wait is bounded: the whole size has --timeout seconds (default 120); 2 s later the parent SIGKILLs
 // the ranks still running, and reports each one's step.
 //
+// --stop: the last rank SIGSTOPs itself instead (a stopped process: its sockets stay open, only its silence
+// tells), with MSCCLPP_PEER_TIMEOUT 1 unless it is set; the parent SIGKILLs it once the survivors are done.
+// --runs K: each size K times (a line each).
+//
 // Prints one line per size: the figures and the outcome ("all right", or what failed: which ranks, with
 // their error from ncclGetLastError, and which did not finish which step), then a machine-readable summary
 // (a line "summary {...}" of JSON). Exit status 0 when every size came out all right, 1 otherwise, 2 for a
 // bad argument. The library logs to a file per process (NCCL_DEBUG_FILE, in a temporary directory); where a
 // size fails, a WARN or ERROR line of each kind is printed (at most 8).
 //
-// Usage: control_plane_bench [--timeout SECONDS] [N ...]    (sizes default to 16 64 128)
+// Usage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] [N ...]    (sizes default to 16 64 128)
 #include <nccl.h>
 
 #include <algorithm>
@@ -51,6 +55,8 @@ namespace {
 const int64_t kDetectLimitNs = 10'000'000'000LL;
 // How long the parent waits past a size's deadline for the ranks to end on their own.
 const int64_t kGraceNs = 2'000'000'000LL;
+// --stop: the victim stops itself rather than die.
+bool g_stop = false;
 
 int64_t now_ns() {
   timespec ts;
@@ -155,7 +161,8 @@ void note_error(Slot& s, ncclComm_t comm) {
   }
   if (rank == dead) {
     __atomic_store_n(&b->kill_at, now_ns(), __ATOMIC_SEQ_CST);
-    kill(getpid(), SIGKILL);
+    kill(getpid(), g_stop ? SIGSTOP : SIGKILL);
+    for (;;) pause();  // (stopped: the parent SIGKILLs it once the survivors are done)
   }
   if (!comm) {  // its init failed: nothing to shrink
     s.step = kDone;
@@ -402,6 +409,9 @@ Result run_size(int n, double timeout_s) {
       continue;
     }
     if (pid < 0 && errno != EINTR) break;
+    // A stopped victim stays until the survivors are done with it.
+    if (g_stop && forked == n && !reaped[n - 1] && __atomic_load_n(&b->shrunk, __ATOMIC_SEQ_CST) >= n - 1)
+      kill(pids[n - 1], SIGKILL);
     if (!killed_stragglers && now_ns() > deadline + kGraceNs) {
       for (int r = 0; r < forked; ++r)
         if (!reaped[r]) kill(pids[r], SIGKILL);
@@ -539,7 +549,10 @@ Result run_size(int n, double timeout_s) {
 }
 
 int usage(const char* why) {
-  std::fprintf(stderr, "control_plane_bench: %s\nusage: control_plane_bench [--timeout SECONDS] [RANKS ...]\n", why);
+  std::fprintf(stderr,
+               "control_plane_bench: %s\nusage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] "
+               "[RANKS ...]\n",
+               why);
   return 2;
 }
 
@@ -547,6 +560,7 @@ int usage(const char* why) {
 
 int main(int argc, char** argv) {
   double timeout_s = 120;
+  long runs = 1;
   std::vector<int> sizes;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -555,6 +569,12 @@ int main(int argc, char** argv) {
       if (++i == argc) return usage("--timeout needs a value");
       timeout_s = std::strtod(argv[i], &end);
       if (*end || !(timeout_s > 0)) return usage("--timeout takes a positive number of seconds");
+    } else if (a == "--runs") {
+      if (++i == argc) return usage("--runs needs a value");
+      runs = std::strtol(argv[i], &end, 10);
+      if (*end || runs < 1 || runs > 1000) return usage("--runs takes a count of 1 to 1000");
+    } else if (a == "--stop") {
+      g_stop = true;
     } else {
       long v = std::strtol(a.c_str(), &end, 10);
       if (*end || v < 2 || v > 100000) return usage(("not a size of at least 2 ranks: " + a).c_str());
@@ -563,24 +583,27 @@ int main(int argc, char** argv) {
   }
   if (sizes.empty()) sizes = {16, 64, 128};
 
-  // No GPU, NCCL's settings only, and n - 1 sockets a rank (today): as many open files as allowed.
+  // No GPU, NCCL's settings only, and as many open files as allowed.
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   for (const char* v : {"MSCCLPP_DEBUG", "MSCCLPP_DEBUG_FILE", "NCCL_COMM_ID", "MSCCLPP_NCCL_FALLBACK",
                         "NCCL_COMM_BLOCKING", "MSCCLPP_ABORT_EXIT_TIMEOUT"})
     unsetenv(v);
   setenv("NCCL_DEBUG", "WARN", 1);
+  if (g_stop) setenv("MSCCLPP_PEER_TIMEOUT", "1", 0);
   rlimit lim{};
   getrlimit(RLIMIT_NOFILE, &lim);
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
   getrlimit(RLIMIT_NOFILE, &lim);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  std::printf("control plane bench: %ld cores, open files %llu, timeout %g s a size\n", cores,
-              static_cast<unsigned long long>(lim.rlim_cur), timeout_s);
+  std::printf("control plane bench: %ld cores, open files %llu, timeout %g s a size, %ld run(s) each, the last rank %s\n",
+              cores, static_cast<unsigned long long>(lim.rlim_cur), timeout_s, runs,
+              g_stop ? "stopped (SIGSTOP)" : "killed (SIGKILL)");
   std::fflush(stdout);
 
   std::vector<Result> results;
-  for (int n : sizes) results.push_back(run_size(n, timeout_s));
+  for (int n : sizes)
+    for (long k = 0; k < runs; ++k) results.push_back(run_size(n, timeout_s));
 
   auto num = [](double ns, double scale) {
     char buf[32];

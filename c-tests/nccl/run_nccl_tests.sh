@@ -9,9 +9,10 @@
 # - every program built from c-tests/nccl/*.cpp (build/tests/nccl/), which counts its own checks, but
 #   control_plane_bench;
 # - control_plane_bench (the control plane with host-only processes: init, a SIGKILLed rank, detection,
-#   shrink) at 128 ranks, a size this 2-core CI carries: one verdict, PASS when every rank initialised,
-#   every survivor learned of the kill and every survivor's shrink made a communicator of the right size
-#   and ranks; its figures are the verdict's note, never asserted.
+#   shrink) at 256 ranks, a size this 2-core CI carries (about a second), and at 64 ranks with the last
+#   rank stopped (SIGSTOP, found by its silence after MSCCLPP_PEER_TIMEOUT=1): one verdict each, PASS when
+#   every rank initialised, every survivor learned of the failure and every survivor's shrink made a
+#   communicator of the right size and ranks; its figures are the verdict's note, never asserted.
 # Ends with "nccl tests: N passed, N failed".
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -95,16 +96,23 @@ for program in "$repo"/build/tests/nccl/*; do
   ((rc == 0)) || sed 's/^/    /' "$out/$name.log" | tail -n 80
 done
 
-# 5. The control plane's benchmark at 128 ranks (about 5 s here; its own deadline bounds every step, and a
-#    failure at this size ends within about 45 s, the bootstrap's 30 s timeout included).
+# 5. The control plane's benchmark at 256 ranks, killed, and at 64, stopped (a few seconds together here; its
+#    own deadline bounds every step, and a failure ends within about 45 s, the bootstrap's 30 s timeout
+#    included).
 bench="$repo/build/tests/nccl/control_plane_bench"
-ranks=128
 if [ -x "$bench" ]; then
-  timeout -k 10 150 "$bench" --timeout 90 "$ranks" </dev/null >"$out/control_plane_bench.log" 2>&1
-  rc=$?
-  figures=$(sed -n "s/^ranks $ranks: //p" "$out/control_plane_bench.log" | tail -n 1)
-  verdict "control_plane_bench, $ranks host-only ranks: ${figures:-no figures (exit status $rc)}" "$rc" \
-    "$(tail -n 40 "$out/control_plane_bench.log")"
+  for run in "256" "64 --stop"; do
+    ranks=${run%% *}
+    how=killed
+    [ "$run" = "$ranks" ] || how=stopped
+    log="$out/control_plane_bench.$ranks.log"
+    # shellcheck disable=SC2086 # the run's words are the options
+    timeout -k 10 150 "$bench" --timeout 90 $run </dev/null >"$log" 2>&1
+    rc=$?
+    figures=$(sed -n "s/^ranks $ranks: //p" "$log" | tail -n 1)
+    verdict "control_plane_bench, $ranks host-only ranks, the last $how: ${figures:-no figures (exit status $rc)}" \
+      "$rc" "$(tail -n 40 "$log")"
+  done
 else
   verdict "control_plane_bench was built" 1 "$bench is missing: run make"
 fi

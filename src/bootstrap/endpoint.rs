@@ -1,10 +1,12 @@
-//! One rank's endpoint: the rendezvous at the root, the connections to every peer, and point-to-point
+//! One rank's endpoint: the rendezvous at the root, the connections to its peers, and point-to-point
 //! messages. The host collectives built on it (all-gather, barrier) are in `host_collectives.rs`.
 //!
 //! Set-up: the rank connects to the root, listens on the address of the interface that routes there,
-//! sends the root a hello with that address, and receives the table of every rank's address. Then it
-//! connects to every lower rank and waits until every higher rank has connected to it: one TCP
-//! connection per pair of ranks, used both ways.
+//! sends the root a hello with that address and its host, and receives the table of every rank's address
+//! and host. Then it connects to its lower neighbours (`topology::neighbours`: the ranks `± 2^k` away) and
+//! waits until its higher neighbours have connected to it: at most `2 log2 n` TCP connections, each used
+//! both ways, which carry the host collectives, the heartbeats and the notices. A message to any other peer
+//! makes its connection when it is first sent (`send_frame_as`; the peer may be the first to send as well).
 
 use super::address::RootAddress;
 use super::health::Liveness;
@@ -37,6 +39,8 @@ pub struct Bootstrap {
     peers: Vec<SocketAddr>,
     /// Every rank's host, as each told the root (`Greeting::host`).
     hosts: Vec<u64>,
+    /// The peers connected at set-up (`topology::neighbours`).
+    neighbours: Vec<usize>,
     /// The root this rank started (rank 0 of an `ip:port` job); it finishes on its own.
     _root: Option<Root>,
 }
@@ -178,25 +182,28 @@ impl Bootstrap {
             receiver,
             peers,
             hosts,
+            neighbours: super::topology::neighbours(rank, nranks),
             _root: None,
         };
-        bootstrap.connect_mesh(deadline, timeout)?;
+        bootstrap.connect_neighbours(deadline, timeout)?;
         bootstrap.receiver.set_up_complete();
         info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)
     }
 
-    /// Connects to every lower rank and waits for every higher one to connect: the last step of set-up.
-    fn connect_mesh(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+    /// Connects to the lower neighbours and waits for the higher ones to connect: the last step of set-up.
+    fn connect_neighbours(&self, deadline: Instant, timeout: Duration) -> Result<()> {
         let rank = self.rank;
-        // Every lower rank's connection is opened and greeted first, then the answers are read: the peers
-        // answer side by side, where one connection at a time waited for each peer's receive thread in
-        // turn (at 256 ranks on two cores the last ranks' shrinks ran out of their 30 s that way).
-        let mut greeted = Vec::with_capacity(rank);
-        for peer in 0..rank {
-            greeted.push(self.greet_peer(peer, deadline)?);
+        let lower: Vec<usize> = self.neighbours.iter().copied().filter(|&p| p < rank).collect();
+        let higher: Vec<usize> = self.neighbours.iter().copied().filter(|&p| p > rank).collect();
+        // Every lower neighbour's connection is opened and greeted first, then the answers are read: the
+        // peers answer side by side, where one connection at a time waited for each peer's receive thread in
+        // turn.
+        let mut greeted = Vec::with_capacity(lower.len());
+        for &peer in &lower {
+            greeted.push((peer, self.greet_peer(peer, deadline)?));
         }
-        for (peer, stream) in greeted.into_iter().enumerate() {
+        for (peer, stream) in greeted {
             let stream = self.answered_by_peer(peer, stream, deadline)?;
             let writer = stream
                 .try_clone()
@@ -206,7 +213,7 @@ impl Bootstrap {
         }
         self.shared()
             .mailbox
-            .wait_all_connected(deadline)
+            .wait_connected(&higher, deadline)
             .map_err(|missing| match self.failure() {
                 Some(f) => Error::new(
                     f.error().kind,
@@ -225,6 +232,61 @@ impl Bootstrap {
                 ),
             })?;
         Ok(())
+    }
+
+    /// Opens the connection to `peer` that a first message to it needs (it is no neighbour, or its
+    /// connection was never made): the handshake, then the reading side to the receive thread. Returns the
+    /// sending side. A peer whose process ended refuses at once; a stopped one, which never answers, fails
+    /// the wait as soon as it is declared dead (or at the handshake's timeout).
+    fn connect_lazily(&self, peer: usize) -> Result<TcpStream> {
+        let rank = self.rank;
+        let shared = self.shared();
+        let deadline = Instant::now() + handshake_timeout(super::DEFAULT_TIMEOUT);
+        let stream = self.greet_peer(peer, deadline)?;
+        // Wait for the answer in slices, so that a peer declared dead meanwhile ends the wait at once.
+        loop {
+            if shared.is_dead(peer) || shared.mailbox.is_closed(peer) {
+                return Err(Error::remote(format!(
+                    "{}: rank {peer} is gone ({})",
+                    self.connecting_to(peer),
+                    self.failure()
+                        .map_or_else(|| "it left".to_string(), |f| f.error().message)
+                )));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let mut entry = [super::sys::PollEntry::readable(&stream)];
+            let slice = left.min(Duration::from_millis(50));
+            if super::sys::poll(&mut entry, Some(slice)).is_ok() && entry[0].ready {
+                break;
+            }
+        }
+        let stream = self.answered_by_peer(peer, stream, deadline)?;
+        let _ = stream.set_nodelay(true);
+        let writer = stream
+            .try_clone()
+            .map_err(|e| Error::io(format!("rank {rank}: duplicating the socket to peer {peer}"), e))?;
+        self.receiver.add_outgoing(peer, stream);
+        debug!("rank {rank}: connected to peer {peer} on first use");
+        Ok(writer)
+    }
+
+    /// Ends this endpoint as a killed process's does: its connections close without a goodbye.
+    #[cfg(test)]
+    pub(crate) fn vanish(self) {
+        self.receiver.no_farewell();
+        drop(self);
+    }
+
+    /// The peers this rank has a connection with now (its neighbours, and those connected since), for the
+    /// tests that count them.
+    #[cfg(test)]
+    pub(crate) fn connected_peers(&self) -> Vec<usize> {
+        (0..self.nranks)
+            .filter(|&p| p != self.rank && self.shared().outboxes[p].is_open())
+            .collect()
     }
 
     /// What the errors of the connection to `peer` begin with.
@@ -382,8 +444,20 @@ impl Bootstrap {
             self.shared().mailbox.deliver(rank, key, data.to_vec());
             return Ok(());
         }
+        let outbox = &self.shared().outboxes[peer];
+        if self.shared().mailbox.is_closed(peer) && !outbox.is_open() {
+            return Err(Error::remote(format!(
+                "rank {rank}: the connection to peer {peer} is closed"
+            )));
+        }
+        outbox
+            .ensure(|| self.connect_lazily(peer))
+            .map_err(|e| match self.failure() {
+                Some(f) if !despite_failure => f.error(),
+                _ => Error::new(e.kind, format!("rank {rank}: sending to peer {peer}: {}", e.message)),
+            })?;
         let header = wire::encode_frame_header(key, data.len() as u64);
-        match self.shared().outboxes[peer].send_frame(&header, data, data.len() <= COALESCE_LIMIT) {
+        match outbox.send_frame(&header, data, data.len() <= COALESCE_LIMIT) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotConnected => {
                 return Err(Error::remote(format!(

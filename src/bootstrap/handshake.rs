@@ -71,11 +71,6 @@ impl PendingHandshakes {
         std::mem::take(&mut self.lost)
     }
 
-    /// Closes every connection still in its handshake.
-    pub fn clear(&mut self) {
-        self.pending.clear();
-    }
-
     /// One entry per connection, in the order `advance` expects their results.
     pub fn poll_entries(&self) -> impl Iterator<Item = PollEntry> + '_ {
         self.pending.iter().map(|p| PollEntry::readable(&p.stream))

@@ -1,15 +1,20 @@
 //! Whether the peers are alive, and the record of the first failure.
 //!
-//! Every rank's receive thread sends each peer a heartbeat frame every `Liveness::period` and counts any
-//! byte that arrives from a peer as a sign of life. A peer is declared dead when its connection closes
-//! without a goodbye (a killed process's sockets close at once) or when nothing has arrived from it for
-//! `Liveness::timeout` (a stopped process, a lost host or link). Heartbeats come from the library's own
-//! thread, so a rank whose application threads are idle or busy for hours stays alive.
+//! Every rank's receive thread sends each of its neighbours (`topology::neighbours`: the ranks `± 2^k` away,
+//! at most `2 log2 n`) a heartbeat frame every `Liveness::period` and counts any byte that arrives from a
+//! peer as a sign of life. A peer is declared dead when a connection with it closes without a goodbye (a
+//! killed process's sockets close at once: every rank connected to it sees that) or when nothing has arrived
+//! from a neighbour for `Liveness::timeout` (a stopped process, a lost host or link): each rank is watched by
+//! all its neighbours, so it goes unwatched only if every one of them dies too. Heartbeats come from the
+//! library's own thread, so a rank whose application threads are idle or busy for hours stays alive.
 //!
-//! The first failure is kept (`PeerFailure`): every later wait fails with it, the rank that learned of it
-//! passes it on (an abort notice to the ranks 1, 2, 4, ... after it, each of which does the same once, so
-//! that a failure seen by one is seen by all within log2(n) steps: `receiver::spread_to`), and the hook
-//! the communicator registered runs once, on a thread of its own.
+//! A death is passed on as a notice (to the neighbours of the rank that learned of it, each of which does
+//! the same once per dead rank: `topology::spread_to`), so that every rank learns of every death
+//! within log2(n) steps, even from a rank it has no connection with; the waits for a dead rank end then
+//! (the mailbox closes its link) and its connections are shut down (which ends a send blocked on a stopped
+//! rank). The first failure is kept (`PeerFailure`): every later wait fails with it, and the hook the
+//! communicator registered runs once, on a thread of its own. An abort is passed on the same way, as the
+//! first failure of the rank passing it on only.
 
 use super::endpoint::Bootstrap;
 use crate::error::Error;
@@ -181,10 +186,6 @@ struct HealthState {
 impl Health {
     pub fn failure(&self) -> Option<PeerFailure> {
         self.state.lock().failure.clone()
-    }
-
-    pub fn has_failed(&self) -> bool {
-        self.state.lock().failure.is_some()
     }
 
     /// Keeps `failure` if it is the first. Returns the hook to run (if one is registered) inside

@@ -7,13 +7,14 @@ use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-/// The state of the connection from one peer.
+/// The state of the connections with one peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Link {
-    /// Not connected yet (during set-up).
-    Waiting,
+    /// No connection yet: set-up's neighbours are waited for, any other peer connects when one side first
+    /// sends (a wait for its message goes on meanwhile).
+    Idle,
     Connected,
-    /// Closed; the reason says how.
+    /// Closed (the peer left or was declared dead); the reason says how. It never opens again.
     Closed(String),
 }
 
@@ -33,7 +34,7 @@ pub struct Mailbox {
 impl Mailbox {
     /// A mailbox for `nranks` peers; `me` (messages to self) counts as connected.
     pub fn new(me: usize, nranks: usize) -> Mailbox {
-        let mut links = vec![Link::Waiting; nranks];
+        let mut links = vec![Link::Idle; nranks];
         links[me] = Link::Connected;
         Mailbox {
             state: Mutex::new(State {
@@ -55,25 +56,33 @@ impl Mailbox {
         self.changed.notify_all();
     }
 
-    /// Records a connection from `peer`; false if it already had one.
+    /// Records a connection with `peer` (a second one too: both may open one at once); false once its link
+    /// has closed, which no connection reopens.
     pub fn connect(&self, peer: usize) -> bool {
         let mut state = self.state.lock();
-        if state.links[peer] != Link::Waiting {
-            return false;
+        match state.links[peer] {
+            Link::Closed(_) => return false,
+            Link::Connected => return true,
+            Link::Idle => state.links[peer] = Link::Connected,
         }
-        state.links[peer] = Link::Connected;
         drop(state);
         self.changed.notify_all();
         true
     }
 
-    pub fn is_waiting_for(&self, peer: usize) -> bool {
-        self.state.lock().links[peer] == Link::Waiting
+    /// Whether `peer`'s link has closed: it left, or was declared dead.
+    pub fn is_closed(&self, peer: usize) -> bool {
+        matches!(self.state.lock().links[peer], Link::Closed(_))
     }
 
-    /// Records that `peer`'s connection is gone; waiters for its messages then fail.
+    /// Records that `peer` is gone (its connection closed, it left, or it was declared dead); waiters for
+    /// its messages then fail, once what had arrived is taken. The first reason stays.
     pub fn close(&self, peer: usize, reason: String) {
-        self.state.lock().links[peer] = Link::Closed(reason);
+        let mut state = self.state.lock();
+        if !matches!(state.links[peer], Link::Closed(_)) {
+            state.links[peer] = Link::Closed(reason);
+        }
+        drop(state);
         self.changed.notify_all();
     }
 
@@ -87,16 +96,18 @@ impl Mailbox {
         self.changed.notify_all();
     }
 
-    /// Waits until every peer has connected, or returns the ranks still missing at `deadline` (or as soon
+    /// Waits until each of `peers` has connected, or returns those still missing at `deadline` (or as soon
     /// as the job fails). A peer whose connection has already closed again did connect (only a connected
-    /// link closes): set-up is complete, and what is sent to or awaited from that peer fails later with the
-    /// close's reason. (A fast peer may finish its set-up and close its communicator before this rank
-    /// looks.)
-    pub fn wait_all_connected(&self, deadline: Instant) -> std::result::Result<(), Vec<usize>> {
+    /// link closes, but for a peer declared dead): set-up is complete, and what is sent to or awaited from
+    /// that peer fails later with the close's reason. (A fast peer may finish its set-up and close its
+    /// communicator before this rank looks.)
+    pub fn wait_connected(&self, peers: &[usize], deadline: Instant) -> std::result::Result<(), Vec<usize>> {
         let mut state = self.state.lock();
         loop {
-            let missing: Vec<usize> = (0..state.links.len())
-                .filter(|&p| state.links[p] == Link::Waiting)
+            let missing: Vec<usize> = peers
+                .iter()
+                .copied()
+                .filter(|&p| state.links[p] == Link::Idle)
                 .collect();
             if missing.is_empty() {
                 return Ok(());
@@ -105,16 +116,18 @@ impl Mailbox {
                 return Err(missing);
             }
             if self.changed.wait_until(&mut state, deadline).timed_out() {
-                let missing = (0..state.links.len())
-                    .filter(|&p| state.links[p] == Link::Waiting)
+                let missing = peers
+                    .iter()
+                    .copied()
+                    .filter(|&p| state.links[p] == Link::Idle)
                     .collect();
                 return Err(missing);
             }
         }
     }
 
-    /// Takes the oldest message from `peer` under `key`, waiting for one as long as the peer's connection
-    /// is open. Messages that arrived before a connection closed are still delivered; once the job has
+    /// Takes the oldest message from `peer` under `key`, waiting for one as long as the peer's link has not
+    /// closed (it may have no connection yet: the peer makes one when it sends). Messages that arrived before a connection closed are still delivered; once the job has
     /// failed, nothing is: the failure's error comes back at once.
     pub fn take(&self, peer: usize, key: Key) -> Result<Vec<u8>> {
         self.take_until(peer, key, false, None)
@@ -247,7 +260,7 @@ mod tests {
         // Even a message already there: the job is over.
         assert!(m.take(2, Key::user(1)).is_err());
         assert_eq!(
-            m.wait_all_connected(Instant::now() + Duration::from_secs(30)),
+            m.wait_connected(&[1, 2], Instant::now() + Duration::from_secs(30)),
             Err(vec![1, 2])
         );
         // The first failure stays.
@@ -305,16 +318,21 @@ mod tests {
 
     #[test]
     fn connection_tracking() {
-        let m = Mailbox::new(1, 3);
+        let m = Mailbox::new(1, 4);
         assert_eq!(
-            m.wait_all_connected(Instant::now() + Duration::from_millis(10)),
+            m.wait_connected(&[0, 2], Instant::now() + Duration::from_millis(10)),
             Err(vec![0, 2])
         );
         assert!(m.connect(0));
-        assert!(!m.connect(0));
-        assert!(m.is_waiting_for(2));
+        assert!(m.connect(0), "a second connection of the same peer is one link");
+        assert!(!m.is_closed(2));
         assert!(m.connect(2));
-        assert_eq!(m.wait_all_connected(Instant::now()), Ok(()));
+        assert_eq!(m.wait_connected(&[0, 2], Instant::now()), Ok(()));
+        // Rank 3 is waited for by nobody and connects when it likes; once closed, its link stays closed.
+        m.close(3, "rank 3 failed".into());
+        assert!(m.is_closed(3) && !m.connect(3));
+        m.close(3, "a later reason".into());
+        assert!(m.take(3, Key::user(0)).unwrap_err().message.contains("rank 3 failed"));
     }
 
     #[test]
@@ -323,12 +341,12 @@ mod tests {
         assert!(m.connect(0));
         m.close(0, "peer closed its connection".into());
         assert_eq!(
-            m.wait_all_connected(Instant::now() + Duration::from_millis(10)),
+            m.wait_connected(&[0, 2], Instant::now() + Duration::from_millis(10)),
             Err(vec![2]),
             "only the peer that never came is missing"
         );
         assert!(m.connect(2));
-        assert_eq!(m.wait_all_connected(Instant::now()), Ok(()));
+        assert_eq!(m.wait_connected(&[0, 2], Instant::now()), Ok(()));
         let e = m.take(0, Key::user(1)).unwrap_err();
         assert!(e.message.contains("closed"), "{}", e.message);
     }

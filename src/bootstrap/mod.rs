@@ -22,6 +22,9 @@
 //!   over them (`health.rs`: heartbeats, timeouts, the first failure); `outbox.rs`: each connection's
 //!   sending side, shared by the rank's threads and that thread.
 //! - `handshake.rs`: accepted connections until their greeting is in (for the root and the receivers).
+//! - `topology.rs`: who connects to whom at set-up and watches whom (each rank's neighbours, `± 2^k`), how
+//!   notices spread, and the tree a shrink's id goes down: pure functions, the same on every rank.
+//! - `sim.rs` (tests only): the same choices on a simulated network, for sizes no test machine runs.
 //! - `wire.rs`: the bytes on the wire; `sys.rs`: the system calls std lacks (all the unsafe code).
 
 mod address;
@@ -33,7 +36,10 @@ mod mailbox;
 mod outbox;
 mod receiver;
 mod root;
+#[cfg(test)]
+mod sim;
 mod sys;
+mod topology;
 mod unique_id;
 mod wire;
 
@@ -45,6 +51,7 @@ pub use address::RootAddress;
 pub use endpoint::Bootstrap;
 pub use health::{AbortHandle, Cause, Liveness, PeerFailure};
 pub use root::Root;
+pub use topology::{are_neighbours, survivor_tree, tree_children, tree_parent};
 pub use unique_id::UniqueId;
 pub use wire::MAX_RANKS;
 

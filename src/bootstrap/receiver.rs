@@ -1,23 +1,26 @@
-//! A rank's receive thread: it accepts connections from higher ranks and checks their handshakes, and it
-//! reads frames from every peer into the mailbox. Reading everything as it arrives is what keeps sends
+//! A rank's receive thread: it accepts connections from peers (its higher neighbours at set-up, any peer
+//! that first sends to it later) and checks their handshakes, and it reads frames from every connection into
+//! the mailbox. Reading everything as it arrives is what keeps sends
 //! from deadlocking: a sender blocks only until the peer's receive thread drains its socket, which never
 //! waits on anything else.
 //!
-//! The same thread keeps watch over the peers (see `health.rs`): it sends the heartbeats and abort
-//! notices (never blocking, see `outbox.rs`), declares a peer dead when its connection closes without a
-//! goodbye or stays silent too long, and acts on the notices peers send.
+//! The same thread keeps watch over the rank's neighbours (see `health.rs`, `topology.rs`): it sends them
+//! heartbeats and passes notices on (never blocking, see `outbox.rs`), declares a peer dead when a
+//! connection with it closes without a goodbye or a neighbour stays silent too long, and acts on the notices
+//! peers send. A peer declared dead has its connections shut down, which ends any send blocked on them.
 
 use super::handshake::{Greeted, Label, PendingHandshakes};
 use super::health::{Cause, Health, Liveness, PeerFailure};
 use super::mailbox::Mailbox;
 use super::outbox::Outbox;
 use super::sys::{self, PollEntry};
+use super::topology::{are_neighbours, spread_to};
 use super::wire::{self, FRAME_HEADER_LEN, Greeting, Key, Kind, Notice, PROTOCOL_VERSION, Space};
 use crate::error::{Error, Result};
 use log::{debug, info, trace, warn};
 use parking_lot::Mutex;
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,7 +48,11 @@ pub struct Shared {
     pub health: Health,
     pub liveness: Liveness,
     stop: AtomicBool,
-    /// Connections this rank opened to lower ranks, waiting to be read by the receive thread.
+    /// The ranks declared dead so far (by this rank or a notice), each passed on once.
+    dead: Mutex<Vec<bool>>,
+    /// Set when a rank is added to `dead`: the receive thread then shuts its connections down.
+    dead_changed: AtomicBool,
+    /// Connections this rank opened, waiting to be read by the receive thread.
     outgoing: Mutex<Vec<(usize, TcpStream)>>,
     /// Wakes the receive thread.
     waker: UnixStream,
@@ -60,48 +67,63 @@ impl Shared {
         let _ = (&self.waker).write(&[1]);
     }
 
-    /// Records a failure. The first one is logged, fails every wait, is passed on to every other peer
-    /// when this rank saw it first-hand, and runs the failure hook on a thread of its own; later ones are
-    /// only noted.
+    /// Records a failure. A peer's death is passed on once per dead rank (every rank learns of every death,
+    /// so that the survivors' waits for a dead rank end at once even without a connection to it), and its
+    /// connections are shut down; the first failure of any kind is logged, fails every wait, is passed on
+    /// and runs the failure hook on a thread of its own; later aborts are only noted.
     pub fn fail(&self, failure: PeerFailure) {
-        let Some(hook) = self.health.record(failure.clone()) else {
+        let death = matches!(
+            failure.cause,
+            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) | Cause::ReportedBy { .. }
+        );
+        let newly_dead = death && self.mark_dead(failure.rank);
+        let first = self.health.record(failure.clone());
+        if first.is_none() && !newly_dead {
             debug!("also: {failure}");
             return;
-        };
-        warn!("{failure}");
-        self.mailbox.fail(failure.error());
-        // A rank's death spreads as a dissemination: whoever learns of it first, first-hand or told, tells
-        // the ranks 1, 2, 4, ... after it (`spread_to`), so every rank hears within log2(n) steps and the
-        // notices number at most n log2(n), where a killed rank's peers, each seeing its connection close,
-        // used to send n - 2 each (65 thousand notices at 256 ranks, on top of the failure). A rank's own
-        // abort goes to every peer at once: it has one source.
-        let dead = |how: String| {
-            let notice = Notice::Dead {
+        }
+        // A notice spreads as a dissemination: whoever learns of it first, first-hand or told, tells its
+        // neighbours (`spread_to`: the ranks 1, 2, 4, ... before and after it), so every rank hears within
+        // log2(n) steps and the notices of one death number at most 2 n log2(n). A death goes on at each rank
+        // once per dead rank; an abort only as the rank's first failure (a rank that has failed already needs
+        // no more news: its own first failure went the same way), so that survivors that all revoke after a
+        // death send nothing. It goes out before anything else is done (the log line, the hook's thread):
+        // each step of the spread waits for the one before.
+        let notice = match &failure.cause {
+            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => Some(Notice::Dead {
                 rank: failure.rank as u32,
-                how,
+                how: failure.how(),
                 silent_ms: failure.silent_for.map(|d| d.as_millis() as u64),
-            };
-            (Some(notice), spread_to(self.rank, self.nranks, failure.rank))
-        };
-        let (notice, to) = match &failure.cause {
-            Cause::ConnectionClosed(_) | Cause::NoHeartbeat(_) => dead(failure.how()),
+            }),
             // Passed on as it was told, so every rank names how the first one saw it.
-            Cause::ReportedBy { how, .. } => dead(how.clone()),
-            Cause::LocalAbort => (
-                Some(Notice::Aborted),
-                (0..self.nranks).filter(|&p| p != self.rank).collect(),
-            ),
-            // The aborting rank tells every peer itself.
-            Cause::Aborted => (None, Vec::new()),
+            Cause::ReportedBy { how, .. } => Some(Notice::Dead {
+                rank: failure.rank as u32,
+                how: how.clone(),
+                silent_ms: failure.silent_for.map(|d| d.as_millis() as u64),
+            }),
+            Cause::LocalAbort | Cause::Aborted => first.is_some().then_some(Notice::Aborted {
+                rank: failure.rank as u32,
+            }),
         };
         if let Some(notice) = notice {
             let frame = notice.frame();
-            for peer in to {
+            for peer in spread_to(self.rank, self.nranks, failure.rank) {
                 self.outboxes[peer].queue(&frame);
+                // At once where the connection is free (never waiting); else the receive thread's next pump.
+                let _ = self.outboxes[peer].pump(false);
             }
-            self.wake();
         }
-        if let Some(hook) = hook {
+        if newly_dead && failure.rank != self.rank {
+            self.mailbox.close(failure.rank, failure.error().message);
+        }
+        if first.is_some() {
+            self.mailbox.fail(failure.error());
+            warn!("{failure}");
+        } else {
+            info!("also: {failure}");
+        }
+        self.wake();
+        if let Some(Some(hook)) = first {
             let rank = self.rank;
             let spawned = std::thread::Builder::new()
                 .name(format!("mscclpp-failure-{rank}"))
@@ -115,23 +137,25 @@ impl Shared {
             }
         }
     }
+
+    /// Adds `rank` to the dead; false if it was there.
+    fn mark_dead(&self, rank: usize) -> bool {
+        let mut dead = self.dead.lock();
+        if dead[rank] {
+            return false;
+        }
+        dead[rank] = true;
+        self.dead_changed.store(true, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether `rank` was declared dead.
+    pub fn is_dead(&self, rank: usize) -> bool {
+        self.dead.lock()[rank]
+    }
 }
 
-/// The peers `rank` of `nranks` passes a death of `failed` on to: the ranks 1, 2, 4, ... after it (modulo
-/// `nranks`), but itself and `failed`. Every one does so once, when it first learns of it, so a death that
-/// one rank saw reaches every other (any distance is a sum of distinct powers of two, and a path that runs
-/// through the dead rank has another order of the same steps that does not).
-pub(crate) fn spread_to(rank: usize, nranks: usize, failed: usize) -> Vec<usize> {
-    let mut to: Vec<usize> = std::iter::successors(Some(1usize), |d| d.checked_mul(2))
-        .take_while(|&d| d < nranks)
-        .map(|d| (rank + d) % nranks)
-        .filter(|&p| p != rank && p != failed)
-        .collect();
-    to.dedup();
-    to
-}
-
-/// Owns the receive thread; dropping it stops the thread, says goodbye to every peer (once the rank's
+/// Owns the receive thread; dropping it stops the thread, says goodbye on every connection (once the rank's
 /// set-up completed) and closes the connections.
 pub struct Receiver {
     shared: Arc<Shared>,
@@ -169,6 +193,8 @@ impl Receiver {
             health: Health::default(),
             liveness,
             stop: AtomicBool::new(false),
+            dead: Mutex::new(vec![false; nranks]),
+            dead_changed: AtomicBool::new(false),
             outgoing: Mutex::new(Vec::new()),
             waker,
             hook_thread: Mutex::new(None),
@@ -180,7 +206,6 @@ impl Receiver {
             shared: shared.clone(),
             wake,
             listener: Some(listener),
-            listen_addr,
             pending: PendingHandshakes::new(
                 handshake_timeout,
                 Label {
@@ -191,6 +216,7 @@ impl Receiver {
                 },
             ),
             readers: Vec::new(),
+            incoming: std::collections::HashSet::new(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("mscclpp-bootstrap-{rank}"))
@@ -220,6 +246,12 @@ impl Receiver {
     /// its communicator at once.
     pub fn set_up_complete(&self) {
         self.farewell.store(true, Ordering::SeqCst);
+    }
+
+    /// Closing will say no goodbye (a test's stand-in for a killed process).
+    #[cfg(test)]
+    pub fn no_farewell(&self) {
+        self.farewell.store(false, Ordering::SeqCst);
     }
 
     /// Hands a connection this rank opened (and finished the handshake of) to the receive thread.
@@ -276,11 +308,13 @@ impl Drop for Receiver {
 struct Loop {
     shared: Arc<Shared>,
     wake: UnixStream,
-    /// Closed once every higher rank has connected.
+    /// Open for the endpoint's life: any peer may connect when it first sends to this rank.
     listener: Option<TcpListener>,
-    listen_addr: SocketAddr,
     pending: PendingHandshakes,
+    /// One per connection: a peer may have two (each side opened one at once).
     readers: Vec<FrameReader>,
+    /// The peers that opened a connection to this rank: one each.
+    incoming: std::collections::HashSet<usize>,
 }
 
 impl Loop {
@@ -295,16 +329,14 @@ impl Loop {
             let handed_over = std::mem::take(&mut *self.shared.outgoing.lock());
             for (peer, stream) in handed_over {
                 if self.shared.mailbox.connect(peer) {
-                    self.readers.push(FrameReader::new(peer, stream));
+                    let watched = are_neighbours(self.shared.rank, peer, self.shared.nranks);
+                    self.readers.push(FrameReader::new(peer, stream, watched));
                 } else {
-                    warn!("dropped a second connection to peer {peer}");
+                    debug!("dropped a connection to peer {peer}, which is gone");
                 }
             }
-            if self.listener.is_some() && self.readers.len() + 1 == self.shared.nranks {
-                // Every peer is in: nobody legitimate will connect again, so stop listening.
-                debug!("all peers connected; closing the listener at {}", self.listen_addr);
-                self.listener = None;
-                self.pending.clear();
+            if self.shared.dead_changed.swap(false, Ordering::SeqCst) {
+                self.shut_down_the_dead();
             }
 
             let mut entries = vec![PollEntry::readable(&self.wake)];
@@ -357,10 +389,30 @@ impl Loop {
                 self.check_silence();
             }
             for r in &self.readers {
-                if let Err(e) = self.shared.outboxes[r.peer].pump(tick) {
+                // Heartbeats go to the neighbours only: the peers a rank watches, and that watch it.
+                let beat = tick && r.watched;
+                if let Err(e) = self.shared.outboxes[r.peer].pump(beat) {
                     debug!("sending a control frame to peer {} failed: {e}", r.peer);
                 }
             }
+        }
+    }
+
+    /// Shuts down and drops the connections of the peers declared dead (by this rank or by a notice):
+    /// shutting a socket down also ends a send blocked on it (a stopped peer does not read).
+    fn shut_down_the_dead(&mut self) {
+        let dead = self.shared.dead.lock().clone();
+        let before = self.readers.len();
+        self.readers.retain(|r| {
+            if dead[r.peer] {
+                let _ = r.stream.shutdown(Shutdown::Both);
+                false
+            } else {
+                true
+            }
+        });
+        if self.readers.len() < before {
+            debug!("closed {} connection(s) of dead peers", before - self.readers.len());
         }
     }
 
@@ -380,7 +432,7 @@ impl Loop {
             return;
         }
         debug!("connection from peer {peer} ended: {reason}");
-        self.shared.mailbox.close(peer, reason.clone());
+        // (`fail` closes its link, with the failure's words.)
         let now = Instant::now();
         self.shared.fail(PeerFailure {
             rank: peer,
@@ -391,45 +443,59 @@ impl Loop {
         });
     }
 
-    /// Declares the first peer silent for too long dead (one failure is enough: the communicator is
-    /// aborted either way).
+    /// Declares the neighbours silent for too long dead: those it watches (a connection made later, to a
+    /// peer that is not a neighbour, carries no heartbeats; its neighbours watch it). It goes on after a
+    /// failure, so that a rank stopped later is known too (its survivors' shrink waits for no silent rank).
     fn check_silence(&mut self) {
-        if self.shared.health.has_failed() {
-            return;
-        }
         let liveness = self.shared.liveness;
-        for i in (0..self.readers.len()).rev() {
-            let r = &self.readers[i];
-            if r.left || liveness.overdue(r.last_heard, Instant::now()).is_none() {
+        let now = Instant::now();
+        // Each watched peer's last sign of life: the latest over its connections.
+        let mut latest: Vec<(usize, Instant)> = Vec::new();
+        for r in self.readers.iter().filter(|r| r.watched && !r.left) {
+            match latest.iter_mut().find(|(p, _)| *p == r.peer) {
+                Some(entry) => entry.1 = entry.1.max(r.last_heard),
+                None => latest.push((r.peer, r.last_heard)),
+            }
+        }
+        for (peer, heard) in latest {
+            if liveness.overdue(heard, now).is_none() || self.shared.is_dead(peer) {
                 continue;
             }
             // One more look, in case this thread itself was held up: what is there counts.
-            let before = self.readers.len();
-            self.read_from(i);
-            if self.readers.len() < before || self.shared.health.has_failed() {
-                return;
+            for i in (0..self.readers.len()).rev() {
+                if i < self.readers.len() && self.readers[i].peer == peer {
+                    self.read_from(i);
+                }
             }
-            let r = &self.readers[i];
+            let Some(heard) = self
+                .readers
+                .iter()
+                .filter(|r| r.peer == peer)
+                .map(|r| r.last_heard)
+                .max()
+            else {
+                continue; // Its connections ended meanwhile: `read_from` said how.
+            };
             let now = Instant::now();
-            if let Some(silence) = liveness.overdue(r.last_heard, now) {
-                // Shutting the socket down also ends a send blocked on it (a stopped peer does not read).
-                // This rank ends the connection, so it says why, whether or not this is its first failure.
+            if let Some(silence) = liveness.overdue(heard, now) {
+                // This rank ends the connections (`shut_down_the_dead`, once it is marked dead), so it says
+                // why, whether or not this is its first failure.
                 warn!(
-                    "rank {}: closing the connection to peer {}: nothing from it for {:.1} s (MSCCLPP_PEER_TIMEOUT)",
+                    "rank {}: closing the connection to peer {peer}: nothing from it for {:.1} s (MSCCLPP_PEER_TIMEOUT)",
                     self.shared.rank,
-                    r.peer,
                     silence.as_secs_f64()
                 );
-                let _ = r.stream.shutdown(Shutdown::Both);
                 self.shared.fail(PeerFailure {
-                    rank: r.peer,
+                    rank: peer,
                     observer: self.shared.rank,
                     cause: Cause::NoHeartbeat(silence),
                     silent_for: Some(silence),
                     detected: now,
                 });
-                return;
             }
+        }
+        if self.shared.dead_changed.swap(false, Ordering::SeqCst) {
+            self.shut_down_the_dead();
         }
     }
 
@@ -464,11 +530,13 @@ impl Loop {
             Some(format!("nranks {} but this job has {nranks}", g.nranks))
         } else if g.aux as usize != rank {
             Some(format!("it wants rank {} but this is rank {rank}", g.aux))
-        } else if peer <= rank || peer >= nranks {
-            Some(format!(
-                "rank {peer} may not connect to rank {rank} (only higher ranks do)"
-            ))
-        } else if !shared.mailbox.is_waiting_for(peer) {
+        } else if peer >= nranks {
+            Some(format!("rank {peer} is out of range for nranks {nranks}"))
+        } else if peer == rank {
+            Some(format!("rank {peer} is this rank"))
+        } else if shared.mailbox.is_closed(peer) {
+            Some(format!("rank {peer} has left or was declared dead"))
+        } else if self.incoming.contains(&peer) {
             Some(format!("rank {peer} is already connected"))
         } else {
             None
@@ -493,10 +561,12 @@ impl Loop {
             return;
         }
         let _ = p.stream.set_nodelay(true);
-        shared.outboxes[peer].connect(writer);
+        shared.outboxes[peer].offer(writer);
         shared.mailbox.connect(peer);
         debug!("peer {peer} connected from {}", p.from);
-        self.readers.push(FrameReader::new(peer, p.stream));
+        self.incoming.insert(peer);
+        let watched = are_neighbours(rank, peer, nranks);
+        self.readers.push(FrameReader::new(peer, p.stream, watched));
     }
 }
 
@@ -519,13 +589,16 @@ struct FrameReader {
     last_heard: Instant,
     /// The peer said goodbye: its connection closes on purpose.
     left: bool,
+    /// The peer is a neighbour: it gets heartbeats, and its silence counts.
+    watched: bool,
 }
 
 impl FrameReader {
-    fn new(peer: usize, stream: TcpStream) -> FrameReader {
+    fn new(peer: usize, stream: TcpStream, watched: bool) -> FrameReader {
         FrameReader {
             peer,
             stream,
+            watched,
             header: [0; FRAME_HEADER_LEN],
             header_filled: 0,
             body: None,
@@ -609,7 +682,13 @@ impl FrameReader {
                 };
                 (cause, rank, silent_ms.map(Duration::from_millis))
             }
-            Notice::Aborted => (Cause::Aborted, self.peer, None),
+            Notice::Aborted { rank } => {
+                let rank = rank as usize;
+                if rank >= shared.nranks {
+                    return Err(format!("abort notice about rank {rank} of {}", shared.nranks));
+                }
+                (Cause::Aborted, rank, None)
+            }
         };
         shared.fail(PeerFailure {
             rank,

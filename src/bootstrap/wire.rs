@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 /// First bytes of every greeting; anything else is a stranger.
 pub const GREETING_TAG: [u8; 8] = *b"MSCLBOOT";
 /// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames; 3: split and
-/// registration-record frames, which a version 2 peer would refuse as frames of an unknown kind).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// registration-record frames, which a version 2 peer would refuse as frames of an unknown kind; 4: hosts in
+/// the table; 5: connections between neighbours only at set-up, any other made when first needed, by either
+/// rank, and abort notices that name the rank that aborted, passed on from rank to rank).
+pub const PROTOCOL_VERSION: u32 = 5;
 pub const GREETING_LEN: usize = 80;
 pub const ADDR_LEN: usize = 28;
 /// One rank's entry in the root's table: its listen address, then its host (`Greeting::host`).
@@ -327,8 +329,8 @@ pub enum Notice {
         how: String,
         silent_ms: Option<u64>,
     },
-    /// The sender's application aborted its communicator.
-    Aborted,
+    /// Rank `rank`'s application aborted its communicator (the sender, or a rank that told it).
+    Aborted { rank: u32 },
 }
 
 const NOTICE_DEAD: u32 = 1;
@@ -351,8 +353,8 @@ impl Notice {
                     .u64(silent_ms.unwrap_or(u64::MAX))
                     .string(&how.as_bytes()[..end]);
             }
-            Notice::Aborted => {
-                w.u32(NOTICE_ABORTED).u32(0).u64(u64::MAX).string(&[]);
+            Notice::Aborted { rank } => {
+                w.u32(NOTICE_ABORTED).u32(*rank).u64(u64::MAX).string(&[]);
             }
         }
         let payload = w.into_bytes();
@@ -375,7 +377,7 @@ impl Notice {
         r.finish().map_err(why)?;
         match kind {
             NOTICE_DEAD => Ok(Notice::Dead { rank, how, silent_ms }),
-            NOTICE_ABORTED => Ok(Notice::Aborted),
+            NOTICE_ABORTED => Ok(Notice::Aborted { rank }),
             k => Err(format!("abort notice of unknown kind {k}")),
         }
     }
@@ -737,7 +739,7 @@ mod tests {
                 how: String::new(),
                 silent_ms: None,
             },
-            Notice::Aborted,
+            Notice::Aborted { rank: 3 },
         ] {
             let f = notice.frame();
             let (key, len) = decode_frame_header(f[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
@@ -755,7 +757,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(Notice::decode(&[1, 2, 3]).is_err());
-        let mut bad = Notice::Aborted.frame();
+        let mut bad = Notice::Aborted { rank: 0 }.frame();
         bad[FRAME_HEADER_LEN] = 9;
         assert!(
             Notice::decode(&bad[FRAME_HEADER_LEN..])

@@ -9,7 +9,8 @@
 //!   every other rank its word (`Word`: the `nRanks` it passes and the id if it is the root, or why it
 //!   refuses the grow) over the parent's bootstrap, among the messages of splits (`Bootstrap::send_split`,
 //!   tagged with the count of this rank's grows of the parent: every rank grows in the same order), then
-//!   receives theirs. Every rank thus holds the same words and comes to the same conclusion (`agree`):
+//!   receives theirs (each rank connects to every other for it, on first use: n - 1 connections a rank).
+//!   Every rank thus holds the same words and comes to the same conclusion (`agree`):
 //!   exactly one id and one `nRanks`, or the same error everywhere. A rank whose own arguments are wrong
 //!   still sends its word (a refusal), so that its peers fail at once and the counts stay in step.
 //! - The new ranks only call `init_by_id` with their rank; the bootstrap's root checks that every rank

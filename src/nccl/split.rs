@@ -10,10 +10,16 @@
 //! - Split: every rank sends its color and key to every other rank when it calls (a send never waits for
 //!   the peer), then receives theirs; a rank of `NCCL_SPLIT_NOCOLOR` needs nothing back and is done. Each
 //!   color's members are ordered by key, then by parent rank; the first creates the id and sends it to
-//!   the others. The parent must be healthy: a failure ends the waits.
+//!   the others. The parent must be healthy: a failure ends the waits. (Each rank thus connects to every
+//!   other, on first use: a split of n ranks costs n - 1 connections a rank, where a shrink costs none.)
 //! - Shrink: the ranks that stay are the parent's not excluded, in parent order; the first of them (every
 //!   survivor passes the same list, so every survivor knows which) creates the id and sends it, with the
-//!   list, to the others, which check that their list is the same. An excluded rank, dead or alive, takes
+//!   list, down a tree of the survivors: one whose every edge joins neighbours, so that it runs over the
+//!   connections the ranks have (`bootstrap::survivor_tree`, about log2(n) / 2 deep), or where the ranks
+//!   left out cut some survivor off from the first, a binomial tree (`bootstrap::tree_children`, log2 n
+//!   deep, its connections made as it goes); either way no rank sends to every other. Each passes it on
+//!   first, then checks that its own list is the same (a survivor whose list differs fails, the
+//!   others wait for it in vain at their new communicator's root, until its timeout). An excluded rank, dead or alive, takes
 //!   no part. After a failure the parent's bootstrap refuses its ordinary messages, but its connections
 //!   between live ranks stay up (the receive threads go on reading and sending heartbeats): split
 //!   messages still go through them, and the waits for them go on despite the failure, ending only when
@@ -152,26 +158,48 @@ pub fn shrink_job(
             .iter()
             .position(|&r| r == me)
             .ok_or_else(|| Error::internal("a shrinking rank is not among the survivors"))?;
+        // The tree: of neighbours where it reaches every survivor, else the binomial one.
+        let (parent_index, children) = match crate::bootstrap::survivor_tree(&kept, b.nranks()) {
+            Some(parents) => (
+                parents[index],
+                (0..kept.len()).filter(|&j| parents[j] == Some(index)).collect(),
+            ),
+            None => (
+                (index > 0).then(|| crate::bootstrap::tree_parent(index)),
+                crate::bootstrap::tree_children(index, kept.len()),
+            ),
+        };
+        // The id and the list go on to this rank's children in the tree: every one is tried, the first
+        // failure (a child that is gone) reported once all were.
+        let pass_on = |message: &[u8]| {
+            let mut first = Ok(());
+            for &child in &children {
+                let sent = b.send_split(kept[child], tag(count, SHRINK_ID), message);
+                if first.is_ok() {
+                    first = sent;
+                }
+            }
+            first
+        };
         let id = if index == 0 {
             let id = UniqueId::create(timeout)?;
             let mut message = id.to_bytes().to_vec();
             for &r in &excluded {
                 message.extend_from_slice(&(r as u32).to_le_bytes());
             }
-            for &peer in &kept[1..] {
-                b.send_split(peer, tag(count, SHRINK_ID), &message)?;
-            }
+            pass_on(&message)?;
             id
         } else {
             let deadline = Instant::now() + timeout;
-            let got = b.recv_split(kept[0], tag(count, SHRINK_ID), true, Some(deadline))?;
+            let parent_rank = kept[parent_index.expect("a survivor but the first has a parent")];
+            let got = b.recv_split(parent_rank, tag(count, SHRINK_ID), true, Some(deadline))?;
             if got.len() < 128 || (got.len() - 128) % 4 != 0 {
                 return Err(Error::internal(format!(
-                    "ncclCommShrink: rank {} sent {} bytes, not an id and a list of ranks",
-                    kept[0],
+                    "ncclCommShrink: rank {parent_rank} sent {} bytes, not an id and a list of ranks",
                     got.len()
                 )));
             }
+            pass_on(&got)?;
             let theirs: Vec<usize> = got[128..]
                 .chunks_exact(4)
                 .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
@@ -411,6 +439,66 @@ pub(super) mod tests {
             (new.rank(), new.nranks())
         });
         assert_eq!(places, vec![(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn a_shrink_of_many_survivors_goes_down_a_tree_of_neighbours() {
+        const N: usize = 12;
+        let mut parent = job(N);
+        // Ranks 11 and 4 abort and go: the others shrink without them.
+        for gone in [parent.remove(11), parent.remove(4)] {
+            gone.abort("a test").unwrap();
+            drop(gone);
+        }
+        for p in &parent {
+            let start = Instant::now();
+            while p.check_usable().is_ok() {
+                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        let (kept, excluded) = survivors(N, &[11, 4]).unwrap();
+        let places = on_ranks(kept.len(), |i| {
+            let new = shrink_job(parent[i].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            (new.rank(), new.nranks())
+        });
+        assert_eq!(places, (0..10).map(|i| (i, 10)).collect::<Vec<_>>());
+        // The tree joins neighbours: no survivor needed a connection beyond them.
+        for p in &parent {
+            let b = p.bootstrap();
+            let neighbours = (0..N)
+                .filter(|&q| q != b.rank() && crate::bootstrap::are_neighbours(b.rank(), q, N))
+                .count();
+            assert!(
+                b.connected_peers().len() <= neighbours,
+                "rank {}: {:?}",
+                b.rank(),
+                b.connected_peers()
+            );
+        }
+    }
+
+    #[test]
+    fn a_shrink_to_survivors_cut_off_from_one_another_goes_down_the_binomial_tree() {
+        const N: usize = 16;
+        // Ranks 0 and 3 stay; every neighbour of rank 0's is left out, so no tree of neighbours joins them.
+        let mut parent = job(N);
+        let stay: Vec<Arc<Communicator>> = vec![parent.remove(0), parent.remove(2)];
+        for gone in parent {
+            gone.abort("a test").unwrap();
+        }
+        let exclude: Vec<i32> = (0..N as i32).filter(|&r| r != 0 && r != 3).collect();
+        let (kept, excluded) = survivors(N, &exclude).unwrap();
+        assert_eq!(kept, vec![0, 3]);
+        assert!(crate::bootstrap::survivor_tree(&kept, N).is_none());
+        let places = on_ranks(2, |i| {
+            let new = shrink_job(stay[i].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            (new.rank(), new.nranks())
+        });
+        assert_eq!(places, vec![(0, 2), (1, 2)]);
+        assert!(stay[0].bootstrap().connected_peers().contains(&3), "made on first use");
     }
 
     #[test]
