@@ -100,7 +100,7 @@ check "lib/mscclpp-nccl/libnccl.so.2 loads the installed lib/libmscclpp.so.0 (it
   bash -c "[[ \$(readlink -f \"\$(env -u LD_LIBRARY_PATH ldd '$base/lib/mscclpp-nccl/libnccl.so.2' | awk '\$1 == \"libmscclpp.so.0\" { print \$3 }')\") == '$base/lib/libmscclpp.so.0.1.0' ]]"
 ls -l "$base/lib/libmscclpp.so.0.1.0" "$base/lib/libmscclpp.a" "$base/lib/mscclpp-nccl/libnccl.so.2" \
   build/lib/libmscclpp.so.0.1.0 build/lib/libmscclpp.a build/lib/nccl/libnccl.so.2 |
-  awk '{ printf "     %s: %.1f MB\n", $NF, $5 / 1e6 }'
+  awk '{ printf "     %s: %s\n", $NF, ($5 >= 1e6 ? sprintf("%.1f MB", $5 / 1e6) : sprintf("%.0f kB", $5 / 1e3)) }'
 
 # The .pc files.
 mscclpp_pc=$base/lib/pkgconfig/mscclpp.pc
