@@ -9,7 +9,8 @@
 #   build/lib/libmscclpp.so.0.1.0 (soname libmscclpp.so.0), libmscclpp.so.0, libmscclpp.so, libmscclpp.a
 #   build/lib/pkgconfig/mscclpp.pc              relocatable (prefix from the .pc file's own place)
 #   build/include/nccl.h                        NCCL's API, ours (include/nccl.h)
-#   build/lib/nccl/libnccl.so.2 (soname libnccl.so.2), libnccl.so   the NCCL face alone (cargo feature nccl-abi)
+#   build/lib/nccl/libnccl.so.2 (soname libnccl.so.2), libnccl.so   NCCL's API: a thin library over libmscclpp.so.0
+#                               (one jump per function to the core's; it needs libmscclpp.so.0, run path $ORIGIN/..)
 #   build/lib/libcudart.so.13                   only for the GPU programs below (-cudart shared)
 #   build/tests/host/<name>     from c-tests/host/<name>.cpp     (g++)
 #   build/tests/gpu/<name>      from c-tests/gpu/<name>.cu       (nvcc; the harness from c-tests/harness/)
@@ -23,6 +24,8 @@
 #   python/mscclpp/_fastcall.abi3.so   the collectives' C fast path, in place for PYTHONPATH=python (git-ignored;
 #                               optional: not built without cc or Python's headers)
 # Every program finds libmscclpp through an $ORIGIN-relative rpath, so build/ can be moved as a whole.
+# In target/ (cargo's), beside cargo's own: kernel-cache/ (build.rs's fatbins) and nccl-face/ (the thin
+# libnccl.so.2's generated sources, scripts/nccl-face.sh).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
@@ -143,12 +146,20 @@ build/lib/libmscclpp.so.$(SOVERSION): | $(LIB_SO)
 build/lib/libmscclpp.so: | build/lib/libmscclpp.so.$(SOVERSION)
 	ln -sfn libmscclpp.so.$(SOVERSION) $@
 
-# NCCL's face: the same crate without mscclpp.h's exports and with nccl.h's, in its own target directory.
-# After the main library, so that build.rs finds the kernels in target/kernel-cache and compiles none.
-$(NCCL_SO): FORCE | $(LIB_SO)
-	+$(BUILD_PROGRESS) $(CARGO) build --release --no-default-features --features nccl-abi --target-dir target/nccl
+# NCCL's face: a thin libnccl.so.2 over the core, which cargo built once with both faces. Its only code is
+# one trampoline per NCCL function, a jump to the core's export of it under mscclpp_nccl_face_, written by
+# scripts/nccl-face.sh from the core's own exports (no list kept by hand). It needs libmscclpp.so.0 and finds
+# it one folder up, through its run path $ORIGIN/.. (build/lib/nccl/ to build/lib/, and the same in make
+# install's lib/mscclpp-nccl/ and the wheel's mscclpp/_lib/nccl/); bound at load (-z now), so that a
+# libmscclpp.so.0 that lacks a function fails the load, naming it, and no later call.
+NCCL_FACE := target/nccl-face
+$(NCCL_SO): $(LIB_SO) scripts/nccl-face.sh | build/lib/libmscclpp.so.$(SOVERSION)
+	@scripts/nccl-face.sh $(LIB_SO) $(NCCL_FACE)
+	$(CC) -shared -nostdlib -Wl,-soname,libnccl.so.2 -Wl,--version-script=$(NCCL_FACE)/exports.map \
+	  -Wl,--no-undefined -Wl,-z,now -Wl,-z,noexecstack -Wl,--enable-new-dtags -Wl,-rpath,'$$ORIGIN/..' \
+	  $(NCCL_FACE)/trampolines.S $(LIB_SO) -o $(NCCL_FACE)/libnccl.so.2
 	@mkdir -p $(@D)
-	@cmp -s target/nccl/release/libmscclpp.so $@ || cp -f target/nccl/release/libmscclpp.so $@
+	@cmp -s $(NCCL_FACE)/libnccl.so.2 $@ || cp -f $(NCCL_FACE)/libnccl.so.2 $@
 
 $(NCCL_LINK): | $(NCCL_SO)
 	ln -sfn libnccl.so.2 $@
@@ -218,8 +229,8 @@ build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
 	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -DFAKE_NCCL_INCOMPLETE \
 	  -Wl,-soname,libnccl.so.2 $< -o $@
 
-# GPU programs of NCCL's API: our nccl.h and -lnccl only, the CUDA runtime linked statically (so that no
-# other library of ours is needed at run time); the harness from c-tests/harness/.
+# GPU programs of NCCL's API: our nccl.h and -lnccl only, the CUDA runtime linked statically (so that they
+# need no library at run time but libnccl.so.2 and the core it needs); the harness from c-tests/harness/.
 build/tests/nccl-gpu/%: c-tests/nccl-gpu/%.cu $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NCCL_SO) | $(NCCL_LINK) $(NVCC_READY)
 	@mkdir -p $(@D)
 	$(NVCC) $(CUDA_ARCH) -std=c++17 $(NVCCFLAGS) -Xcompiler -Wall,-Wextra -Ibuild/include -I$(HARNESS) -MMD -MP \
@@ -331,6 +342,8 @@ uninstall: ## remove what make install put there, nothing else
 	@scripts/install.sh uninstall '$(DESTDIR)' '$(PREFIX)'
 
 # ---- housekeeping ----
+# Clippy over the one build (both faces), and over the core with NCCL's face alone, which must not need the
+# legacy face.
 lint: | deps ## cargo clippy (warnings are errors) and cargo fmt --check
 	+$(CARGO) clippy --all-targets -- -D warnings
 	+$(CARGO) clippy --all-targets --no-default-features --features nccl-abi -- -D warnings

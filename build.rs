@@ -18,9 +18,9 @@
 //! 4. Hands the commit the library is built from to the compiler (`LIB_BUILD_COMMIT`, `unknown` outside
 //!    a git checkout): the library keeps it as `libmscclpp build commit <hash>;` in its read-only data, where
 //!    a benchmark finds which build it measured, and logs it at INFO.
-//! 5. Gives the shared library its soname: `libmscclpp.so.0`, or `libnccl.so.2` when built with the
-//!    `nccl-abi` feature (NCCL's face alone; the Makefile builds it into `target/nccl` after the main
-//!    library, so that the kernels come from the same cache and are compiled once).
+//! 5. Gives the shared library its soname, `libmscclpp.so.0`: the core, with both faces (NCCL's functions
+//!    under the prefix `mscclpp_nccl_face_`). The Makefile builds the thin `libnccl.so.2` over it
+//!    (`scripts/nccl-face.sh`), so that the crate and its kernels are compiled and embedded once.
 
 use cbindgen::{ItemType, Style};
 use std::fs;
@@ -78,13 +78,8 @@ fn main() {
 
     // Legacy programs link against libmscclpp.so.0; the Makefile installs the library as
     // libmscclpp.so.0.1.0 with the links libmscclpp.so.0 and libmscclpp.so. Programs and PyTorch built
-    // for NCCL need libnccl.so.2 (build/lib/nccl/).
-    let soname = if std::env::var_os("CARGO_FEATURE_NCCL_ABI").is_some() {
-        "libnccl.so.2"
-    } else {
-        "libmscclpp.so.0"
-    };
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
+    // for NCCL need libnccl.so.2 (build/lib/nccl/), the thin library that needs this one.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmscclpp.so.0");
 }
 
 /// The legacy header's functions that cbindgen declares (the other two are declared by hand).

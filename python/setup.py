@@ -2,8 +2,9 @@
 
 The package calls libmscclpp's C interface through ctypes; the wheel carries exactly what ``make`` builds into
 ``build/``: ``libmscclpp.so.0`` with the collectives' CUDA kernels embedded, NCCL's face ``libnccl.so.2``
-(found by ``python -m mscclpp.nccl_path``) and the headers ``mscclpp.h`` and ``mscclppfifo.h``. Never a wheel
-without its kernels or without ``libnccl.so.2``:
+(found by ``python -m mscclpp.nccl_path``: a thin library over ``libmscclpp.so.0``, which it finds one folder
+up) and the headers ``mscclpp.h`` and ``mscclppfifo.h``. Never a wheel without its kernels or without
+``libnccl.so.2``:
 
 - run by ``make`` (which sets ``LIBMSCCLPP_FROM_MAKE=1`` after building them), the files of ``build/`` are
   taken as they are;
@@ -17,8 +18,9 @@ without its kernels or without ``libnccl.so.2``:
 Whatever the way, the files are checked (both libraries, the headers, and CUDA fatbins inside
 ``libmscclpp.so.0``) before anything is packed, and the build stops naming what is missing.
 
-The libraries go into the package as ``mscclpp/_lib/libmscclpp.so.0`` and ``mscclpp/_lib/nccl/libnccl.so.2``,
-the headers into ``mscclpp/_include/``.
+The libraries go into the package as ``mscclpp/_lib/libmscclpp.so.0`` and ``mscclpp/_lib/nccl/libnccl.so.2``
+(whose run path, ``$ORIGIN/..``, is ``mscclpp/_lib/``: the layout of ``build/lib``), the headers into
+``mscclpp/_include/``.
 
 One small CPython extension is compiled too, ``mscclpp._fastcall`` (``mscclpp/_fastcall.c``: the
 collectives' per-call work in C, see collectives.py), against the stable ABI (``Py_LIMITED_API`` 3.10, where

@@ -6,6 +6,7 @@
 #   nccl.h (with include/nccl_device/'s headers), libnccl.so.2 and nccl.pc under the prefix of their own;
 # - installs the shared libraries stripped, each linked to a .debug file that holds its debug information,
 #   exporting the same names as the libraries in build/, and the static library without debug information;
+# - installs the thin libnccl.so.2 where it finds the installed core, libmscclpp.so.0, one folder up;
 # - writes .pc files that name PREFIX, through which a program of each API compiles, links and runs
 #   (each one's run path included);
 # and that uninstall leaves the staging tree exactly as it was before install (files put there beforehand,
@@ -95,8 +96,11 @@ for lib in lib/libmscclpp.so.0.1.0 lib/mscclpp-nccl/libnccl.so.2; do
   check "$lib exports what $built does" diff <(exports "$built") <(exports "$base/$lib")
 done
 check "lib/libmscclpp.a has no debug information" bash -c "! readelf -S '$base/lib/libmscclpp.a' | grep -q '\.debug_info'"
-ls -l "$base/lib/libmscclpp.so.0.1.0" "$base/lib/libmscclpp.a" build/lib/libmscclpp.so.0.1.0 build/lib/libmscclpp.a |
-  awk '{ printf "     %s: %.1f MB\n", $NF, $5 / 1e6 }'
+check "lib/mscclpp-nccl/libnccl.so.2 loads the installed lib/libmscclpp.so.0 (its run path \$ORIGIN/..)" \
+  bash -c "[[ \$(readlink -f \"\$(env -u LD_LIBRARY_PATH ldd '$base/lib/mscclpp-nccl/libnccl.so.2' | awk '\$1 == \"libmscclpp.so.0\" { print \$3 }')\") == '$base/lib/libmscclpp.so.0.1.0' ]]"
+ls -l "$base/lib/libmscclpp.so.0.1.0" "$base/lib/libmscclpp.a" "$base/lib/mscclpp-nccl/libnccl.so.2" \
+  build/lib/libmscclpp.so.0.1.0 build/lib/libmscclpp.a build/lib/nccl/libnccl.so.2 |
+  awk '{ printf "     %s: %s\n", $NF, ($5 >= 1e6 ? sprintf("%.1f MB", $5 / 1e6) : sprintf("%.0f kB", $5 / 1e3)) }'
 
 # The .pc files.
 mscclpp_pc=$base/lib/pkgconfig/mscclpp.pc

@@ -8,7 +8,8 @@
 #   lib/libmscclpp.so.$VERSION, links lib/libmscclpp.so.$SOVERSION and lib/libmscclpp.so, lib/libmscclpp.a
 #   lib/pkgconfig/mscclpp.pc
 #   include/mscclpp-nccl/nccl.h (and include/mscclpp-nccl/nccl_device/*.h where include/nccl_device/ has some)
-#   lib/mscclpp-nccl/libnccl.so.2, link lib/mscclpp-nccl/libnccl.so, lib/mscclpp-nccl/pkgconfig/nccl.pc
+#   lib/mscclpp-nccl/libnccl.so.2, link lib/mscclpp-nccl/libnccl.so, lib/mscclpp-nccl/pkgconfig/nccl.pc (the
+#     thin library over lib/libmscclpp.so.0, which it finds one folder up through its run path $ORIGIN/..)
 #   lib/.debug/*.debug, lib/mscclpp-nccl/.debug/*.debug: the shared libraries' debug information (gdb finds it
 #     through the .gnu_debuglink of the stripped library)
 #   share/mscclpp/install-manifest.txt: every file, link and directory this created

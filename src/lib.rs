@@ -29,8 +29,9 @@
 //! - `collective/`: all-reduce, all-gather, reduce-scatter, broadcast and the rest of NCCL's collectives, and
 //!   send and receive: the host side (checks, the algorithm table, scratch memory, launches); their kernels
 //!   are in `kernels/collectives/`, one file per algorithm, compiled by build.rs and embedded.
-//! - `nccl/`: NCCL's API (`nccl.h`), another face of the same core, exported by the `nccl-abi` feature into
-//!   `libnccl.so.2`; the `mscclpp-abi` feature (the default) exports `mscclpp_abi/`'s functions.
+//! - `nccl/`: NCCL's API (`nccl.h`), another face of the same core, exported by the `nccl-abi` feature under
+//!   the prefix `mscclpp_nccl_face_` (the thin `libnccl.so.2` gives them NCCL's names); the `mscclpp-abi`
+//!   feature exports `mscclpp_abi/`'s functions. Both are default: one build makes the one core library.
 //! - `proxy/`: the host thread that serves a device FIFO, whatever the transport.
 //! - `gpu/`: the CUDA driver, loaded at run time; all GPU work goes through its types.
 //! - `settings.rs`: every `MSCCLPP_*` environment setting, declared and read in one place.

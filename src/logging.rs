@@ -5,9 +5,10 @@
 //! The default handler writes to `MSCCLPP_DEBUG_FILE` when it is set (`%h` becomes the host name and `%p`
 //! the process id), else to standard error.
 //!
-//! Where the NCCL face installs the logger first (`init_for_nccl`: in `libnccl.so.2`), `NCCL_DEBUG` and
-//! `NCCL_DEBUG_FILE` stand in for our two when those are unset: a program run with NCCL's settings gets
-//! our log lines the way it asked for NCCL's.
+//! Where the NCCL face installs the logger first (`init_for_nccl`: the process's first call into the core is
+//! one of `libnccl.so.2`'s, not one of `mscclpp.h`'s), `NCCL_DEBUG` and `NCCL_DEBUG_FILE` stand in for our
+//! two when those are unset: a program run with NCCL's settings gets our log lines the way it asked for
+//! NCCL's.
 
 use crate::types::mscclppLogHandler_t;
 use log::{Level, LevelFilter, Log, Metadata, Record};

@@ -18,7 +18,8 @@
 //   fake comm is aborted, the next call fails without reaching it, and ncclCommShrink makes a communicator
 //   of two with a new fake comm that gets the next all-reduce;
 // - two ranks on two hosts grown to three on three (ncclCommGrow): ours, with a new fake comm of three;
-// - two hosts without the setting: the fake found in LD_LIBRARY_PATH; none anywhere: the initialisation
+// - two hosts without the setting: the fake found in LD_LIBRARY_PATH, also behind the folder of our own thin
+//   libnccl.so.2 (build/lib/nccl, skipped: it needs libmscclpp.so.0); none anywhere: the initialisation
 //   fails on both ranks saying what to install or set;
 // - a control: the same fake loaded without RTLD_DEEPBIND, its ncclSend's call reaches our ncclGetVersion;
 // - a path that does not exist, a library lacking a symbol, and NVIDIA's init refused: a WARN saying why,
@@ -642,6 +643,9 @@ int main() {
   run("the fake, two hosts grown to three", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, grow_case);
   run("two hosts, the fake found in LD_LIBRARY_PATH", {{"LD_LIBRARY_PATH", dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}},
       found_case);
+  // Our own libnccl.so.2 first (the thin library this program loaded): the search skips it for the fake.
+  run("two hosts, our libnccl.so.2 then the fake in LD_LIBRARY_PATH",
+      {{"LD_LIBRARY_PATH", dir + "/../../lib/nccl:" + dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}}, found_case);
   run("two hosts, no engine anywhere", {{"LD_LIBRARY_PATH", ""}}, no_engine_case);
   run("the fake without RTLD_DEEPBIND (control)", {}, control_case);
   run("a path that does not exist", {{"MSCCLPP_NCCL_FALLBACK", "/nonexistent/libnccl.so.2"}}, [] {

@@ -4,6 +4,10 @@
 # - nccl_device/host.h (the device API's host side) compiles alone and after nccl.h;
 # - libnccl.so.2's soname, and its exported names: exactly those of NVIDIA's libnccl.so.2 2.32.3 (nccl.h's
 #   functions and the device API's host side, each with its pnccl twin), nothing named mscclpp*;
+# - libnccl.so.2 is thin: its functions are, one for one, those the core (libmscclpp.so.0) exports under the
+#   prefix mscclpp_nccl_face_; it needs the core alone, finds it one folder up ($ORIGIN/..), binds at load,
+#   and holds no kernel; the core exports no nccl* name (a program that loads it beside NVIDIA's NCCL keeps
+#   NVIDIA's);
 # - the functions that torch, vLLM, sglang, nccl4py, cupy and JAX use, and NVIDIA's nccl.h and libnccl.so.2
 #   declare and export, from the lists in c-tests/nccl/names/ (check_wheel_names.sh);
 # - every program built from c-tests/nccl/*.cpp (build/tests/nccl/), which counts its own checks, but
@@ -62,8 +66,30 @@ verdict "libnccl.so.2 exports exactly NVIDIA 2.32.3's names ($(echo "$exported" 
   $([ -z "$diffs" ] && echo 0 || echo 1) "$diffs"
 ours=$(grep -i mscclpp <<<"$exported")
 verdict "libnccl.so.2 exports nothing named mscclpp*" $([ -z "$ours" ] && echo 0 || echo 1) "$ours"
-theirs=$(nm -D --defined-only "$repo/build/lib/libmscclpp.so.0.1.0" | awk '{print $NF}' | grep -i nccl)
-verdict "libmscclpp.so exports nothing named nccl*" $([ -z "$theirs" ] && echo 0 || echo 1) "$theirs"
+
+# The thin library over the core.
+core="$repo/build/lib/libmscclpp.so.0.1.0"
+core_exports=$(nm -D --defined-only "$core" | awk '{print $NF}' | sort)
+theirs=$(grep -E '^p?nccl' <<<"$core_exports")
+verdict "libmscclpp.so exports no nccl* or pnccl* name" $([ -z "$theirs" ] && echo 0 || echo 1) "$theirs"
+faces=$(sed -n 's/^mscclpp_nccl_face_//p' <<<"$core_exports" | sort)
+diffs=$(diff <(echo "$faces") <(echo "$exported"))
+verdict "libnccl.so.2's functions are the core's mscclpp_nccl_face_* ($(echo "$faces" | wc -l)), one for one" \
+  $([ -n "$faces" ] && [ -z "$diffs" ] && echo 0 || echo 1) "$diffs"
+dynamic=$(readelf -d "$lib" 2>&1)
+needed=$(sed -n 's/.*(NEEDED).*Shared library: \[\(.*\)\]/\1/p' <<<"$dynamic" | xargs)
+runpath=$(sed -n 's/.*(RUNPATH).*Library runpath: \[\(.*\)\]/\1/p' <<<"$dynamic")
+[ "$needed" = libmscclpp.so.0 ] && [ "$runpath" = '$ORIGIN/..' ] && grep -q 'Flags:.*NOW' <<<"$dynamic"
+verdict "libnccl.so.2 needs libmscclpp.so.0 alone (got '$needed'), run path \$ORIGIN/.. (got '$runpath'), binds now" $? \
+  "$dynamic"
+loads=$(env -u LD_LIBRARY_PATH ldd "$lib" 2>&1 | awk '$1 == "libmscclpp.so.0" { print $3 }')
+[ -n "$loads" ] && [ "$(readlink -f "$loads")" = "$(readlink -f "$core")" ]
+verdict "libnccl.so.2 loads build/lib's libmscclpp.so.0 (got '$loads')" $?
+size=$(stat -c %s "$lib")
+# A CUDA fatbin starts with the magic 0xBA55ED50 (little-endian): the core holds the kernels, and only it.
+fatbins=$(LC_ALL=C grep -c -a $'\x50\xed\x55\xba' "$lib")
+[ "$size" -lt 1000000 ] && [ "$fatbins" -eq 0 ] && [ "$(LC_ALL=C grep -c -a $'\x50\xed\x55\xba' "$core")" -gt 0 ]
+verdict "libnccl.so.2 holds no kernel, and is $size bytes (under 1 MB); the core holds them" $?
 
 # 3. The functions that pinned wheels use, and NVIDIA's own API (c-tests/nccl/names/): one verdict per list.
 log=$(bash "$here/check_wheel_names.sh" "$lib" "$include" 2>&1)

@@ -48,8 +48,9 @@ Options:
   --graph "ARGS"   the graph mode's arguments (default "-G 10 -n 50 -w 5")
   --check N        -c N (default 1: check the results)
   --libs LIST      nvidia,ours (default both)
-  --lib NAME=DIR   one more library to run after those: the libnccl.so.2 in DIR (another build of ours, to
-                   compare builds in one lease), shown as NAME (lower-case letters, digits, _); repeatable
+  --lib NAME=DIR   one more library to run after those: the libnccl.so.2 in DIR (another build of ours, its
+                   core libmscclpp.so.0 one folder up as in build/lib/nccl, to compare builds in one lease),
+                   shown as NAME (lower-case letters, digits, _); repeatable
   --with NAME=VAR=VALUE[,VAR=VALUE...]
                    ours once more, shown as NAME, with those MSCCLPP_* or NCCL_* settings (e.g.
                    --with rings=MSCCLPP_COLL_ALGO=sendrecv: an algorithm against the table's choice in one
@@ -174,6 +175,10 @@ for spec in "${more_libs[@]}"; do
   [[ $name != nvidia && $name != ours && -z ${more_dir[$name]:-} ]] || die "--lib: the name '$name' is taken"
   dir=$(from_caller "$dir")
   [ -f "$dir/libnccl.so.2" ] || die "--lib $name: no libnccl.so.2 in $dir"
+  # Ours is a thin library over the core beside its folder, which it needs.
+  if grep -q -a 'libmscclpp\.so\.0' "$dir/libnccl.so.2" && [ ! -e "$dir/../libmscclpp.so.0" ]; then
+    die "--lib $name: $dir/libnccl.so.2 needs libmscclpp.so.0, which $dir/.. lacks (carry the build's lib/ whole)"
+  fi
   more_dir[$name]=$dir
   lib_list+=("$name")
 done
@@ -253,7 +258,8 @@ nccl_h_version=$(awk '$1 == "#define" && $2 ~ /^NCCL_(MAJOR|MINOR|PATCH)$/ { v[$
   END { if (v["NCCL_MAJOR"] != "") printf "%s.%s.%s", v["NCCL_MAJOR"], v["NCCL_MINOR"], v["NCCL_PATCH"] }' "$nccl_home/include/nccl.h")
 
 ours_lib=$root/build/lib/nccl
-[ -e "$ours_lib/libnccl.so.2" ] || die "$ours_lib/libnccl.so.2 is missing: run make first (or carry build/lib/nccl)"
+[ -e "$ours_lib/libnccl.so.2" ] && [ -e "$root/build/lib/libmscclpp.so.0" ] ||
+  die "$ours_lib/libnccl.so.2 or the core it needs, build/lib/libmscclpp.so.0, is missing: run make first (or carry build/lib)"
 
 # MPI: MPI_HOME, else mpicc -showme's include folder, else the folder above mpirun's.
 mpi_home=${MPI_HOME:+$(from_caller "$MPI_HOME")}

@@ -9,8 +9,10 @@
 
 Looked for, first match wins: ``mscclpp/_lib/nccl/libnccl.so.2`` inside the package (what ``pip install``
 bundles), then ``build/lib/nccl/libnccl.so.2`` of the repository the package sits in (what ``make`` lays
-out). Nothing is loaded: importing this module never touches NVIDIA's or our NCCL. When neither file
-exists, the command says where it looked and exits with status 1.
+out). Either is a thin library over the core, ``libmscclpp.so.0``, which lies one folder up (``mscclpp/_lib/``,
+``build/lib/``), where the library's run path finds it: preloading the one file brings both. Nothing is
+loaded: importing this module never touches NVIDIA's or our NCCL. When neither file exists, the command
+says where it looked and exits with status 1.
 """
 
 from __future__ import annotations

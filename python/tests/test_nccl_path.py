@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import mscclpp
 from mscclpp import nccl_path
 
@@ -33,6 +35,27 @@ def test_prints_an_existing_libnccl_so_2_when_built() -> None:
     assert b"ncclGetVersion" in data
     d = _run("--dir")
     assert d.returncode == 0 and Path(d.stdout.strip()) == printed.parent
+
+
+def test_the_library_loads_with_the_core_one_folder_up() -> None:
+    """libnccl.so.2 is a thin library over libmscclpp.so.0 (docs/architecture.md): the core lies one folder up,
+    in the package as in build/lib, where the library's run path ($ORIGIN/..) finds it; a process that loads
+    the library alone gets both, and NCCL's answer from the core."""
+    found = nccl_path.nccl_library_path()
+    if found is None:
+        pytest.skip("this package was installed without libnccl.so.2 (run make, then pip install ./python)")
+    core = Path(found).parent.parent / "libmscclpp.so.0"
+    assert core.is_file(), f"{found} needs libmscclpp.so.0, which {core.parent} lacks"
+    code = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); v = ctypes.c_int(0); "
+            "rc = lib.ncclGetVersion(ctypes.byref(v)); "
+            "maps = {l.split()[-1] for l in open('/proc/self/maps') if 'libmscclpp' in l}; "
+            "print(rc, v.value, *sorted(maps))")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    r = subprocess.run([sys.executable, "-c", code, found], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rc, version, *cores = r.stdout.split()
+    assert (rc, version) == ("0", "23203"), r.stdout
+    assert [os.path.realpath(c) for c in cores] == [os.path.realpath(core)], r.stdout
 
 
 def test_missing_library_and_bad_arguments(monkeypatch, capsys) -> None:

@@ -5,9 +5,9 @@
 //! entries of the application's `mscclppRegisteredMemory` that `mscclppRegisterBuffer` appends and
 //! `mscclppRegisteredBufferWrite` reads (a `std::vector` only C++ may touch).
 //!
-//! Compiled only with the `mscclpp-abi` feature (the default): the build of `libnccl.so.2` leaves this face
-//! out, so that it exports NCCL's names alone (`nccl/`), and preloading it never interposes
-//! `libmscclpp`'s.
+//! Compiled only with the `mscclpp-abi` feature (a default one, beside `nccl-abi`):
+//! `--no-default-features --features nccl-abi` builds the core with NCCL's face alone, which `make lint`
+//! checks, so that the NCCL face never needs this one.
 
 pub mod api;
 pub mod collectives;

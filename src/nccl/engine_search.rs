@@ -1,7 +1,8 @@
 //! Where NVIDIA's `libnccl.so.2` is found when the ranks span hosts and none is named: the engine that
 //! carries what crosses hosts (`fallback.rs`). Every GPU cluster has one, and PyTorch's wheels ship one as
 //! `nvidia/nccl/lib/libnccl.so.2` in site-packages; since ours is usually the `libnccl.so.2` that the
-//! process loaded, the search must skip our own file wherever it meets it.
+//! process loaded, the search must skip our own files wherever it meets them: this core's file, and any
+//! thin `libnccl.so.2` of ours (a library that needs `libmscclpp.so.0`, read from its file).
 //!
 //! In order, the first that exists and is not ours:
 //! 1. `MSCCLPP_NCCL_FALLBACK`, where it is set (then nothing else is tried);
@@ -76,13 +77,22 @@ pub fn candidates(loaded: &[PathBuf], library_path: Option<&str>, system: &[&str
     out
 }
 
-/// The first candidate that exists and is not the file `ours` (compared by device and inode, so that a
-/// link or another path to our own library is skipped too).
+/// The soname of this core, which every thin `libnccl.so.2` of ours needs (the Makefile links it over the
+/// core): NVIDIA's never does.
+const CORE: &str = "libmscclpp.so.0";
+
+/// Whether the library at `path` is a thin `libnccl.so.2` of ours (of this build or any other).
+fn is_thin_face(path: &Path) -> bool {
+    crate::dynlib::needed_libraries(path).iter().any(|n| n == CORE)
+}
+
+/// The first candidate that exists and is none of ours: not the file `ours` (compared by device and inode,
+/// so that a link or another path to our own library is skipped too), and no thin `libnccl.so.2`.
 pub fn first_not_ours(candidates: Vec<(PathBuf, Found)>, ours: Option<&Path>) -> Option<(PathBuf, Found)> {
     let identity = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
     let ours = ours.and_then(identity);
     candidates.into_iter().find(|(p, _)| match identity(p) {
-        Some(id) => Some(id) != ours,
+        Some(id) => Some(id) != ours && !is_thin_face(p),
         None => false,
     })
 }
@@ -176,20 +186,23 @@ mod tests {
     #[test]
     fn the_first_existing_file_that_is_not_ours_wins() {
         let dir = std::env::temp_dir().join(format!("engine-search-{}", std::process::id()));
-        let (ours, link, theirs) = (dir.join("ours"), dir.join("link"), dir.join("theirs"));
-        for d in [&ours, &link, &theirs] {
+        let (ours, link, thin, theirs) = (dir.join("ours"), dir.join("link"), dir.join("thin"), dir.join("theirs"));
+        for d in [&ours, &link, &thin, &theirs] {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(ours.join(FILE), b"ours").unwrap();
         std::fs::hard_link(ours.join(FILE), link.join(FILE)).unwrap();
-        std::fs::write(theirs.join(FILE), b"theirs").unwrap();
+        // A thin libnccl.so.2 (of another build: not the file `ours`); NVIDIA's needs no libmscclpp.
+        std::fs::write(thin.join(FILE), crate::dynlib::test_elf::needing(&["libmscclpp.so.0"])).unwrap();
+        std::fs::write(theirs.join(FILE), crate::dynlib::test_elf::needing(&["libc.so.6"])).unwrap();
         let cands = |dirs: &[&Path]| -> Vec<(PathBuf, Found)> {
             dirs.iter().map(|d| (d.join(FILE), Found::LibraryPath)).collect()
         };
         let missing = dir.join("missing");
-        // Missing files and our own (by any path) are skipped.
-        let got = first_not_ours(cands(&[&missing, &ours, &link, &theirs]), Some(&ours.join(FILE)));
+        // Missing files, our own (by any path) and thin libraries of ours are skipped.
+        let got = first_not_ours(cands(&[&missing, &ours, &link, &thin, &theirs]), Some(&ours.join(FILE)));
         assert_eq!(got.unwrap().0, theirs.join(FILE));
+        assert!(first_not_ours(cands(&[&thin]), None).is_none());
         assert!(first_not_ours(cands(&[&missing, &ours, &link]), Some(&ours.join(FILE))).is_none());
         // Without knowing our file, the first that exists.
         assert_eq!(

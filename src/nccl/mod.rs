@@ -1,7 +1,7 @@
 //! NCCL's API (`nccl.h` of NCCL 2.32.3 and its device API's host side): the second face of the same core,
 //! beside `mscclpp.h`'s (`mscclpp_abi/`), over the shared C-ABI base (`abi/`: the panic boundary, handles,
-//! argument helpers). Exported by the `nccl-abi` feature (`libnccl.so.2`), each function with NCCL's
-//! `pnccl` twin.
+//! argument helpers). The `nccl-abi` feature exports each function, with NCCL's `pnccl` twin, from the core
+//! under the prefix `mscclpp_nccl_face_`; the thin `libnccl.so.2` gives them NCCL's names (`nccl_export!`).
 //!
 //! Its data path is thin: a collective, a send or receive, a one-sided call is checked here and handed to
 //! the core's communicator (`crate::comm::Communicator`, the one `mscclpp.h` uses), whose collectives
@@ -63,19 +63,31 @@
 //! - `fallback.rs`: `MSCCLPP_NCCL_FALLBACK`: NVIDIA's library, loaded privately, and its communicator beside
 //!   ours, which gets what the core does not carry out.
 
-/// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first).
+/// Defines an exported function and its `pnccl` twin (NCCL exports both; profilers interpose the first), or
+/// (the second form) a function without a twin. With the `nccl-abi` feature each is exported under
+/// `mscclpp_nccl_face_` and its NCCL name (`mscclpp_nccl_face_ncclAllReduce`), never under the NCCL name
+/// itself: a program that loads `libmscclpp.so.0` beside NVIDIA's NCCL keeps NVIDIA's functions. The thin
+/// `libnccl.so.2` exports the NCCL names, each a jump to the core's function (`scripts/nccl-face.sh` writes
+/// them from the core's exports under that prefix).
 macro_rules! nccl_export {
     ($(#[$attr:meta])* fn $name:ident / $twin:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
-        $(#[$attr])*
-        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
+        nccl_export! { $(#[$attr])* fn $name($($arg: $ty),*) -> $ret $body }
 
-        #[doc = concat!("`", stringify!($name), "` under NCCL's profiling name.")]
-        #[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
-        pub unsafe extern "C" fn $twin($($arg: $ty),*) -> $ret {
-            // SAFETY: the same function, under the same contract.
-            unsafe { $name($($arg),*) }
+        nccl_export! {
+            #[doc = concat!("`", stringify!($name), "` under NCCL's profiling name.")]
+            fn $twin($($arg: $ty),*) -> $ret {
+                // SAFETY: the same function, under the same contract.
+                unsafe { $name($($arg),*) }
+            }
         }
+    };
+    ($(#[$attr:meta])* fn $name:ident ($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$attr])*
+        #[cfg_attr(
+            feature = "nccl-abi",
+            unsafe(export_name = concat!("mscclpp_nccl_face_", stringify!($name)))
+        )]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret $body
     };
 }
 

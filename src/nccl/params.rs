@@ -248,13 +248,14 @@ nccl_export! {
     }
 }
 
-/// NVIDIA's library exports this name too (without a `pnccl` twin); JAX looks `ncclResetDebugInit` up.
-#[cfg_attr(feature = "nccl-abi", unsafe(no_mangle))]
-pub extern "C" fn ncclResetDebugInitInternal() {
-    let _ = entry("ncclResetDebugInitInternal", || {
-        crate::logging::reset_level_for_nccl();
-        OK
-    });
+nccl_export! {
+    /// NVIDIA's library exports this name too (without a `pnccl` twin); JAX looks `ncclResetDebugInit` up.
+    fn ncclResetDebugInitInternal() -> () {
+        let _ = entry("ncclResetDebugInitInternal", || {
+            crate::logging::reset_level_for_nccl();
+            OK
+        });
+    }
 }
 
 #[cfg(test)]
