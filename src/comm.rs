@@ -261,6 +261,19 @@ impl Communicator {
     }
 }
 
+#[cfg(test)]
+impl Communicator {
+    /// A communicator of one rank, its failures watched as a face's are (for the core's tests: it needs no
+    /// GPU until a call does).
+    pub(crate) fn alone() -> Arc<Communicator> {
+        let t = Duration::from_secs(30);
+        let id = UniqueId::create(t).unwrap();
+        let c = Arc::new(Communicator::init_by_id(1, &id, 0, t).unwrap());
+        c.watch_failures();
+        c
+    }
+}
+
 impl Usable for Communicator {
     fn check_usable(&self) -> Result<()> {
         Communicator::check_usable(self)
@@ -273,18 +286,9 @@ mod tests {
     use crate::error::ErrorKind;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A communicator of one rank, its failures watched as a face's are.
-    fn alone() -> Arc<Communicator> {
-        let t = Duration::from_secs(30);
-        let id = UniqueId::create(t).unwrap();
-        let c = Arc::new(Communicator::init_by_id(1, &id, 0, t).unwrap());
-        c.watch_failures();
-        c
-    }
-
     #[test]
     fn a_local_abort_is_named_by_who_aborted_first() {
-        let c = alone();
+        let c = Communicator::alone();
         c.check_usable().unwrap();
         c.abort("anAbort").unwrap();
         let e = c.check_usable().unwrap_err();
@@ -298,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_local_abort_aborts_the_local_work_once() {
-        let c = alone();
+        let c = Communicator::alone();
         let aborted = Arc::new(AtomicUsize::new(0));
         let count = aborted.clone();
         c.failures().on_abort(Box::new(move || {

@@ -366,6 +366,17 @@ pub(super) mod tests {
     }
 
     /// Runs `f(rank)` on a thread per rank; the results in rank order.
+    /// Waits until every one of `parent` has learnt of a failure (within `T`).
+    fn wait_for_failure(parent: &[Arc<Communicator>]) {
+        for p in parent {
+            let start = Instant::now();
+            while p.check_usable().is_ok() {
+                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+
     fn on_ranks<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
         std::thread::scope(|s| {
             let all: Vec<_> = (0..n)
@@ -417,13 +428,7 @@ pub(super) mod tests {
         let gone = parent.pop().unwrap();
         gone.abort("a test").unwrap();
         drop(gone);
-        for p in &parent {
-            let start = Instant::now();
-            while p.check_usable().is_ok() {
-                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
+        wait_for_failure(&parent);
         let (kept, excluded) = survivors(4, &[3]).unwrap();
         let places = on_ranks(3, |r| {
             let new = shrink_job(parent[r].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();
@@ -450,13 +455,7 @@ pub(super) mod tests {
             gone.abort("a test").unwrap();
             drop(gone);
         }
-        for p in &parent {
-            let start = Instant::now();
-            while p.check_usable().is_ok() {
-                assert!(start.elapsed() < T, "rank {}: no failure seen", p.rank());
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        }
+        wait_for_failure(&parent);
         let (kept, excluded) = survivors(N, &[11, 4]).unwrap();
         let places = on_ranks(kept.len(), |i| {
             let new = shrink_job(parent[i].clone(), 0, kept.clone(), excluded.clone(), T)().unwrap();

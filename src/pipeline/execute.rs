@@ -11,14 +11,16 @@ use crate::collective::{Call, RedOp, Scalar};
 use crate::comm::Communicator;
 use crate::error::{Error, ErrorKind, Result};
 use crate::gpu::{AppStream, DevicePtr, GpuContext};
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Who aborts the communicator when a call fails on this rank after its peers may have started theirs
 /// (`Communicator::abort`'s `by`): the core itself, so that the peers are not left waiting.
 const ABORTED_BY_FAILED_CALL: &str = "a call that failed on this rank after its peers may have started it";
 
-/// A buffer the prologue checks: where, how many bytes (0: none, not checked), its name for messages.
-type Buffer = (DevicePtr, u64, String);
+/// A buffer the prologue checks: where, how many bytes (0: none, not checked), its name for messages (a
+/// literal for the collectives' and one-sided calls' buffers: nothing is allocated on their path).
+type Buffer = (DevicePtr, u64, Cow<'static, str>);
 
 impl Communicator {
     /// Runs `work` (a lone call, or this communicator's share of a group) on this thread: planned
@@ -106,17 +108,16 @@ impl Communicator {
     fn run_collective(&self, call: &Call, sizes: &Sizes, stream: AppStream) -> Result<()> {
         // A broadcast's or a scatter's non-root reads no input, a reduce's or a gather's keeps no output
         // (the size is 0 there).
-        let mut buffers = vec![
-            (call.send, sizes.send, "sendbuff".to_string()),
-            (call.recv, sizes.recv, "recvbuff".to_string()),
+        // A PreMulSum's scalar in device memory is read by the kernels too.
+        let scalar = match call.op.and_then(RedOp::scalar) {
+            Some(Scalar::Device(ptr)) => (ptr, call.datatype.size() as u64),
+            _ => (0, 0),
+        };
+        let buffers: [Buffer; 3] = [
+            (call.send, sizes.send, Cow::Borrowed("sendbuff")),
+            (call.recv, sizes.recv, Cow::Borrowed("recvbuff")),
+            (scalar.0, scalar.1, Cow::Borrowed("the PreMulSum operator's scalar")),
         ];
-        if let Some(Scalar::Device(ptr)) = call.op.and_then(RedOp::scalar) {
-            buffers.push((
-                ptr,
-                call.datatype.size() as u64,
-                "the PreMulSum operator's scalar".to_string(),
-            ));
-        }
         let Some(gpu) = self.prologue(sizes.piece == 0, &buffers, stream)? else {
             return Ok(());
         };
@@ -142,7 +143,7 @@ impl Communicator {
         let buffers: Vec<Buffer> = work
             .buffers
             .iter()
-            .map(|m| (m.buffer, m.bytes, m.buffer_name()))
+            .map(|m| (m.buffer, m.bytes, Cow::Owned(m.buffer_name())))
             .collect();
         let Some(_gpu) = self.prologue(work.buffers.is_empty(), &buffers, stream)? else {
             return Ok(());
@@ -166,11 +167,11 @@ impl Communicator {
         self.check_usable()?;
         self.collectives().check_one_sided_ready(self.nranks())?;
         let empty = matches!(op, OneSided::Wait(w) if signal::merge_waits(w).is_empty());
-        let buffers: Vec<Buffer> = match op {
-            OneSided::Put { src, bytes, .. } => vec![(*src, *bytes, "localbuff".to_string())],
-            _ => Vec::new(),
+        let source: Buffer = match op {
+            OneSided::Put { src, bytes, .. } => (*src, *bytes, Cow::Borrowed("localbuff")),
+            _ => (0, 0, Cow::Borrowed("localbuff")),
         };
-        let Some(gpu) = self.prologue(empty, &buffers, stream)? else {
+        let Some(gpu) = self.prologue(empty, std::slice::from_ref(&source), stream)? else {
             return Ok(());
         };
         // A bad argument (a put's target outside the peer's window) is refused: no peer counts on it.
@@ -237,19 +238,8 @@ pub fn submit_groups(by_comm: &[(Arc<Communicator>, Vec<Submitted>)]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::UniqueId;
     use crate::collective::signal::SignalId;
     use crate::collective::{Collective, DataType, SendRecvKind};
-    use std::time::Duration;
-
-    /// A communicator of one rank (no GPU is needed by what these tests submit).
-    fn alone() -> Arc<Communicator> {
-        let t = Duration::from_secs(30);
-        let id = UniqueId::create(t).unwrap();
-        let c = Arc::new(Communicator::init_by_id(1, &id, 0, t).unwrap());
-        c.watch_failures();
-        c
-    }
 
     fn stream() -> AppStream {
         // SAFETY: the legacy default stream; these calls are refused or empty, so it is never used.
@@ -285,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_suspended_communicator_refuses_every_call_until_its_resume() {
-        let c = alone();
+        let c = Communicator::alone();
         let work = empty_work(&c);
         c.submit(&work).unwrap();
         c.suspend_collectives(false).unwrap();
@@ -302,7 +292,7 @@ mod tests {
 
     #[test]
     fn a_resume_without_a_suspend_is_refused_and_aborts_nothing() {
-        let c = alone();
+        let c = Communicator::alone();
         let e = c.resume_collectives().unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidUsage);
         assert!(e.message.contains("not suspended"), "{e}");
@@ -312,7 +302,7 @@ mod tests {
 
     #[test]
     fn an_aborted_communicator_refuses_every_call_with_its_failure() {
-        let c = alone();
+        let c = Communicator::alone();
         let work = empty_work(&c);
         c.abort("anAbort").unwrap();
         for w in &work {
@@ -324,7 +314,7 @@ mod tests {
 
     #[test]
     fn bad_arguments_are_refused_where_the_work_is_made() {
-        let c = alone();
+        let c = Communicator::alone();
         let mut call = match &empty_work(&c)[0].work {
             Work::Collective { call, .. } => *call,
             _ => unreachable!(),
