@@ -30,6 +30,7 @@
 # nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4,
 # nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill run, both again on virtual hosts, torch_suspend_window
 # at 4 ranks and at 4 and 8 for 20 cycles, torch_zero_copy),
+# nccl-determinism-3, nccl-determinism-4, nccl-determinism-8 (reproducible reductions),
 # nccl-sanitizer (the memcheck run); a word also takes every part that begins with it
 # and a "-" ("nccl" all, "nccl-rma" both; "nccl-2" only itself).
 set -u
@@ -110,6 +111,27 @@ for n in 4 8; do
   fi
   before=$failed
   run_program "nccl_window_suspend_test_$n" 900 build/tests/nccl-gpu/nccl_window_suspend_test "$n"
+  recover "$before"
+done
+# Reproducible reductions (c-tests/nccl-gpu/nccl_determinism_test.cu): with MSCCLPP_DETERMINISTIC=1 every
+# element of every all-reduce, reduce-scatter and reduce, 4 KiB to 256 MiB, on plain, registered and windowed
+# buffers, eager and in graphs, is the rank-order value computed on the host, by the table's algorithms and by
+# each one MSCCLPP_COLL_ALGO forces; without it, the rings of MSCCLPP_COLL_ALGO=sendrecv give other bits
+# somewhere (the data tells the orders apart). 8 ranks as the windows' part above.
+for n in 3 4 8; do
+  part "nccl-determinism-$n" || continue
+  if [ "$n" = 8 ] && ! want_8_ranks && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+    echo "SKIP nccl_determinism_test_8: 8 ranks need 8 GPUs, MPS, or MSCCLPP_TEST_8_RANKS=1 ($n_gpus GPUs, no MPS)"
+    continue
+  fi
+  before=$failed
+  det=build/tests/nccl-gpu/nccl_determinism_test
+  MSCCLPP_DETERMINISTIC=1 run_program "nccl_determinism_test_$n" 600 "$det" "$n"
+  for algo in packet copy zerocopy sendrecv; do
+    MSCCLPP_DETERMINISTIC=1 MSCCLPP_COLL_ALGO=$algo run_program "nccl_determinism_test_${algo}_$n" 600 "$det" "$n" --quick
+  done
+  MSCCLPP_DETERMINISTIC=0 MSCCLPP_COLL_ALGO=sendrecv \
+    run_program "nccl_determinism_test_default_sendrecv_$n" 600 "$det" "$n" --quick --expect-difference
   recover "$before"
 done
 if part nccl-pg-sequence; then

@@ -189,6 +189,14 @@ setting!(
     Warn,
     "MiB of data in each of the two slots of a communicator's scratch buffer, which peers write collectives' data into; larger calls are cut into windows of it"
 );
+setting!(
+    DETERMINISTIC,
+    "MSCCLPP_DETERMINISTIC",
+    "0",
+    Values::Flag,
+    Error,
+    "`1`: every reduction computes each element as one fixed expression of the ranks' values, in rank order, whatever the size, algorithm, buffer or mode (README, \"Reproducible reductions\"): reductions never take the rings and chains of sends and receives; the same on every rank"
+);
 // The lanes' default among up to four ranks and among more: why, at `send_recv::Shape::from_source`.
 setting!(
     SENDRECV_LANES,
@@ -337,6 +345,7 @@ pub static ALL: &[&Setting] = &[
     &P2P_FLAG,
     &COLL_ALGO,
     &COLL_SCRATCH_MB,
+    &DETERMINISTIC,
     &SENDRECV_LANES,
     &SENDRECV_DEPTH,
     &SENDRECV_CHUNK_KB,
@@ -528,6 +537,12 @@ impl<'a> Source<'a> {
         T::try_from(n).map_err(|_| Error::internal(format!("{}: {n} does not fit its type", s.name)))
     }
 
+    /// A `Values::Flag` setting whose bad value is an error, as `checked_int`.
+    pub fn checked_flag(&self, s: &'static Setting) -> Result<bool> {
+        read_as(s, OnBadValue::Error);
+        self.parse_flag(s, OnBadValue::Error)
+    }
+
     /// A `Values::Choice` setting whose bad value is an error, as `checked_int`.
     pub fn checked_choice(&self, s: &'static Setting) -> Result<&'static str> {
         read_as(s, OnBadValue::Error);
@@ -611,6 +626,10 @@ impl Setting {
     /// `Source::process().checked_int(self)`.
     pub fn checked_int<T: TryFrom<i64>>(&'static self) -> Result<T> {
         Source::process().checked_int(self)
+    }
+    /// `Source::process().checked_flag(self)`.
+    pub fn checked_flag(&'static self) -> Result<bool> {
+        Source::process().checked_flag(self)
     }
     /// `Source::process().checked_choice(self)`.
     pub fn checked_choice(&'static self) -> Result<&'static str> {
@@ -911,8 +930,9 @@ mod tests {
     }
 
     /// What may read a setting, and what it can be read as.
-    const ACCESSORS: [&str; 9] = [
+    const ACCESSORS: [&str; 10] = [
         "flag",
+        "checked_flag",
         "int",
         "int_among",
         "choice",
@@ -974,7 +994,7 @@ mod tests {
                         "flag" | "choice" => warns,
                         "int" => warns && s.above.is_none(),
                         "int_among" => warns && s.above.is_some(),
-                        "checked_int" | "checked_choice" => !warns,
+                        "checked_int" | "checked_choice" | "checked_flag" => !warns,
                         "text" => s.default.is_empty(),
                         "text_value" => !s.default.is_empty(),
                         _ => true,

@@ -23,7 +23,10 @@
 // bad argument. The library logs to a file per process (NCCL_DEBUG_FILE, in a temporary directory); where a
 // size fails, a WARN or ERROR line of each kind is printed (at most 8).
 //
-// Usage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] [N ...]    (sizes default to 16 64 128)
+// --logs DIR: the library's log files go to DIR and are kept (NCCL_DEBUG, WARN unless the caller sets it,
+// says how much they hold: NCCL_DEBUG=INFO to see where a rank's initialisation stops).
+//
+// Usage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] [--logs DIR] [N ...]    (sizes default to 16 64 128)
 #include <nccl.h>
 
 #include <algorithm>
@@ -44,6 +47,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -350,11 +354,13 @@ struct Result {
 };
 
 // One size: fork, wait within the deadline, read the slots.
+std::string g_keep_logs;  // --logs DIR
+
 Result run_size(int n, double timeout_s) {
   Result res;
   res.ranks = n;
   char tmpl[] = "/tmp/control_plane_bench.XXXXXX";
-  std::string logdir = mkdtemp(tmpl) ? tmpl : "";
+  std::string logdir = !g_keep_logs.empty() ? g_keep_logs : mkdtemp(tmpl) ? tmpl : "";
   if (!logdir.empty()) setenv("NCCL_DEBUG_FILE", (logdir + "/%p.log").c_str(), 1);
 
   size_t bytes = sizeof(Board) + sizeof(Slot) * static_cast<size_t>(n);
@@ -544,13 +550,13 @@ Result run_size(int n, double timeout_s) {
     for (const auto& l : log_lines(logdir, pids, 8)) std::printf("    log: %s\n", l.c_str());
   std::fflush(stdout);
   munmap(mem, bytes);
-  if (!logdir.empty()) remove_dir(logdir);
+  if (!logdir.empty() && g_keep_logs.empty()) remove_dir(logdir);
   return res;
 }
 
 int usage(const char* why) {
   std::fprintf(stderr,
-               "control_plane_bench: %s\nusage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] "
+               "control_plane_bench: %s\nusage: control_plane_bench [--timeout SECONDS] [--runs K] [--stop] [--logs DIR] "
                "[RANKS ...]\n",
                why);
   return 2;
@@ -573,6 +579,10 @@ int main(int argc, char** argv) {
       if (++i == argc) return usage("--runs needs a value");
       runs = std::strtol(argv[i], &end, 10);
       if (*end || runs < 1 || runs > 1000) return usage("--runs takes a count of 1 to 1000");
+    } else if (a == "--logs") {
+      if (++i == argc) return usage("--logs needs a directory");
+      g_keep_logs = argv[i];
+      if (mkdir(argv[i], 0755) != 0 && errno != EEXIST) return usage("--logs: the directory cannot be made");
     } else if (a == "--stop") {
       g_stop = true;
     } else {
@@ -588,7 +598,7 @@ int main(int argc, char** argv) {
   for (const char* v : {"MSCCLPP_DEBUG", "MSCCLPP_DEBUG_FILE", "NCCL_COMM_ID", "MSCCLPP_NCCL_FALLBACK",
                         "NCCL_COMM_BLOCKING", "MSCCLPP_ABORT_EXIT_TIMEOUT"})
     unsetenv(v);
-  setenv("NCCL_DEBUG", "WARN", 1);
+  setenv("NCCL_DEBUG", "WARN", 0);
   if (g_stop) setenv("MSCCLPP_PEER_TIMEOUT", "1", 0);
   rlimit lim{};
   getrlimit(RLIMIT_NOFILE, &lim);

@@ -70,6 +70,16 @@ struct OpPreMulSum {
   __device__ static A apply(A x, A y) { return x + y; }
 };
 
+// A product rounded on its own, never fused with the addition that follows (nvcc contracts a * b + c into
+// one fma where it can see both): PreMulSum's scaled input must be the same value whether it was sent to a
+// peer or added on the rank itself, so that every rank, and every path, adds the same terms.
+template <typename A>
+__device__ __forceinline__ A mulRounded(A x, A y) { return x * y; }
+template <>
+__device__ __forceinline__ float mulRounded(float x, float y) { return __fmul_rn(x, y); }
+template <>
+__device__ __forceinline__ double mulRounded(double x, double y) { return __dmul_rn(x, y); }
+
 // What a rank's input goes through where the rank reads it from its own buffer, before it leaves for the
 // peers or enters its own reduction (never a partial result): nothing, but for PreMulSum, where each
 // element is multiplied by the rank's scalar (in the arithmetic type, rounded to the element type, as NCCL
@@ -88,7 +98,7 @@ struct PreOp<T, OpPreMulSum> {
     constexpr int n = sizeof(U) / sizeof(T);
     T* xs = reinterpret_cast<T*>(&v);
 #pragma unroll
-    for (int i = 0; i < n; i++) xs[i] = Arith<T>::down(Arith<T>::up(xs[i]) * scalar);
+    for (int i = 0; i < n; i++) xs[i] = Arith<T>::down(mulRounded(Arith<T>::up(xs[i]), scalar));
     return v;
   }
 };

@@ -116,6 +116,7 @@ impl Collectives {
             placement,
             message,
             choice: ready.choice,
+            reproducible: ready.reproducible,
             capturing,
         };
         for path in plan::paths(&shape) {

@@ -110,7 +110,15 @@ struct Ready {
     scratch: Scratch,
     abort: SharedAbortWord,
     choice: Choice,
+    /// `MSCCLPP_DETERMINISTIC`: reductions take only the paths that add in rank order (`plan::paths`).
+    reproducible: bool,
     side_streams: SideStreams,
+}
+
+/// Whether `MSCCLPP_DETERMINISTIC` asks for reproducible reductions (README, "Reproducible reductions"); a
+/// bad value is an error naming the variable.
+pub fn reproducible_reductions() -> Result<bool> {
+    crate::settings::DETERMINISTIC.checked_flag()
 }
 
 impl Collectives {
@@ -212,6 +220,7 @@ impl Collectives {
     fn set_up(&self, bootstrap: &Bootstrap, gpu: &GpuContext, kept: Option<suspend::Kept>) -> Result<Ready> {
         let data_mb: u64 = crate::settings::COLL_SCRATCH_MB.int();
         let choice = Choice::parse(crate::settings::COLL_ALGO.choice());
+        let reproducible = reproducible_reductions()?;
         let abort = self
             .abort
             .get_or_try_init(|| {
@@ -230,8 +239,16 @@ impl Collectives {
             Some(k) => (k.units, k.side_streams),
             None => (kernels::Units::load(gpu)?, SideStreams::new(gpu)),
         };
-        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit)?;
-        log::info!("collectives: algorithm {choice:?}, scratch at {:#x}", scratch.own());
+        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit, reproducible)?;
+        log::info!(
+            "collectives: algorithm {choice:?}{}, scratch at {:#x}",
+            if reproducible {
+                ", reproducible reductions (in rank order; never by rings or chains)"
+            } else {
+                ""
+            },
+            scratch.own()
+        );
         self.zero_copy.set_up(gpu, bootstrap.rank(), bootstrap.nranks())?;
         Ok(Ready {
             kernels: LoadedKernels::from_units(*gpu, scratch.multiprocessors, scratch.gpu_sharers, units),
@@ -239,6 +256,7 @@ impl Collectives {
             scratch,
             abort,
             choice,
+            reproducible,
         })
     }
 }

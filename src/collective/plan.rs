@@ -103,6 +103,8 @@ pub struct Shape {
     /// The bytes that cross (`Collective::message`).
     pub message: u64,
     pub choice: Choice,
+    /// `MSCCLPP_DETERMINISTIC`: a reduction takes only paths that reduce each element in rank order.
+    pub reproducible: bool,
     pub capturing: bool,
 }
 
@@ -115,6 +117,7 @@ pub fn paths(shape: &Shape) -> Vec<Path> {
         placement,
         message,
         choice,
+        reproducible,
         capturing,
     } = *shape;
     let mut paths = Vec::new();
@@ -125,7 +128,12 @@ pub fn paths(shape: &Shape) -> Vec<Path> {
         paths.push(Path::ZeroCopy);
         return paths;
     }
-    if send_recv_collectives::applies(collective, op, nranks, placement, message, choice) {
+    // Every path but the rings and chains of sends and receives reduces an element in rank order, whatever
+    // the size, window or grid: the copy engine reduces nothing, zero-copy and the scratch algorithms add
+    // rank 0's value, then rank 1's, ... (kernels/collectives/); a ring adds in an order that depends on
+    // where the element falls, a chain in the chain's order. A reproducible reduction leaves them out.
+    let reduces = op.is_some();
+    if !(reproducible && reduces) && send_recv_collectives::applies(collective, op, nranks, placement, message, choice) {
         paths.push(Path::SendRecv);
     }
     paths.push(Path::Scratch(algorithm::choose(collective, nranks, message, choice)));
@@ -287,8 +295,50 @@ mod tests {
             placement: Placement::SeveralGpus,
             message,
             choice,
+            reproducible: false,
             capturing,
         }
+    }
+
+    #[test]
+    fn a_reproducible_reduction_never_takes_sends_and_receives() {
+        let reductions = [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce];
+        let choices = [Choice::Auto, Choice::SendRecv, Choice::ZeroCopy, Choice::Force(Protocol::Copy)];
+        let mut rings_left_out = 0;
+        for c in reductions {
+            for choice in choices {
+                for nranks in [2, 3, 4, 8] {
+                    for placement in [Placement::OneGpu, Placement::SeveralGpus] {
+                        for message in [4096, 1 << 20, 64 << 20, 1 << 30] {
+                            let default = Shape {
+                                nranks,
+                                placement,
+                                ..shape(c, message, choice, false)
+                            };
+                            let reproducible = Shape {
+                                reproducible: true,
+                                ..default
+                            };
+                            let (was, now) = (paths(&default), paths(&reproducible));
+                            assert!(!now.contains(&Path::SendRecv), "{reproducible:?}: {now:?}");
+                            // Only the rings and chains are left out: every other path stays, in its order.
+                            let kept: Vec<Path> = was.iter().copied().filter(|p| *p != Path::SendRecv).collect();
+                            assert_eq!(now, kept, "{reproducible:?}");
+                            rings_left_out += was.contains(&Path::SendRecv) as usize;
+                        }
+                    }
+                }
+            }
+        }
+        // The default does take them somewhere (among several GPUs, large; or when forced), else this proves
+        // nothing.
+        assert!(rings_left_out > 0);
+        // The collectives that reduce nothing keep theirs.
+        let broadcast = Shape {
+            reproducible: true,
+            ..shape(Collective::Broadcast, 1 << 30, Choice::SendRecv, false)
+        };
+        assert!(paths(&broadcast).contains(&Path::SendRecv));
     }
 
     #[test]

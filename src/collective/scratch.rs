@@ -113,8 +113,15 @@ impl Scratch {
     /// Allocates this rank's buffer and maps every peer's: collective, every rank calls it (from its first
     /// collective call).
     /// `cta_limit` is this rank's limit of a collective's blocks (`u32::MAX`: none); every rank's are
-    /// exchanged here and the smallest kept.
-    pub fn set_up(gpu: &GpuContext, bootstrap: &Bootstrap, data_bytes: u64, cta_limit: u32) -> Result<Scratch> {
+    /// exchanged here and the smallest kept. `reproducible` (`MSCCLPP_DETERMINISTIC`) must be every rank's:
+    /// the ranks of a call take the same path, so one rank's setting alone would leave its peers waiting.
+    pub fn set_up(
+        gpu: &GpuContext,
+        bootstrap: &Bootstrap,
+        data_bytes: u64,
+        cta_limit: u32,
+        reproducible: bool,
+    ) -> Result<Scratch> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         if nranks > MAX_RANKS {
             return Err(Error::invalid_usage(format!(
@@ -149,7 +156,8 @@ impl Scratch {
         w.u64(device).u32(multiprocessors).u32(cta_limit);
         w.u32(send_recv_shape.lanes)
             .u32(send_recv_shape.depth)
-            .u64(send_recv_shape.slot_bytes);
+            .u64(send_recv_shape.slot_bytes)
+            .u8(reproducible as u8);
         // The owner's own address (for ranks of this process), then how other processes reach the buffer.
         w.u64(own.ptr()).string(inbox.address());
         match &own {
@@ -196,6 +204,13 @@ impl Scratch {
                     "rank {peer}'s send/receive lanes are {peer_shape:?} and ours {send_recv_shape:?}: \
                      MSCCLPP_SENDRECV_LANES, MSCCLPP_SENDRECV_DEPTH and MSCCLPP_SENDRECV_CHUNK_KB must be the same on \
                      every rank"
+                )));
+            }
+            let peer_reproducible = r.u8()? != 0;
+            if peer_reproducible != reproducible {
+                return Err(Error::invalid_usage(format!(
+                    "rank {peer}'s MSCCLPP_DETERMINISTIC is {} and ours {}: it must be the same on every rank",
+                    peer_reproducible as u8, reproducible as u8
                 )));
             }
             let address = r.u64()?;

@@ -665,6 +665,13 @@ pub fn attach(core: &Communicator) -> Result<Option<Arc<Comm>>> {
         return refuse(format!("NVIDIA's ncclCommInitRank failed on rank(s) {failed:?}"));
     }
     let comm = Comm::new(lib, made.expect("every rank joined, this one too"), spans_hosts);
+    if spans_hosts && rank == 0 && crate::collective::reproducible_reductions().unwrap_or(true) {
+        // NVIDIA's library orders a reduction's additions by its own algorithm, chosen by size.
+        log::warn!(
+            "MSCCLPP_DETERMINISTIC is set, but this communicator's ranks span hosts and NVIDIA's NCCL carries its \
+             reductions: their results are not promised to be the same bits across message sizes"
+        );
+    }
     log::info!(
         "rank {rank} of {nranks}: NVIDIA's communicator made beside ours ({}, NCCL {}){}",
         lib.path(),
