@@ -5,14 +5,16 @@
 //!
 //! - The id: our unique id (`UniqueId`), marked as a grow's and carrying the parent's size, so that a new
 //!   rank checks its rank (`[parent size, nRanks)`) before it connects to anything (`GrowId`).
-//! - The existing ranks: only the root knows the id, and no rank knows which rank the root is. Each sends
-//!   every other rank its word (`Word`: the `nRanks` it passes and the id if it is the root, or why it
-//!   refuses the grow) over the parent's bootstrap, among the messages of splits (`Bootstrap::send_split`,
-//!   tagged with the count of this rank's grows of the parent: every rank grows in the same order), then
-//!   receives theirs (each rank connects to every other for it, on first use: n - 1 connections a rank).
-//!   Every rank thus holds the same words and comes to the same conclusion (`agree`):
-//!   exactly one id and one `nRanks`, or the same error everywhere. A rank whose own arguments are wrong
-//!   still sends its word (a refusal), so that its peers fail at once and the counts stay in step.
+//! - The existing ranks: only the root knows the id, and no rank knows which rank the root is. Every rank's
+//!   word (`Word`: the `nRanks` it passes and the id if it is the root, or why it refuses the grow) is
+//!   gathered on every rank over the parent's bootstrap, among the messages of splits
+//!   (`Bootstrap::gather_words`, up and down the binomial tree of neighbours: no new connection, at most
+//!   `ceil(log2 n) + 1` messages a rank; tagged with the count of this rank's grows of the parent: every
+//!   rank grows in the same order), started on a library thread when the rank calls (`split::exchange`),
+//!   within the timeout. Every rank thus holds the same words and comes to the same conclusion (`agree`,
+//!   the first refusal by rank first): exactly one id and one `nRanks`, or the same error everywhere. A
+//!   rank whose own arguments are wrong still gives its word (a refusal), so that its peers fail and the
+//!   counts stay in step; its thread goes on passing the others' words on while it returns its error.
 //! - The new ranks only call `init_by_id` with their rank; the bootstrap's root checks that every rank
 //!   passes the same `nRanks` and that no rank comes twice (a rank turned away is told why).
 #![allow(non_snake_case)] // NCCL's argument names

@@ -7,11 +7,15 @@
 //! (`Bootstrap::send_split`), tagged with the count of this rank's splits (or shrinks) of the parent:
 //! every rank starts them in the same order, so that two at once (in one group) do not mix.
 //!
-//! - Split: every rank sends its color and key to every other rank when it calls (a send never waits for
-//!   the peer), then receives theirs; a rank of `NCCL_SPLIT_NOCOLOR` needs nothing back and is done. Each
-//!   color's members are ordered by key, then by parent rank; the first creates the id and sends it to
-//!   the others. The parent must be healthy: a failure ends the waits. (Each rank thus connects to every
-//!   other, on first use: a split of n ranks costs n - 1 connections a rank, where a shrink costs none.)
+//! - Split: every rank's color and key are gathered on every rank (`Bootstrap::gather_words`: up the
+//!   binomial tree over the parent's ranks, then the whole list down it; its edges join neighbours, so it
+//!   opens no connection, and a rank sends and receives at most `ceil(log2 n) + 1` messages). A rank starts
+//!   it on a library thread when it calls (`exchange`) and does not wait for it there; a rank of
+//!   `NCCL_SPLIT_NOCOLOR` needs nothing back and is done, its thread passing on the words of the ranks below
+//!   it in the tree until every rank has called. Each color's members are ordered by key, then by parent
+//!   rank; the first creates the id and sends it down a binomial tree over the members (in that order),
+//!   so a member talks to at most a parent and `ceil(log2 m)` children there, connected on first use
+//!   where they are not neighbours. The parent must be healthy: a failure ends the waits.
 //! - Shrink: the ranks that stay are the parent's not excluded, in parent order; the first of them (every
 //!   survivor passes the same list, so every survivor knows which) creates the id and sends it, with the
 //!   list, down a tree of the survivors: one whose every edge joins neighbours, so that it runs over the
