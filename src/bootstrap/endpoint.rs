@@ -171,7 +171,8 @@ impl Bootstrap {
         } else {
             std::iter::once(rank).chain(neighbours.iter().copied()).collect()
         };
-        let bad_table = |why: String| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}"));
+        let bad_table =
+            |why: String| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}"));
         if reply.nranks as usize != nranks {
             return Err(bad_table(format!("a table for {} ranks, not {nranks}", reply.nranks)));
         }
@@ -213,12 +214,19 @@ impl Bootstrap {
             let all: Vec<usize> = (0..nranks).collect();
             let parent = super::topology::tree_parent(rank);
             let known = decode_table(&whole, nranks, &all, via).map_err(|why| {
-                Error::remote(format!("rank {rank}: rank {parent} passed down a bad peer table: {why}"))
+                Error::remote(format!(
+                    "rank {rank}: rank {parent} passed down a bad peer table: {why}"
+                ))
             })?;
             let (peers, hosts): (Vec<SocketAddr>, Vec<u64>) =
                 known.into_iter().map(|k| k.expect("every row is needed")).unzip();
             // Rows the root sent this rank and the table that came down must agree.
-            if bootstrap.neighbours.iter().chain([&rank]).any(|&p| peers[p] != bootstrap.peers[p]) {
+            if bootstrap
+                .neighbours
+                .iter()
+                .chain([&rank])
+                .any(|&p| peers[p] != bootstrap.peers[p])
+            {
                 return Err(Error::remote(format!(
                     "rank {rank}: rank {parent} passed down a table that differs from the root's rows"
                 )));

@@ -125,7 +125,10 @@ impl Bootstrap {
         for child in tree_children(rank, n) {
             self.send_split(child, tag, &list)?;
         }
-        Ok(words.into_iter().map(|w| w.expect("checked: every rank's word")).collect())
+        Ok(words
+            .into_iter()
+            .map(|w| w.expect("checked: every rank's word"))
+            .collect())
     }
 
     /// The first failure's error, if there was one.
@@ -154,7 +157,11 @@ fn write_words(words: &[Option<Vec<u8>>]) -> Vec<u8> {
 /// Reads `from`'s message of `write_words` into `words`: a rank out of range, or one known already, is a
 /// malformed message.
 fn read_words(mut bytes: &[u8], from: usize, words: &mut [Option<Vec<u8>>]) -> Result<()> {
-    let bad = |why: String| Error::internal(format!("gather_words: rank {from} sent a malformed list of words: {why}"));
+    let bad = |why: String| {
+        Error::internal(format!(
+            "gather_words: rank {from} sent a malformed list of words: {why}"
+        ))
+    };
     let take_u32 = |b: &mut &[u8]| -> Option<u32> {
         let (head, rest) = b.split_first_chunk::<4>()?;
         *b = rest;
@@ -190,7 +197,11 @@ mod word_tests {
         assert_eq!(back, words);
         // Rank 0's word again, a rank out of range, a cut length.
         let again = read_words(&write_words(&words), 5, &mut back).unwrap_err();
-        assert!(again.message.contains("rank 5 sent") && again.message.contains("twice"), "{}", again.message);
+        assert!(
+            again.message.contains("rank 5 sent") && again.message.contains("twice"),
+            "{}",
+            again.message
+        );
         let mut two = vec![None; 2];
         assert!(read_words(&write_words(&words), 5, &mut two).is_err());
         let mut cut = write_words(&words);

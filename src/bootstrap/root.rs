@@ -102,9 +102,8 @@ impl Root {
         self.addr
     }
 
-    /// The bytes of table rows sent to the ranks so far.
-    #[cfg(test)]
-    pub(crate) fn table_bytes_sent(&self) -> u64 {
+    /// The bytes of table rows sent to the ranks so far (what the tests bound).
+    pub fn table_bytes_sent(&self) -> u64 {
         self.table_bytes.load(Ordering::SeqCst)
     }
 

@@ -1439,7 +1439,13 @@ fn the_root_sends_each_rank_its_neighbours_rows_and_the_table_comes_down_the_tre
     for b in &ranks {
         assert_eq!(b.hosts(), &[here; N][..], "rank {}", b.rank());
         for q in &ranks {
-            assert_eq!(b.peer_addr(q.rank()), q.peer_addr(q.rank()), "rank {} of {}", q.rank(), b.rank());
+            assert_eq!(
+                b.peer_addr(q.rank()),
+                q.peer_addr(q.rank()),
+                "rank {} of {}",
+                q.rank(),
+                b.rank()
+            );
         }
         assert!(b.peer_addr(b.rank()).unwrap().port() != 0);
     }

@@ -172,8 +172,11 @@ pub fn encode_table_row(rank: usize, addr: Option<SocketAddr>, host: u64) -> [u8
 
 /// Every row of a table of `encode_table_row`s: rank, address and host, in the table's order.
 pub fn decode_table_rows(table: &[u8]) -> Result<Vec<(usize, Option<SocketAddr>, u64)>, String> {
-    if table.len() % TABLE_ROW_LEN != 0 {
-        return Err(format!("a table of {} bytes is not rows of {TABLE_ROW_LEN}", table.len()));
+    if !table.len().is_multiple_of(TABLE_ROW_LEN) {
+        return Err(format!(
+            "a table of {} bytes is not rows of {TABLE_ROW_LEN}",
+            table.len()
+        ));
     }
     table
         .chunks_exact(TABLE_ROW_LEN)
@@ -186,7 +189,8 @@ pub fn decode_table_rows(table: &[u8]) -> Result<Vec<(usize, Option<SocketAddr>,
         .collect()
 }
 
-/// Rank `rank`'s entry in a table of `encode_table_row`s: its address and host.
+/// Rank `rank`'s entry in a table of `encode_table_row`s: its address and host (the tests' fake ranks).
+#[cfg(test)]
 pub fn decode_table_entry(table: &[u8], rank: usize) -> Result<(Option<SocketAddr>, u64), String> {
     decode_table_rows(table)?
         .into_iter()
@@ -704,7 +708,10 @@ mod tests {
         table.extend_from_slice(&encode_table_row(0, None, u64::MAX));
         assert_eq!(decode_table_entry(&table, 5).unwrap(), (Some(a), 7));
         assert_eq!(decode_table_entry(&table, 0).unwrap(), (None, u64::MAX));
-        assert_eq!(decode_table_rows(&table).unwrap(), vec![(5, Some(a), 7), (0, None, u64::MAX)]);
+        assert_eq!(
+            decode_table_rows(&table).unwrap(),
+            vec![(5, Some(a), 7), (0, None, u64::MAX)]
+        );
         assert!(
             decode_table_entry(&table, 2)
                 .unwrap_err()

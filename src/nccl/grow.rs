@@ -196,7 +196,12 @@ pub fn agree(words: &[Word]) -> Result<(usize, UniqueId)> {
 /// An existing rank's first step, when it calls: its word goes into the exchange of every rank's
 /// (`split::exchange`, up and down the tree of neighbours, within `timeout`), which it leaves at once.
 pub fn announce(parent: &Arc<Communicator>, count: u64, word: &Word, timeout: Duration) -> Result<Exchange> {
-    exchange(parent, tag(count, GROW_WORDS), word.encode(), Some(Instant::now() + timeout))
+    exchange(
+        parent,
+        tag(count, GROW_WORDS),
+        word.encode(),
+        Some(Instant::now() + timeout),
+    )
 }
 
 /// The rest of an existing rank's grow, after `announce` of `mine`: the others' words, then the new
@@ -208,7 +213,11 @@ pub fn grow_job(parent: Arc<Communicator>, words: Exchange, mine: Word, timeout:
         let gathered = words.wait()?;
         let mut words = Vec::with_capacity(n);
         for (peer, got) in gathered.iter().enumerate() {
-            let word = if peer == me { mine.clone() } else { Word::decode(peer, got)? };
+            let word = if peer == me {
+                mine.clone()
+            } else {
+                Word::decode(peer, got)?
+            };
             // The first refusal, by rank, ends the grow; the later ranks' words do not matter.
             if let Word::Refuses(why) = &word {
                 return Err(refused(peer, why));

@@ -98,9 +98,11 @@ pub struct Exchange {
 impl Exchange {
     /// The words by parent rank, once every rank's has come (or the exchange's error).
     pub fn wait(self) -> Result<Vec<Vec<u8>>> {
-        self.words
-            .recv()
-            .unwrap_or_else(|_| Err(Error::internal("the thread gathering the ranks' words ended without them")))
+        self.words.recv().unwrap_or_else(|_| {
+            Err(Error::internal(
+                "the thread gathering the ranks' words ended without them",
+            ))
+        })
     }
 }
 
@@ -109,7 +111,12 @@ impl Exchange {
 /// `NCCL_SPLIT_NOCOLOR`, a grow it refuses) drops the `Exchange` and is done, while its thread goes on
 /// passing its subtree's words up and the list down, for the ranks below it that may call later. The
 /// thread holds the parent until then: until every rank has called, or the parent fails, or `deadline`.
-pub(super) fn exchange(parent: &Arc<Communicator>, tag: u64, word: Vec<u8>, deadline: Option<Instant>) -> Result<Exchange> {
+pub(super) fn exchange(
+    parent: &Arc<Communicator>,
+    tag: u64,
+    word: Vec<u8>,
+    deadline: Option<Instant>,
+) -> Result<Exchange> {
     let (sender, words) = std::sync::mpsc::channel();
     let parent = parent.clone();
     std::thread::Builder::new()
@@ -491,7 +498,13 @@ pub(super) mod tests {
         // Three colors, keys that scatter each color's order (so that its tree of members joins ranks that
         // are not neighbours), and some ranks without a color: rank 0, the root of the tree of words, among
         // them, so that its words pass through a rank that has already returned.
-        let color = |r: usize| if r % 7 == 0 { NCCL_SPLIT_NOCOLOR } else { (r % 3) as i32 };
+        let color = |r: usize| {
+            if r.is_multiple_of(7) {
+                NCCL_SPLIT_NOCOLOR
+            } else {
+                (r % 3) as i32
+            }
+        };
         let key = |r: usize| ((r * 37) % N) as i32;
         let places = on_ranks(N, |r| {
             let words = announce(&parent[r], 0, color(r), key(r)).unwrap();
@@ -514,8 +527,17 @@ pub(super) mod tests {
         for p in &parent {
             let b = p.bootstrap();
             let beyond = beyond_neighbours(b);
-            assert!(beyond.len() <= 1 + 5, "rank {}: beyond its neighbours {beyond:?}", b.rank());
-            assert!(b.connected_peers().len() <= 12 + 6, "rank {}: {:?}", b.rank(), b.connected_peers());
+            assert!(
+                beyond.len() <= 1 + 5,
+                "rank {}: beyond its neighbours {beyond:?}",
+                b.rank()
+            );
+            assert!(
+                b.connected_peers().len() <= 12 + 6,
+                "rank {}: {:?}",
+                b.rank(),
+                b.connected_peers()
+            );
         }
         // The words went over the neighbours alone: the ranks without a color opened nothing.
         for r in (0..N).filter(|&r| color(r) == NCCL_SPLIT_NOCOLOR) {
