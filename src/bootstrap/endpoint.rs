@@ -2,10 +2,13 @@
 //! messages. The host collectives built on it (all-gather, barrier) are in `host_collectives.rs`.
 //!
 //! Set-up: the rank connects to the root, listens on the address of the interface that routes there,
-//! sends the root a hello with that address and its host, and receives the table of every rank's address
-//! and host. Then it connects to its lower neighbours (`topology::neighbours`: the ranks `± 2^k` away) and
-//! waits until its higher neighbours have connected to it: at most `2 log2 n` TCP connections, each used
-//! both ways, which carry the host collectives, the heartbeats and the notices. A message to any other peer
+//! sends the root a hello with that address and its host, and receives its own and its neighbours' rows of
+//! the table of addresses and hosts (rank 0: every rank's). Then it connects to its lower neighbours
+//! (`topology::neighbours`: the ranks `± 2^k` away) and waits until its higher neighbours have connected to
+//! it: at most `2 log2 n` TCP connections, each used both ways, which carry the host collectives, the
+//! heartbeats and the notices. Last, the whole table comes down the binomial tree of neighbours from rank 0
+//! (each rank passes it on to its children), so that every rank knows every rank's host and address while
+//! the root sends `O(n log n)` bytes, not `n²`. A message to any other peer
 //! makes its connection when it is first sent (`send_frame_as`; the peer may be the first to send as well).
 
 use super::address::RootAddress;
@@ -13,7 +16,7 @@ use super::health::Liveness;
 use super::receiver::{Receiver, Shared};
 use super::root::Root;
 use super::unique_id::UniqueId;
-use super::wire::{self, Greeting, Key, Kind, MAX_RANKS, Refusal, TABLE_ENTRY_LEN};
+use super::wire::{self, Greeting, Key, Kind, MAX_RANKS, Refusal, Space, TABLE_ROW_LEN};
 use super::{PROTOCOL_MAGIC, handshake_timeout, list_ranks};
 use crate::ensure_arg;
 use crate::error::{Error, ErrorKind, Result};
@@ -137,7 +140,7 @@ impl Bootstrap {
         // From the hello, not from `start`: reaching the root may have taken most of the timeout (a root
         // not up yet), and the root counts its own from the first hello.
         let answer_by = Instant::now() + timeout + ROOT_ANSWER_GRACE;
-        let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * TABLE_ENTRY_LEN).map_err(|r| {
+        let (reply, table) = wire::read_reply(&mut to_root, answer_by, nranks * TABLE_ROW_LEN).map_err(|r| {
             // The root closed the connection without a word: it lives in one rank's process (the one that
             // made the unique id, or rank 0's), which may have ended, or it had given up already.
             let gone = matches!(&r, Refusal::Io(e) if matches!(e.kind(),
@@ -161,12 +164,23 @@ impl Bootstrap {
             }
         })?;
         drop(to_root);
-        let (peers, hosts) = decode_table(&reply, &table, nranks, via)
-            .map_err(|why| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}")))?;
-        if peers[rank].ip() != listen_addr.ip() || peers[rank].port() != listen_addr.port() {
+        let neighbours = super::topology::neighbours(rank, nranks);
+        // Rank 0 gets every rank's row, the others their own and their neighbours'.
+        let needed: Vec<usize> = if rank == 0 {
+            (0..nranks).collect()
+        } else {
+            std::iter::once(rank).chain(neighbours.iter().copied()).collect()
+        };
+        let bad_table =
+            |why: String| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}"));
+        if reply.nranks as usize != nranks {
+            return Err(bad_table(format!("a table for {} ranks, not {nranks}", reply.nranks)));
+        }
+        let known = decode_table(&table, nranks, &needed, via).map_err(bad_table)?;
+        let (own, _) = known[rank].expect("this rank's row is needed");
+        if own.ip() != listen_addr.ip() || own.port() != listen_addr.port() {
             return Err(Error::remote(format!(
-                "rank {rank}: the root at {root} lists this rank at {}, not {listen_addr}",
-                peers[rank]
+                "rank {rank}: the root at {root} lists this rank at {own}, not {listen_addr}"
             )));
         }
         info!(
@@ -176,22 +190,74 @@ impl Bootstrap {
 
         // Fresh deadline: arriving may legitimately have taken most of the first one.
         let deadline = Instant::now() + timeout;
-        let bootstrap = Bootstrap {
+        // Until the whole table comes, only the rows set-up needs are known (the others unspecified).
+        let unknown = SocketAddr::new(listen_addr.ip(), 0);
+        let mut bootstrap = Bootstrap {
             rank,
             nranks,
             receiver,
-            peers,
-            hosts,
-            neighbours: super::topology::neighbours(rank, nranks),
+            peers: known.iter().map(|k| k.map_or(unknown, |k| k.0)).collect(),
+            hosts: known.iter().map(|k| k.map_or(0, |k| k.1)).collect(),
+            neighbours,
             _root: None,
         };
         bootstrap.connect_neighbours(deadline, timeout)?;
+        let whole = if rank == 0 {
+            table
+        } else {
+            bootstrap.receive_table(deadline, timeout)?
+        };
+        for child in super::topology::tree_children(rank, nranks) {
+            bootstrap.send_frame(child, TABLE_KEY, &whole)?;
+        }
+        if rank != 0 {
+            let all: Vec<usize> = (0..nranks).collect();
+            let parent = super::topology::tree_parent(rank);
+            let known = decode_table(&whole, nranks, &all, via).map_err(|why| {
+                Error::remote(format!(
+                    "rank {rank}: rank {parent} passed down a bad peer table: {why}"
+                ))
+            })?;
+            let (peers, hosts): (Vec<SocketAddr>, Vec<u64>) =
+                known.into_iter().map(|k| k.expect("every row is needed")).unzip();
+            // Rows the root sent this rank and the table that came down must agree.
+            if bootstrap
+                .neighbours
+                .iter()
+                .chain([&rank])
+                .any(|&p| peers[p] != bootstrap.peers[p])
+            {
+                return Err(Error::remote(format!(
+                    "rank {rank}: rank {parent} passed down a table that differs from the root's rows"
+                )));
+            }
+            bootstrap.peers = peers;
+            bootstrap.hosts = hosts;
+        }
         bootstrap.receiver.set_up_complete();
         info!("bootstrap ready with {nranks} ranks after {:?}", start.elapsed());
         Ok(bootstrap)
     }
 
-    /// Connects to the lower neighbours and waits for the higher ones to connect: the last step of set-up.
+    /// The whole table, from this rank's parent in the binomial tree of neighbours (rank 0 has it from the
+    /// root), within set-up's deadline.
+    fn receive_table(&self, deadline: Instant, timeout: Duration) -> Result<Vec<u8>> {
+        let parent = super::topology::tree_parent(self.rank);
+        self.shared()
+            .mailbox
+            .take_until(parent, TABLE_KEY, false, Some(deadline))
+            .map_err(|e| {
+                Error::new(
+                    e.kind,
+                    format!(
+                        "rank {}: waiting {timeout:?} for the peer table from rank {parent}: {}",
+                        self.rank, e.message
+                    ),
+                )
+            })
+    }
+
+    /// Connects to the lower neighbours and waits for the higher ones to connect.
     fn connect_neighbours(&self, deadline: Instant, timeout: Duration) -> Result<()> {
         let rank = self.rank;
         let lower: Vec<usize> = self.neighbours.iter().copied().filter(|&p| p < rank).collect();
@@ -514,29 +580,37 @@ fn refusal_error(refusal: Refusal, what: &str, timeout: Duration) -> Error {
     }
 }
 
-/// Decodes the root's table of listen addresses. Link-local IPv6 addresses get the scope of our own
-/// route to the root, since the sender's interface index means nothing on this machine.
+/// The key of the whole table as it goes down the tree at set-up.
+const TABLE_KEY: Key = Key {
+    space: Space::Table,
+    tag: 0,
+};
+
+/// Decodes a table of rows: each rank's address and host where the table has its row, which it must for
+/// every rank of `needed` (a row of another rank is kept too). Link-local IPv6 addresses get the scope of
+/// our own route to the root, since the sender's interface index means nothing on this machine.
 fn decode_table(
-    reply: &Greeting,
     table: &[u8],
     nranks: usize,
+    needed: &[usize],
     via: SocketAddr,
-) -> std::result::Result<(Vec<SocketAddr>, Vec<u64>), String> {
-    if reply.nranks as usize != nranks || table.len() != nranks * TABLE_ENTRY_LEN {
-        return Err(format!(
-            "{} entries in {} bytes for {nranks} ranks",
-            reply.nranks,
-            table.len()
-        ));
+) -> std::result::Result<Vec<Option<(SocketAddr, u64)>>, String> {
+    let mut known: Vec<Option<(SocketAddr, u64)>> = vec![None; nranks];
+    for (r, addr, host) in wire::decode_table_rows(table)? {
+        if r >= nranks {
+            return Err(format!("a row for rank {r} of {nranks}"));
+        }
+        if known[r].is_some() {
+            return Err(format!("two rows for rank {r}"));
+        }
+        let addr = addr.ok_or_else(|| format!("no address for rank {r}"))?;
+        known[r] = Some((with_scope_of(addr, via), host));
     }
-    (0..nranks)
-        .map(|r| match wire::decode_table_entry(table, r) {
-            Ok((Some(addr), host)) => Ok((with_scope_of(addr, via), host)),
-            Ok((None, _)) => Err(format!("no address for rank {r}")),
-            Err(why) => Err(format!("rank {r}: {why}")),
-        })
-        .collect::<std::result::Result<Vec<_>, String>>()
-        .map(|entries| entries.into_iter().unzip())
+    let missing: Vec<usize> = needed.iter().copied().filter(|&r| known[r].is_none()).collect();
+    if !missing.is_empty() {
+        return Err(format!("no row for {}", list_ranks(&missing)));
+    }
+    Ok(known)
 }
 
 /// `addr`, with the scope of `via` if `addr` is a link-local IPv6 address.

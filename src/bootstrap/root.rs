@@ -1,5 +1,8 @@
 //! The root: a thread that listens where every rank can find it, collects each rank's hello (rank,
-//! nranks, magic and listen address), sends every rank the full address table, and exits.
+//! nranks, magic and listen address), sends every rank the rows of the table it needs to set up (its own
+//! and its neighbours': `2 log2 n + 1` at most) and rank 0 the whole table, and exits. Rank 0 passes the
+//! whole table down the binomial tree of neighbours once they are connected (`Bootstrap::connect_watching`),
+//! so the root sends about `n (2 log2 n + 2)` rows in all, where a whole table to every rank was `n²`.
 //!
 //! It learns nranks from the first hello and turns away any hello that disagrees (another job, a wrong
 //! rank, a duplicate) with a reason, and strangers that send garbage or nothing, with a warning. Handshakes
@@ -22,7 +25,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,6 +33,8 @@ use std::time::{Duration, Instant};
 /// after `timeout` without a new rank.
 pub struct Root {
     addr: SocketAddr,
+    /// The bytes of the table rows the root has written to the ranks (for the tests that bound them).
+    table_bytes: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     waker: UnixStream,
     thread: Option<JoinHandle<()>>,
@@ -53,8 +58,10 @@ impl Root {
         wake.set_nonblocking(true)
             .map_err(|e| Error::io(context("setting up the wake-up socket"), e))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let table_bytes = Arc::new(AtomicU64::new(0));
         let state = RootLoop {
             addr,
+            table_bytes: table_bytes.clone(),
             listener,
             wake,
             stop: stop.clone(),
@@ -83,6 +90,7 @@ impl Root {
         info!("bootstrap root listening at {addr}");
         Ok(Root {
             addr,
+            table_bytes,
             stop,
             waker,
             thread: Some(thread),
@@ -92,6 +100,11 @@ impl Root {
     /// Where the root listens (with the real port when bound with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The bytes of table rows sent to the ranks so far (what the tests bound).
+    pub fn table_bytes_sent(&self) -> u64 {
+        self.table_bytes.load(Ordering::SeqCst)
     }
 
     /// True once the root thread has exited.
@@ -126,6 +139,7 @@ struct Joined {
 
 struct RootLoop {
     addr: SocketAddr,
+    table_bytes: Arc<AtomicU64>,
     listener: TcpListener,
     wake: UnixStream,
     stop: Arc<AtomicBool>,
@@ -350,14 +364,31 @@ impl RootLoop {
         self.idle_deadline = Instant::now() + self.timeout;
     }
 
+    /// Each rank's rows: its own and its neighbours' (what its set-up connects), every rank's for rank 0,
+    /// which passes the whole table on down the tree of neighbours.
     fn send_table(&mut self) {
         let n = self.ranks.len();
-        let mut table = Vec::with_capacity(n * wire::TABLE_ENTRY_LEN);
-        for j in self.ranks.iter().flatten() {
-            table.extend_from_slice(&wire::encode_table_entry(Some(j.listen), j.host));
-        }
+        let rows: Vec<[u8; wire::TABLE_ROW_LEN]> = self
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(r, j)| {
+                let j = j.as_ref().expect("every rank joined");
+                wire::encode_table_row(r, Some(j.listen), j.host)
+            })
+            .collect();
+        let whole = rows.concat();
         for (rank, j) in self.ranks.iter_mut().enumerate() {
             let j = j.as_mut().expect("every rank joined");
+            let table = if rank == 0 {
+                whole.clone()
+            } else {
+                let mut needed = vec![rank];
+                needed.extend(super::topology::neighbours(rank, n));
+                needed.sort_unstable();
+                needed.iter().flat_map(|&r| rows[r]).collect()
+            };
+            self.table_bytes.fetch_add(table.len() as u64, Ordering::SeqCst);
             if let Err(e) = wire::write_reply(&mut j.stream, self.magic, rank, n, wire::STATUS_OK, &table) {
                 warn!(
                     "bootstrap root at {}: sending the table to rank {rank} at {} failed: {e}",
@@ -366,8 +397,9 @@ impl RootLoop {
             }
         }
         info!(
-            "bootstrap root at {}: all {n} ranks arrived; sent the table and exiting",
-            self.addr
+            "bootstrap root at {}: all {n} ranks arrived; sent their rows ({} bytes) and exiting",
+            self.addr,
+            self.table_bytes.load(Ordering::SeqCst)
         );
     }
 

@@ -72,11 +72,13 @@ fn wire_time(net: &Network, rng: &mut Rng) -> f64 {
 /// How the ranks learn one another's addresses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Table {
-    /// The root sends every rank the whole table (`n` entries): what the bootstrap does.
+    /// The root sends every rank the whole table (`n` entries): what the bootstrap did up to wire protocol 5.
     Whole,
     /// The root sends every rank its neighbours' entries only; the ranks then all-gather the whole table
-    /// over their neighbours (Bruck's algorithm: log2 n rounds, the last carrying half the table): an
-    /// alternative, for sizes where the root's `n²` bytes are too many.
+    /// over their neighbours (Bruck's algorithm: log2 n rounds, the last carrying half the table). The
+    /// bootstrap now sends each rank its neighbours' rows too, but rank 0 the whole table, which then goes
+    /// down the binomial tree of neighbours (log2 n steps, each the whole table): this variant is the
+    /// nearer model of it.
     Neighbours,
 }
 

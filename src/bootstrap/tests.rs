@@ -565,8 +565,8 @@ fn strangers_at_rank_listeners_do_not_disturb_the_job() {
             assert!(expect_rejection(&mut wrong_n).contains("nranks"));
         }
         let mut table = Vec::new();
-        for j in &joined {
-            table.extend_from_slice(&wire::encode_table_entry(Some(j.as_ref().unwrap().1), 0));
+        for (r, j) in joined.iter().enumerate() {
+            table.extend_from_slice(&wire::encode_table_row(r, Some(j.as_ref().unwrap().1), 0));
         }
         let start = Instant::now();
         for (r, j) in joined.iter_mut().enumerate() {
@@ -620,8 +620,8 @@ fn a_peer_whose_listener_is_gone_fails_set_up_at_once() {
     let gone = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let rank1 = thread::spawn(move || Bootstrap::connect(root_addr, PROTOCOL_MAGIC, 1, 2, T).map(|_| ()));
     let (mut stream, hello) = accept_hello(&listener);
-    let mut table = wire::encode_table_entry(Some(gone), hello.host).to_vec();
-    table.extend_from_slice(&wire::encode_table_entry(hello.addr, hello.host));
+    let mut table = wire::encode_table_row(0, Some(gone), hello.host).to_vec();
+    table.extend_from_slice(&wire::encode_table_row(1, hello.addr, hello.host));
     let start = Instant::now();
     wire::write_reply(&mut stream, PROTOCOL_MAGIC, 1, 2, wire::STATUS_OK, &table).unwrap();
     fails_at_once(rank1, start, &["connecting to peer 0", "its process ended"]);
@@ -802,7 +802,7 @@ fn fake_last_rank(root: SocketAddr, n: usize) -> FakeRank {
         Some(listener.local_addr().unwrap()),
     );
     to_root.write_all(&hello).unwrap();
-    let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, n * wire::TABLE_ENTRY_LEN).unwrap();
+    let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, n * wire::TABLE_ROW_LEN).unwrap();
     let conns = super::topology::neighbours(rank, n)
         .into_iter()
         .map(|peer| {
@@ -1195,7 +1195,7 @@ fn a_rank_whose_set_up_failed_fails_the_communicators_of_the_others() {
         let r0 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 0, 3, short, patient()));
         let r1 = s.spawn(move || Bootstrap::connect_watching(addr, None, PROTOCOL_MAGIC, 1, 3, short, patient()));
         let (mut to_root, _listener) = hello_at_root(addr, 2, 3);
-        let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::TABLE_ENTRY_LEN).unwrap();
+        let (_, table) = wire::read_reply(&mut to_root, Instant::now() + T, 3 * wire::TABLE_ROW_LEN).unwrap();
         let rank0 = wire::decode_table_entry(&table, 0).unwrap().0.unwrap();
         let mut to_rank0 = wire::connect_by(rank0, Instant::now() + T).unwrap();
         to_rank0
@@ -1425,5 +1425,43 @@ fn a_death_in_a_large_job_is_known_by_all_in_a_few_hops() {
     for b in &ranks {
         let e = b.recv_split(37, 0, true, Some(Instant::now() + T)).unwrap_err();
         assert!(e.message.contains("rank 37 failed"), "{e}");
+    }
+}
+
+#[test]
+fn the_root_sends_each_rank_its_neighbours_rows_and_the_table_comes_down_the_tree() {
+    const N: usize = 64;
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let ranks = on_ranks(N, |r| Bootstrap::connect(addr, PROTOCOL_MAGIC, r, N, T).unwrap());
+    // Every rank knows every rank's address and host, as that rank listens.
+    let here = crate::gpu::ProcessId::this().host;
+    for b in &ranks {
+        assert_eq!(b.hosts(), &[here; N][..], "rank {}", b.rank());
+        for q in &ranks {
+            assert_eq!(
+                b.peer_addr(q.rank()),
+                q.peer_addr(q.rank()),
+                "rank {} of {}",
+                q.rank(),
+                b.rank()
+            );
+        }
+        assert!(b.peer_addr(b.rank()).unwrap().port() != 0);
+    }
+    // The root wrote rank 0 the whole table and every other rank its own row and its neighbours' (11 at
+    // 64 ranks): 64 + 63 * 12 rows, where the whole table to every rank was 64 * 64.
+    let rows = root.table_bytes_sent() as usize / wire::TABLE_ROW_LEN;
+    let neighbours = topology::neighbours(1, N).len();
+    assert_eq!(rows, N + (N - 1) * (neighbours + 1));
+    assert!(rows * 3 < N * N, "{rows} rows");
+    // The table came over the neighbours: no rank holds a connection beyond them.
+    for b in &ranks {
+        assert!(
+            b.connected_peers().iter().all(|&p| are_neighbours(b.rank(), p, N)),
+            "rank {}: {:?}",
+            b.rank(),
+            b.connected_peers()
+        );
     }
 }

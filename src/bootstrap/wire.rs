@@ -18,12 +18,16 @@ pub const GREETING_TAG: [u8; 8] = *b"MSCLBOOT";
 /// Bumped whenever the wire format changes (2: heartbeat, goodbye and abort frames; 3: split and
 /// registration-record frames, which a version 2 peer would refuse as frames of an unknown kind; 4: hosts in
 /// the table; 5: connections between neighbours only at set-up, any other made when first needed, by either
-/// rank, and abort notices that name the rank that aborted, passed on from rank to rank).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// rank, and abort notices that name the rank that aborted, passed on from rank to rank; 6: the root's table
+/// in rows that name their rank, each rank sent only its own and its neighbours' (rank 0 every one), and the
+/// whole table passed down the binomial tree of neighbours in `Table` frames).
+pub const PROTOCOL_VERSION: u32 = 6;
 pub const GREETING_LEN: usize = 80;
 pub const ADDR_LEN: usize = 28;
 /// One rank's entry in the root's table: its listen address, then its host (`Greeting::host`).
 pub const TABLE_ENTRY_LEN: usize = ADDR_LEN + 8;
+/// A row of a table: the rank, then its entry (`encode_table_row`).
+pub const TABLE_ROW_LEN: usize = 4 + TABLE_ENTRY_LEN;
 pub const FRAME_HEADER_LEN: usize = 24;
 /// Longest reason for a rejection we send or accept.
 pub const MAX_REASON_LEN: usize = 1024;
@@ -156,14 +160,43 @@ pub fn encode_table_entry(addr: Option<SocketAddr>, host: u64) -> [u8; TABLE_ENT
     fixed(w)
 }
 
-/// Rank `rank`'s entry of a table of `encode_table_entry`s: its address and host.
+/// One row of a table the root sends: a rank (4 bytes, little-endian) and its entry (`encode_table_entry`).
+/// A table is any set of rows: a rank gets its own and its neighbours' rows from the root, rank 0 every
+/// rank's.
+pub fn encode_table_row(rank: usize, addr: Option<SocketAddr>, host: u64) -> [u8; TABLE_ROW_LEN] {
+    let mut row = [0u8; TABLE_ROW_LEN];
+    row[..4].copy_from_slice(&(rank as u32).to_le_bytes());
+    row[4..].copy_from_slice(&encode_table_entry(addr, host));
+    row
+}
+
+/// Every row of a table of `encode_table_row`s: rank, address and host, in the table's order.
+pub fn decode_table_rows(table: &[u8]) -> Result<Vec<(usize, Option<SocketAddr>, u64)>, String> {
+    if !table.len().is_multiple_of(TABLE_ROW_LEN) {
+        return Err(format!(
+            "a table of {} bytes is not rows of {TABLE_ROW_LEN}",
+            table.len()
+        ));
+    }
+    table
+        .chunks_exact(TABLE_ROW_LEN)
+        .map(|row| {
+            let rank = u32::from_le_bytes(row[..4].try_into().expect("4 bytes")) as usize;
+            let (addr, host) = row[4..].split_at(ADDR_LEN);
+            let host = u64::from_le_bytes(host.try_into().expect("8 bytes after the address"));
+            Ok((rank, decode_addr(addr.try_into().expect("ADDR_LEN bytes"))?, host))
+        })
+        .collect()
+}
+
+/// Rank `rank`'s entry in a table of `encode_table_row`s: its address and host (the tests' fake ranks).
+#[cfg(test)]
 pub fn decode_table_entry(table: &[u8], rank: usize) -> Result<(Option<SocketAddr>, u64), String> {
-    let entry = table
-        .get(rank * TABLE_ENTRY_LEN..(rank + 1) * TABLE_ENTRY_LEN)
-        .ok_or_else(|| format!("no entry for rank {rank} in a table of {} bytes", table.len()))?;
-    let (addr, host) = entry.split_at(ADDR_LEN);
-    let host = u64::from_le_bytes(host.try_into().expect("8 bytes after the address"));
-    Ok((decode_addr(addr.try_into().expect("ADDR_LEN bytes"))?, host))
+    decode_table_rows(table)?
+        .into_iter()
+        .find(|row| row.0 == rank)
+        .map(|(_, addr, host)| (addr, host))
+        .ok_or_else(|| format!("no entry for rank {rank} in a table of {} bytes", table.len()))
 }
 
 /// Encodes an address in 28 bytes: family (0 none, 4, 6), zero, port, 16 address bytes (an IPv4
@@ -237,6 +270,9 @@ pub enum Space {
     /// without being asked for, and taken without waiting, whenever the peer likes, so they have a queue
     /// of their own that no `recv` or collective ever looks at.
     Registration = 7,
+    /// The root's whole table (rows of `encode_table_row`), passed down the binomial tree of neighbours from
+    /// rank 0 at the end of set-up (`Bootstrap::connect_watching`).
+    Table = 8,
 }
 
 impl Space {
@@ -295,6 +331,7 @@ pub fn decode_frame_header(b: &[u8; FRAME_HEADER_LEN]) -> Result<(Key, u64), Str
         5 => Space::Abort,
         6 => Space::Split,
         7 => Space::Registration,
+        8 => Space::Table,
         s => return Err(format!("frame of unknown kind {s}")),
     };
     if r.u32().map_err(why)? != 0 {
@@ -666,15 +703,22 @@ mod tests {
     #[test]
     fn table_entries_carry_an_address_and_a_host() {
         let a: SocketAddr = "1.2.3.4:5".parse().unwrap();
-        let mut table = encode_table_entry(Some(a), 7).to_vec();
-        table.extend_from_slice(&encode_table_entry(None, u64::MAX));
-        assert_eq!(decode_table_entry(&table, 0).unwrap(), (Some(a), 7));
-        assert_eq!(decode_table_entry(&table, 1).unwrap(), (None, u64::MAX));
+        // Rows name their rank: a table holds some ranks, in any order.
+        let mut table = encode_table_row(5, Some(a), 7).to_vec();
+        table.extend_from_slice(&encode_table_row(0, None, u64::MAX));
+        assert_eq!(decode_table_entry(&table, 5).unwrap(), (Some(a), 7));
+        assert_eq!(decode_table_entry(&table, 0).unwrap(), (None, u64::MAX));
+        assert_eq!(
+            decode_table_rows(&table).unwrap(),
+            vec![(5, Some(a), 7), (0, None, u64::MAX)]
+        );
         assert!(
             decode_table_entry(&table, 2)
                 .unwrap_err()
                 .contains("no entry for rank 2")
         );
+        table.pop();
+        assert!(decode_table_rows(&table).unwrap_err().contains("not rows of"));
     }
 
     #[test]

@@ -5,14 +5,16 @@
 //!
 //! - The id: our unique id (`UniqueId`), marked as a grow's and carrying the parent's size, so that a new
 //!   rank checks its rank (`[parent size, nRanks)`) before it connects to anything (`GrowId`).
-//! - The existing ranks: only the root knows the id, and no rank knows which rank the root is. Each sends
-//!   every other rank its word (`Word`: the `nRanks` it passes and the id if it is the root, or why it
-//!   refuses the grow) over the parent's bootstrap, among the messages of splits (`Bootstrap::send_split`,
-//!   tagged with the count of this rank's grows of the parent: every rank grows in the same order), then
-//!   receives theirs (each rank connects to every other for it, on first use: n - 1 connections a rank).
-//!   Every rank thus holds the same words and comes to the same conclusion (`agree`):
-//!   exactly one id and one `nRanks`, or the same error everywhere. A rank whose own arguments are wrong
-//!   still sends its word (a refusal), so that its peers fail at once and the counts stay in step.
+//! - The existing ranks: only the root knows the id, and no rank knows which rank the root is. Every rank's
+//!   word (`Word`: the `nRanks` it passes and the id if it is the root, or why it refuses the grow) is
+//!   gathered on every rank over the parent's bootstrap, among the messages of splits
+//!   (`Bootstrap::gather_words`, up and down the binomial tree of neighbours: no new connection, at most
+//!   `ceil(log2 n) + 1` messages a rank; tagged with the count of this rank's grows of the parent: every
+//!   rank grows in the same order), started on a library thread when the rank calls (`split::exchange`),
+//!   within the timeout. Every rank thus holds the same words and comes to the same conclusion (`agree`,
+//!   the first refusal by rank first): exactly one id and one `nRanks`, or the same error everywhere. A
+//!   rank whose own arguments are wrong still gives its word (a refusal), so that its peers fail and the
+//!   counts stay in step; its thread goes on passing the others' words on while it returns its error.
 //! - The new ranks only call `init_by_id` with their rank; the bootstrap's root checks that every rank
 //!   passes the same `nRanks` and that no rank comes twice (a rank turned away is told why).
 #![allow(non_snake_case)] // NCCL's argument names
@@ -23,7 +25,7 @@ use super::config;
 use super::entry::{OK, entry, with_comm};
 use super::init::{child_config, current_device, start, start_child};
 use super::queue::Job;
-use super::split::{GROW_WORDS, tag};
+use super::split::{Exchange, GROW_WORDS, exchange, tag};
 use super::types::{NCCL_UNIQUE_ID_BYTES, ncclComm_t, ncclConfig_t, ncclResult_t, ncclUniqueId};
 use crate::abi::non_null_args;
 use crate::bootstrap::{MAX_RANKS, UniqueId};
@@ -191,32 +193,32 @@ pub fn agree(words: &[Word]) -> Result<(usize, UniqueId)> {
     Ok((nranks, grow.id))
 }
 
-/// An existing rank's first step, when it calls: its word to every other rank of the parent.
-pub fn announce(parent: &Communicator, count: u64, word: &Word) -> Result<()> {
-    let b = parent.bootstrap();
-    let bytes = word.encode();
-    for peer in (0..b.nranks()).filter(|&p| p != b.rank()) {
-        b.send_split(peer, tag(count, GROW_WORDS), &bytes)?;
-    }
-    Ok(())
+/// An existing rank's first step, when it calls: its word goes into the exchange of every rank's
+/// (`split::exchange`, up and down the tree of neighbours, within `timeout`), which it leaves at once.
+pub fn announce(parent: &Arc<Communicator>, count: u64, word: &Word, timeout: Duration) -> Result<Exchange> {
+    exchange(
+        parent,
+        tag(count, GROW_WORDS),
+        word.encode(),
+        Some(Instant::now() + timeout),
+    )
 }
 
-/// The rest of an existing rank's grow, after `announce` of `mine`: the others' words (each within
-/// `timeout`), then the new communicator, in which this rank keeps its rank.
-pub fn grow_job(parent: Arc<Communicator>, count: u64, mine: Word, timeout: Duration) -> Job {
+/// The rest of an existing rank's grow, after `announce` of `mine`: the others' words, then the new
+/// communicator, in which this rank keeps its rank.
+pub fn grow_job(parent: Arc<Communicator>, words: Exchange, mine: Word, timeout: Duration) -> Job {
     Box::new(move || {
         let b = parent.bootstrap();
         let (me, n) = (b.rank(), b.nranks());
-        let deadline = Instant::now() + timeout;
+        let gathered = words.wait()?;
         let mut words = Vec::with_capacity(n);
-        for peer in 0..n {
+        for (peer, got) in gathered.iter().enumerate() {
             let word = if peer == me {
                 mine.clone()
             } else {
-                let got = b.recv_split(peer, tag(count, GROW_WORDS), false, Some(deadline))?;
-                Word::decode(peer, &got)?
+                Word::decode(peer, got)?
             };
-            // A refusal ends the grow at once, without waiting for the later ranks' words.
+            // The first refusal, by rank, ends the grow; the later ranks' words do not matter.
             if let Word::Refuses(why) = &word {
                 return Err(refused(peer, why));
             }
@@ -383,7 +385,7 @@ unsafe fn grow_existing(
     let (nranks, id, cfg) = match checked {
         Ok(ok) => ok,
         Err(e) => {
-            if let Err(sending) = announce(&parent, count, &Word::Refuses(e.message.clone())) {
+            if let Err(sending) = announce(&parent, count, &Word::Refuses(e.message.clone()), TIMEOUT) {
                 log::info!(
                     "ncclCommGrow: telling the other ranks of the refusal: {}",
                     sending.message
@@ -393,9 +395,9 @@ unsafe fn grow_existing(
         }
     };
     let mine = Word::Joins { nranks, id };
-    announce(&parent, count, &mine)?;
+    let words = announce(&parent, count, &mine, TIMEOUT)?;
     let place = Some((parent.rank(), nranks));
-    let job = grow_job(parent, count, mine, TIMEOUT);
+    let job = grow_job(parent, words, mine, TIMEOUT);
     // SAFETY: checked non-null by `check_existing`.
     unsafe { start_child(c, newcomm, place, cfg, job) }
 }
@@ -597,8 +599,8 @@ mod tests {
                                 nranks: 4,
                                 id: (r == root).then(|| grow.to_bytes()),
                             };
-                            announce(&parent[r], 0, &mine).unwrap();
-                            grow_job(parent[r].clone(), 0, mine, T)().unwrap()
+                            let words = announce(&parent[r], 0, &mine, T).unwrap();
+                            grow_job(parent[r].clone(), words, mine, T)().unwrap()
                         } else {
                             Communicator::init_by_id(4, &grow.id, r, T).unwrap()
                         };
@@ -622,6 +624,46 @@ mod tests {
     }
 
     #[test]
+    fn a_grow_of_many_ranks_opens_no_connection_beyond_the_neighbours() {
+        const N: usize = 64;
+        let parent = job(N);
+        let grow = GrowId {
+            id: UniqueId::create(T).unwrap(),
+            parent_nranks: N,
+        };
+        let root = 45;
+        let places: Vec<(usize, usize)> = std::thread::scope(|s| {
+            let all: Vec<_> = (0..N + 2)
+                .map(|r| {
+                    let (parent, grow) = (&parent, &grow);
+                    s.spawn(move || {
+                        let new = if r < N {
+                            let mine = Word::Joins {
+                                nranks: N + 2,
+                                id: (r == root).then(|| grow.to_bytes()),
+                            };
+                            let words = announce(&parent[r], 0, &mine, T).unwrap();
+                            grow_job(parent[r].clone(), words, mine, T)().unwrap()
+                        } else {
+                            Communicator::init_by_id(N + 2, &grow.id, r, T).unwrap()
+                        };
+                        (new.rank(), new.nranks())
+                    })
+                })
+                .collect();
+            all.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(places, (0..N + 2).map(|r| (r, N + 2)).collect::<Vec<_>>());
+        // The words went up and down the tree of neighbours: where each rank sent its word to every other,
+        // each would hold n - 1 = 63 connections.
+        for p in &parent {
+            let b = p.bootstrap();
+            let beyond = crate::nccl::split::tests::beyond_neighbours(b);
+            assert!(beyond.is_empty(), "rank {}: beyond its neighbours {beyond:?}", b.rank());
+        }
+    }
+
+    #[test]
     fn a_refusing_rank_ends_its_peers_grow_at_once() {
         let parent = job(3);
         let id = an_id(3).to_bytes();
@@ -639,8 +681,8 @@ mod tests {
                             1 => Word::Refuses("rank is 7; an existing rank passes -1".into()),
                             _ => Word::Joins { nranks: 5, id: None },
                         };
-                        announce(&parent[r], 0, &mine).unwrap();
-                        grow_job(parent[r].clone(), 0, mine, T)().err().expect("refused")
+                        let words = announce(&parent[r], 0, &mine, T).unwrap();
+                        grow_job(parent[r].clone(), words, mine, T)().err().expect("refused")
                     })
                 })
                 .collect();

@@ -7,11 +7,15 @@
 //! (`Bootstrap::send_split`), tagged with the count of this rank's splits (or shrinks) of the parent:
 //! every rank starts them in the same order, so that two at once (in one group) do not mix.
 //!
-//! - Split: every rank sends its color and key to every other rank when it calls (a send never waits for
-//!   the peer), then receives theirs; a rank of `NCCL_SPLIT_NOCOLOR` needs nothing back and is done. Each
-//!   color's members are ordered by key, then by parent rank; the first creates the id and sends it to
-//!   the others. The parent must be healthy: a failure ends the waits. (Each rank thus connects to every
-//!   other, on first use: a split of n ranks costs n - 1 connections a rank, where a shrink costs none.)
+//! - Split: every rank's color and key are gathered on every rank (`Bootstrap::gather_words`: up the
+//!   binomial tree over the parent's ranks, then the whole list down it; its edges join neighbours, so it
+//!   opens no connection, and a rank sends and receives at most `ceil(log2 n) + 1` messages). A rank starts
+//!   it on a library thread when it calls (`exchange`) and does not wait for it there; a rank of
+//!   `NCCL_SPLIT_NOCOLOR` needs nothing back and is done, its thread passing on the words of the ranks below
+//!   it in the tree until every rank has called. Each color's members are ordered by key, then by parent
+//!   rank; the first creates the id and sends it down a binomial tree over the members (in that order),
+//!   so a member talks to at most a parent and `ceil(log2 m)` children there, connected on first use
+//!   where they are not neighbours. The parent must be healthy: a failure ends the waits.
 //! - Shrink: the ranks that stay are the parent's not excluded, in parent order; the first of them (every
 //!   survivor passes the same list, so every survivor knows which) creates the id and sends it, with the
 //!   list, down a tree of the survivors: one whose every edge joins neighbours, so that it runs over the
@@ -85,53 +89,110 @@ pub fn survivors(nranks: usize, exclude: &[i32]) -> Result<(Vec<usize>, Vec<usiz
     Ok((kept, excluded))
 }
 
-/// A split's first step, when the rank calls: its color and key to every other rank.
-pub fn announce(parent: &Communicator, count: u64, color: i32, key: i32) -> Result<()> {
+/// The words of every rank of a split or grow, gathered by a library thread that the rank started when it
+/// called (`exchange`); the job that needs them takes them with `wait`.
+pub struct Exchange {
+    words: std::sync::mpsc::Receiver<Result<Vec<Vec<u8>>>>,
+}
+
+impl Exchange {
+    /// The words by parent rank, once every rank's has come (or the exchange's error).
+    pub fn wait(self) -> Result<Vec<Vec<u8>>> {
+        self.words.recv().unwrap_or_else(|_| {
+            Err(Error::internal(
+                "the thread gathering the ranks' words ended without them",
+            ))
+        })
+    }
+}
+
+/// Starts gathering every rank's `word` under `tag` (`Bootstrap::gather_words`, up and down the tree of
+/// neighbours) on a library thread, and returns at once: a rank that needs nothing back (a split's
+/// `NCCL_SPLIT_NOCOLOR`, a grow it refuses) drops the `Exchange` and is done, while its thread goes on
+/// passing its subtree's words up and the list down, for the ranks below it that may call later. The
+/// thread holds the parent until then: until every rank has called, or the parent fails, or `deadline`.
+pub(super) fn exchange(
+    parent: &Arc<Communicator>,
+    tag: u64,
+    word: Vec<u8>,
+    deadline: Option<Instant>,
+) -> Result<Exchange> {
+    let (sender, words) = std::sync::mpsc::channel();
+    let parent = parent.clone();
+    std::thread::Builder::new()
+        .name("mscclpp-split-words".into())
+        .spawn(move || {
+            let _scope = crate::logging::RankScope::enter(parent.rank());
+            let got = parent.bootstrap().gather_words(tag, &word, deadline);
+            // Nobody waits for the words of a rank that needs none: its own part may still have failed.
+            if let Err(std::sync::mpsc::SendError(Err(e))) = sender.send(got) {
+                log::info!("passing on the ranks' words of a split or grow: {}", e.message);
+            }
+        })
+        .map_err(|e| Error::io("spawning the thread of a split's or grow's words", e))?;
+    Ok(Exchange { words })
+}
+
+/// A split's first step, when the rank calls: its color and key go into the exchange of every rank's
+/// (`exchange`), which it leaves at once.
+pub fn announce(parent: &Arc<Communicator>, count: u64, color: i32, key: i32) -> Result<Exchange> {
     parent.check_usable()?;
-    let b = parent.bootstrap();
     let mut bytes = color.to_le_bytes().to_vec();
     bytes.extend_from_slice(&key.to_le_bytes());
-    for peer in (0..b.nranks()).filter(|&p| p != b.rank()) {
-        b.send_split(peer, tag(count, COLORS), &bytes)?;
-    }
-    Ok(())
+    exchange(parent, tag(count, COLORS), bytes, None)
 }
 
 /// The rest of a split of a rank with a color, after `announce`: the others' colors and keys, the id,
 /// the new communicator.
-pub fn split_job(parent: Arc<Communicator>, count: u64, color: i32, key: i32, timeout: Duration) -> Job {
+pub fn split_job(
+    parent: Arc<Communicator>,
+    count: u64,
+    colors: Exchange,
+    color: i32,
+    key: i32,
+    timeout: Duration,
+) -> Job {
     Box::new(move || {
         debug_assert_ne!(color, NCCL_SPLIT_NOCOLOR);
         let b = parent.bootstrap();
-        let (me, n) = (b.rank(), b.nranks());
-        let mut entries = vec![(color, key); n];
-        for (peer, entry) in entries.iter_mut().enumerate().filter(|(p, _)| *p != me) {
-            let got = b.recv_split(peer, tag(count, COLORS), false, None)?;
+        let me = b.rank();
+        let words = colors.wait()?;
+        let mut entries = Vec::with_capacity(words.len());
+        for (peer, got) in words.iter().enumerate() {
             let bytes: [u8; 8] = got.as_slice().try_into().map_err(|_| {
                 Error::internal(format!(
                     "ncclCommSplit: rank {peer} sent {} bytes, not a color and a key",
                     got.len()
                 ))
             })?;
-            *entry = (
+            entries.push((
                 i32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")),
                 i32::from_le_bytes(bytes[4..].try_into().expect("4 bytes")),
-            );
+            ));
+        }
+        if entries[me] != (color, key) {
+            return Err(Error::internal(format!(
+                "ncclCommSplit: the gathered words give this rank ({me}) color {} and key {}, not {color} and {key}",
+                entries[me].0, entries[me].1
+            )));
         }
         let members = members(&entries, color);
         let index = members
             .iter()
             .position(|&r| r == me)
             .ok_or_else(|| Error::internal("a rank is not among the members of its own color"))?;
-        let id = if index == 0 {
-            let id = UniqueId::create(timeout)?;
-            for &peer in &members[1..] {
-                b.send_split(peer, tag(count, SPLIT_ID), &id.to_bytes())?;
-            }
-            id
+        // The id goes down a binomial tree over the members (in their new order) from the first, who
+        // creates it: at most ceil(log2 m) + 1 peers a member, made on first use where not neighbours.
+        let id_bytes = if index == 0 {
+            UniqueId::create(timeout)?.to_bytes().to_vec()
         } else {
-            read_id(&b.recv_split(members[0], tag(count, SPLIT_ID), false, None)?)?
+            let from = members[crate::bootstrap::tree_parent(index)];
+            b.recv_split(from, tag(count, SPLIT_ID), false, None)?
         };
+        for child in crate::bootstrap::tree_children(index, members.len()) {
+            b.send_split(members[child], tag(count, SPLIT_ID), &id_bytes)?;
+        }
+        let id = read_id(&id_bytes)?;
         log::info!(
             "ncclCommSplit: color {color}, key {key}: rank {index} of {} (parent ranks {:?})",
             members.len(),
@@ -255,11 +316,11 @@ nccl_export! {
             let cfg = unsafe { child_config(c, config) }?;
             let parent = c.usable()?;
             let count = c.next_split();
-            announce(&parent, count, color, key)?;
+            let colors = announce(&parent, count, color, key)?;
             if color == NCCL_SPLIT_NOCOLOR {
                 return OK;
             }
-            let job = split_job(parent, count, color, key, BOOTSTRAP_TIMEOUT);
+            let job = split_job(parent, count, colors, color, key, BOOTSTRAP_TIMEOUT);
             // SAFETY: checked non-null.
             unsafe { start_child(c, newcomm, None, cfg, job) }
         })
@@ -398,11 +459,11 @@ pub(super) mod tests {
         // order, and one color with rank 3 left out.
         let places = on_ranks(4, |r| {
             let p = &parent[r];
-            announce(p, 0, (r % 2) as i32, 10 - r as i32).unwrap();
+            let colors = announce(p, 0, (r % 2) as i32, 10 - r as i32).unwrap();
             let second = if r == 3 { NCCL_SPLIT_NOCOLOR } else { 5 };
-            announce(p, 1, second, 0).unwrap();
-            let first = split_job(p.clone(), 0, (r % 2) as i32, 10 - r as i32, T)().unwrap();
-            let other = (r != 3).then(|| split_job(p.clone(), 1, 5, 0, T)().unwrap());
+            let others = announce(p, 1, second, 0).unwrap();
+            let first = split_job(p.clone(), 0, colors, (r % 2) as i32, 10 - r as i32, T)().unwrap();
+            let other = (r != 3).then(|| split_job(p.clone(), 1, others, 5, 0, T)().unwrap());
             // The new communicators work: a barrier over each one's own bootstrap.
             first.bootstrap().barrier().unwrap();
             if let Some(o) = &other {
@@ -419,6 +480,70 @@ pub(super) mod tests {
                 ((0, 2), None)
             ]
         );
+    }
+
+    /// The peers `b` is connected with beyond its neighbours (those of set-up).
+    pub(in crate::nccl) fn beyond_neighbours(b: &crate::bootstrap::Bootstrap) -> Vec<usize> {
+        let (me, n) = (b.rank(), b.nranks());
+        b.connected_peers()
+            .into_iter()
+            .filter(|&p| !crate::bootstrap::are_neighbours(me, p, n))
+            .collect()
+    }
+
+    #[test]
+    fn a_split_of_many_ranks_opens_a_few_connections_a_rank_not_one_to_every_peer() {
+        const N: usize = 64;
+        let parent = job(N);
+        // Three colors, keys that scatter each color's order (so that its tree of members joins ranks that
+        // are not neighbours), and some ranks without a color: rank 0, the root of the tree of words, among
+        // them, so that its words pass through a rank that has already returned.
+        let color = |r: usize| {
+            if r.is_multiple_of(7) {
+                NCCL_SPLIT_NOCOLOR
+            } else {
+                (r % 3) as i32
+            }
+        };
+        let key = |r: usize| ((r * 37) % N) as i32;
+        let places = on_ranks(N, |r| {
+            let words = announce(&parent[r], 0, color(r), key(r)).unwrap();
+            if color(r) == NCCL_SPLIT_NOCOLOR {
+                return None;
+            }
+            let new = split_job(parent[r].clone(), 0, words, color(r), key(r), T)().unwrap();
+            new.bootstrap().barrier().unwrap();
+            Some((new.rank(), new.nranks()))
+        });
+        let entries: Vec<(i32, i32)> = (0..N).map(|r| (color(r), key(r))).collect();
+        for c in 0..3 {
+            let m = members(&entries, c);
+            for (i, &r) in m.iter().enumerate() {
+                assert_eq!(places[r], Some((i, m.len())), "rank {r} of color {c}");
+            }
+        }
+        // Each rank's connections: its neighbours (2 log2 n at most), and at most a parent and log2 m
+        // children in its color's tree beyond them; every peer would be n - 1 = 63.
+        for p in &parent {
+            let b = p.bootstrap();
+            let beyond = beyond_neighbours(b);
+            assert!(
+                beyond.len() <= 1 + 5,
+                "rank {}: beyond its neighbours {beyond:?}",
+                b.rank()
+            );
+            assert!(
+                b.connected_peers().len() <= 12 + 6,
+                "rank {}: {:?}",
+                b.rank(),
+                b.connected_peers()
+            );
+        }
+        // The words went over the neighbours alone: the ranks without a color opened nothing.
+        for r in (0..N).filter(|&r| color(r) == NCCL_SPLIT_NOCOLOR) {
+            let b = parent[r].bootstrap();
+            assert!(beyond_neighbours(b).is_empty(), "rank {r}: {:?}", beyond_neighbours(b));
+        }
     }
 
     #[test]
