@@ -133,7 +133,8 @@ pub fn paths(shape: &Shape) -> Vec<Path> {
     // rank 0's value, then rank 1's, ... (kernels/collectives/); a ring adds in an order that depends on
     // where the element falls, a chain in the chain's order. A reproducible reduction leaves them out.
     let reduces = op.is_some();
-    if !(reproducible && reduces) && send_recv_collectives::applies(collective, op, nranks, placement, message, choice) {
+    if !(reproducible && reduces) && send_recv_collectives::applies(collective, op, nranks, placement, message, choice)
+    {
         paths.push(Path::SendRecv);
     }
     paths.push(Path::Scratch(algorithm::choose(collective, nranks, message, choice)));
@@ -303,7 +304,12 @@ mod tests {
     #[test]
     fn a_reproducible_reduction_never_takes_sends_and_receives() {
         let reductions = [Collective::AllReduce, Collective::ReduceScatter, Collective::Reduce];
-        let choices = [Choice::Auto, Choice::SendRecv, Choice::ZeroCopy, Choice::Force(Protocol::Copy)];
+        let choices = [
+            Choice::Auto,
+            Choice::SendRecv,
+            Choice::ZeroCopy,
+            Choice::Force(Protocol::Copy),
+        ];
         let mut rings_left_out = 0;
         for c in reductions {
             for choice in choices {
