@@ -177,6 +177,19 @@ inline std::string shareUniqueId(Rank& R, SharedId& slot, ncclUniqueId* id,
 
 // CUDA device (rank r uses GPU r % GPUs), stream and the status block syncBounded reads; the program's own
 // buffers come after. Released by case_runner's freeRank.
+// `*comm` made over every rank, its unique id handed from rank 0 through `slot`: "" or the reason, the rank
+// then fatal where ncclCommInitRank itself failed.
+inline std::string initBoardComm(Rank& R, SharedId& slot, ncclComm_t* comm)
+{
+  ncclUniqueId id;
+  std::string why = shareUniqueId(R, slot, &id);
+  if (!why.empty()) return why;
+  ncclResult_t r = ncclCommInitRank(comm, R.nranks, id, R.rank);
+  if (r == ncclSuccess && *comm) return "";
+  R.fatal = true;
+  return fmt("ncclCommInitRank returned %s: %s", resultName(r), lastError().c_str());
+}
+
 inline std::string setUpDevice(Rank& R)
 {
   // Kernels load when the process starts (docs/mscclpp.md, "Lazy module loading"); the runner's environment wins.

@@ -484,15 +484,7 @@ int rankMain(Rank& R)
   if (why.empty() && cudaFuncGetAttributes(&attributes, fillPattern) != cudaSuccess) why = "cudaFuncGetAttributes(fillPattern) failed";
   if (!setUpPassed(R, why)) return 1;
   runCase(R, "init", [&] {
-    ncclUniqueId id;
-    std::string w = shareUniqueId(R, gBoard->id, &id);
-    if (w.empty()) {
-      ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
-      if (r != ncclSuccess || !gComm) {
-        R.fatal = true;
-        w = fmt("ncclCommInitRank returned %s: %s", resultName(r), lastError().c_str());
-      }
-    }
+    std::string w = initBoardComm(R, gBoard->id, &gComm);
     const char* det = getenv("MSCCLPP_DETERMINISTIC");
     const char* algo = getenv("MSCCLPP_COLL_ALGO");
     R.info = fmt("%d ranks on %d GPUs, MSCCLPP_DETERMINISTIC=%s, MSCCLPP_COLL_ALGO=%s", R.nranks, R.nGpus, det ? det : "(unset)",

@@ -228,15 +228,7 @@ int rankMain(Rank& R)
   if (why.empty() && cudaMalloc((void**)&gOut, kCount * 4) != cudaSuccess) why = "cudaMalloc of the output failed";
   if (!setUpPassed(R, why)) return 1;
   runCase(R, "init", [&] {
-    ncclUniqueId id;
-    std::string w = shareUniqueId(R, gBoard->id, &id);
-    if (w.empty()) {
-      ncclResult_t r = ncclCommInitRank(&gComm, R.nranks, id, R.rank);
-      if (r != ncclSuccess || !gComm) {
-        R.fatal = true;
-        w = fmt("ncclCommInitRank returned %s: %s", resultName(r), lastError().c_str());
-      }
-    }
+    std::string w = initBoardComm(R, gBoard->id, &gComm);
     R.info = fmt("%d ranks on %d GPUs", R.nranks, R.nGpus);
     return together(R, w, "after init");
   });

@@ -655,6 +655,10 @@ int main() {
   run("a library lacking ncclCommAbort", {{"MSCCLPP_NCCL_FALLBACK", dir + "/fake-incomplete/libnccl.so.2"}}, [] {
     unusable_case("is not a usable NVIDIA NCCL (2.28 or later): symbol ncclCommAbort is missing");
   });
+  // Our own libnccl.so.2 named as NVIDIA's would take every forwarded call back into this library.
+  run("MSCCLPP_NCCL_FALLBACK = our own libnccl.so.2", {{"MSCCLPP_NCCL_FALLBACK", dir + "/../../lib/nccl/libnccl.so.2"}}, [] {
+    unusable_case("is this library's own libnccl.so.2 (or its core libmscclpp.so.0), not NVIDIA's NCCL");
+  });
   run("NVIDIA's init refused", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"FAKE_NCCL_INIT_FAIL", "1"}}, [] {
     unusable_case("NVIDIA's ncclCommInitRank (MSCCLPP_NCCL_FALLBACK) returned 5: fake: duplicate GPU detected");
   });

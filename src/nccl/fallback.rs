@@ -111,6 +111,15 @@ impl Library {
             dynlib::open(&cpath, flags)
         }
         .map_err(|e| Error::system(format!("{source}: cannot load \"{path}\": {e}")))?;
+        // Our own libnccl.so.2 (of any build) or its core would take every call back into this library:
+        // they, and only they, export the face's entry points under the core's prefix.
+        // SAFETY: the handle `open` just returned.
+        if unsafe { dynlib::symbol(handle, c"mscclpp_nccl_face_ncclGetVersion") }.is_ok() {
+            return Err(Error::invalid_argument(format!(
+                "{source} \"{path}\" is this library's own libnccl.so.2 (or its core libmscclpp.so.0), not \
+                 NVIDIA's NCCL: name NVIDIA's (for instance the one PyTorch's wheels ship as nvidia/nccl/lib/libnccl.so.2)"
+            )));
+        }
         let sym = |s: &CStr| -> Result<*mut c_void> {
             // SAFETY: the handle `open` just returned, never closed while this runs.
             unsafe { dynlib::symbol(handle, s) }.map_err(|e| {
