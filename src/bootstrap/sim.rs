@@ -11,8 +11,8 @@
 //! connections close; each rank that learns passes the notice on to `spread_to`), for a shrink's id to
 //! reach every survivor down the tree, then the new communicator's initialisation, and for split's and
 //! grow's exchange of words (`Bootstrap::gather_words`, up the binomial tree and back down).
-//! `docs/PERFORMANCE.md` has its figures beside the measured ones (`cargo test --release --lib
-//! simulated_figures -- --ignored --nocapture` prints them).
+//! `docs/PERFORMANCE.md` has its figures beside the measured ones (`cargo test --lib simulated_figures --
+//! --ignored --nocapture` prints them).
 
 use super::topology::{neighbours, set_up_rows, spread_to, survivor_tree, tree_children, tree_parent};
 use super::wire::{FRAME_HEADER_LEN, TABLE_ENTRY_LEN, TABLE_ROW_LEN};
