@@ -166,11 +166,7 @@ impl Bootstrap {
         drop(to_root);
         let neighbours = super::topology::neighbours(rank, nranks);
         // Rank 0 gets every rank's row, the others their own and their neighbours'.
-        let needed: Vec<usize> = if rank == 0 {
-            (0..nranks).collect()
-        } else {
-            std::iter::once(rank).chain(neighbours.iter().copied()).collect()
-        };
+        let needed = super::topology::set_up_rows(rank, nranks);
         let bad_table =
             |why: String| Error::remote(format!("rank {rank}: the root at {root} sent a bad peer table: {why}"));
         if reply.nranks as usize != nranks {

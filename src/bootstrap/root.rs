@@ -383,10 +383,10 @@ impl RootLoop {
             let table = if rank == 0 {
                 whole.clone()
             } else {
-                let mut needed = vec![rank];
-                needed.extend(super::topology::neighbours(rank, n));
-                needed.sort_unstable();
-                needed.iter().flat_map(|&r| rows[r]).collect()
+                super::topology::set_up_rows(rank, n)
+                    .into_iter()
+                    .flat_map(|r| rows[r])
+                    .collect()
             };
             self.table_bytes.fetch_add(table.len() as u64, Ordering::SeqCst);
             if let Err(e) = wire::write_reply(&mut j.stream, self.magic, rank, n, wire::STATUS_OK, &table) {

@@ -7,6 +7,8 @@
 //!   over them: at most `2 ceil(log2 n)` connections a rank, `2 log2 n` watchers for each rank (a rank goes
 //!   unwatched only if every one of them dies), and the ring (`± 1`) and dissemination (`± 2^k`) patterns of
 //!   the host collectives are among them. Any other pair connects when one of them first sends (`lazily`).
+//! - `set_up_rows`: the rows of the table the root sends a rank (its own and its neighbours', every one to
+//!   rank 0, which passes the whole table down the binomial tree).
 //! - `spread_to`: the ranks a notice goes on to from a rank that has just learned of it.
 //! - `tree_parent` and `tree_children`: a binomial tree over `0..m` rooted at 0 (a shrink's id goes down it).
 
@@ -29,6 +31,20 @@ pub fn are_neighbours(a: usize, b: usize, nranks: usize) -> bool {
     }
     let d = (b + nranks - a) % nranks;
     d.is_power_of_two() || (nranks - d).is_power_of_two()
+}
+
+/// The ranks whose rows of the table the root sends `rank` at set-up, sorted: its own and its neighbours'
+/// (what its set-up connects), and every rank's to rank 0, the root of the tree the whole table then goes
+/// down. One function for the root, the rank that checks its reply and the simulation, so that the three
+/// agree on what the root sends: `n (2 log2 n + 2)` rows at most in all.
+pub fn set_up_rows(rank: usize, nranks: usize) -> Vec<usize> {
+    if rank == 0 {
+        return (0..nranks).collect();
+    }
+    let mut rows = neighbours(rank, nranks);
+    rows.push(rank);
+    rows.sort_unstable();
+    rows
 }
 
 /// 1, 2, 4, ... below `nranks`.
@@ -126,6 +142,11 @@ mod tests {
                 for p in spread_to(r, n, usize::MAX) {
                     assert!(nb.contains(&p));
                 }
+                // The root's rows for a rank: its own and its neighbours', every one for rank 0.
+                let rows = set_up_rows(r, n);
+                let expected = if r == 0 { n } else { nb.len() + 1 };
+                assert_eq!(rows.len(), expected, "n {n}: rank {r}'s rows {rows:?}");
+                assert!(rows.contains(&r) && nb.iter().all(|p| rows.contains(p)));
             }
         }
         // Small jobs are a full mesh.
