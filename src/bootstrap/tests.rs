@@ -1465,3 +1465,39 @@ fn the_root_sends_each_rank_its_neighbours_rows_and_the_table_comes_down_the_tre
         );
     }
 }
+
+/// Every rank sends to every other at once, then receives from each (as the collectives' set-up meets every
+/// peer of its machine, and registration records go to every peer): most pairs are not neighbours, so both
+/// sides of a pair may open its connection at the same moment.
+fn all_pairs_at_once(n: usize) {
+    let root = local_root(PROTOCOL_MAGIC, T);
+    let addr = root.local_addr();
+    let results = on_ranks(n, |r| {
+        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T)?;
+        for round in 0..3u64 {
+            for p in (0..n).filter(|&p| p != r) {
+                b.send(p, 7 + round, format!("{r}->{p} {round}").as_bytes())?;
+            }
+            for p in (0..n).filter(|&p| p != r) {
+                let got = b.recv(p, 7 + round)?;
+                assert_eq!(got, format!("{p}->{r} {round}").as_bytes(), "rank {r} from {p}");
+            }
+            b.barrier()?;
+        }
+        Ok::<_, crate::error::Error>(())
+    });
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
+    root.join();
+}
+
+#[test]
+fn every_pair_at_once_16_ranks() {
+    all_pairs_at_once(16);
+}
+
+#[test]
+fn every_pair_at_once_32_ranks() {
+    all_pairs_at_once(32);
+}

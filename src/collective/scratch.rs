@@ -332,23 +332,26 @@ fn map_peers(
     if remote.is_empty() {
         return Ok(Vec::new());
     }
-    if let OwnBuffer::Shared(shared) = own {
-        // One descriptor serves every peer: each datagram carries a duplicate of it.
-        let fd = shared.export()?;
-        for (peer, peer_inbox, _) in remote {
-            send_descriptor(peer_inbox, bootstrap.rank(), &fd)
-                .map_err(|e| Error::new(e.kind, format!("passing the scratch to rank {peer}: {}", e.message)))?;
-        }
-    }
-    // Every rank with a peer in another process meets here, whatever it shares: the barrier orders every
-    // send before every take.
-    bootstrap.barrier()?;
     let senders: Vec<usize> = remote
         .iter()
         .filter(|(_, _, e)| matches!(e, Export::Shared { .. }))
         .map(|(peer, _, _)| *peer)
         .collect();
-    let mut descriptors = inbox.take(&senders)?;
+    // The inbox takes while this rank sends: a queue holds fewer datagrams than a machine can have peers
+    // (descriptor_passing.rs). Every rank with a peer in another process meets at the barrier, whatever it
+    // shares: it orders every send before the last take.
+    let ((), mut descriptors) = inbox.take_during(&senders, || {
+        if let OwnBuffer::Shared(shared) = own {
+            // One descriptor serves every peer: each datagram carries a duplicate of it.
+            let fd = shared.export()?;
+            let still_waiting = || bootstrap.failure().map_or(Ok(()), |f| Err(f.error()));
+            for (peer, peer_inbox, _) in remote {
+                send_descriptor(peer_inbox, bootstrap.rank(), &fd, &still_waiting)
+                    .map_err(|e| Error::new(e.kind, format!("passing the scratch to rank {peer}: {}", e.message)))?;
+            }
+        }
+        bootstrap.barrier()
+    })?;
     let mut mappings = Vec::with_capacity(remote.len());
     for (peer, _, export) in remote {
         let (mapping, ptr) = match export {

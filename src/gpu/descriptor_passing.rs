@@ -5,8 +5,14 @@
 //! file, no name to collide with another job's), and sends that address to its peers over the bootstrap. A
 //! sender then sends each peer one datagram carrying the descriptor (`SCM_RIGHTS`) and its own rank. A
 //! datagram is queued at the receiver when `send` returns, so once every sender has sent and the ranks have
-//! met at a barrier of the bootstrap, every descriptor is already waiting: `take` never waits, and a peer
-//! that died before sending has failed the barrier instead.
+//! met at a barrier of the bootstrap, every descriptor has arrived, and a peer that died before sending has
+//! failed the barrier instead.
+//!
+//! A socket's queue holds only a few datagrams (`net.unix.max_dgram_qlen`, 10 by default): a rank with more
+//! peers than that cannot have them all queued at once while it takes nothing. So the inbox takes what
+//! arrives on a thread of its own while the rank sends and meets the others (`take_during`): with every
+//! rank of 16 sharing one GPU, each rank's eleventh send waited for a peer that would take nothing before
+//! the barrier, which that peer's own eleventh send kept it from reaching.
 //!
 //! Abstract addresses live in the network namespace: processes of one machine reach each other, others
 //! never can (and are never sent a descriptor: only ranks of one host share memory).
@@ -70,15 +76,27 @@ impl DescriptorInbox {
     /// Every descriptor already queued here, by sender rank, without waiting. Exactly `expected` senders,
     /// each once, or an error naming what is missing.
     pub fn take(&self, expected: &[usize]) -> Result<HashMap<usize, OwnedFd>> {
-        let mut got = HashMap::new();
-        while let Some((sender, fd)) = self.take_one()? {
-            if !expected.contains(&sender) || got.contains_key(&sender) {
-                return Err(Error::internal(format!(
-                    "a memory descriptor came from rank {sender}, which was not to send one (expected {expected:?})"
-                )));
-            }
-            got.insert(sender, fd);
-        }
+        self.take_during(expected, || Ok(())).map(|((), got)| got)
+    }
+
+    /// Runs `meanwhile` (this rank's sends and the barrier after them) while a thread of this inbox takes
+    /// every descriptor that arrives, so that no sender ever waits on a full queue here; then returns
+    /// `meanwhile`'s result and the descriptors: exactly `expected` senders', each once, or an error naming
+    /// what is missing or unexpected. `meanwhile`'s error comes first (a peer that died fails the barrier).
+    pub fn take_during<T>(
+        &self,
+        expected: &[usize],
+        meanwhile: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, HashMap<usize, OwnedFd>)> {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (result, taken) = std::thread::scope(|s| {
+            let taker = s.spawn(|| self.take_until(expected, &done));
+            let result = meanwhile();
+            done.store(true, std::sync::atomic::Ordering::Release);
+            (result, taker.join().expect("the descriptor inbox's thread panicked"))
+        });
+        let value = result?;
+        let got = taken?;
         let missing: Vec<_> = expected.iter().filter(|r| !got.contains_key(r)).collect();
         if !missing.is_empty() {
             return Err(Error::internal(format!(
@@ -86,7 +104,34 @@ impl DescriptorInbox {
                  sending"
             )));
         }
-        Ok(got)
+        Ok((value, got))
+    }
+
+    /// Takes descriptors as they come until `expected` have, or `done` is set (then what is queued).
+    fn take_until(&self, expected: &[usize], done: &std::sync::atomic::AtomicBool) -> Result<HashMap<usize, OwnedFd>> {
+        let mut got = HashMap::new();
+        loop {
+            let finishing = done.load(std::sync::atomic::Ordering::Acquire);
+            while let Some((sender, fd)) = self.take_one()? {
+                if !expected.contains(&sender) || got.contains_key(&sender) {
+                    return Err(Error::internal(format!(
+                        "a memory descriptor came from rank {sender}, which was not to send one (expected \
+                         {expected:?})"
+                    )));
+                }
+                got.insert(sender, fd);
+            }
+            if finishing || got.len() == expected.len() {
+                return Ok(got);
+            }
+            let mut ready = libc::pollfd {
+                fd: self.socket.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // A short wait: `done` is looked at between them. SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut ready, 1, 5) };
+        }
     }
 
     fn take_one(&self) -> Result<Option<(usize, OwnedFd)>> {
@@ -144,8 +189,10 @@ impl DescriptorInbox {
     }
 }
 
-/// Sends `fd` (a duplicate of it arrives) and the sender's rank `from` to the inbox at `address`.
-pub fn send(address: &[u8], from: usize, fd: &OwnedFd) -> Result<()> {
+/// Sends `fd` (a duplicate of it arrives) and the sender's rank `from` to the inbox at `address`. While the
+/// receiver's queue is full, `still_waiting` is asked between short pauses whether to go on (the bootstrap's
+/// word on the peers): a receiver that stopped taking never holds the sender forever.
+pub fn send(address: &[u8], from: usize, fd: &OwnedFd, still_waiting: &dyn Fn() -> Result<()>) -> Result<()> {
     // SAFETY: an all-zero sockaddr_un is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     if address.is_empty() || address.len() > addr.sun_path.len() {
@@ -190,11 +237,20 @@ pub fn send(address: &[u8], from: usize, fd: &OwnedFd) -> Result<()> {
         (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(header) as *mut RawFd, fd.as_raw_fd());
     }
-    // SAFETY: `msg` describes buffers valid for their lengths.
-    if unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(os_error("sendmsg (a memory descriptor to a peer of this machine)"));
+    loop {
+        // SAFETY: `msg` describes buffers valid for their lengths.
+        if unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) } >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(Error::system(format!(
+                "sendmsg (a memory descriptor to a peer of this machine): {e}"
+            )));
+        }
+        still_waiting()?;
+        std::thread::sleep(std::time::Duration::from_micros(200));
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -211,13 +267,65 @@ mod tests {
         f.into()
     }
 
+    fn go_on() -> Result<()> {
+        Ok(())
+    }
+
+    #[test]
+    fn more_senders_than_a_queue_holds_all_arrive_while_the_inbox_takes() {
+        // Sixteen ranks sharing a GPU: fifteen peers send to one inbox before the barrier. The kernel's
+        // queue holds fewer (10 by default): without the taking thread the senders would wait forever.
+        let inbox = DescriptorInbox::bind().unwrap();
+        let senders: Vec<usize> = (1..=40).collect();
+        let ((), mut got) = inbox
+            .take_during(&senders, || {
+                std::thread::scope(|s| {
+                    for &r in &senders {
+                        let address = inbox.address().to_vec();
+                        s.spawn(move || send(&address, r, &temp_file(format!("from {r}").as_bytes()), &go_on));
+                    }
+                });
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(got.len(), 40);
+        let mut f = std::fs::File::from(got.remove(&17).unwrap());
+        f.rewind().unwrap();
+        let mut text = String::new();
+        f.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "from 17");
+    }
+
+    #[test]
+    fn a_full_queue_that_nobody_takes_ends_the_send_when_told_to() {
+        let inbox = DescriptorInbox::bind().unwrap();
+        let tries = std::cell::Cell::new(0);
+        let give_up = || {
+            tries.set(tries.get() + 1);
+            if tries.get() > 20 {
+                Err(Error::remote("rank 9 failed"))
+            } else {
+                Ok(())
+            }
+        };
+        let mut ended = None;
+        for r in 0..64 {
+            if let Err(e) = send(inbox.address(), r, &temp_file(b"x"), &give_up) {
+                ended = Some(e);
+                break;
+            }
+        }
+        let e = ended.expect("the queue filled up and the send gave up");
+        assert!(e.message.contains("rank 9 failed"), "{e}");
+    }
+
     #[test]
     fn descriptors_arrive_with_their_senders_and_name_the_same_file() {
         let inbox = DescriptorInbox::bind().unwrap();
         assert_eq!(inbox.address()[0], 0, "an abstract address");
         assert!(inbox.take(&[]).unwrap().is_empty());
-        send(inbox.address(), 3, &temp_file(b"from three")).unwrap();
-        send(inbox.address(), 1, &temp_file(b"from one")).unwrap();
+        send(inbox.address(), 3, &temp_file(b"from three"), &go_on).unwrap();
+        send(inbox.address(), 1, &temp_file(b"from one"), &go_on).unwrap();
         let mut got = inbox.take(&[1, 3]).unwrap();
         for (rank, text) in [(1, "from one"), (3, "from three")] {
             let mut f = std::fs::File::from(got.remove(&rank).unwrap());
@@ -231,14 +339,14 @@ mod tests {
     #[test]
     fn a_missing_or_unexpected_sender_is_an_error_naming_it() {
         let inbox = DescriptorInbox::bind().unwrap();
-        send(inbox.address(), 2, &temp_file(b"x")).unwrap();
+        send(inbox.address(), 2, &temp_file(b"x"), &go_on).unwrap();
         let e = inbox.take(&[2, 5]).unwrap_err();
         assert!(e.message.contains("ranks [5]"), "{e}");
-        send(inbox.address(), 7, &temp_file(b"x")).unwrap();
+        send(inbox.address(), 7, &temp_file(b"x"), &go_on).unwrap();
         let e = inbox.take(&[2]).unwrap_err();
         assert!(e.message.contains("rank 7"), "{e}");
         let gone = DescriptorInbox::bind().unwrap().address().to_vec();
-        let e = send(&gone, 0, &temp_file(b"x")).unwrap_err();
+        let e = send(&gone, 0, &temp_file(b"x"), &go_on).unwrap_err();
         assert!(e.message.contains("sendmsg"), "{e}");
     }
 }
