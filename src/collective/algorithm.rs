@@ -55,6 +55,40 @@ pub enum Choice {
 }
 
 impl Choice {
+    /// Every choice, in the order of their codes (`code`).
+    const ALL: [Choice; 6] = [
+        Choice::Auto,
+        Choice::Force(Protocol::Packet),
+        Choice::Force(Protocol::Copy),
+        Choice::ZeroCopy,
+        Choice::CopyEngine,
+        Choice::SendRecv,
+    ];
+
+    /// The setting's word for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Auto => "auto",
+            Choice::Force(Protocol::Packet) => "packet",
+            Choice::Force(Protocol::Copy) => "copy",
+            Choice::ZeroCopy => "zerocopy",
+            Choice::CopyEngine => "copyengine",
+            Choice::SendRecv => "sendrecv",
+        }
+    }
+
+    /// A byte for the collectives' set-up exchange (`plan::PathSettings`).
+    pub fn code(self) -> u8 {
+        Choice::ALL
+            .iter()
+            .position(|&c| c == self)
+            .expect("every choice is listed") as u8
+    }
+
+    pub fn from_code(code: u8) -> Option<Choice> {
+        Choice::ALL.get(code as usize).copied()
+    }
+
     /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`, `copyengine`, `sendrecv`), as `settings` has
     /// checked it.
     pub fn parse(value: &str) -> Choice {

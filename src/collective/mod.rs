@@ -239,7 +239,8 @@ impl Collectives {
             Some(k) => (k.units, k.side_streams),
             None => (kernels::Units::load(gpu)?, SideStreams::new(gpu)),
         };
-        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit, reproducible)?;
+        let paths = plan::PathSettings { choice, reproducible };
+        let scratch = Scratch::set_up(gpu, bootstrap, data_mb << 20, cta_limit, paths)?;
         log::info!(
             "collectives: algorithm {choice:?}{}, scratch at {:#x}",
             if reproducible {

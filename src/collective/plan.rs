@@ -93,6 +93,46 @@ pub enum Path {
     Scratch(Protocol),
 }
 
+/// The settings that choose a collective's path beside its shape (`MSCCLPP_COLL_ALGO`,
+/// `MSCCLPP_DETERMINISTIC`). Every rank of a call must take the same path (a kernel waits for its
+/// namesakes on the peers), so the collectives' set-up compares every rank's (`Scratch::set_up`): a rank
+/// whose environment differs is an error naming it, not a hang.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathSettings {
+    pub choice: Choice,
+    pub reproducible: bool,
+}
+
+impl PathSettings {
+    /// One byte: the choice's code, and the reproducible mode in the high bit.
+    pub fn code(self) -> u8 {
+        self.choice.code() | ((self.reproducible as u8) << 7)
+    }
+
+    /// `None` where rank `peer`'s byte says the same as ours; else the error naming what differs.
+    pub fn disagreement(self, peer: usize, theirs: u8) -> Option<crate::error::Error> {
+        if theirs == self.code() {
+            return None;
+        }
+        let (choice, reproducible) = (Choice::from_code(theirs & 0x7f), theirs >> 7 != 0);
+        let what = match choice {
+            Some(c) if c != self.choice => format!(
+                "rank {peer}'s MSCCLPP_COLL_ALGO is {:?} and ours {:?}",
+                c.name(),
+                self.choice.name()
+            ),
+            Some(_) => format!(
+                "rank {peer}'s MSCCLPP_DETERMINISTIC is {} and ours {}",
+                reproducible as u8, self.reproducible as u8
+            ),
+            None => format!("rank {peer} sent an unknown algorithm code {theirs:#x}"),
+        };
+        Some(crate::error::Error::invalid_usage(format!(
+            "{what}: the settings that choose the collectives' paths must be the same on every rank"
+        )))
+    }
+}
+
 /// What a collective's path depends on: the call's shape and the communicator's.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
@@ -298,6 +338,58 @@ mod tests {
             choice,
             reproducible: false,
             capturing,
+        }
+    }
+
+    #[test]
+    fn ranks_whose_path_settings_differ_are_named() {
+        let ours = PathSettings {
+            choice: Choice::Auto,
+            reproducible: true,
+        };
+        assert!(ours.disagreement(3, ours.code()).is_none());
+        let algo = ours.disagreement(
+            3,
+            PathSettings {
+                choice: Choice::SendRecv,
+                ..ours
+            }
+            .code(),
+        );
+        let e = algo.expect("another algorithm");
+        assert!(
+            e.message
+                .contains("rank 3's MSCCLPP_COLL_ALGO is \"sendrecv\" and ours \"auto\""),
+            "{e}"
+        );
+        let det = ours.disagreement(
+            5,
+            PathSettings {
+                reproducible: false,
+                ..ours
+            }
+            .code(),
+        );
+        assert!(
+            det.unwrap()
+                .message
+                .contains("rank 5's MSCCLPP_DETERMINISTIC is 0 and ours 1")
+        );
+        assert!(
+            ours.disagreement(1, 0x3f)
+                .unwrap()
+                .message
+                .contains("unknown algorithm code")
+        );
+        for c in [
+            Choice::Auto,
+            Choice::ZeroCopy,
+            Choice::CopyEngine,
+            Choice::SendRecv,
+            Choice::Force(Protocol::Copy),
+        ] {
+            assert_eq!(Choice::from_code(c.code()), Some(c));
+            assert_eq!(Choice::parse(c.name()), c);
         }
     }
 

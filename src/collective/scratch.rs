@@ -19,6 +19,7 @@
 use super::Collective;
 use super::algorithm::{Protocol, window_bytes};
 use super::kernel_args::{FLAG_BYTES, MAX_RANKS};
+use super::plan::PathSettings;
 use crate::bootstrap::Bootstrap;
 use crate::codec::{Reader, Writer};
 use crate::error::{Error, Result};
@@ -113,14 +114,15 @@ impl Scratch {
     /// Allocates this rank's buffer and maps every peer's: collective, every rank calls it (from its first
     /// collective call).
     /// `cta_limit` is this rank's limit of a collective's blocks (`u32::MAX`: none); every rank's are
-    /// exchanged here and the smallest kept. `reproducible` (`MSCCLPP_DETERMINISTIC`) must be every rank's:
-    /// the ranks of a call take the same path, so one rank's setting alone would leave its peers waiting.
+    /// exchanged here and the smallest kept. `paths` (the settings that choose a call's path) must be every
+    /// rank's: the ranks of a call take the same path, so one rank's setting alone would leave its peers
+    /// waiting.
     pub fn set_up(
         gpu: &GpuContext,
         bootstrap: &Bootstrap,
         data_bytes: u64,
         cta_limit: u32,
-        reproducible: bool,
+        paths: PathSettings,
     ) -> Result<Scratch> {
         let (rank, nranks) = (bootstrap.rank(), bootstrap.nranks());
         if nranks > MAX_RANKS {
@@ -157,7 +159,7 @@ impl Scratch {
         w.u32(send_recv_shape.lanes)
             .u32(send_recv_shape.depth)
             .u64(send_recv_shape.slot_bytes)
-            .u8(reproducible as u8);
+            .u8(paths.code());
         // The owner's own address (for ranks of this process), then how other processes reach the buffer.
         w.u64(own.ptr()).string(inbox.address());
         match &own {
@@ -206,12 +208,8 @@ impl Scratch {
                      every rank"
                 )));
             }
-            let peer_reproducible = r.u8()? != 0;
-            if peer_reproducible != reproducible {
-                return Err(Error::invalid_usage(format!(
-                    "rank {peer}'s MSCCLPP_DETERMINISTIC is {} and ours {}: it must be the same on every rank",
-                    peer_reproducible as u8, reproducible as u8
-                )));
+            if let Some(e) = paths.disagreement(peer, r.u8()?) {
+                return Err(e);
             }
             let address = r.u64()?;
             let peer_inbox = r.string(MAX_BLOCK)?.to_vec();
