@@ -86,7 +86,7 @@ GPU_TESTS := $(patsubst c-tests/gpu/%.cu,build/tests/gpu/%,$(wildcard c-tests/gp
 LAYOUT_TESTS := build/tests/layout/layout_test build/tests/layout/layout_test_static build/tests/layout/layout_test_cuda
 NCCL_TESTS := $(patsubst c-tests/nccl/%.cpp,build/tests/nccl/%,$(wildcard c-tests/nccl/*.cpp))
 # Stand-ins for NVIDIA's libnccl.so.2 (soname and all) for the tests of MSCCLPP_NCCL_FALLBACK.
-NCCL_FAKES := build/tests/nccl/fake/libnccl.so.2 build/tests/nccl/fake-incomplete/libnccl.so.2
+NCCL_FAKES := build/tests/nccl/fake/libnccl.so.2 build/tests/nccl/fake-incomplete/libnccl.so.2 build/tests/nccl/fake-cuda/libcuda.so.1
 NCCL_GPU_TESTS := $(patsubst c-tests/nccl-gpu/%.cu,build/tests/nccl-gpu/%,$(wildcard c-tests/nccl-gpu/*.cu))
 BENCHES := $(patsubst examples-c/bench/%.cu,build/bench/%,$(wildcard examples-c/bench/*.cu))
 EXAMPLES := $(patsubst examples-c/%.cu,build/examples/%,$(filter-out examples-c/bench/%,$(wildcard examples-c/*/*.cu)))
@@ -223,6 +223,11 @@ build/tests/nccl/%: c-tests/nccl/%.cpp $(NCCL_HEADER) $(NCCL_DEVICE_HEADER) $(NC
 build/tests/nccl/fake/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
 	@mkdir -p $(@D)
 	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -pthread -Wl,-soname,libnccl.so.2 $< -o $@
+
+# A CUDA driver that sees no device (cuInit: CUDA_ERROR_NO_DEVICE).
+build/tests/nccl/fake-cuda/libcuda.so.1: c-tests/nccl/fake_cuda_driver.c
+	@mkdir -p $(@D)
+	$(CC) -std=c11 -shared -fPIC -O1 -Wall -Wextra -Werror -Wl,-soname,libcuda.so.1 $< -o $@
 
 build/tests/nccl/fake-incomplete/libnccl.so.2: c-tests/nccl/fake_nvidia_nccl.c
 	@mkdir -p $(@D)

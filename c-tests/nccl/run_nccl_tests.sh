@@ -16,7 +16,9 @@
 #   shrink) at 256 ranks, a size this 2-core CI carries (about a second), and at 64 ranks with the last
 #   rank stopped (SIGSTOP, found by its silence after MSCCLPP_PEER_TIMEOUT=1): one verdict each, PASS when
 #   every rank initialised, every survivor learned of the failure and every survivor's shrink made a
-#   communicator of the right size and ranks; its figures are the verdict's note, never asserted.
+#   communicator of the right size and ranks; its figures are the verdict's note, never asserted; and at 16
+#   ranks beside a CUDA driver that sees no device (build/tests/nccl/fake-cuda: cuInit fails), as a GPU
+#   machine's ranks with CUDA_VISIBLE_DEVICES= are.
 # Ends with "nccl tests: N passed, N failed".
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -139,6 +141,16 @@ if [ -x "$bench" ]; then
     verdict "control_plane_bench, $ranks host-only ranks, the last $how: ${figures:-no figures (exit status $rc)}" \
       "$rc" "$(tail -n 40 "$log")"
   done
+  # With a CUDA driver that sees no device, as on a GPU machine with CUDA_VISIBLE_DEVICES= (the fake's cuInit
+  # fails with CUDA_ERROR_NO_DEVICE): every rank initialises host-only, and none waits on itself naming the
+  # driver's error.
+  log="$out/control_plane_bench.no-device.log"
+  LD_LIBRARY_PATH="$repo/build/tests/nccl/fake-cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout -k 10 120 "$bench" --timeout 60 16 </dev/null >"$log" 2>&1
+  rc=$?
+  figures=$(sed -n "s/^ranks 16: //p" "$log" | tail -n 1)
+  verdict "control_plane_bench, 16 ranks beside a CUDA driver that sees no device: ${figures:-no figures (exit status $rc)}" \
+    "$rc" "$(tail -n 40 "$log")"
 else
   verdict "control_plane_bench was built" 1 "$bench is missing: run make"
 fi

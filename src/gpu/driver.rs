@@ -11,8 +11,7 @@ pub fn ensure_driver() -> Result<()> {
     static LOADED: OnceCell<std::result::Result<(), String>> = OnceCell::new();
     LOADED
         .get_or_init(|| {
-            // SAFETY: probing for the library has no preconditions.
-            if !unsafe { sys::is_culib_present() } {
+            if !driver_present() {
                 return Err("the CUDA driver (libcuda.so) is not installed on this machine".into());
             }
             // SAFETY: cuInit may be called any number of times, from any thread.
@@ -37,9 +36,19 @@ pub fn lazy_loading() -> bool {
     rc == CUresult::CUDA_SUCCESS && mode == sys::CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING
 }
 
-/// The driver's name for a result code.
+/// Whether the CUDA driver's library can be loaded (probed once).
+fn driver_present() -> bool {
+    static PRESENT: OnceCell<bool> = OnceCell::new();
+    // SAFETY: probing for the library has no preconditions.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// The driver's name for a result code. The driver's table of names needs its library only, not `cuInit`:
+/// asking `ensure_driver` here would re-enter its initialisation where `cuInit` itself failed, and wait
+/// for itself forever (a machine with the driver and no visible device, `CUDA_VISIBLE_DEVICES=` among
+/// them, hung every rank's initialisation so).
 pub fn error_name(rc: CUresult) -> String {
-    if ensure_driver().is_err() {
+    if !driver_present() {
         return format!("CUDA error {}", rc as i32);
     }
     let mut name: *const std::ffi::c_char = std::ptr::null();
