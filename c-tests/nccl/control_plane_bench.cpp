@@ -2,7 +2,9 @@
 // each size N given:
 //   - N processes forked; rank 0's ncclGetUniqueId handed to the others through shared memory, then every
 //     rank's ncclCommInitRank at once (each call timed: the slowest and the fastest);
-//   - a barrier through shared memory, then the last rank writes the time (CLOCK_MONOTONIC, one clock for all
+//   - a barrier through shared memory, then every rank's ncclCommSplit(comm, rank % 2, nranks - rank, ...)
+//     (timed; the two halves' counts and the reversed ranks checked, then destroyed), and another barrier;
+//   - the last rank writes the time (CLOCK_MONOTONIC, one clock for all
 //     processes) and SIGKILLs itself;
 //   - every survivor polls ncclCommGetAsyncError every millisecond, and records when it first sees anything
 //     but ncclSuccess, as time since the kill (at most 10 s: then it goes on without);
@@ -69,8 +71,11 @@ int64_t now_ns() {
 }
 
 // A rank's steps, in order; a rank's slot says the one it is in (or last finished: kDone).
-enum Step : int { kForked, kWaitId, kInit, kBarrier, kDetect, kShrink, kCheck, kSurvivorBarrier, kDestroy, kDone };
+enum Step : int {
+  kForked, kWaitId, kInit, kBarrier, kSplit, kSplitBarrier, kDetect, kShrink, kCheck, kSurvivorBarrier, kDestroy, kDone
+};
 const char* const kStepNames[] = {"start",      "waiting for the id", "init",    "the barrier after init",
+                                  "split",      "the barrier after split",
                                   "detection",  "shrink",             "the check", "the barrier after shrink",
                                   "destroy",    "done"};
 
@@ -79,11 +84,13 @@ struct Slot {
   int step;
   int init_rc;    // -1 until ncclCommInitRank returns
   int detect_rc;  // the first result but ncclSuccess that ncclCommGetAsyncError gave (0: none)
+  int split_rc;   // -1 until ncclCommSplit returns
+  int split_count, split_rank;
   int shrink_rc;  // -1 until ncclCommShrink returns
   int new_count, new_rank;
   int destroy_rc;  // the first failing destroy's result (0: none)
   int barrier_timed_out;
-  int64_t init_begin, init_end, detect_at, shrink_begin, shrink_end;
+  int64_t init_begin, init_end, split_begin, split_end, detect_at, shrink_begin, shrink_end;
   char error[256];  // ncclGetLastError of the first failing call
 };
 
@@ -94,6 +101,7 @@ struct Board {
   int arrived;      // ranks started (futex word)
   int id_ready;     // 1: the id is there, 2: ncclGetUniqueId failed (futex word)
   int initialised;  // ranks past init (futex word)
+  int split;        // ranks past the split (futex word)
   int shrunk;       // survivors past the check (futex word)
   int64_t kill_at;  // written by the victim just before its SIGKILL
   Slot slots[1];    // one per rank
@@ -160,6 +168,28 @@ void note_error(Slot& s, ncclComm_t comm) {
   s.step = kBarrier;
   arrive(&b->initialised, n);
   if (!wait_for(&b->initialised, n, deadline)) {
+    s.barrier_timed_out = 1;
+    _exit(1);
+  }
+  if (comm) {
+    // Two halves by parity, each in reverse order of the parent's ranks.
+    s.step = kSplit;
+    ncclComm_t half = nullptr;
+    s.split_begin = now_ns();
+    ncclResult_t src = ncclCommSplit(comm, rank % 2, n - rank, &half, nullptr);
+    s.split_end = now_ns();
+    s.split_rc = src;
+    if (src != ncclSuccess) {
+      note_error(s, comm);
+    } else {
+      ncclCommCount(half, &s.split_count);
+      ncclCommUserRank(half, &s.split_rank);
+      ncclCommDestroy(half);
+    }
+  }
+  s.step = kSplitBarrier;
+  arrive(&b->split, n);
+  if (!wait_for(&b->split, n, deadline)) {
     s.barrier_timed_out = 1;
     _exit(1);
   }
@@ -348,7 +378,7 @@ struct Result {
   int ranks = 0;
   bool ok = false;
   std::string outcome;
-  double init_max = -1, init_min = -1, detect_max = -1, detect_min = -1, shrink_max = -1, shrink_min = -1;
+  double init_max = -1, init_min = -1, split_max = -1, split_min = -1, detect_max = -1, detect_min = -1, shrink_max = -1, shrink_min = -1;
   double wall = 0;
   int init_failed = 0, undetected = 0, shrink_failed = 0, unfinished = 0;
 };
@@ -373,6 +403,7 @@ Result run_size(int n, double timeout_s) {
   for (int r = 0; r < n; ++r) {
     b->slots[r].init_rc = -1;
     b->slots[r].shrink_rc = -1;
+    b->slots[r].split_rc = -1;
   }
   const int64_t start = now_ns();
   const int64_t deadline = start + static_cast<int64_t>(timeout_s * 1e9);
@@ -438,7 +469,9 @@ Result run_size(int n, double timeout_s) {
   Messages init_errors, shrink_errors, destroy_errors;
   std::vector<int> undetected, wrong_count, wrong_rank, status_wrong;
   std::map<int, std::vector<int>> unfinished;  // step -> ranks
-  std::vector<double> init_t, detect_t, shrink_t;
+  std::vector<double> init_t, split_t, detect_t, shrink_t;
+  Messages split_errors;
+  std::vector<int> split_wrong;
   std::vector<int> early;  // saw a failure before the kill
   const int64_t kill_at = b->kill_at;
   for (int r = 0; r < forked; ++r) {
@@ -448,6 +481,18 @@ Result run_size(int n, double timeout_s) {
     if (!finished) unfinished[x.step].push_back(r);
     if (x.init_rc == ncclSuccess)
       init_t.push_back(x.init_end - x.init_begin);
+    if (x.split_rc == ncclSuccess) {
+      split_t.push_back(x.split_end - x.split_begin);
+      // Ranks of one parity, ordered by the key n - rank: the higher parent ranks first.
+      int count = 0, above = 0;
+      for (int q = r % 2; q < n; q += 2) {
+        ++count;
+        above += q > r;
+      }
+      if (x.split_count != count || x.split_rank != above) split_wrong.push_back(r);
+    } else if (x.split_rc > 0) {
+      split_errors.add(r, std::string(ncclGetErrorString(static_cast<ncclResult_t>(x.split_rc))) + ": " + x.error);
+    }
     else if (x.init_rc > 0 && x.init_end <= deadline)  // (one that ended later is reported as late below)
       init_errors.add(r, std::string(ncclGetErrorString(static_cast<ncclResult_t>(x.init_rc))) + ": " + x.error);
     if (victim || x.init_rc != ncclSuccess || x.step < kShrink) continue;
@@ -486,6 +531,9 @@ Result run_size(int n, double timeout_s) {
   if (!init_errors.empty())
     failures.push_back("init failed on " + std::to_string(init_errors.count) + " of " + std::to_string(n) +
                        " ranks: " + init_errors.text());
+  if (!split_errors.empty())
+    failures.push_back("split failed on " + std::to_string(split_errors.count) + " ranks: " + split_errors.text());
+  if (!split_wrong.empty()) failures.push_back(who(split_wrong) + ": the split's count or rank is wrong");
   if (!early.empty()) failures.push_back(who(early) + " saw a failure before the kill");
   if (!undetected.empty())
     failures.push_back(who(undetected) + " did not learn of the kill within " + span(kDetectLimitNs));
@@ -509,6 +557,7 @@ Result run_size(int n, double timeout_s) {
     hi = *std::max_element(v.begin(), v.end());
   };
   minmax(init_t, res.init_min, res.init_max);
+  minmax(split_t, res.split_min, res.split_max);
   minmax(detect_t, res.detect_min, res.detect_max);
   minmax(shrink_t, res.shrink_min, res.shrink_max);
   for (int r = 0; r < forked; ++r) res.init_failed += s[r].init_rc > 0;
@@ -530,6 +579,7 @@ Result run_size(int n, double timeout_s) {
       line += " on the " + std::to_string(init_t.size()) + " of " + std::to_string(n) + " that succeeded";
   } else
     line += "no init succeeded";
+  if (!split_t.empty()) line += ", split slowest " + span(res.split_max) + " (fastest " + span(res.split_min) + ")";
   if (!detect_t.empty()) {
     int survivors = static_cast<int>(detect_t.size() + undetected.size() + early.size());
     line += ", failure known by ";
@@ -629,6 +679,7 @@ int main(int argc, char** argv) {
     all_ok = all_ok && r.ok;
     json += (i ? "," : "") + std::string("{\"ranks\":") + std::to_string(r.ranks) +
             ",\"init_slowest_s\":" + num(r.init_max, 1e9) + ",\"init_fastest_s\":" + num(r.init_min, 1e9) +
+            ",\"split_slowest_s\":" + num(r.split_max, 1e9) + ",\"split_fastest_s\":" + num(r.split_min, 1e9) +
             ",\"detect_slowest_ms\":" + num(r.detect_max, 1e6) + ",\"detect_fastest_ms\":" + num(r.detect_min, 1e6) +
             ",\"shrink_slowest_s\":" + num(r.shrink_max, 1e9) + ",\"shrink_fastest_s\":" + num(r.shrink_min, 1e9) +
             ",\"init_failed\":" + std::to_string(r.init_failed) + ",\"undetected\":" + std::to_string(r.undetected) +
