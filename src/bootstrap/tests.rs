@@ -71,11 +71,16 @@ fn exercise(b: &Bootstrap, rank: usize, n: usize) -> Result<()> {
 }
 
 fn job_by_address(n: usize) {
+    job_by_address_doing(n, |b, r| exercise(b, r, n));
+}
+
+/// A job of `n` ranks through an address's root, each running `work` once set up.
+fn job_by_address_doing(n: usize, work: impl Fn(&Bootstrap, usize) -> Result<()> + Sync) {
     let root = local_root(PROTOCOL_MAGIC, T);
     let addr = root.local_addr();
     let results = on_ranks(n, |r| {
         let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T)?;
-        exercise(&b, r, n)
+        work(&b, r)
     });
     for (r, res) in results.into_iter().enumerate() {
         res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
@@ -1470,10 +1475,7 @@ fn the_root_sends_each_rank_its_neighbours_rows_and_the_table_comes_down_the_tre
 /// peer of its machine, and registration records go to every peer): most pairs are not neighbours, so both
 /// sides of a pair may open its connection at the same moment.
 fn all_pairs_at_once(n: usize) {
-    let root = local_root(PROTOCOL_MAGIC, T);
-    let addr = root.local_addr();
-    let results = on_ranks(n, |r| {
-        let b = Bootstrap::connect(addr, PROTOCOL_MAGIC, r, n, T)?;
+    job_by_address_doing(n, |b, r| {
         for round in 0..3u64 {
             for p in (0..n).filter(|&p| p != r) {
                 b.send(p, 7 + round, format!("{r}->{p} {round}").as_bytes())?;
@@ -1484,12 +1486,8 @@ fn all_pairs_at_once(n: usize) {
             }
             b.barrier()?;
         }
-        Ok::<_, crate::error::Error>(())
+        Ok(())
     });
-    for (r, res) in results.into_iter().enumerate() {
-        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
-    }
-    root.join();
 }
 
 #[test]
