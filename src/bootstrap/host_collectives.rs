@@ -132,7 +132,7 @@ impl Bootstrap {
     }
 
     /// The first failure's error, if there was one.
-    fn check_alive(&self) -> Result<()> {
+    pub fn check_alive(&self) -> Result<()> {
         match self.failure() {
             Some(f) => Err(f.error()),
             None => Ok(()),

@@ -92,14 +92,10 @@ impl Choice {
     /// The setting's value (`auto`, `packet`, `copy`, `zerocopy`, `copyengine`, `sendrecv`), as `settings` has
     /// checked it.
     pub fn parse(value: &str) -> Choice {
-        match value.to_ascii_lowercase().as_str() {
-            "packet" => Choice::Force(Protocol::Packet),
-            "copy" => Choice::Force(Protocol::Copy),
-            "zerocopy" => Choice::ZeroCopy,
-            "copyengine" => Choice::CopyEngine,
-            "sendrecv" => Choice::SendRecv,
-            _ => Choice::Auto,
-        }
+        Choice::ALL
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(value))
+            .unwrap_or(Choice::Auto)
     }
 }
 

@@ -115,8 +115,8 @@ impl Collectives {
             nranks,
             placement,
             message,
-            choice: ready.choice,
-            reproducible: ready.reproducible,
+            choice: ready.paths.choice,
+            reproducible: ready.paths.reproducible,
             capturing,
         };
         for path in plan::paths(&shape) {

@@ -109,9 +109,8 @@ struct Ready {
     kernels: LoadedKernels,
     scratch: Scratch,
     abort: SharedAbortWord,
-    choice: Choice,
-    /// `MSCCLPP_DETERMINISTIC`: reductions take only the paths that add in rank order (`plan::paths`).
-    reproducible: bool,
+    /// `MSCCLPP_COLL_ALGO` and `MSCCLPP_DETERMINISTIC`, agreed by every rank at the set-up.
+    paths: plan::PathSettings,
     side_streams: SideStreams,
 }
 
@@ -256,8 +255,7 @@ impl Collectives {
             side_streams,
             scratch,
             abort,
-            choice,
-            reproducible,
+            paths,
         })
     }
 }

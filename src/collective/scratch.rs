@@ -342,7 +342,7 @@ fn map_peers(
         if let OwnBuffer::Shared(shared) = own {
             // One descriptor serves every peer: each datagram carries a duplicate of it.
             let fd = shared.export()?;
-            let still_waiting = || bootstrap.failure().map_or(Ok(()), |f| Err(f.error()));
+            let still_waiting = || bootstrap.check_alive();
             for (peer, peer_inbox, _) in remote {
                 send_descriptor(peer_inbox, bootstrap.rank(), &fd, &still_waiting)
                     .map_err(|e| Error::new(e.kind, format!("passing the scratch to rank {peer}: {}", e.message)))?;
@@ -354,7 +354,7 @@ fn map_peers(
     for (peer, _, export) in remote {
         let (mapping, ptr) = match export {
             Export::Shared { size } => {
-                let fd = descriptors.remove(peer).expect("`take` returned every sender's");
+                let fd = descriptors.remove(peer).expect("`take_during` returned every sender's");
                 let m = SharedMapping::import(gpu, fd, *size as usize)
                     .map_err(|e| Error::new(e.kind, format!("rank {peer}'s scratch: {}", e.message)))?;
                 let p = m.ptr();

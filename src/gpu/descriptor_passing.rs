@@ -73,12 +73,6 @@ impl DescriptorInbox {
         &self.address
     }
 
-    /// Every descriptor already queued here, by sender rank, without waiting. Exactly `expected` senders,
-    /// each once, or an error naming what is missing.
-    pub fn take(&self, expected: &[usize]) -> Result<HashMap<usize, OwnedFd>> {
-        self.take_during(expected, || Ok(())).map(|((), got)| got)
-    }
-
     /// Runs `meanwhile` (this rank's sends and the barrier after them) while a thread of this inbox takes
     /// every descriptor that arrives, so that no sender ever waits on a full queue here; then returns
     /// `meanwhile`'s result and the descriptors: exactly `expected` senders', each once, or an error naming
@@ -271,6 +265,11 @@ mod tests {
         Ok(())
     }
 
+    /// What is queued at `inbox` now: exactly `expected` senders', or the error.
+    fn take(inbox: &DescriptorInbox, expected: &[usize]) -> Result<HashMap<usize, OwnedFd>> {
+        inbox.take_during(expected, || Ok(())).map(|((), got)| got)
+    }
+
     #[test]
     fn more_senders_than_a_queue_holds_all_arrive_while_the_inbox_takes() {
         // Sixteen ranks sharing a GPU: fifteen peers send to one inbox before the barrier. The kernel's
@@ -323,10 +322,10 @@ mod tests {
     fn descriptors_arrive_with_their_senders_and_name_the_same_file() {
         let inbox = DescriptorInbox::bind().unwrap();
         assert_eq!(inbox.address()[0], 0, "an abstract address");
-        assert!(inbox.take(&[]).unwrap().is_empty());
+        assert!(take(&inbox, &[]).unwrap().is_empty());
         send(inbox.address(), 3, &temp_file(b"from three"), &go_on).unwrap();
         send(inbox.address(), 1, &temp_file(b"from one"), &go_on).unwrap();
-        let mut got = inbox.take(&[1, 3]).unwrap();
+        let mut got = take(&inbox, &[1, 3]).unwrap();
         for (rank, text) in [(1, "from one"), (3, "from three")] {
             let mut f = std::fs::File::from(got.remove(&rank).unwrap());
             f.rewind().unwrap();
@@ -340,10 +339,10 @@ mod tests {
     fn a_missing_or_unexpected_sender_is_an_error_naming_it() {
         let inbox = DescriptorInbox::bind().unwrap();
         send(inbox.address(), 2, &temp_file(b"x"), &go_on).unwrap();
-        let e = inbox.take(&[2, 5]).unwrap_err();
+        let e = take(&inbox, &[2, 5]).unwrap_err();
         assert!(e.message.contains("ranks [5]"), "{e}");
         send(inbox.address(), 7, &temp_file(b"x"), &go_on).unwrap();
-        let e = inbox.take(&[2]).unwrap_err();
+        let e = take(&inbox, &[2]).unwrap_err();
         assert!(e.message.contains("rank 7"), "{e}");
         let gone = DescriptorInbox::bind().unwrap().address().to_vec();
         let e = send(&gone, 0, &temp_file(b"x"), &go_on).unwrap_err();
