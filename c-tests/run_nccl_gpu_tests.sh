@@ -2,7 +2,7 @@
 # The NCCL face's GPU tests (issue 25), from a tree built by `make`:
 # - build/tests/nccl-gpu/nccl_gpu_test (c-tests/nccl-gpu/nccl_gpu_test.cu: through nccl.h and libnccl.so.2
 #   alone: every collective and type, fp8, PreMulSum, send/receive, groups, graphs, split, shrink, revoke,
-#   refusals, a killed rank shrunk out) at 2 and 4 ranks, and main with every call that sends and receives
+#   refusals, a killed rank shrunk out, its loop eager and in a CUDA graph) at 2 and 4 ranks (the kills at 8 too), and main with every call that sends and receives
 #   can carry sent that way (MSCCLPP_COLL_ALGO=sendrecv) at 2 and 3 ranks;
 # - build/tests/nccl-gpu/nccl_rma_test (c-tests/nccl-gpu/nccl_rma_test.cu: the one-sided calls: puts,
 #   signals, waits, graphs, peer pointers, refusals, times, a waiter's signaller killed) at 2 and 4 ranks;
@@ -25,7 +25,8 @@
 # this script too; alone it prints the lines of each program and ends with `nccl gpu tests: N passed, N failed`.
 # Logs go to $GPU_TEST_LOG_DIR (default build/test-logs). PYTHON names the interpreter (default python3).
 # GPU_TEST_PARTS (space-separated; unset or empty: every part; run_gpu_tests.sh passes it on) picks parts:
-# nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_p2p, initall), nccl-sendrecv-2, nccl-sendrecv-3
+# nccl-2, nccl-4 (nccl_gpu_test main, kill_allreduces, kill_graph, kill_p2p, initall), nccl-kill-8 (the kill
+# runs of all-reduces, eager and in a graph, at 8 ranks: the failure known and the shrink at that size), nccl-sendrecv-2, nccl-sendrecv-3
 # (main with MSCCLPP_COLL_ALGO=sendrecv), nccl-rma-2, nccl-rma-4, nccl-suspend-2, nccl-suspend-4,
 # nccl-window-suspend-4, nccl-window-suspend-8, nccl-pg-sequence, nccl-grow, nccl-collconfig-2, nccl-collconfig-4,
 # nccl-torch (torch_on_our_nccl at 2 and 4 ranks, its kill run, both again on virtual hosts, torch_suspend_window
@@ -66,7 +67,7 @@ for n in 2 4; do
   # "A process that ends"; seen on two H200s, 3 runs in 5, after kill_last_rank_during_allreduces), so the
   # daemon is started afresh before each kill run and after the last, as c-tests/run_gpu_tests.sh does.
   run_program "nccl_gpu_test_$n" 1300 "$bin" main "$n"
-  for kill in kill_allreduces kill_p2p; do
+  for kill in kill_allreduces kill_graph kill_p2p; do
     [ "$own_mps" = 1 ] && mps_recover
     run_program "nccl_gpu_test_${kill}_$n" 240 "$bin" "$kill" "$n"
   done
@@ -74,6 +75,17 @@ for n in 2 4; do
   run_program "nccl_gpu_test_initall_$n" 240 "$bin" initall "$n"
   recover "$before"
 done
+
+# The all-reduces' kill runs at 8 ranks: how soon every survivor knows, and the shrink, at that size.
+if part nccl-kill-8; then
+  before=$failed
+  for kill in kill_allreduces kill_graph; do
+    [ "$own_mps" = 1 ] && mps_recover
+    run_program "nccl_gpu_test_${kill}_8" 240 "$bin" "$kill" 8
+  done
+  [ "$own_mps" = 1 ] && mps_recover
+  recover "$before"
+fi
 
 # main again with MSCCLPP_COLL_ALGO=sendrecv: every call that sends and receives can carry goes that way at
 # every size (chains, the two ranks' halves, gather, scatter, all-to-all), odd rank counts and one GPU too.

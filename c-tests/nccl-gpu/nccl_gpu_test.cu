@@ -56,7 +56,8 @@
 //       ncclInvalidUsage naming it, nothing queued, the communicator still works; host memory as a buffer is
 //       ncclInvalidArgument; ncclCommFinalize, ncclCommDestroy; then cudaDeviceReset (for
 //       compute-sanitizer's leak check)
-//   kill: every rank loops on all-reduces, then (a second run) on groups of a send of 4 MiB to the next
+//   kill: every rank loops on all-reduces, then (a second run) on one all-reduce captured in a CUDA graph
+//       and the graph launched again and again, then (a third) on groups of a send of 4 MiB to the next
 //       rank and a receive from the previous; the last is SIGKILLed; every survivor sees ncclRemoteError
 //       from ncclCommGetAsyncError within seconds, its stream drains, the next call fails with the same
 //       code, ncclGetLastError names the dead rank; the survivors then ncclCommShrink the dead rank out
@@ -2250,6 +2251,16 @@ struct KillResult : KillOutcome
   char lastError[240];
 };
 
+// What the ranks loop on when the last one is killed: all-reduces called one by one, the same all-reduce
+// captured once in a CUDA graph and the graph launched (a kernel of a graph learns of the failure from the
+// device's flags alone: nothing on the host runs between its launches), or rings of sends and receives.
+enum class KillWork
+{
+  AllReduces,
+  AllReducesInGraph,
+  SendRecvRing,
+};
+
 // One step of the loop: an all-reduce of 1 MiB, or (p2p) a group of a send of 4 MiB to the next rank and a
 // receive of 4 MiB from the previous one.
 ncclResult_t killStep(Rank& R, ncclComm_t comm, bool p2p)
@@ -2263,8 +2274,9 @@ ncclResult_t killStep(Rank& R, ncclComm_t comm, bool p2p)
   return a != ncclSuccess ? a : b != ncclSuccess ? b : end;
 }
 
-int killRank(Rank& R, KillShared<KillResult>* S, bool p2p)
+int killRank(Rank& R, KillShared<KillResult>* S, KillWork work)
 {
+  const bool p2p = work == KillWork::SendRecvRing;
   KillResult& out = S->res[R.rank];
   auto fail = [&](const std::string& why) { return killFail(out, R.rank, why); };
   std::string why = setUpRank(R);
@@ -2300,9 +2312,24 @@ int killRank(Rank& R, KillShared<KillResult>* S, bool p2p)
   for (cudaEvent_t& e : events)
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return fail("cudaEventCreate failed");
   const std::function<ncclResult_t()> error = asyncErrorOf(comm);
+  // In a graph: the step captured once; a launch that fails is the step's failure.
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graphExec = nullptr;
+  if (work == KillWork::AllReducesInGraph) {
+    if (cudaStreamBeginCapture(R.stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+      return fail("cudaStreamBeginCapture failed");
+    const ncclResult_t captured = killStep(R, comm, false);
+    const cudaError_t ended = cudaStreamEndCapture(R.stream, &graph);
+    if (captured != ncclSuccess) return fail(fmt("ncclAllReduce in the capture returned %s", resultName(captured)));
+    if (ended != cudaSuccess || cudaGraphInstantiate(&graphExec, graph, 0) != cudaSuccess)
+      return fail("the all-reduce's graph was not captured and instantiated");
+  }
+  const std::function<ncclResult_t()> step = [&] {
+    if (!graphExec) return killStep(R, comm, p2p);
+    return cudaGraphLaunch(graphExec, R.stream) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+  };
   ncclResult_t async = ncclSuccess, loopRc = ncclSuccess;
-  if (!loopUntilFailure<ncclResult_t>(R.stream, events, &S->stop, error, [&] { return killStep(R, comm, p2p); },
-                                      &out.iterations, &async, &loopRc))
+  if (!loopUntilFailure<ncclResult_t>(R.stream, events, &S->stop, error, step, &out.iterations, &async, &loopRc))
     return fail("no failure seen: the loop was stopped or ran out of time");
   out.tDetect = nowSec();
   out.asyncError = (int)trailingError(async, error, 10);
@@ -2311,6 +2338,8 @@ int killRank(Rank& R, KillShared<KillResult>* S, bool p2p)
 
   // No hang: the queued kernels see the failure and end.
   drainOrExit(out, R.rank, R.device, R.stream, "a kernel hangs on the dead rank");
+  if (graphExec) cudaGraphExecDestroy(graphExec);
+  if (graph) cudaGraphDestroy(graph);
   out.laterRc = (int)killStep(R, comm, p2p);
 
   // The survivors go on without the dead rank: ncclCommShrink leaving it out (NCCL_SHRINK_ABORT, as after a
@@ -2379,9 +2408,12 @@ int killRank(Rank& R, KillShared<KillResult>* S, bool p2p)
   return 0;
 }
 
-int runKill(const Options& opt, bool p2p)
+int runKill(const Options& opt, KillWork work)
 {
-  const char* name = p2p ? "kill_last_rank_during_send_recv_ring" : "kill_last_rank_during_allreduces";
+  const bool p2p = work == KillWork::SendRecvRing, graphWork = work == KillWork::AllReducesInGraph;
+  const char* name = p2p                                   ? "kill_last_rank_during_send_recv_ring"
+                     : work == KillWork::AllReducesInGraph ? "kill_last_rank_during_allreduces_in_a_graph"
+                                                           : "kill_last_rank_during_allreduces";
   const KillPlan k = {name, opt.nranks, 180, 120, 1000000, "loop", true}; // the loops 1 s under way at the kill
   const double scale = timeoutScale(), t0 = nowSec();
   const int nranks = opt.nranks, victim = nranks - 1;
@@ -2390,7 +2422,7 @@ int runKill(const Options& opt, bool p2p)
   KillJudge<KillResult> judge;
   judge.rank = [&](int r) { // forked once runKillCase has mapped S
     Rank R = killCaseRank(r, nranks);
-    return killRank(R, S, p2p);
+    return killRank(R, S, work);
   };
   judge.check = [&](int r, const KillResult& o, double tKill) -> std::string {
     if (o.iterations == 0) return "no call ran in the loop";
@@ -2424,7 +2456,7 @@ int runKill(const Options& opt, bool p2p)
   std::string info;
   const int failed = runKillCase(k, &S, judge, &info);
   return endKillCase(k, S, failed, info, failed || !S ? std::string() : fmt(" last error '%s'", S->res[0].lastError),
-                     fmt("%s (%d ranks, %.1f s)", p2p ? "kill_p2p" : "kill", nranks, nowSec() - t0));
+                     fmt("%s (%d ranks, %.1f s)", p2p ? "kill_p2p" : graphWork ? "kill_graph" : "kill", nranks, nowSec() - t0));
 }
 
 } // namespace
@@ -2437,12 +2469,14 @@ int main(int argc, char** argv)
   // parseArgs reads [nranks] [--port P] after the group's name.
   Options opt = parseArgs(argc - argi + 1, argv + argi - 1, 2);
   const bool all = !strcmp(which, "all");
-  // kill runs both kill cases; kill_allreduces and kill_p2p one each, so that a runner can restart the MPS
+  // kill runs the three kill cases; kill_allreduces, kill_graph and kill_p2p one each, so that a runner can restart the MPS
   // daemon between them (a killed client may leave it refusing new ones: docs/failures.md, "A process that ends").
   const bool killAllReduces = !strcmp(which, "kill") || !strcmp(which, "kill_allreduces");
   const bool killP2p = !strcmp(which, "kill") || !strcmp(which, "kill_p2p");
-  if (!all && strcmp(which, "main") && !killAllReduces && !killP2p && strcmp(which, "initall")) {
-    fprintf(stderr, "usage: %s <all|main|kill|kill_allreduces|kill_p2p|initall> [nranks] [--port P]\n", argv[0]);
+  const bool killGraph = !strcmp(which, "kill") || !strcmp(which, "kill_graph");
+  if (!all && strcmp(which, "main") && !killAllReduces && !killP2p && !killGraph && strcmp(which, "initall")) {
+    fprintf(stderr, "usage: %s <all|main|kill|kill_allreduces|kill_graph|kill_p2p|initall> [nranks] [--port P]\n",
+            argv[0]);
     return 2;
   }
   gBoard = mapBoard<Board>("nccl_gpu_test");
@@ -2453,8 +2487,9 @@ int main(int argc, char** argv)
     memset((void*)gBoard, 0, sizeof(Board));
     rc |= runRanks("nccl_main", opt, 1200, mainRank);
   }
-  if (all || killAllReduces) rc |= runKill(opt, false);
-  if (all || killP2p) rc |= runKill(opt, true);
+  if (all || killAllReduces) rc |= runKill(opt, KillWork::AllReduces);
+  if (all || killGraph) rc |= runKill(opt, KillWork::AllReducesInGraph);
+  if (all || killP2p) rc |= runKill(opt, KillWork::SendRecvRing);
   if (all || !strcmp(which, "initall")) {
     memset((void*)gBoard, 0, sizeof(Board));
     Options one = opt;
