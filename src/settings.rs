@@ -371,6 +371,22 @@ static ENVIRONMENT: Lazy<HashMap<&'static str, String>> = Lazy::new(|| {
         .collect()
 });
 
+/// Whether CUDA's `CUDA_VISIBLE_DEVICES` hides every device from this process: set and empty, or its first
+/// entry a negative number (CUDA stops at the first entry that names no device). Not a setting of ours: the
+/// driver is then not loaded at all, since it could show no device, and loading it costs a host-only
+/// process (a control-plane job, a launcher) a quarter of a second of CPU or more; a thousand of them on
+/// sixteen cores spent 18 s in it (docs/PERFORMANCE.md). Read here so that this file stays the one place that
+/// reads the environment.
+pub fn cuda_hides_every_device() -> bool {
+    hides_every_device(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref())
+}
+
+fn hides_every_device(visible: Option<&str>) -> bool {
+    let Some(visible) = visible else { return false };
+    let first = visible.split(',').next().unwrap_or("").trim();
+    first.is_empty() || first.parse::<i64>().is_ok_and(|i| i < 0)
+}
+
 /// The dynamic loader's `LD_LIBRARY_PATH`, read now: not a setting of ours, but where the search for
 /// NVIDIA's library between hosts looks (`nccl/engine_search.rs`), after the Python packages' folders. Read
 /// here so that this file stays the one place that reads the environment.
@@ -718,6 +734,17 @@ mod tests {
         );
         assert_eq!(env.int::<u64>(&PEER_TIMEOUT), 30);
         assert!(env.flag(&P2P_FAST_FLAGS));
+    }
+
+    #[test]
+    fn every_device_hidden_only_by_an_empty_list_or_a_negative_first_entry() {
+        for hidden in ["", " ", "-1", "-1,0", ",0"] {
+            assert!(hides_every_device(Some(hidden)), "{hidden:?}");
+        }
+        for shown in ["0", "1,0", "GPU-5c1e", "MIG-1", "0,-1"] {
+            assert!(!hides_every_device(Some(shown)), "{shown:?}");
+        }
+        assert!(!hides_every_device(None));
     }
 
     #[test]
