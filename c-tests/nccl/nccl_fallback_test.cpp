@@ -17,6 +17,9 @@
 // - the fake, three ranks on three hosts, one SIGKILLed: the survivors get ncclRemoteError naming it, the
 //   fake comm is aborted, the next call fails without reaching it, and ncclCommShrink makes a communicator
 //   of two with a new fake comm that gets the next all-reduce;
+// - the fake, four ranks on two hosts, the second host killed whole (both its ranks): the survivors get
+//   ncclRemoteError naming one of them, the fake comm is aborted, and ncclCommShrink leaving the host out
+//   gives a communicator of the two on one host, ours alone (its all-reduce never reaches the fake);
 // - two ranks on two hosts grown to three on three (ncclCommGrow): ours, with a new fake comm of three;
 // - two hosts without the setting: the fake found in LD_LIBRARY_PATH, also behind the folder of our own thin
 //   libnccl.so.2 (build/lib/nccl, skipped: it needs libmscclpp.so.0); none anywhere: the initialisation
@@ -348,17 +351,20 @@ static bool eventually(const std::function<bool()>& cond, double seconds) {
 
 // Gives this process a host of its own: a UTS namespace with another host name (the library tells hosts
 // apart by boot id and host name). False where no namespace can be made (neither root nor user namespaces).
-static bool own_host(int rank) {
+static bool own_host(int host) {
   if (unshare(CLONE_NEWUTS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWUTS) != 0) return false;
-  const std::string name = "nccl-fallback-test-host-" + std::to_string(rank);
+  const std::string name = "nccl-fallback-test-host-" + std::to_string(host);
   return sethostname(name.c_str(), name.size()) == 0;
 }
 
-// Runs `body(rank, id)` in `n` processes, each on a host of its own (own_host), with rank 0's unique id
+// Runs `body(rank, id)` in `n` processes, each on a host of its own (own_host), or on host `hosts[rank]` where
+// `hosts` is given (ranks of one host name are one host), with rank 0's unique id
 // (made there, passed to the others through a pipe), the fake's calls and our log in files of the rank's own
 // (printed where a check of that rank failed). A rank whose process ends otherwise than by exit status 0
-// fails, unless `victim` names it. False after a SKIP line where no namespace can be made.
-static bool on_own_hosts(int n, const std::function<void(int, const ncclUniqueId&)>& body, int victim = -1) {
+// fails, unless it is `victim` or at least `victim` (`victims_above`). False after a SKIP line where no
+// namespace can be made.
+static bool on_own_hosts(int n, const std::function<void(int, const ncclUniqueId&)>& body, int victim = -1,
+                         const std::vector<int>& hosts = {}, bool victims_above = false) {
   int fds[2];
   if (pipe(fds) != 0) {
     check(false, "pipe");
@@ -368,7 +374,7 @@ static bool on_own_hosts(int n, const std::function<void(int, const ncclUniqueId
   for (int rank = 0; rank < n; ++rank) {
     pids[rank] = fork();
     if (pids[rank] == 0) {
-      if (!own_host(rank)) _exit(77);
+      if (!own_host(hosts.empty() ? rank : hosts[rank])) _exit(77);
       log_path += ".rank" + std::to_string(rank);
       calls_path += ".rank" + std::to_string(rank);
       setenv("MSCCLPP_DEBUG_FILE", log_path.c_str(), 1);
@@ -402,7 +408,7 @@ static bool on_own_hosts(int n, const std::function<void(int, const ncclUniqueId
     return false;
   }
   for (int rank = 0; rank < n; ++rank)
-    if (rank != victim)
+    if (victim < 0 || (victims_above ? rank < victim : rank != victim))
       check(WIFEXITED(status[rank]) && WEXITSTATUS(status[rank]) == 0, "rank " + std::to_string(rank) + " ended normally");
   return true;
 }
@@ -475,6 +481,61 @@ static void kill_case() {
   }
   *kill_ready = 0;
   on_own_hosts(3, kill_rank, 2);
+}
+
+// Four ranks on two hosts (0 and 1 on one, 2 and 3 on the other); the second host dies whole (both its ranks
+// SIGKILL themselves once the survivors are made, as a host that loses power). The survivors, on one host,
+// learn of it from our bootstrap (ncclRemoteError naming a rank of the dead host), our failure path aborts
+// the fake communicator, and ncclCommShrink (NCCL_SHRINK_ABORT) leaving out the dead host gives both a
+// communicator of 2 ranks on one host: ours alone, whose collectives never reach the fake.
+static void host_kill_rank(int rank, const ncclUniqueId& id) {
+  const std::string me = "rank " + std::to_string(rank) + ": ";
+  ncclComm_t comm = NULL;
+  expect(ncclCommInitRank(&comm, 4, id, rank), ncclSuccess, me + "ncclCommInitRank (4 ranks on 2 hosts)");
+  if (!comm) return;
+  auto inits = calls("ncclCommInitRank rank=");
+  const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
+  expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");
+  if (rank < 2) __atomic_fetch_add(kill_ready, 1, __ATOMIC_SEQ_CST);
+  if (rank >= 2) {
+    check(eventually([] { return __atomic_load_n(kill_ready, __ATOMIC_SEQ_CST) == 2; }, 20.0),
+          me + "both survivors made their communicator");
+    kill(getpid(), SIGKILL);
+  }
+  ncclResult_t async = ncclSuccess;
+  check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
+        me + "ncclCommGetAsyncError says ncclRemoteError after the other host's death");
+  const std::string text = ncclGetLastError(comm);
+  check(text.find("rank 2") != std::string::npos || text.find("rank 3") != std::string::npos,
+        me + "ncclGetLastError names a rank of the dead host: " + text);
+  check(eventually([&] { return calls("ncclCommAbort comm=" + fc).size() == 1; }, 5.0),
+        me + "our failure path aborted the fake communicator");
+  int dead[2] = {2, 3};
+  ncclComm_t shrunk = NULL;
+  expect(ncclCommShrink(comm, dead, 2, &shrunk, NULL, NCCL_SHRINK_ABORT), ncclSuccess,
+         me + "ncclCommShrink(the dead host's ranks 2 and 3 out)");
+  int n = -1, r = -1;
+  check(shrunk != NULL && ncclCommCount(shrunk, &n) == ncclSuccess && ncclCommUserRank(shrunk, &r) == ncclSuccess &&
+            n == 2 && r == rank,
+        me + "the shrunk comm: this rank of 2");
+  if (shrunk) {
+    size_t forwarded = calls("ncclAllReduce ").size();
+    check(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, shrunk, STREAM) != ncclSuccess,
+          me + "ncclAllReduce on it is ours (one host; no GPU here)");
+    check(calls("ncclAllReduce ").size() == forwarded, me + "and does not reach the fake");
+    expect(ncclCommDestroy(shrunk), ncclSuccess, me + "ncclCommDestroy(shrunk)");
+  }
+  expect(ncclCommDestroy(comm), ncclSuccess, me + "ncclCommDestroy(the failed comm)");
+}
+
+static void host_kill_case() {
+  kill_ready = static_cast<int*>(mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (kill_ready == MAP_FAILED) {
+    check(false, "mmap");
+    return;
+  }
+  *kill_ready = 0;
+  on_own_hosts(4, host_kill_rank, 2, {0, 0, 1, 1}, true);
 }
 
 // The grow's id, handed from rank 0 to the new rank of grow_case (shared by its processes).
@@ -640,6 +701,7 @@ int main() {
     });
   });
   run("the fake, a rank killed on another host", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, kill_case);
+  run("the fake, a whole host killed", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, host_kill_case);
   run("the fake, two hosts grown to three", {{"MSCCLPP_NCCL_FALLBACK", fake}, {"MSCCLPP_DEBUG", "INFO"}}, grow_case);
   run("two hosts, the fake found in LD_LIBRARY_PATH", {{"LD_LIBRARY_PATH", dir + "/fake"}, {"MSCCLPP_DEBUG", "INFO"}},
       found_case);
