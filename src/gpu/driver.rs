@@ -12,7 +12,9 @@ pub fn ensure_driver() -> Result<()> {
     LOADED
         .get_or_init(|| {
             if crate::settings::cuda_hides_every_device() {
-                return Err("CUDA_VISIBLE_DEVICES hides every device from this process: the CUDA driver was not loaded".into());
+                return Err(
+                    "CUDA_VISIBLE_DEVICES hides every device from this process: the CUDA driver was not loaded".into(),
+                );
             }
             if !driver_present() {
                 return Err("the CUDA driver (libcuda.so) is not installed on this machine".into());
