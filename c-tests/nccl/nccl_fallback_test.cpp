@@ -222,7 +222,7 @@ static void hosts_rank(int rank, const ncclUniqueId& id) {
   ncclComm_t comm = NULL;
   expect(ncclCommInitRank(&comm, 2, id, rank), ncclSuccess, me + "ncclCommInitRank");
   if (!comm) return;
-  logged("the ranks span hosts: every collective goes to it");
+  logged("the ranks span 2 hosts (ranks 0; 1), 1 rail: every collective goes to it");
   auto inits = calls("ncclCommInitRank rank=");
   check(inits.size() == 1 && field(inits[0], "rank") == std::to_string(rank) && field(inits[0], "nranks") == "2",
         me + "one NVIDIA communicator, this rank of 2");
@@ -493,6 +493,8 @@ static void host_kill_rank(int rank, const ncclUniqueId& id) {
   ncclComm_t comm = NULL;
   expect(ncclCommInitRank(&comm, 4, id, rank), ncclSuccess, me + "ncclCommInitRank (4 ranks on 2 hosts)");
   if (!comm) return;
+  check(read_file(log_path).find("the ranks span 2 hosts (ranks 0-1; 2-3), 2 rails") != std::string::npos,
+        me + "the INFO line gives the hosts' layout");
   auto inits = calls("ncclCommInitRank rank=");
   const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
   expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");

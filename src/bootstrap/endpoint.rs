@@ -393,12 +393,12 @@ impl Bootstrap {
         self.nranks
     }
 
-    /// The address each rank listened on during set-up.
     /// Every rank's host (`gpu::ProcessId::host`), by rank, as the ranks told the root when they joined.
     pub fn hosts(&self) -> &[u64] {
         &self.hosts
     }
 
+    /// The address each rank listened on during set-up.
     pub fn peer_addr(&self, peer: usize) -> Option<SocketAddr> {
         self.peers.get(peer).copied()
     }

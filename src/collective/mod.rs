@@ -14,6 +14,8 @@
 //!   they name this rank, and carried by one launch; `send_recv_collectives.rs`: the collectives carried
 //!   as such launches (gather, scatter, all-to-all, the chains of broadcast and reduce, and two GPUs'
 //!   all-gather, reduce-scatter and all-reduce at the sizes it names);
+//! - `hosts.rs`: how the ranks sit on hosts (each host's ranks, local indices, rails), for collectives across
+//!   hosts;
 //! - `plan.rs`: the planner, pure: a group's work in the order it is issued, the paths a collective may
 //!   take (the copy engine, zero-copy, sends and receives, the scratch algorithm), its scratch windows;
 //! - `launch.rs`: where a checked collective becomes launches (`Collectives::launch_collective`, run by
@@ -46,6 +48,7 @@ pub mod algorithm;
 pub mod call;
 pub mod copy_engine;
 pub mod datatype;
+pub mod hosts;
 pub mod kernel_args;
 #[cfg(test)]
 mod kernel_requests;

@@ -686,9 +686,12 @@ pub fn attach(core: &Communicator) -> Result<Option<Arc<Comm>>> {
         lib.path(),
         version_text(lib.version()),
         if spans_hosts {
-            "; the ranks span hosts: every collective goes to it"
+            format!(
+                "; the ranks span {}: every collective goes to it",
+                crate::collective::hosts::HostLayout::new(hosts)
+            )
         } else {
-            ""
+            String::new()
         }
     );
     Ok(Some(comm))
