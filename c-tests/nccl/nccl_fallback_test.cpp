@@ -418,8 +418,18 @@ static void hosts_case() {
   on_own_hosts(2, hosts_rank);
 }
 
-// The survivors of kill_case that have made their communicator (shared by its processes).
+// The survivors of a kill case that have made their communicator (shared by its processes).
 static int* kill_ready = nullptr;
+
+// kill_ready mapped shared and zeroed, before a kill case forks its ranks.
+static bool map_kill_ready() {
+  void* at = mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  check(at != MAP_FAILED, "mmap");
+  if (at == MAP_FAILED) return false;
+  kill_ready = static_cast<int*>(at);
+  *kill_ready = 0;
+  return true;
+}
 
 // Three ranks on three hosts; rank 2 SIGKILLs itself after a first all-reduce. The survivors learn of it from
 // our bootstrap (ncclRemoteError naming rank 2, within 0.1 s of seeing it), our failure path aborts the fake
@@ -474,12 +484,7 @@ static void kill_rank(int rank, const ncclUniqueId& id) {
 }
 
 static void kill_case() {
-  kill_ready = static_cast<int*>(mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (kill_ready == MAP_FAILED) {
-    check(false, "mmap");
-    return;
-  }
-  *kill_ready = 0;
+  if (!map_kill_ready()) return;
   on_own_hosts(3, kill_rank, 2);
 }
 
@@ -531,12 +536,7 @@ static void host_kill_rank(int rank, const ncclUniqueId& id) {
 }
 
 static void host_kill_case() {
-  kill_ready = static_cast<int*>(mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (kill_ready == MAP_FAILED) {
-    check(false, "mmap");
-    return;
-  }
-  *kill_ready = 0;
+  if (!map_kill_ready()) return;
   on_own_hosts(4, host_kill_rank, 2, {0, 0, 1, 1}, true);
 }
 
