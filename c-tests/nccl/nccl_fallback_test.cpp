@@ -418,7 +418,7 @@ static void hosts_case() {
   on_own_hosts(2, hosts_rank);
 }
 
-// The survivors of a kill case that have made their communicator (shared by its processes).
+// The ranks of a kill case past their first all-reduce (shared by its processes).
 static int* kill_ready = nullptr;
 
 // kill_ready mapped shared and zeroed, before a kill case forks its ranks.
@@ -429,6 +429,24 @@ static bool map_kill_ready() {
   kill_ready = static_cast<int*>(at);
   *kill_ready = 0;
   return true;
+}
+
+// A kill case's step after a rank's first all-reduce: a victim SIGKILLs itself once all `nranks` ranks are
+// past theirs (a death during the initialisation fails it instead, and one before a fellow victim's first
+// all-reduce fails that); a survivor waits for ncclRemoteError from ncclCommGetAsyncError and returns
+// ncclGetLastError's text.
+static std::string die_or_see_the_death(ncclComm_t comm, int nranks, bool victim, const std::string& me,
+                                        const std::string& death) {
+  __atomic_fetch_add(kill_ready, 1, __ATOMIC_SEQ_CST);
+  if (victim) {
+    check(eventually([nranks] { return __atomic_load_n(kill_ready, __ATOMIC_SEQ_CST) == nranks; }, 20.0),
+          me + "every rank made its communicator and its first all-reduce");
+    kill(getpid(), SIGKILL);
+  }
+  ncclResult_t async = ncclSuccess;
+  check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
+        me + "ncclCommGetAsyncError says ncclRemoteError after " + death);
+  return ncclGetLastError(comm);
 }
 
 // Three ranks on three hosts; rank 2 SIGKILLs itself after a first all-reduce. The survivors learn of it from
@@ -444,17 +462,7 @@ static void kill_rank(int rank, const ncclUniqueId& id) {
   auto inits = calls("ncclCommInitRank rank=");
   const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
   expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");
-  // The victim dies once both survivors are made (a death during the initialisation fails it instead).
-  if (rank != 2) __atomic_fetch_add(kill_ready, 1, __ATOMIC_SEQ_CST);
-  if (rank == 2) {
-    check(eventually([] { return __atomic_load_n(kill_ready, __ATOMIC_SEQ_CST) == 2; }, 20.0),
-          me + "both survivors made their communicator");
-    kill(getpid(), SIGKILL);
-  }
-  ncclResult_t async = ncclSuccess;
-  check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
-        me + "ncclCommGetAsyncError says ncclRemoteError after rank 2's death");
-  const std::string text = ncclGetLastError(comm);
+  const std::string text = die_or_see_the_death(comm, 3, rank == 2, me, "rank 2's death");
   check(text.find("rank 2") != std::string::npos, me + "ncclGetLastError names rank 2: " + text);
   check(eventually([&] { return calls("ncclCommAbort comm=" + fc).size() == 1; }, 5.0),
         me + "our failure path aborted the fake communicator");
@@ -503,16 +511,7 @@ static void host_kill_rank(int rank, const ncclUniqueId& id) {
   auto inits = calls("ncclCommInitRank rank=");
   const std::string fc = inits.empty() ? "?" : field(inits[0], "comm");
   expect(ncclAllReduce(BUF, OUT, 9, ncclFloat, ncclSum, comm, STREAM), ncclSuccess, me + "a first ncclAllReduce");
-  if (rank < 2) __atomic_fetch_add(kill_ready, 1, __ATOMIC_SEQ_CST);
-  if (rank >= 2) {
-    check(eventually([] { return __atomic_load_n(kill_ready, __ATOMIC_SEQ_CST) == 2; }, 20.0),
-          me + "both survivors made their communicator");
-    kill(getpid(), SIGKILL);
-  }
-  ncclResult_t async = ncclSuccess;
-  check(eventually([&] { return ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclRemoteError; }, 10.0),
-        me + "ncclCommGetAsyncError says ncclRemoteError after the other host's death");
-  const std::string text = ncclGetLastError(comm);
+  const std::string text = die_or_see_the_death(comm, 4, rank >= 2, me, "the other host's death");
   check(text.find("rank 2") != std::string::npos || text.find("rank 3") != std::string::npos,
         me + "ncclGetLastError names a rank of the dead host: " + text);
   check(eventually([&] { return calls("ncclCommAbort comm=" + fc).size() == 1; }, 5.0),
